@@ -1,0 +1,394 @@
+//! The device layer: find adapters on every backend, choose one, open it with its full
+//! limits and every feature the engine can use, and turn wgpu's errors into typed ones.
+//!
+//! Shader modules are created *trusted*, without wgpu's runtime bounds checks (on an H100
+//! they made a tiled matmul 15x slower); every launch validates shapes, strides and
+//! ranges on the host instead (see `kernels`).
+//!
+//! May call: wgpu, `report`. Called by: the allocator, kernels, the CLI.
+
+pub mod report;
+
+use std::sync::{Arc, Mutex};
+
+pub use report::{AdapterReport, CoopMatrixConfig, LimitsReport};
+
+/// Errors of the device layer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DeviceError {
+    /// No adapter on any backend.
+    #[error(
+        "no GPU adapter found on any backend. On Debian without a GPU, install the software \
+         Vulkan driver: `apt-get install mesa-vulkan-drivers`"
+    )]
+    NoAdapter,
+    /// `--adapter` matched nothing.
+    #[error("no adapter matches '{selector}'; available: {available}")]
+    NoMatch {
+        /// What the user asked for.
+        selector: String,
+        /// The adapters there are.
+        available: String,
+    },
+    /// The adapter refused to open a device.
+    #[error("could not open a device on '{adapter}': {reason}")]
+    RequestDevice {
+        /// The adapter's name.
+        adapter: String,
+        /// wgpu's words.
+        reason: String,
+    },
+    /// The device was lost (driver reset, destroyed).
+    #[error("the GPU device was lost: {0}")]
+    Lost(String),
+    /// wgpu rejected a call: a bug in the engine or a shape the host checks missed.
+    #[error("GPU validation error: {0}")]
+    Validation(String),
+    /// The device ran out of memory outside the allocator.
+    #[error("GPU out of memory: {0}")]
+    OutOfMemory(String),
+    /// A shader failed to compile.
+    #[error("shader '{label}' failed to compile: {message}")]
+    Shader {
+        /// The module's label.
+        label: String,
+        /// The compiler's words.
+        message: String,
+    },
+    /// Reading a buffer back failed.
+    #[error("reading back from the GPU failed: {0}")]
+    Readback(String),
+    /// A feature the operation needs is missing.
+    #[error("the adapter '{adapter}' lacks {feature}")]
+    MissingFeature {
+        /// The adapter.
+        adapter: String,
+        /// The feature's name.
+        feature: &'static str,
+    },
+}
+
+impl DeviceError {
+    fn from_wgpu(err: wgpu::Error) -> Self {
+        match err {
+            wgpu::Error::OutOfMemory { source } => DeviceError::OutOfMemory(source.to_string()),
+            wgpu::Error::Validation { description, .. } => DeviceError::Validation(description),
+            wgpu::Error::Internal { description, .. } => DeviceError::Validation(description),
+        }
+    }
+}
+
+/// What the opened device was granted; kernels choose their variant from it.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    /// f16 in shaders.
+    pub shader_f16: bool,
+    /// Subgroup operations.
+    pub subgroup: bool,
+    /// Smallest and largest subgroup size.
+    pub subgroup_size: (u32, u32),
+    /// Timestamps between passes.
+    pub timestamps: bool,
+    /// Timestamps inside compute passes.
+    pub timestamps_inside_passes: bool,
+    /// Cooperative matrix configurations granted (empty without the feature).
+    pub cooperative_matrix: Vec<CoopMatrixConfig>,
+    /// The limits granted (the adapter's best).
+    pub limits: wgpu::Limits,
+    /// Device-local memory, where the backend tells it.
+    pub memory_bytes: Option<u64>,
+}
+
+impl Capabilities {
+    /// Whether a 16x16x16 f16 x f16 -> f32 cooperative matrix configuration is granted.
+    pub fn coop_f16_16x16x16(&self) -> bool {
+        self.cooperative_matrix
+            .iter()
+            .any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32")
+    }
+}
+
+/// An opened device with its queue and what it was granted.
+pub struct Gpu {
+    /// The adapter.
+    pub adapter: wgpu::Adapter,
+    /// The device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// The adapter's facts.
+    pub report: AdapterReport,
+    /// What was granted.
+    pub caps: Capabilities,
+    lost: Arc<Mutex<Option<String>>>,
+    uncaptured: Arc<Mutex<Vec<DeviceError>>>,
+}
+
+fn make_instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if std::env::var_os("WGPU_BACKEND").is_none() {
+        desc.backends = wgpu::Backends::all();
+    }
+    // Validation layers are for debugging wgpu itself; they cost time and print noise.
+    desc.flags.remove(wgpu::InstanceFlags::VALIDATION);
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter on every backend, in enumeration order (what `--adapter N` indexes).
+pub fn enumerate_adapters() -> Vec<wgpu::Adapter> {
+    let instance = make_instance();
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// Reports for every adapter.
+pub fn list_adapters() -> Vec<AdapterReport> {
+    enumerate_adapters()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| AdapterReport::of(i, a))
+        .collect()
+}
+
+fn preference(report: &AdapterReport) -> (u32, u32) {
+    let device = match report.device_type.as_str() {
+        "discrete_gpu" => 0,
+        "integrated_gpu" => 1,
+        "virtual_gpu" => 2,
+        "cpu" => 3,
+        _ => 4,
+    };
+    // GL lacks most compute features; prefer the native APIs.
+    let backend = if report.backend == "gl" { 1 } else { 0 };
+    (backend, device)
+}
+
+/// Picks an adapter: `selector` is an index, a backend name or part of the adapter's
+/// name (case-insensitive); without one, the most capable (discrete GPU first, GL last).
+pub fn choose_adapter(
+    adapters: &[wgpu::Adapter],
+    selector: Option<&str>,
+) -> Result<usize, DeviceError> {
+    let reports: Vec<AdapterReport> = adapters
+        .iter()
+        .enumerate()
+        .map(|(i, a)| AdapterReport::of(i, a))
+        .collect();
+    if reports.is_empty() {
+        return Err(DeviceError::NoAdapter);
+    }
+    let candidates: Vec<&AdapterReport> = match selector.map(str::trim) {
+        None | Some("") => reports.iter().collect(),
+        Some(sel) => {
+            if let Ok(index) = sel.parse::<usize>() {
+                reports.iter().filter(|r| r.index == index).collect()
+            } else {
+                let lower = sel.to_ascii_lowercase();
+                let by_backend: Vec<_> = reports.iter().filter(|r| r.backend == lower).collect();
+                if by_backend.is_empty() {
+                    reports
+                        .iter()
+                        .filter(|r| r.name.to_ascii_lowercase().contains(&lower))
+                        .collect()
+                } else {
+                    by_backend
+                }
+            }
+        }
+    };
+    candidates
+        .into_iter()
+        .min_by_key(|r| (preference(r), r.index))
+        .map(|r| r.index)
+        .ok_or_else(|| DeviceError::NoMatch {
+            selector: selector.unwrap_or_default().to_string(),
+            available: reports
+                .iter()
+                .map(|r| format!("{}: {} ({})", r.index, r.name, r.backend))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+impl Gpu {
+    /// Opens the adapter `selector` names (see [`choose_adapter`]).
+    pub fn open(selector: Option<&str>) -> Result<Gpu, DeviceError> {
+        let mut adapters = enumerate_adapters();
+        let index = choose_adapter(&adapters, selector)?;
+        let adapter = adapters.swap_remove(index);
+        Gpu::open_adapter(index, adapter)
+    }
+
+    /// Opens a device on `adapter` with its full limits and the engine's features.
+    pub fn open_adapter(index: usize, adapter: wgpu::Adapter) -> Result<Gpu, DeviceError> {
+        let report = AdapterReport::of(index, &adapter);
+        let granted = adapter.features() & report::engine_features();
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgtrain"),
+            required_features: granted,
+            required_limits: limits.clone(),
+            // SAFETY: cooperative matrices are experimental in wgpu 30; the engine uses
+            // them only through kernels validated on the host and tested on hardware.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            DeviceError::RequestDevice {
+                adapter: report.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        let lost = Arc::new(Mutex::new(None));
+        let lost_cb = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut slot) = lost_cb.lock() {
+                *slot = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |err: wgpu::Error| {
+            tracing::error!("uncaptured GPU error: {err}");
+            if let Ok(mut errors) = sink.lock() {
+                errors.push(DeviceError::from_wgpu(err));
+            }
+        }));
+        let caps = Capabilities {
+            shader_f16: granted.contains(wgpu::Features::SHADER_F16),
+            subgroup: granted.contains(wgpu::Features::SUBGROUP),
+            subgroup_size: {
+                let info = adapter.get_info();
+                (info.subgroup_min_size, info.subgroup_max_size)
+            },
+            timestamps: granted.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_inside_passes: granted.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            cooperative_matrix: if granted.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                report.cooperative_matrix.clone()
+            } else {
+                Vec::new()
+            },
+            memory_bytes: report.memory_bytes,
+            limits,
+        };
+        tracing::info!(
+            adapter = %report.name,
+            backend = %report.backend,
+            features = ?report.features,
+            "opened GPU device"
+        );
+        Ok(Gpu {
+            adapter,
+            device,
+            queue,
+            report,
+            caps,
+            lost,
+            uncaptured,
+        })
+    }
+
+    /// Errors wgpu reported outside any scope since the last call, and device loss.
+    pub fn check(&self) -> Result<(), DeviceError> {
+        if let Some(reason) = self.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(DeviceError::Lost(reason));
+        }
+        let mut errors = self.uncaptured.lock().map_err(|_| DeviceError::Lost("error sink poisoned".into()))?;
+        match errors.drain(..).next() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside a validation error scope and returns its error, typed.
+    pub fn scoped<T>(&self, filter: wgpu::ErrorFilter, f: impl FnOnce() -> T) -> Result<T, DeviceError> {
+        let scope = self.device.push_error_scope(filter);
+        let value = f();
+        match pollster::block_on(scope.pop()) {
+            Some(err) => Err(DeviceError::from_wgpu(err)),
+            None => Ok(value),
+        }
+    }
+
+    /// Compiles a WGSL module without runtime bounds checks; launches check on the host.
+    pub fn create_module(&self, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule, DeviceError> {
+        // Parse and validate with naga first so a bad shader reads as a compile error.
+        let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| DeviceError::Shader {
+            label: label.into(),
+            message: e.emit_to_string(wgsl),
+        })?;
+        let caps = naga::valid::Capabilities::all();
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .map_err(|e| DeviceError::Shader {
+                label: label.into(),
+                message: e.emit_to_string(wgsl),
+            })?;
+        self.scoped(wgpu::ErrorFilter::Validation, || {
+            // SAFETY: every kernel's launch checks on the host that its indices stay
+            // inside the bound ranges (see `kernels`), which is what the runtime checks
+            // would otherwise guard.
+            unsafe {
+                self.device.create_shader_module_trusted(
+                    wgpu::ShaderModuleDescriptor {
+                        label: Some(label),
+                        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                    },
+                    wgpu::ShaderRuntimeChecks::unchecked(),
+                )
+            }
+        })
+        .map_err(|e| DeviceError::Shader {
+            label: label.into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Blocks until the queue is idle.
+    pub fn wait(&self) -> Result<(), DeviceError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| DeviceError::Lost(e.to_string()))?;
+        self.check()
+    }
+
+    /// Copies `size` bytes at `offset` of `buffer` back to the host; both multiples of 4.
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, DeviceError> {
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        if offset % align != 0 || size % align != 0 || offset + size > buffer.size() {
+            return Err(DeviceError::Readback(format!(
+                "range {offset}..{} of a {}-byte buffer is not 4-byte aligned or inside it",
+                offset + size,
+                buffer.size()
+            )));
+        }
+        let padded = size;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgtrain readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| DeviceError::Readback(e.to_string()))?
+            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+        let data = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| DeviceError::Readback(e.to_string()))?[..size as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}

@@ -1,0 +1,70 @@
+//! The paged buffer allocator: every device tensor lives in a block of a page.
+//!
+//! # Policy
+//!
+//! The design follows PyTorch's CUDA caching allocator, adapted to wgpu:
+//!
+//! * **Pages** are wgpu buffers. **Blocks** are byte ranges of a page, carved at a
+//!   granularity of [`pool::BLOCK_ROUND`] bytes (raised to the adapter's
+//!   `min_storage_buffer_offset_alignment` when that is larger), so every block can be
+//!   bound at its offset.
+//! * Requests of at most [`pool::SMALL_REQUEST`] bytes come from the *small* pool, whose
+//!   pages are [`pool::SMALL_PAGE`] bytes. Larger requests come from the *large* pool:
+//!   up to [`pool::LARGE_REQUEST`] they share [`pool::LARGE_PAGE`]-byte pages, beyond
+//!   that a request gets a page of its own (rounded to [`pool::DEDICATED_ROUND`]). No
+//!   page is larger than the adapter lets one binding see
+//!   (`max_storage_buffer_binding_size`), so any block can be bound whole.
+//! * A request takes the **best fit**: the smallest cached free block of its pool that
+//!   is large enough. The block is **split** when the remainder is worth keeping (at
+//!   least one rounding unit in the small pool, more than [`pool::SMALL_REQUEST`] in the
+//!   large pool); otherwise the whole block is handed out. On free, a block
+//!   **coalesces** with free neighbours and stays **cached** in its page.
+//! * A **cap** (bytes, or a fraction of the adapter's memory like
+//!   `torch.cuda.set_per_process_memory_fraction`) bounds reserved bytes.
+//! * **Out of memory**: a page is created inside a wgpu `OutOfMemory` error scope. If it
+//!   fails, or the cap would be passed, every wholly free page is returned to the driver
+//!   and the request is tried once more (`num_alloc_retries`); if that fails too the
+//!   request fails (`num_ooms`) with a message in the manner of PyTorch's, plus the
+//!   fragmentation PyTorch's lacks.
+//! * `empty_cache()` returns wholly free pages to the driver.
+//!
+//! # Binding scheme
+//!
+//! WebGPU refuses one buffer used as read-only storage and as read-write storage in the
+//! same dispatch, and blocks of one page will meet in one kernel (a matmul's input and
+//! output often share a page). wgpu's usage tracker merges *identical* usages, so every
+//! kernel declares every storage binding `read_write`, and each tensor is bound as its own
+//! `(page, offset, size)` range. Two blocks of one page then carry the same usage and the
+//! dispatch is valid; blocks never overlap, so the writes never alias. The test
+//! `two_blocks_of_one_page_meet_in_one_dispatch` checks this on the real device.
+//!
+//! # Layout of this module
+//! `pool` is the host-side bookkeeping (no GPU calls; property-tested against a model),
+//! `stats` the counters, `snapshot` the page map and event trace, `allocator` the wgpu
+//! side: pages as buffers, the OOM error scope, RAII blocks and guard bytes.
+
+pub mod allocator;
+pub mod pool;
+pub mod snapshot;
+pub mod stats;
+
+pub use allocator::{Allocator, AllocatorOptions, Block, MemoryCap};
+pub use pool::{AllocError, Category, PoolKind};
+pub use snapshot::{Event, EventKind, MemorySnapshot};
+pub use stats::{MemoryStats, Stat};
+
+/// Formats a byte count the way memory_summary() does (B, KiB, MiB, GiB).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}

@@ -1,0 +1,46 @@
+//! The `wgtrain` command line: parses arguments and hands each subcommand to
+//! `commands/`.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Train models on any GPU wgpu reaches, with GPU memory you can see and control.
+#[derive(Parser)]
+#[command(name = "wgtrain", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every GPU adapter on every backend with its features and limits.
+    Devices(commands::devices::DevicesArgs),
+    /// Run benchmarks and print a table (and JSON with --json).
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WGTRAIN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Devices(args) => commands::devices::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
