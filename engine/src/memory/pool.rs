@@ -450,18 +450,34 @@ impl<B: PageBackend> Pool<B> {
     }
 
     /// Creates a page for a block of `size` bytes; Err carries the backend's reason,
-    /// or None when the cap refused.
+    /// or None when the cap refused. When the pool's usual page does not fit under the
+    /// cap or on the device, a page of just the block's size is tried before giving up.
     fn grow(&mut self, size: u64, pool: PoolKind) -> Result<(PageId, u64), Option<String>> {
-        let (page_size, dedicated) = self.page_size_for(size, pool);
-        if let Some(cap) = self.cap
-            && self.stats.reserved.current + page_size > cap
-        {
-            return Err(None);
+        let (usual, dedicated) = self.page_size_for(size, pool);
+        let tight = match pool {
+            PoolKind::Small => size,
+            PoolKind::Large => round_up(size, DEDICATED_ROUND).min(usual),
+        };
+        let mut candidates = vec![(usual, dedicated)];
+        if tight < usual {
+            candidates.push((tight, true));
         }
-        let raw = self
-            .backend
-            .create_page(page_size)
-            .map_err(|oom| Some(oom.reason))?;
+        let mut refusal = None;
+        for (page_size, dedicated) in candidates {
+            if let Some(cap) = self.cap
+                && self.stats.reserved.current + page_size > cap
+            {
+                continue;
+            }
+            match self.backend.create_page(page_size) {
+                Ok(raw) => return Ok(self.add_page(raw, page_size, pool, dedicated)),
+                Err(oom) => refusal = Some(oom.reason),
+            }
+        }
+        Err(refusal)
+    }
+
+    fn add_page(&mut self, raw: B::Page, page_size: u64, pool: PoolKind, dedicated: bool) -> (PageId, u64) {
         let id = self.next_page;
         self.next_page += 1;
         let mut blocks = BTreeMap::new();
@@ -493,7 +509,7 @@ impl<B: PageBackend> Pool<B> {
             size: page_size,
             ..self.event_base()
         });
-        Ok((id, 0))
+        (id, 0)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# wgtrain's quick start: `./quickstart.sh main` runs the main job, `./quickstart.sh test`
+# runs every test. Both install what a fresh Debian machine lacks first (a Rust
+# toolchain, a C linker, and Mesa's software Vulkan driver when wgpu finds no GPU).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+say() { printf '\033[1m[quickstart]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"
+    elif command -v sudo >/dev/null; then sudo "$@"
+    else say "need root to run: $*"; exit 1
+    fi
+}
+
+apt_updated=0
+apt_install() {
+    if ! command -v apt-get >/dev/null; then
+        say "not a Debian system: please install $* yourself"; exit 1
+    fi
+    if [ "$apt_updated" = 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
+    say "installing $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_toolchain() {
+    command -v cc >/dev/null || apt_install gcc libc6-dev
+    if ! command -v cargo >/dev/null; then
+        if [ -x "$HOME/.cargo/bin/cargo" ]; then
+            export PATH="$HOME/.cargo/bin:$PATH"
+        else
+            command -v curl >/dev/null || apt_install curl ca-certificates
+            say "installing Rust (rustup, stable)"
+            curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
+            export PATH="$HOME/.cargo/bin:$PATH"
+        fi
+    fi
+}
+
+# wgpu needs a native adapter (Vulkan, Metal or DX12); without a GPU, Mesa's lavapipe.
+ensure_adapter() {
+    local json
+    json=$(./target/release/wgtrain devices --json 2>/dev/null || echo '[]')
+    if ! grep -qE '"backend": "(vulkan|metal|dx12)"' <<<"$json"; then
+        say "no native GPU adapter found; installing Mesa's software Vulkan driver"
+        apt_install mesa-vulkan-drivers libvulkan1
+    fi
+}
+
+build() {
+    say "building wgtrain (release)"
+    cargo build --release --locked
+}
+
+case "${1:-}" in
+    main)
+        ensure_toolchain; build; ensure_adapter
+        shift
+        exec ./target/release/wgtrain devices "$@"
+        ;;
+    test)
+        ensure_toolchain; build; ensure_adapter
+        shift
+        say "running every test"
+        exec cargo test --release --locked --workspace "$@"
+        ;;
+    *)
+        echo "usage: ./quickstart.sh main | test" >&2; exit 2
+        ;;
+esac
