@@ -1,11 +1,15 @@
-//! wgtrain's engine: the device layer (`device`) and the paged allocator every tensor
-//! lives in (`memory`). Kernels, tensors, autograd and the trainer build on these.
-//!
-//! The data path reads from the tree: device -> memory (allocator) -> ...
+//! wgtrain's engine. The data path reads from the tree:
+//! `tensor` (views over blocks) -> `kernels` (WGSL launches) -> `memory` (the paged
+//! allocator every tensor lives in) -> `device` (adapters, features, typed errors).
+//! `bench` measures kernels and the allocator.
 
+pub mod bench;
 pub mod device;
+pub mod kernels;
 pub mod memory;
+pub mod tensor;
 
 pub use device::{DeviceError, Gpu};
+pub use kernels::{KernelError, Runtime};
 pub use memory::{AllocError, Allocator, Block, Category};
-pub mod bench;
+pub use tensor::{DType, Tensor};

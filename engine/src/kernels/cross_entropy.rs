@@ -1,0 +1,74 @@
+//! Fused cross-entropy forward and backward over row chunks
+//! (shaders/cross_entropy.wgsl), with PyTorch's ignore_index (-100) and mean reduction.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/cross_entropy.wgsl");
+/// PyTorch's default ignore_index.
+pub const IGNORE_INDEX: i32 = -100;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    row_offset: u32,
+    ignore_index: i32,
+    grad_scale: f32,
+    pad: [u32; 3],
+}
+
+/// The template values of one variant.
+pub fn variant(dtype: DType, backward: bool) -> Vec<(&'static str, String)> {
+    vec![("ENABLE", enables(&[dtype])), ("T", dtype.wgsl().into()), ("BACKWARD", backward.to_string())]
+}
+
+/// Per-row losses of `logits` [N, V] against `targets` [N] (i32) into `losses` [N] (f32)
+/// for rows `rows`; with `dlogits`, also writes (softmax - onehot) * grad_scale
+/// (`dlogits` may be `logits` itself).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_rows(
+    rt: &Runtime,
+    logits: &Tensor,
+    targets: &Tensor,
+    losses: &Tensor,
+    dlogits: Option<&Tensor>,
+    grad_scale: f32,
+    rows: std::ops::Range<usize>,
+) -> Result<(), KernelError> {
+    check_tensor("cross_entropy logits", logits, logits.dtype())?;
+    let [n, v] = logits.shape() else {
+        return Err(KernelError::Shape(format!("cross_entropy logits must be [N, V], got {:?}", logits.shape())));
+    };
+    let (n, v) = (*n, *v);
+    check_contiguous("cross_entropy logits", logits, &[n, v])?;
+    check_tensor("cross_entropy targets", targets, DType::I32)?;
+    check_contiguous("cross_entropy targets", targets, &[n])?;
+    check_tensor("cross_entropy losses", losses, DType::F32)?;
+    check_contiguous("cross_entropy losses", losses, &[n])?;
+    if let Some(d) = dlogits {
+        check_tensor("cross_entropy dlogits", d, logits.dtype())?;
+        check_contiguous("cross_entropy dlogits", d, &[n, v])?;
+    }
+    if rows.end > n || rows.start > rows.end {
+        return Err(KernelError::Shape(format!("rows {rows:?} of {n}")));
+    }
+    require_f16(rt, &[logits.dtype()])?;
+    if logits.offset() != 0 || targets.offset() != 0 || losses.offset() != 0 || dlogits.is_some_and(|d| d.offset() != 0) {
+        return Err(KernelError::Shape("cross_entropy takes whole tensors (offset 0)".into()));
+    }
+    let kernel = rt.kernel("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some()), 4)?;
+    let params = Params {
+        rows: rows.len() as u32,
+        cols: v as u32,
+        row_offset: rows.start as u32,
+        ignore_index: IGNORE_INDEX,
+        grad_scale,
+        pad: [0; 3],
+    };
+    let d = dlogits.unwrap_or(logits);
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[logits, targets, losses, d], grid(rows.len() as u32))
+}

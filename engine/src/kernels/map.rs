@@ -1,0 +1,239 @@
+//! Elementwise kernels (shaders/map.wgsl): arithmetic with broadcasting, unary math,
+//! activations and their backward forms, casts, fill and strided copies, from one
+//! template. Contiguous same-shape launches use the vec4 variant.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{KernelError, Runtime, check_tensor, enables, grid, require_f16};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/map.wgsl");
+
+/// What the map computes, in terms of `a`, `b`, `alpha`, `beta`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MapOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a * b
+    Mul,
+    /// a / b
+    Div,
+    /// alpha * a + beta * b
+    Axpby,
+    /// -a
+    Neg,
+    /// alpha * a
+    Scale,
+    /// exp(a)
+    Exp,
+    /// log(a)
+    Log,
+    /// sqrt(a)
+    Sqrt,
+    /// 1 / sqrt(a)
+    Rsqrt,
+    /// tanh(a)
+    Tanh,
+    /// max(a, 0)
+    Relu,
+    /// GPT-2's gelu (tanh approximation)
+    Gelu,
+    /// b * (a > 0): relu's backward (a = input, b = upstream gradient)
+    ReluBackward,
+    /// b * gelu'(a)
+    GeluBackward,
+    /// b * (1 - a^2): tanh's backward given the output a
+    TanhBackward,
+    /// a (copy or cast)
+    Copy,
+    /// alpha (fill)
+    Fill,
+}
+
+impl MapOp {
+    /// The WGSL expression.
+    pub fn expr(self) -> &'static str {
+        match self {
+            MapOp::Add => "a + b",
+            MapOp::Sub => "a - b",
+            MapOp::Mul => "a * b",
+            MapOp::Div => "a / b",
+            MapOp::Axpby => "S(p.alpha) * a + S(p.beta) * b",
+            MapOp::Neg => "-a",
+            MapOp::Scale => "S(p.alpha) * a",
+            MapOp::Exp => "exp(a)",
+            MapOp::Log => "log(a)",
+            MapOp::Sqrt => "sqrt(a)",
+            MapOp::Rsqrt => "inverseSqrt(a)",
+            MapOp::Tanh => "tanh_s(a)",
+            MapOp::Relu => "max(a, S(0.0))",
+            MapOp::Gelu => "gelu(a)",
+            MapOp::ReluBackward => "select(S(0.0), b, a > S(0.0))",
+            MapOp::GeluBackward => "b * gelu_grad(a)",
+            MapOp::TanhBackward => "b * (S(1.0) - a * a)",
+            MapOp::Copy => "a",
+            MapOp::Fill => "S(p.alpha)",
+        }
+    }
+
+    /// How many tensor inputs it reads.
+    pub fn arity(self) -> usize {
+        match self {
+            MapOp::Fill => 0,
+            MapOp::Add | MapOp::Sub | MapOp::Mul | MapOp::Div | MapOp::Axpby | MapOp::ReluBackward | MapOp::GeluBackward | MapOp::TanhBackward => 2,
+            _ => 1,
+        }
+    }
+
+    /// Every op, for variant tests and benchmarks.
+    pub const ALL: [MapOp; 19] = [
+        MapOp::Add,
+        MapOp::Sub,
+        MapOp::Mul,
+        MapOp::Div,
+        MapOp::Axpby,
+        MapOp::Neg,
+        MapOp::Scale,
+        MapOp::Exp,
+        MapOp::Log,
+        MapOp::Sqrt,
+        MapOp::Rsqrt,
+        MapOp::Tanh,
+        MapOp::Relu,
+        MapOp::Gelu,
+        MapOp::ReluBackward,
+        MapOp::GeluBackward,
+        MapOp::TanhBackward,
+        MapOp::Copy,
+        MapOp::Fill,
+    ];
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    shape: [u32; 4],
+    a_strides: [u32; 4],
+    b_strides: [u32; 4],
+    n: u32,
+    a_offset: u32,
+    b_offset: u32,
+    out_offset: u32,
+    alpha: f32,
+    beta: f32,
+    pad: [u32; 2],
+}
+
+/// The template values of one variant.
+pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&'static str, String)> {
+    let v = if lanes == 4 { "vec4<f32>".to_string() } else { "f32".to_string() };
+    let ty = |t: DType| if lanes == 4 { format!("vec4<{}>", t.wgsl()) } else { t.wgsl().to_string() };
+    let load = |name: &str, arr: &str, idx: &str, used: bool| {
+        if used { format!("let {name} = V({arr}[{idx}]);") } else { String::new() }
+    };
+    let (ia, ib) = if lanes == 4 { ("p.a_offset / 4u + i", "p.b_offset / 4u + i") } else { ("ia", "ib") };
+    let out = if lanes == 4 { format!("vec4<{}>", to.wgsl()) } else { to.wgsl().to_string() };
+    vec![
+        ("ENABLE", enables(&[ta, tb, to])),
+        ("TA", ty(ta)),
+        ("TB", ty(tb)),
+        ("TO", out),
+        ("V", v),
+        ("LOAD_A", load("a", "xa", ia, op.arity() >= 1)),
+        ("LOAD_B", load("b", "xb", ib, op.arity() >= 2)),
+        ("EXPR", op.expr().to_string()),
+        ("ACTIVATIONS", super::ACTIVATIONS.to_string()),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// Broadcast strides of `t` against the 4-d output shape `out4` (right-aligned).
+fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], KernelError> {
+    let rank = t.shape().len();
+    if rank > out.len() {
+        return Err(KernelError::Shape(format!("{what}: {:?} does not broadcast to {out:?}", t.shape())));
+    }
+    let mut strides = [0u32; 4];
+    let lead = 4 - out.len();
+    for (k, (&d, &s)) in t.shape().iter().zip(t.strides()).enumerate() {
+        let od = out[out.len() - rank + k];
+        if d != od && d != 1 {
+            return Err(KernelError::Shape(format!("{what}: {:?} does not broadcast to {out:?}", t.shape())));
+        }
+        strides[lead + out.len() - rank + k] = if d == 1 { 0 } else { s as u32 };
+    }
+    Ok(strides)
+}
+
+/// out = op(a, b, alpha, beta), broadcasting a and b to out's shape (out contiguous).
+pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>, out: &Tensor, alpha: f32, beta: f32) -> Result<(), KernelError> {
+    let shape = out.shape();
+    if shape.len() > 4 {
+        return Err(KernelError::Shape(format!("map over rank {} (at most 4)", shape.len())));
+    }
+    if !out.is_contiguous() {
+        return Err(KernelError::Shape("map output must be contiguous".into()));
+    }
+    let inputs = [a, b];
+    for (k, t) in inputs.iter().enumerate() {
+        if (k < op.arity()) != t.is_some() {
+            return Err(KernelError::Shape(format!("{op:?} takes {} inputs", op.arity())));
+        }
+    }
+    check_tensor("map out", out, out.dtype())?;
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let a = a.unwrap_or(out);
+    let b = b.unwrap_or(out);
+    check_tensor("map a", a, a.dtype())?;
+    check_tensor("map b", b, b.dtype())?;
+    let dtypes = [a.dtype(), b.dtype(), out.dtype()];
+    require_f16(rt, &dtypes)?;
+    let mut shape4 = [1u32; 4];
+    for (k, &d) in shape.iter().enumerate() {
+        shape4[4 - shape.len() + k] = d as u32;
+    }
+    let a_strides = broadcast_strides("map a", a, shape)?;
+    let b_strides = broadcast_strides("map b", b, shape)?;
+    let same = |t: &Tensor| t.shape() == shape && t.is_contiguous() && t.offset() % 4 == 0;
+    let lanes = if n % 4 == 0 && out.offset() % 4 == 0 && same(a) && same(b) { 4 } else { 1 };
+    let params = Params {
+        shape: shape4,
+        a_strides,
+        b_strides,
+        n: (n / lanes) as u32,
+        a_offset: a.offset() as u32,
+        b_offset: b.offset() as u32,
+        out_offset: (out.offset() / lanes) as u32,
+        alpha,
+        beta,
+        pad: [0; 2],
+    };
+    let kernel = rt.kernel("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32), 3)?;
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[a, b, out], grid((n / lanes).div_ceil(256) as u32))
+}
+
+/// A new contiguous tensor: op(a, b) with the shape `out_shape`.
+pub fn map(rt: &Runtime, op: MapOp, a: &Tensor, b: Option<&Tensor>, out_shape: &[usize], label: &str) -> Result<Tensor, KernelError> {
+    let out = Tensor::empty(rt, out_shape, a.dtype(), a.block().category(), label)?;
+    map_into(rt, op, Some(a), b, &out, 1.0, 1.0)?;
+    Ok(out)
+}
+
+/// Fills `t` (contiguous) with `value`.
+pub fn fill(rt: &Runtime, t: &Tensor, value: f32) -> Result<(), KernelError> {
+    map_into(rt, MapOp::Fill, None, None, t, value, 0.0)
+}
+
+/// Copies (and casts) `src`, any strides, into `dst`, contiguous of the same shape.
+pub fn copy_into(rt: &Runtime, src: &Tensor, dst: &Tensor) -> Result<(), KernelError> {
+    if src.shape() != dst.shape() {
+        return Err(KernelError::Shape(format!("copy {:?} into {:?}", src.shape(), dst.shape())));
+    }
+    map_into(rt, MapOp::Copy, Some(src), None, dst, 1.0, 0.0)
+}

@@ -1,0 +1,220 @@
+//! Batched matmul (shaders/matmul.wgsl): strided operands (transposes are views),
+//! up to two batch dimensions with broadcasting, f32 or f16 inputs with f32
+//! accumulation, and a bias + activation epilogue. The cooperative-matrix path
+//! (shaders/matmul_coop.wgsl) is chosen for f16 inputs when the adapter grants
+//! 16x16x16 f16 -> f32 configurations.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{ACTIVATIONS, KernelError, Runtime, check_tensor, enables, require_f16};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
+
+/// The epilogue's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    /// None.
+    #[default]
+    Identity,
+    /// max(v, 0)
+    Relu,
+    /// GPT-2's gelu.
+    Gelu,
+}
+
+impl Activation {
+    fn expr(self) -> &'static str {
+        match self {
+            Activation::Identity => "v",
+            Activation::Relu => "max(v, 0.0)",
+            Activation::Gelu => "gelu(v)",
+        }
+    }
+}
+
+/// Scale, accumulation and epilogue of a matmul.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulOptions<'a> {
+    /// C = alpha * A @ B + ...
+    pub alpha: f32,
+    /// ... + beta * C (0 overwrites C).
+    pub beta: f32,
+    /// A row vector [N] (f32) added to every row.
+    pub bias: Option<&'a Tensor>,
+    /// Applied last.
+    pub activation: Activation,
+}
+
+impl Default for MatmulOptions<'_> {
+    fn default() -> Self {
+        MatmulOptions { alpha: 1.0, beta: 0.0, bias: None, activation: Activation::Identity }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+pub(crate) struct Params {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub batch1: u32,
+    pub a_off: u32,
+    pub a_rs: u32,
+    pub a_cs: u32,
+    pub a_bs0: u32,
+    pub a_bs1: u32,
+    pub b_off: u32,
+    pub b_rs: u32,
+    pub b_cs: u32,
+    pub b_bs0: u32,
+    pub b_bs1: u32,
+    pub c_off: u32,
+    pub c_rs: u32,
+    pub c_bs0: u32,
+    pub c_bs1: u32,
+    pub bias_off: u32,
+    pub has_bias: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub pad: [u32; 2],
+}
+
+/// The template values of the tiled variant.
+pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation) -> Vec<(&'static str, String)> {
+    vec![
+        ("ENABLE", enables(&[ta, tb, tc])),
+        ("TA", ta.wgsl().into()),
+        ("TB", tb.wgsl().into()),
+        ("TC", tc.wgsl().into()),
+        ("TM", tm.to_string()),
+        ("ACT", act.expr().into()),
+        ("ACTIVATIONS", ACTIVATIONS.into()),
+    ]
+}
+
+/// Batch sizes and strides of a [.., R, C] view, padded to two batch dims.
+fn batch_dims(t: &Tensor) -> ([usize; 2], [usize; 2]) {
+    let rank = t.shape().len();
+    let mut dims = [1usize; 2];
+    let mut strides = [0usize; 2];
+    for k in 0..rank.saturating_sub(2) {
+        let slot = 2 - (rank - 2) + k;
+        dims[slot] = t.shape()[k];
+        strides[slot] = if t.shape()[k] == 1 { 0 } else { t.strides()[k] };
+    }
+    (dims, strides)
+}
+
+/// Shape of the product of a [.., M, K] and b [.., K, N] (batch dims broadcast).
+pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, KernelError> {
+    let (ra, rb) = (a.shape().len(), b.shape().len());
+    if !(2..=4).contains(&ra) || !(2..=4).contains(&rb) {
+        return Err(KernelError::Shape(format!("matmul of {:?} and {:?}: ranks 2 to 4", a.shape(), b.shape())));
+    }
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    if k != k2 {
+        return Err(KernelError::Shape(format!("matmul of {:?} and {:?}: inner dims {k} != {k2}", a.shape(), b.shape())));
+    }
+    let (da, _) = batch_dims(a);
+    let (db, _) = batch_dims(b);
+    let mut batch = Vec::new();
+    for i in 0..2 {
+        if da[i] != db[i] && da[i] != 1 && db[i] != 1 {
+            return Err(KernelError::Shape(format!("matmul batch dims of {:?} and {:?} do not broadcast", a.shape(), b.shape())));
+        }
+        batch.push(da[i].max(db[i]));
+    }
+    let lead = ra.max(rb) - 2;
+    let mut shape: Vec<usize> = batch[2 - lead..].to_vec();
+    shape.extend([m, n]);
+    Ok(shape)
+}
+
+/// c = act(alpha * a @ b + bias + beta * c); c's rows must be contiguous.
+pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions) -> Result<(), KernelError> {
+    let shape = output_shape(a, b)?;
+    if c.shape() != shape.as_slice() {
+        return Err(KernelError::Shape(format!("matmul output is {:?}, expected {shape:?}", c.shape())));
+    }
+    check_tensor("matmul a", a, a.dtype())?;
+    check_tensor("matmul b", b, b.dtype())?;
+    check_tensor("matmul c", c, c.dtype())?;
+    for (what, t) in [("a", a), ("b", b), ("c", c)] {
+        if !t.dtype().is_float() {
+            return Err(KernelError::Shape(format!("matmul {what} must be f32 or f16")));
+        }
+    }
+    let rc = c.shape().len();
+    if c.strides()[rc - 1] != 1 && c.shape()[rc - 1] > 1 {
+        return Err(KernelError::Shape("matmul output rows must be contiguous".into()));
+    }
+    require_f16(rt, &[a.dtype(), b.dtype(), c.dtype()])?;
+    let (ra, rb) = (a.shape().len(), b.shape().len());
+    let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+    let (_, sa) = batch_dims(a);
+    let (_, sb) = batch_dims(b);
+    let (dc, sc) = batch_dims(c);
+    if let Some(bias) = opts.bias {
+        check_tensor("matmul bias", bias, DType::F32)?;
+        if bias.shape() != [n] || bias.strides() != [1] {
+            return Err(KernelError::Shape(format!("matmul bias must be a contiguous [{n}], got {:?}", bias.shape())));
+        }
+    }
+    let batches = dc[0] * dc[1];
+    if m == 0 || n == 0 || batches == 0 {
+        return Ok(());
+    }
+    if batches > 65535 {
+        return Err(KernelError::Shape(format!("matmul over {batches} batches (at most 65535)")));
+    }
+    let params = Params {
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        batch1: dc[1] as u32,
+        a_off: a.offset() as u32,
+        a_rs: a.strides()[ra - 2] as u32,
+        a_cs: a.strides()[ra - 1] as u32,
+        a_bs0: sa[0] as u32,
+        a_bs1: sa[1] as u32,
+        b_off: b.offset() as u32,
+        b_rs: b.strides()[rb - 2] as u32,
+        b_cs: b.strides()[rb - 1] as u32,
+        b_bs0: sb[0] as u32,
+        b_bs1: sb[1] as u32,
+        c_off: c.offset() as u32,
+        c_rs: c.strides()[rc - 2] as u32,
+        c_bs0: sc[0] as u32,
+        c_bs1: sc[1] as u32,
+        bias_off: opts.bias.map_or(0, |t| t.offset() as u32),
+        has_bias: opts.bias.is_some() as u32,
+        alpha: opts.alpha,
+        beta: opts.beta,
+        pad: [0; 2],
+    };
+    // Without a bias, any block fills the (unread) bias binding.
+    let bias = opts.bias.unwrap_or(c);
+    if super::matmul_coop::usable(rt, a, b, c) {
+        return super::matmul_coop::launch(rt, &params, a, b, c, opts, batches as u32);
+    }
+    let tm = if m >= 128 && n >= 128 { 8 } else { 4 };
+    let tile = 16 * tm;
+    let kernel = rt.kernel("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation), 4)?;
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[a, b, c, bias],
+        [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batches as u32],
+    )
+}
+
+/// A new tensor a @ b in `dtype` (f32 accumulation).
+pub fn matmul(rt: &Runtime, a: &Tensor, b: &Tensor, dtype: DType, opts: &MatmulOptions, category: Category, label: &str) -> Result<Tensor, KernelError> {
+    let shape = output_shape(a, b)?;
+    let c = Tensor::empty(rt, &shape, dtype, category, label)?;
+    matmul_into(rt, a, b, &c, opts)?;
+    Ok(c)
+}

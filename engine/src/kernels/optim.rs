@@ -1,0 +1,149 @@
+//! Fused optimizer kernels (shaders/optim.wgsl): AdamW and SGD with momentum in one
+//! pass over f32 master weights, with an optional gradient unscale and the non-finite
+//! check that lets a loss scaler skip a step.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{KernelError, Runtime, check_contiguous, check_tensor, grid};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/optim.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    n: u32,
+    skip_if_found: u32,
+    first_step: u32,
+    nesterov: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bias_correction1: f32,
+    bias_correction2_sqrt: f32,
+    inv_scale: f32,
+}
+
+/// The template values of one variant (0 check, 1 AdamW, 2 SGD).
+pub fn variant(mode: u32) -> Vec<(&'static str, String)> {
+    vec![("MODE", mode.to_string())]
+}
+
+/// AdamW hyperparameters (PyTorch's defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    /// Learning rate.
+    pub lr: f32,
+    /// (beta1, beta2).
+    pub betas: (f32, f32),
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2 }
+    }
+}
+
+/// SGD hyperparameters (PyTorch's defaults, momentum 0 means plain SGD).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum factor.
+    pub momentum: f32,
+    /// Dampening for momentum.
+    pub dampening: f32,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f32,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+}
+
+/// Where a step reads and writes: one parameter's tensors.
+pub struct OptimState<'a> {
+    /// f32 master weights.
+    pub param: &'a Tensor,
+    /// f32 gradient (scaled by the loss scale, if any).
+    pub grad: &'a Tensor,
+    /// AdamW exp_avg, or SGD's momentum buffer.
+    pub m: &'a Tensor,
+    /// AdamW exp_avg_sq (SGD: any f32 tensor of the same size).
+    pub v: &'a Tensor,
+}
+
+fn check(s: &OptimState, found: &Tensor) -> Result<usize, KernelError> {
+    let n = s.param.numel();
+    for (what, t) in [("param", s.param), ("grad", s.grad), ("m", s.m), ("v", s.v)] {
+        check_tensor(what, t, DType::F32)?;
+        check_contiguous(what, t, s.param.shape())?;
+        if t.offset() != 0 {
+            return Err(KernelError::Shape(format!("optimizer {what} must be a whole tensor")));
+        }
+    }
+    check_tensor("found_inf", found, DType::U32)?;
+    if found.numel() < 1 || found.offset() != 0 {
+        return Err(KernelError::Shape("found_inf must be a whole u32 tensor".into()));
+    }
+    Ok(n)
+}
+
+/// Sets found[0] to 1 when any grad * inv_scale is not finite (found is not cleared).
+pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), KernelError> {
+    let s = OptimState { param: grad, grad, m: grad, v: grad };
+    let n = check(&s, found)?;
+    let kernel = rt.kernel("optim", SOURCE, &variant(0), 5)?;
+    let params = Params { n: n as u32, inv_scale, ..Default::default() };
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[grad, grad, grad, grad, found], grid(n.div_ceil(256) as u32))
+}
+
+/// One AdamW step (`step` counts from 1). With `skip_if_found`, nothing changes when
+/// found[0] != 0.
+pub fn adamw_step(rt: &Runtime, h: &AdamW, s: &OptimState, step: u32, inv_scale: f32, found: &Tensor, skip_if_found: bool) -> Result<(), KernelError> {
+    let n = check(s, found)?;
+    let bc1 = 1.0 - h.betas.0.powi(step as i32);
+    let bc2 = 1.0 - h.betas.1.powi(step as i32);
+    let params = Params {
+        n: n as u32,
+        skip_if_found: skip_if_found as u32,
+        first_step: (step == 1) as u32,
+        nesterov: 0,
+        lr: h.lr,
+        beta1: h.betas.0,
+        beta2: h.betas.1,
+        eps: h.eps,
+        weight_decay: h.weight_decay,
+        bias_correction1: bc1,
+        bias_correction2_sqrt: bc2.sqrt(),
+        inv_scale,
+    };
+    let kernel = rt.kernel("optim", SOURCE, &variant(1), 5)?;
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], grid(n.div_ceil(256) as u32))
+}
+
+/// One SGD step; `first_step` initialises the momentum buffer with the gradient.
+pub fn sgd_step(rt: &Runtime, h: &Sgd, s: &OptimState, first_step: bool, inv_scale: f32, found: &Tensor, skip_if_found: bool) -> Result<(), KernelError> {
+    let n = check(s, found)?;
+    if h.momentum == 0.0 && h.nesterov {
+        return Err(KernelError::Shape("nesterov momentum requires a momentum".into()));
+    }
+    let params = Params {
+        n: n as u32,
+        skip_if_found: skip_if_found as u32,
+        first_step: first_step as u32,
+        nesterov: h.nesterov as u32,
+        lr: h.lr,
+        beta1: h.momentum,
+        beta2: h.dampening,
+        weight_decay: h.weight_decay,
+        inv_scale,
+        ..Default::default()
+    };
+    let kernel = rt.kernel("optim", SOURCE, &variant(2), 5)?;
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], grid(n.div_ceil(256) as u32))
+}

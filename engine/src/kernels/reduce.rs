@@ -1,0 +1,102 @@
+//! Reductions (shaders/reduce.wgsl) over the last dimension and over everything: sum,
+//! mean, max, accumulating in f32. Results are f32.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{KernelError, Runtime, check_tensor, enables, grid, require_f16};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/reduce.wgsl");
+/// Elements each workgroup of the first pass of a full reduction takes.
+const CHUNK: usize = 16384;
+
+/// Which reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Arithmetic mean.
+    Mean,
+    /// Maximum (of an empty row: -inf).
+    Max,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    total: u32,
+    x_offset: u32,
+    scale: f32,
+    pad: [u32; 3],
+}
+
+/// The template values of one variant.
+pub fn variant(op: ReduceOp, dtype: DType) -> Vec<(&'static str, String)> {
+    let (combine, identity) = match op {
+        ReduceOp::Max => ("max(a, b)", "-3.4028235e38"),
+        _ => ("a + b", "0.0"),
+    };
+    vec![
+        ("ENABLE", enables(&[dtype])),
+        ("T", dtype.wgsl().to_string()),
+        ("COMBINE", combine.to_string()),
+        ("IDENTITY", identity.to_string()),
+    ]
+}
+
+fn launch(rt: &Runtime, op: ReduceOp, x: &Tensor, rows: usize, cols: usize, total: usize, scale: f32, out: &Tensor) -> Result<(), KernelError> {
+    let params = Params { rows: rows as u32, cols: cols as u32, total: total as u32, x_offset: x.offset() as u32, scale, pad: [0; 3] };
+    let kernel = rt.kernel("reduce", SOURCE, &variant(op, x.dtype()), 2)?;
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, out], grid(rows as u32))
+}
+
+/// Reduces over the last dimension: [.., C] -> [..] (f32).
+pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+    check_tensor("reduce x", x, x.dtype())?;
+    require_f16(rt, &[x.dtype()])?;
+    if !x.is_contiguous() || x.shape().is_empty() {
+        return Err(KernelError::Shape(format!("reduce_last needs a contiguous tensor of rank >= 1, got {:?}", x.shape())));
+    }
+    let cols = *x.shape().last().unwrap();
+    let rows = x.numel() / cols.max(1);
+    let out_shape = &x.shape()[..x.shape().len() - 1];
+    let out = Tensor::empty(rt, out_shape, DType::F32, Category::Temporary, label)?;
+    let scale = if op == ReduceOp::Mean { 1.0 / cols as f32 } else { 1.0 };
+    let rows = if cols == 0 { 0 } else { rows };
+    if cols == 0 && !out_shape.is_empty() && out.numel() > 0 {
+        // Empty rows: sums and means are 0, maxima -inf.
+        super::map::fill(rt, &out, if op == ReduceOp::Max { f32::NEG_INFINITY } else { 0.0 })?;
+        return Ok(out);
+    }
+    launch(rt, op, x, rows, cols, x.numel(), scale, &out)?;
+    Ok(out)
+}
+
+/// Reduces every element to one f32 (shape [1]), in two passes.
+pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+    check_tensor("reduce x", x, x.dtype())?;
+    require_f16(rt, &[x.dtype()])?;
+    if !x.is_contiguous() {
+        return Err(KernelError::Shape("reduce_all needs a contiguous tensor".into()));
+    }
+    let n = x.numel();
+    let out = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;
+    if n == 0 {
+        super::map::fill(rt, &out, if op == ReduceOp::Max { f32::NEG_INFINITY } else { 0.0 })?;
+        return Ok(out);
+    }
+    let scale = if op == ReduceOp::Mean { 1.0 / n as f32 } else { 1.0 };
+    let first_op = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+    let chunks = n.div_ceil(CHUNK);
+    if chunks == 1 {
+        launch(rt, first_op, x, 1, n, n, scale, &out)?;
+        return Ok(out);
+    }
+    let partial = Tensor::empty(rt, &[chunks], DType::F32, Category::Temporary, "reduce partials")?;
+    launch(rt, first_op, x, chunks, CHUNK, n, 1.0, &partial)?;
+    launch(rt, first_op, &partial, 1, chunks, chunks, scale, &out)?;
+    Ok(out)
+}

@@ -1,0 +1,85 @@
+//! Softmax, log-softmax (optionally causal) and softmax's backward over the last
+//! dimension (shaders/softmax.wgsl).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/softmax.wgsl");
+
+/// Which pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftmaxMode {
+    /// y = softmax(x)
+    Softmax,
+    /// y = log_softmax(x)
+    LogSoftmax,
+    /// dx = y * (dy - sum(dy * y))
+    Backward,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    period: u32,
+    pad: u32,
+}
+
+/// The template values of one variant.
+pub fn variant(mode: SoftmaxMode, tx: DType, ty: DType) -> Vec<(&'static str, String)> {
+    vec![
+        ("ENABLE", enables(&[tx, ty])),
+        ("TX", tx.wgsl().into()),
+        ("TY", ty.wgsl().into()),
+        ("MODE", (mode as u32).to_string()),
+    ]
+}
+
+fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let cols = t.shape().last().copied().unwrap_or(1);
+    (if cols == 0 { 0 } else { t.numel() / cols }, cols)
+}
+
+/// Softmax or log-softmax of `x` into `y` (same shape, contiguous). With `causal`, row
+/// r sees columns j <= r % T where T is the second-to-last dimension (attention's
+/// [.., T, T] scores).
+pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: bool) -> Result<(), KernelError> {
+    check_tensor("softmax x", x, x.dtype())?;
+    check_tensor("softmax y", y, y.dtype())?;
+    check_contiguous("softmax x", x, x.shape())?;
+    check_contiguous("softmax y", y, x.shape())?;
+    require_f16(rt, &[x.dtype(), y.dtype()])?;
+    let (rows, cols) = rows_cols(x);
+    let period = if causal {
+        let rank = x.shape().len();
+        if rank < 2 {
+            return Err(KernelError::Shape("a causal softmax needs [.., T, T]".into()));
+        }
+        x.shape()[rank - 2] as u32
+    } else {
+        0
+    };
+    let mode = if log { SoftmaxMode::LogSoftmax } else { SoftmaxMode::Softmax };
+    let kernel = rt.kernel("softmax", SOURCE, &variant(mode, x.dtype(), y.dtype()), 3)?;
+    let params = Params { rows: rows as u32, cols: cols as u32, period, pad: 0 };
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, x, y], grid(rows as u32))
+}
+
+/// dx = y * (dy - sum(dy * y)) over the last dimension.
+pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor) -> Result<(), KernelError> {
+    for (what, t) in [("softmax y", y), ("softmax dy", dy), ("softmax dx", dx)] {
+        check_tensor(what, t, t.dtype())?;
+        check_contiguous(what, t, y.shape())?;
+    }
+    if dy.dtype() != y.dtype() {
+        return Err(KernelError::Shape("softmax backward: y and dy must share a dtype".into()));
+    }
+    require_f16(rt, &[y.dtype(), dx.dtype()])?;
+    let (rows, cols) = rows_cols(y);
+    let kernel = rt.kernel("softmax", SOURCE, &variant(SoftmaxMode::Backward, y.dtype(), dx.dtype()), 3)?;
+    let params = Params { rows: rows as u32, cols: cols as u32, period: 0, pad: 0 };
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &[y, dy, dx], grid(rows as u32))
+}

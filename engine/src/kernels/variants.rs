@@ -1,0 +1,82 @@
+//! Every template variant the runtime can ask for, rendered, so that one test can
+//! validate them all with naga (`tests/kernel_variants.rs`) without a GPU.
+
+use super::map::MapOp;
+use super::matmul::Activation;
+use super::reduce::ReduceOp;
+use super::softmax::SoftmaxMode;
+use super::{KernelError, render};
+use crate::tensor::DType;
+
+/// A rendered variant: kernel name, template values, WGSL.
+pub struct Variant {
+    /// The kernel family.
+    pub name: &'static str,
+    /// Its template values, for messages.
+    pub values: String,
+    /// The rendered WGSL.
+    pub wgsl: String,
+}
+
+fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&'static str, String)>) -> Result<(), KernelError> {
+    let wgsl = render(name, source, &values)?;
+    out.push(Variant { name, values: format!("{values:?}"), wgsl });
+    Ok(())
+}
+
+/// Renders every variant.
+pub fn all() -> Result<Vec<Variant>, KernelError> {
+    let mut out = Vec::new();
+    let floats = [DType::F32, DType::F16];
+    for op in MapOp::ALL {
+        for ta in floats {
+            for to in floats {
+                for lanes in [1, 4] {
+                    push(&mut out, "map", include_str!("../../../shaders/map.wgsl"), super::map::variant(op, ta, ta, to, lanes))?;
+                }
+            }
+        }
+    }
+    push(&mut out, "map", include_str!("../../../shaders/map.wgsl"), super::map::variant(MapOp::Copy, DType::I32, DType::I32, DType::F32, 1))?;
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+        for t in floats {
+            push(&mut out, "reduce", include_str!("../../../shaders/reduce.wgsl"), super::reduce::variant(op, t))?;
+        }
+    }
+    for mode in [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward] {
+        for tx in floats {
+            for ty in floats {
+                push(&mut out, "softmax", include_str!("../../../shaders/softmax.wgsl"), super::softmax::variant(mode, tx, ty))?;
+            }
+        }
+    }
+    for mode in 0..3 {
+        for t in floats {
+            push(&mut out, "layernorm", include_str!("../../../shaders/layernorm.wgsl"), super::layernorm::variant(mode, t))?;
+        }
+    }
+    for t in floats {
+        for backward in [false, true] {
+            push(&mut out, "cross_entropy", include_str!("../../../shaders/cross_entropy.wgsl"), super::cross_entropy::variant(t, backward))?;
+        }
+        for mode in 0..2 {
+            push(&mut out, "embedding", include_str!("../../../shaders/embedding.wgsl"), super::embedding::variant(mode, t))?;
+        }
+    }
+    for act in [Activation::Identity, Activation::Relu, Activation::Gelu] {
+        for ta in floats {
+            for tc in floats {
+                for tm in [4, 8] {
+                    push(&mut out, "matmul", include_str!("../../../shaders/matmul.wgsl"), super::matmul::variant(ta, ta, tc, tm, act))?;
+                }
+            }
+        }
+        for tc in floats {
+            push(&mut out, "matmul_coop", include_str!("../../../shaders/matmul_coop.wgsl"), super::matmul_coop::variant(tc, act))?;
+        }
+    }
+    for mode in 0..3 {
+        push(&mut out, "optim", include_str!("../../../shaders/optim.wgsl"), super::optim::variant(mode))?;
+    }
+    Ok(out)
+}

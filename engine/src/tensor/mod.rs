@@ -1,0 +1,212 @@
+//! Tensors: an allocator block, a shape, strides (in elements), an element offset and a
+//! dtype. Views (reshape, transpose, slice) share the block without copying when the
+//! strides allow; `contiguous` copies through the strided-copy kernel otherwise.
+//!
+//! May call: `memory` (blocks), `kernels` (copies and casts). Called by: ops, models.
+
+pub mod dtype;
+
+use std::sync::Arc;
+
+pub use dtype::DType;
+
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::{Block, Category};
+
+/// A view of device memory.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    block: Arc<Block>,
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+/// The number of elements of `shape`.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// An uninitialised contiguous tensor.
+    pub fn empty(rt: &Runtime, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
+        let bytes = (numel(shape) * dtype.size()) as u64;
+        let block = rt.alloc.alloc(bytes, category, label)?;
+        Ok(Tensor { block: Arc::new(block), dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 })
+    }
+
+    /// A contiguous tensor filled with `value`.
+    pub fn full(rt: &Runtime, shape: &[usize], dtype: DType, value: f32, category: Category, label: &str) -> Result<Tensor, KernelError> {
+        let t = Tensor::empty(rt, shape, dtype, category, label)?;
+        crate::kernels::map::fill(rt, &t, value)?;
+        Ok(t)
+    }
+
+    /// Uploads f32 data.
+    pub fn from_f32(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+        Self::upload(rt, bytemuck::cast_slice(data), data.len(), shape, DType::F32, category, label)
+    }
+
+    /// Uploads f32 data converted to f16.
+    pub fn from_f32_as_f16(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+        let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+        Self::upload(rt, bytemuck::cast_slice(&halves), data.len(), shape, DType::F16, category, label)
+    }
+
+    /// Uploads i32 data (token ids, targets).
+    pub fn from_i32(rt: &Runtime, data: &[i32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+        Self::upload(rt, bytemuck::cast_slice(data), data.len(), shape, DType::I32, category, label)
+    }
+
+    fn upload(rt: &Runtime, bytes: &[u8], len: usize, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
+        if numel(shape) != len {
+            return Err(KernelError::Shape(format!("{len} values do not fill shape {shape:?}")));
+        }
+        let t = Tensor::empty(rt, shape, dtype, category, label)?;
+        if bytes.len() % 4 == 0 {
+            t.block.write(0, bytes)?;
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4), 0);
+            t.block.write(0, &padded)?;
+        }
+        Ok(t)
+    }
+
+    /// Reads the tensor back as f32 (any dtype, any strides).
+    pub fn to_f32_vec(&self, rt: &Runtime) -> Result<Vec<f32>, KernelError> {
+        let t = if self.is_contiguous() && self.offset == 0 { self.clone() } else { self.contiguous(rt)? };
+        rt.flush();
+        let bytes = t.block.read()?;
+        let n = t.numel();
+        Ok(match t.dtype {
+            DType::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..n].to_vec(),
+            DType::F16 => bytemuck::cast_slice::<u8, half::f16>(&bytes)[..n].iter().map(|h| h.to_f32()).collect(),
+            DType::I32 => bytemuck::cast_slice::<u8, i32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
+            DType::U32 => bytemuck::cast_slice::<u8, u32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Element offset of the view in its block.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Elements in the view.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// The block holding the data.
+    pub fn block(&self) -> &Block {
+        &self.block
+    }
+
+    /// Elements the block can hold (bound range for kernels' host checks).
+    pub fn capacity(&self) -> usize {
+        self.block.requested() as usize / self.dtype.size()
+    }
+
+    /// Whether the view is row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        let expected = contiguous_strides(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
+    }
+
+    /// The largest element index the view touches, plus one (0 when empty).
+    pub fn extent(&self) -> usize {
+        if self.numel() == 0 {
+            return 0;
+        }
+        self.offset + self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+    }
+
+    /// The same elements in a new shape; the view must be contiguous.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, KernelError> {
+        if numel(shape) != self.numel() {
+            return Err(KernelError::Shape(format!("cannot reshape {:?} to {shape:?}", self.shape)));
+        }
+        if !self.is_contiguous() {
+            return Err(KernelError::Shape(format!("reshape of a non-contiguous view {:?} (call contiguous first)", self.shape)));
+        }
+        Ok(Tensor { shape: shape.to_vec(), strides: contiguous_strides(shape), ..self.clone() })
+    }
+
+    /// Swaps two dimensions (no copy).
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor, KernelError> {
+        let rank = self.shape.len();
+        if a >= rank || b >= rank {
+            return Err(KernelError::Shape(format!("transpose({a}, {b}) of a rank-{rank} tensor")));
+        }
+        let mut t = self.clone();
+        t.shape.swap(a, b);
+        t.strides.swap(a, b);
+        Ok(t)
+    }
+
+    /// `len` elements of dimension `dim` from `start` (no copy).
+    pub fn slice(&self, dim: usize, start: usize, len: usize) -> Result<Tensor, KernelError> {
+        if dim >= self.shape.len() || start + len > self.shape[dim] {
+            return Err(KernelError::Shape(format!("slice {start}..{} of dim {dim} of {:?}", start + len, self.shape)));
+        }
+        let mut t = self.clone();
+        t.offset += start * self.strides[dim];
+        t.shape[dim] = len;
+        Ok(t)
+    }
+
+    /// A view with explicit shape, strides and element offset over the same block;
+    /// refused if it would reach past the block.
+    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor, KernelError> {
+        if shape.len() != strides.len() {
+            return Err(KernelError::Shape(format!("shape {shape:?} and strides {strides:?} differ in rank")));
+        }
+        let t = Tensor { shape: shape.to_vec(), strides: strides.to_vec(), offset, ..self.clone() };
+        if t.extent() > t.capacity() {
+            return Err(KernelError::Shape(format!(
+                "view {shape:?} strides {strides:?} offset {offset} reaches past a {}-element block",
+                t.capacity()
+            )));
+        }
+        Ok(t)
+    }
+
+    /// A contiguous copy (or this view, if it already is one).
+    pub fn contiguous(&self, rt: &Runtime) -> Result<Tensor, KernelError> {
+        let out = Tensor::empty(rt, &self.shape, self.dtype, self.block.category(), "contiguous")?;
+        crate::kernels::map::copy_into(rt, self, &out)?;
+        Ok(out)
+    }
+
+    /// A contiguous copy converted to `dtype`.
+    pub fn cast(&self, rt: &Runtime, dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
+        let out = Tensor::empty(rt, &self.shape, dtype, category, label)?;
+        crate::kernels::map::copy_into(rt, self, &out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,72 @@
+// Fused cross-entropy over rows of logits, in f32, one workgroup per row:
+//   loss[r] = logsumexp(logits[r]) - logits[r, target[r]]   (0 where target is ignored)
+//   BACKWARD: dlogits[r, j] = (softmax_j - [j == target]) * p.grad_scale
+// dlogits may be the logits' own block (each element is read before it is written).
+// Template: ENABLE, T (logits and dlogits type), BACKWARD (true | false).
+{{ENABLE}}
+
+struct Params {
+    rows: u32,        // rows in this launch
+    cols: u32,        // vocabulary
+    row_offset: u32,  // first row of this launch (chunking)
+    ignore_index: i32,
+    grad_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> logits: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> targets: array<i32>;
+@group(0) @binding(3) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dlogits: array<{{T}}>;
+
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, WG>;
+
+fn reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            if is_max { red[lid] = max(red[lid], red[lid + s]); } else { red[lid] += red[lid + s]; }
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let lid = lid3.x;
+    let local_row = wid.x + wid.y * nwg.x;
+    if local_row >= p.rows { return; }
+    let row = p.row_offset + local_row;
+    let base = row * p.cols;
+    let target = targets[row];
+    let valid = target != p.ignore_index && target >= 0 && u32(target) < p.cols;
+    var m = -3.4028235e38;
+    for (var j = lid; j < p.cols; j += WG) { m = max(m, f32(logits[base + j])); }
+    let row_max = reduce(lid, m, true);
+    var s = 0.0;
+    for (var j = lid; j < p.cols; j += WG) { s += exp(f32(logits[base + j]) - row_max); }
+    let total = reduce(lid, s, false);
+    if lid == 0u {
+        var loss = 0.0;
+        if valid { loss = log(total) + row_max - f32(logits[base + u32(target)]); }
+        losses[row] = loss;
+    }
+    if {{BACKWARD}} {
+        // Every thread has read what it needs before any element is overwritten.
+        workgroupBarrier();
+        let scale = select(0.0, p.grad_scale, valid);
+        for (var j = lid; j < p.cols; j += WG) {
+            let prob = exp(f32(logits[base + j]) - row_max) / total;
+            let hot = select(0.0, 1.0, valid && u32(target) == j);
+            dlogits[base + j] = {{T}}((prob - hot) * scale);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+// LayerNorm over the last dim, in f32. Template: ENABLE, T (x, y, dy, dx type), MODE:
+//   0 forward:  y = (x - mean) * rstd * w + b; saves mean, rstd.    one workgroup per row
+//   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
+//   2 weight:   dw[c] += sum_r dy * xhat,  db[c] += sum_r dy           one thread per column
+// Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db.
+{{ENABLE}}
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> b_or_dy: array<{{T}}>;
+@group(0) @binding(4) var<storage, read_write> y_or_dx: array<{{T}}>;
+@group(0) @binding(5) var<storage, read_write> mean: array<f32>;
+@group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dw: array<f32>;
+@group(0) @binding(8) var<storage, read_write> db: array<f32>;
+
+const MODE: u32 = {{MODE}}u;
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> red2: array<f32, WG>;
+
+fn reduce2(lid: u32, a: f32, b: f32) -> vec2<f32> {
+    red[lid] = a;
+    red2[lid] = b;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+            red2[lid] += red2[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = vec2<f32>(red[0], red2[0]);
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let lid = lid3.x;
+    let group = wid.x + wid.y * nwg.x;
+    if MODE == 2u {
+        let c = group * WG + lid;
+        if c >= p.cols { return; }
+        var sw = 0.0;
+        var sb = 0.0;
+        for (var r = 0u; r < p.rows; r++) {
+            let g = f32(b_or_dy[r * p.cols + c]);
+            let xhat = (f32(x[r * p.cols + c]) - mean[r]) * rstd[r];
+            sw += g * xhat;
+            sb += g;
+        }
+        dw[c] += sw;
+        db[c] += sb;
+        return;
+    }
+    let row = group;
+    if row >= p.rows { return; }
+    let base = row * p.cols;
+    let n = f32(p.cols);
+    if MODE == 0u {
+        var s = 0.0;
+        for (var j = lid; j < p.cols; j += WG) { s += f32(x[base + j]); }
+        let mu = reduce2(lid, s, 0.0).x / n;
+        var v = 0.0;
+        for (var j = lid; j < p.cols; j += WG) {
+            let d = f32(x[base + j]) - mu;
+            v += d * d;
+        }
+        let r = inverseSqrt(reduce2(lid, v, 0.0).x / n + p.eps);
+        for (var j = lid; j < p.cols; j += WG) {
+            y_or_dx[base + j] = {{T}}((f32(x[base + j]) - mu) * r * w[j] + f32(b_or_dy[j]));
+        }
+        if lid == 0u {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
+        return;
+    }
+    let mu = mean[row];
+    let r = rstd[row];
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var j = lid; j < p.cols; j += WG) {
+        let g = f32(b_or_dy[base + j]) * w[j];
+        sg += g;
+        sgx += g * (f32(x[base + j]) - mu) * r;
+    }
+    let sums = reduce2(lid, sg, sgx) / n;
+    for (var j = lid; j < p.cols; j += WG) {
+        let g = f32(b_or_dy[base + j]) * w[j];
+        let xhat = (f32(x[base + j]) - mu) * r;
+        y_or_dx[base + j] = {{T}}(r * (g - sums.x - xhat * sums.y));
+    }
+}

@@ -1,0 +1,107 @@
+// Batched matmul with strided (hence transposable) operands, register-tiled, f32
+// accumulation: C[z] = act(alpha * A[z] @ B[z] + bias + beta * C[z]).
+// A[z] is M x K, B[z] is K x N; element (r, c) of X[z] sits at
+//   x_off + (z / batch1) * x_bs0 + (z % batch1) * x_bs1 + r * x_rs + c * x_cs.
+// Each workgroup of 16 x 16 threads computes a (16*TM) x (16*TM) tile of C, each
+// thread TM x TM of it, stepping K by 16 through workgroup memory.
+// Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v).
+{{ENABLE}}
+
+struct Params {
+    m: u32, n: u32, k: u32, batch1: u32,
+    a_off: u32, a_rs: u32, a_cs: u32, a_bs0: u32,
+    a_bs1: u32, b_off: u32, b_rs: u32, b_cs: u32,
+    b_bs0: u32, b_bs1: u32, c_off: u32, c_rs: u32,
+    c_bs0: u32, c_bs1: u32, bias_off: u32, has_bias: u32,
+    alpha: f32, beta: f32, _pad0: u32, _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a: array<{{TA}}>;
+@group(0) @binding(2) var<storage, read_write> b: array<{{TB}}>;
+@group(0) @binding(3) var<storage, read_write> c: array<{{TC}}>;
+@group(0) @binding(4) var<storage, read_write> bias: array<f32>;
+
+alias V = f32;
+{{ACTIVATIONS}}
+
+const TM: u32 = {{TM}}u;
+const BM: u32 = 16u * TM;      // tile rows = tile cols
+const BK: u32 = 16u;
+const Q: u32 = TM / 4u;        // vec4s per thread per row of fragments
+// Tiles stored k-major as vec4s: tile[kk][x] at (kk * BM + x) / 4.
+var<workgroup> a_tile: array<vec4<f32>, BK * BM / 4u>;
+var<workgroup> b_tile: array<vec4<f32>, BK * BM / 4u>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let z0 = wid.z / p.batch1;
+    let z1 = wid.z % p.batch1;
+    let a_base = p.a_off + z0 * p.a_bs0 + z1 * p.a_bs1;
+    let b_base = p.b_off + z0 * p.b_bs0 + z1 * p.b_bs1;
+    let c_base = p.c_off + z0 * p.c_bs0 + z1 * p.c_bs1;
+    let row0 = wid.y * BM;
+    let col0 = wid.x * BM;
+    let tid = lid.y * 16u + lid.x;
+    var acc: array<array<f32, TM>, TM>;
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // A tile: BM x BK, consecutive threads walk k (rows of a row-major A).
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / BK;
+            let kk = e % BK;
+            let gm = row0 + mm;
+            let gk = k0 + kk;
+            var v = 0.0;
+            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            let t = kk * BM + mm;
+            a_tile[t / 4u][t % 4u] = v;
+        }
+        // B tile: BK x BM, consecutive threads walk n (rows of a row-major B).
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / BM;
+            let nn = e % BM;
+            let gk = k0 + kk;
+            let gn = col0 + nn;
+            var v = 0.0;
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            let t = kk * BM + nn;
+            b_tile[t / 4u][t % 4u] = v;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var af: array<f32, TM>;
+            var bf: array<f32, TM>;
+            for (var q = 0u; q < Q; q++) {
+                // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,
+                // so a warp reads whole vec4s without bank conflicts.
+                let av = a_tile[(kk * BM) / 4u + lid.y + 16u * q];
+                let bv = b_tile[(kk * BM) / 4u + lid.x + 16u * q];
+                for (var r = 0u; r < 4u; r++) {
+                    af[q * 4u + r] = av[r];
+                    bf[q * 4u + r] = bv[r];
+                }
+            }
+            for (var i = 0u; i < TM; i++) {
+                for (var j = 0u; j < TM; j++) {
+                    acc[i][j] = fma(af[i], bf[j], acc[i][j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < TM; i++) {
+        let gm = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
+        if gm >= p.m { continue; }
+        for (var j = 0u; j < TM; j++) {
+            let gn = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
+            if gn >= p.n { continue; }
+            var v = p.alpha * acc[i][j];
+            if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
+            let ci = c_base + gm * p.c_rs + gn;
+            if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
+            c[ci] = {{TC}}({{ACT}});
+        }
+    }
+}

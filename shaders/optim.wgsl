@@ -1,0 +1,66 @@
+// Fused optimizer steps over f32 master weights, one pass per parameter.
+//   MODE 0 check:  found[0] = 1 if any (grad * inv_scale) is inf or NaN
+//   MODE 1 AdamW:  PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction)
+//   MODE 2 SGD:    PyTorch's torch.optim.SGD with momentum, dampening, nesterov
+// Updates skip entirely when p.skip_if_found is set and found[0] != 0 (GradScaler).
+// Gradients are multiplied by p.inv_scale first (1 when not scaling).
+// Template: MODE.
+
+struct Params {
+    n: u32,
+    skip_if_found: u32,
+    first_step: u32,
+    nesterov: u32,
+    lr: f32,
+    beta1: f32,       // SGD: momentum
+    beta2: f32,       // SGD: dampening
+    eps: f32,
+    weight_decay: f32,
+    bias_correction1: f32,
+    bias_correction2_sqrt: f32,
+    inv_scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> param: array<f32>;
+@group(0) @binding(2) var<storage, read_write> grad: array<f32>;
+@group(0) @binding(3) var<storage, read_write> m: array<f32>;   // AdamW exp_avg; SGD momentum buffer
+@group(0) @binding(4) var<storage, read_write> v: array<f32>;   // AdamW exp_avg_sq
+@group(0) @binding(5) var<storage, read_write> found: array<atomic<u32>>;
+
+const MODE: u32 = {{MODE}}u;
+
+fn finite(x: f32) -> bool {
+    // NaN fails every comparison; inf exceeds the largest finite f32.
+    return abs(x) <= 3.4028235e38;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if i >= p.n { return; }
+    let g0 = grad[i] * p.inv_scale;
+    if MODE == 0u {
+        if !finite(g0) { atomicStore(&found[0], 1u); }
+        return;
+    }
+    if p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u { return; }
+    var w = param[i];
+    if MODE == 1u {
+        w = w * (1.0 - p.lr * p.weight_decay);
+        let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g0;
+        let vi = p.beta2 * v[i] + (1.0 - p.beta2) * g0 * g0;
+        m[i] = mi;
+        v[i] = vi;
+        let denom = sqrt(vi) / p.bias_correction2_sqrt + p.eps;
+        w = w - (p.lr / p.bias_correction1) * mi / denom;
+    } else {
+        var g = g0 + p.weight_decay * w;
+        var buf = g;
+        if p.first_step == 0u { buf = p.beta1 * m[i] + (1.0 - p.beta2) * g; }
+        m[i] = buf;
+        if p.nesterov != 0u { g = g + p.beta1 * buf; } else { g = buf; }
+        w = w - p.lr * g;
+    }
+    param[i] = w;
+}
