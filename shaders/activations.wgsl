@@ -1,4 +1,4 @@
-// Shared activation functions, pasted into kernels by the template {{ACTIVATIONS}}.
+// Shared activation functions, pasted into kernels at their ACTIVATIONS placeholder.
 // The including kernel defines `alias V` (f32 or vec4<f32>).
 fn S(x: f32) -> V { return V(x); }
 

@@ -46,8 +46,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if local_row >= p.rows { return; }
     let row = p.row_offset + local_row;
     let base = row * p.cols;
-    let target = targets[row];
-    let valid = target != p.ignore_index && target >= 0 && u32(target) < p.cols;
+    let tgt = targets[row];
+    let valid = tgt != p.ignore_index && tgt >= 0 && u32(tgt) < p.cols;
     var m = -3.4028235e38;
     for (var j = lid; j < p.cols; j += WG) { m = max(m, f32(logits[base + j])); }
     let row_max = reduce(lid, m, true);
@@ -56,7 +56,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let total = reduce(lid, s, false);
     if lid == 0u {
         var loss = 0.0;
-        if valid { loss = log(total) + row_max - f32(logits[base + u32(target)]); }
+        if valid { loss = log(total) + row_max - f32(logits[base + u32(tgt)]); }
         losses[row] = loss;
     }
     if {{BACKWARD}} {
@@ -65,7 +65,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let scale = select(0.0, p.grad_scale, valid);
         for (var j = lid; j < p.cols; j += WG) {
             let prob = exp(f32(logits[base + j]) - row_max) / total;
-            let hot = select(0.0, 1.0, valid && u32(target) == j);
+            let hot = select(0.0, 1.0, valid && u32(tgt) == j);
             dlogits[base + j] = {{T}}((prob - hot) * scale);
         }
     }

@@ -25,6 +25,7 @@ pub mod matmul_coop;
 pub mod optim;
 pub mod reduce;
 pub mod softmax;
+pub mod tolerance;
 pub mod variants;
 
 use std::collections::HashMap;

@@ -89,11 +89,12 @@ impl Tensor {
         rt.flush();
         let bytes = t.block.read()?;
         let n = t.numel();
+        // A copy into typed vectors: the byte buffer carries no alignment guarantee.
         Ok(match t.dtype {
-            DType::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..n].to_vec(),
-            DType::F16 => bytemuck::cast_slice::<u8, half::f16>(&bytes)[..n].iter().map(|h| h.to_f32()).collect(),
-            DType::I32 => bytemuck::cast_slice::<u8, i32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
-            DType::U32 => bytemuck::cast_slice::<u8, u32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
+            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..n].to_vec(),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)[..n].iter().map(|h| h.to_f32()).collect(),
+            DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
+            DType::U32 => bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
         })
     }
 

@@ -1,0 +1,73 @@
+//! Helpers shared by the kernel tests: the runtime with guard bytes on, a deterministic
+//! generator, and the comparison against f64 references with the documented tolerances.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use wgtrain_engine::kernels::tolerance::{compare, tolerance};
+use wgtrain_engine::memory::AllocatorOptions;
+use wgtrain_engine::{Category, DType, Gpu, Runtime, Tensor};
+
+/// The test adapter (WGTRAIN_TEST_ADAPTER, else the default choice).
+pub fn gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let selector = std::env::var("WGTRAIN_TEST_ADAPTER").ok();
+        Arc::new(Gpu::open(selector.as_deref()).expect("a GPU adapter (lavapipe on CI)"))
+    })
+    .clone()
+}
+
+/// A runtime whose allocator surrounds every block with guard bytes.
+pub fn runtime() -> Runtime {
+    Runtime::new(gpu(), AllocatorOptions { debug: Some(true), cap: None }).expect("runtime")
+}
+
+/// Deterministic uniform numbers.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// Uploads `data` as `dtype` (f32 or f16).
+pub fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Tensor {
+    match dtype {
+        DType::F16 => Tensor::from_f32_as_f16(rt, data, shape, Category::Other, "test").unwrap(),
+        _ => Tensor::from_f32(rt, data, shape, Category::Other, "test").unwrap(),
+    }
+}
+
+/// What the values become when stored as `dtype` (the reference sees the same inputs).
+pub fn rounded(data: &[f32], dtype: DType) -> Vec<f64> {
+    data.iter()
+        .map(|&x| if dtype == DType::F16 { half::f16::from_f32(x).to_f64() } else { x as f64 })
+        .collect()
+}
+
+/// Asserts `t` matches `want` within the tolerance of `t`'s dtype for `len`-term sums.
+pub fn assert_close(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], len: usize) {
+    let got = t.to_f32_vec(rt).unwrap();
+    let (atol, rtol) = tolerance(t.dtype(), len);
+    let (abs, rel, ok) = compare(&got, want, atol, rtol);
+    assert!(ok, "{what}: max abs err {abs:e}, max rel err {rel:e} (atol {atol:e}, rtol {rtol:e}); got {:?}.. want {:?}..", &got[..got.len().min(6)], &want[..want.len().min(6)]);
+}
+
+/// Ends a test: waits for the device and checks every guard.
+pub fn finish(rt: &Runtime) {
+    rt.sync().unwrap();
+    rt.alloc.check_guards().unwrap();
+}
