@@ -13,6 +13,12 @@
 //! checks, so every launch checks on the host that what it will index lies inside the
 //! bound blocks.
 //!
+//! Ordering: launches are recorded into one encoder and submitted at a flush, while
+//! `queue.write_buffer` (uploads, guard fills) lands at the start of the *next*
+//! submission, before launches recorded earlier. A freed block can be reused at once,
+//! so every host write first flushes what is recorded (`Tensor` does this); the test
+//! `uploads_into_a_reused_block_do_not_overtake_pending_launches` pins it down.
+//!
 //! May call: `device`, `memory`, `tensor`. Called by: tensor ops, autograd, bench.
 
 pub mod attention;

@@ -41,6 +41,11 @@ impl Tensor {
     /// An uninitialised contiguous tensor.
     pub fn empty(rt: &Runtime, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
         let bytes = (numel(shape) * dtype.size()) as u64;
+        if rt.alloc.debug() {
+            // The guard fill is a queue write: it must not overtake recorded launches
+            // that still use a freed block this allocation may reuse (see `kernels`).
+            rt.flush();
+        }
         let block = rt.alloc.alloc(bytes, category, label)?;
         Ok(Tensor { block: Arc::new(block), dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 })
     }
@@ -73,6 +78,9 @@ impl Tensor {
             return Err(KernelError::Shape(format!("{len} values do not fill shape {shape:?}")));
         }
         let t = Tensor::empty(rt, shape, dtype, category, label)?;
+        // Queue writes land before every launch of the next submission, including those
+        // recorded earlier: submit those first, or they would see this data too soon.
+        rt.flush();
         if bytes.len() % 4 == 0 {
             t.block.write(0, bytes)?;
         } else {

@@ -1,0 +1,370 @@
+//! LayerNorm, cross-entropy, embedding, matmul, attention and the optimizers against
+//! f64 CPU references, on shapes that are not multiples of any tile, with size-1 dims
+//! and large logits; guard bytes are on throughout.
+
+mod common;
+
+use common::{Rng, assert_close, finish, rounded, runtime, upload};
+use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
+use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, check_finite, sgd_step};
+use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
+use wgtrain_engine::{Category, DType, Runtime, Tensor};
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// C[z] = A[z] @ B[z] for row-major [batch, m, k] x [batch, k, n] in f64.
+fn matmul_ref(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; batch * m * n];
+    for z in 0..batch {
+        for i in 0..m {
+            for p in 0..k {
+                let av = a[z * m * k + i * k + p];
+                for j in 0..n {
+                    c[z * m * n + i * n + j] += av * b[z * k * n + p * n + j];
+                }
+            }
+        }
+    }
+    c
+}
+
+fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+#[test]
+fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
+    let rt = runtime();
+    let mut rng = Rng(10);
+    for (m, k, n) in [(67, 35, 129), (1, 1, 1), (1, 300, 5), (130, 17, 131), (0, 4, 3), (5, 0, 4)] {
+        let a_data = rng.vec(m * k, -1.0, 1.0);
+        let b_data = rng.vec(k * n, -1.0, 1.0);
+        let want = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);
+        let a = upload(&rt, &a_data, &[m, k], DType::F32);
+        let b = upload(&rt, &b_data, &[k, n], DType::F32);
+        let c = matmul(&rt, &a, &b, DType::F32, &MatmulOptions::default(), Category::Other, "c").unwrap();
+        assert_close(&rt, &format!("matmul {m}x{k}x{n}"), &c, &want, k);
+        // The same product from transposed storage: A^T stored [k, m], B^T stored [n, k].
+        let at = upload(&rt, &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[k, m], DType::F32);
+        let bt = upload(&rt, &transpose(&f64s(&b_data), k, n).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[n, k], DType::F32);
+        let c2 = matmul(&rt, &at.transpose(0, 1).unwrap(), &bt.transpose(0, 1).unwrap(), DType::F32, &MatmulOptions::default(), Category::Other, "c2").unwrap();
+        assert_close(&rt, &format!("matmul transposed {m}x{k}x{n}"), &c2, &want, k);
+    }
+    // Bias + gelu epilogue, and beta accumulation into an existing C.
+    let (m, k, n) = (33, 20, 45);
+    let a_data = rng.vec(m * k, -1.0, 1.0);
+    let b_data = rng.vec(k * n, -1.0, 1.0);
+    let bias_data = rng.vec(n, -1.0, 1.0);
+    let prod = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);
+    let (a, b) = (upload(&rt, &a_data, &[m, k], DType::F32), upload(&rt, &b_data, &[k, n], DType::F32));
+    let bias = upload(&rt, &bias_data, &[n], DType::F32);
+    let opts = MatmulOptions { bias: Some(&bias), activation: Activation::Gelu, ..Default::default() };
+    let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+    let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh());
+    let want: Vec<f64> = prod.iter().enumerate().map(|(i, &v)| gelu(v + bias_data[i % n] as f64)).collect();
+    assert_close(&rt, "bias+gelu", &c, &want, k);
+    let acc_data = rng.vec(m * n, -1.0, 1.0);
+    let acc = upload(&rt, &acc_data, &[m, n], DType::F32);
+    matmul_into(&rt, &a, &b, &acc, &MatmulOptions { alpha: 0.5, beta: 1.0, ..Default::default() }).unwrap();
+    let want: Vec<f64> = prod.iter().zip(&acc_data).map(|(&p, &c)| 0.5 * p + c as f64).collect();
+    assert_close(&rt, "alpha/beta accumulate", &acc, &want, k);
+    // Batched with a broadcast operand: [2, 3, m, k] @ [k, n].
+    let a_data = rng.vec(6 * m * k, -1.0, 1.0);
+    let a4 = upload(&rt, &a_data, &[2, 3, m, k], DType::F32);
+    let c = matmul(&rt, &a4, &b, DType::F32, &MatmulOptions::default(), Category::Other, "c").unwrap();
+    assert_eq!(c.shape(), &[2, 3, m, n]);
+    let b_rep: Vec<f64> = (0..6).flat_map(|_| f64s(&b_data)).collect();
+    assert_close(&rt, "batched broadcast", &c, &matmul_ref(&f64s(&a_data), &b_rep, 6, m, k, n), k);
+    // Shape errors are refused on the host.
+    assert!(matmul(&rt, &a, &a, DType::F32, &MatmulOptions::default(), Category::Other, "bad").is_err());
+    finish(&rt);
+}
+
+#[test]
+fn f16_matmul_accumulates_in_f32() {
+    let rt = runtime();
+    if !rt.gpu.caps.shader_f16 {
+        return;
+    }
+    let mut rng = Rng(11);
+    for (m, k, n) in [(67, 130, 129), (16, 16, 16), (3, 1000, 2)] {
+        let a_data = rng.vec(m * k, -1.0, 1.0);
+        let b_data = rng.vec(k * n, -1.0, 1.0);
+        let want = matmul_ref(&rounded(&a_data, DType::F16), &rounded(&b_data, DType::F16), 1, m, k, n);
+        let a = upload(&rt, &a_data, &[m, k], DType::F16);
+        let b = upload(&rt, &b_data, &[k, n], DType::F16);
+        for out in [DType::F32, DType::F16] {
+            let c = matmul(&rt, &a, &b, out, &MatmulOptions::default(), Category::Other, "c").unwrap();
+            // f32 output: only accumulation-order error (f32 tolerance); f16: output rounding.
+            assert_close(&rt, &format!("f16 matmul {m}x{k}x{n} -> {out}"), &c, &want, k);
+        }
+    }
+    finish(&rt);
+}
+
+#[test]
+fn the_cooperative_path_is_chosen_only_where_granted() {
+    use wgtrain_engine::kernels::matmul_coop::eligible;
+    assert!(eligible(true, (32, 32), DType::F16, DType::F16, DType::F32));
+    assert!(!eligible(false, (32, 32), DType::F16, DType::F16, DType::F32), "no coop configs (lavapipe)");
+    assert!(!eligible(true, (64, 64), DType::F16, DType::F16, DType::F32), "subgroups of 64");
+    assert!(!eligible(true, (32, 32), DType::F32, DType::F16, DType::F32), "f32 operand");
+    let rt = runtime();
+    let granted = rt.gpu.caps.coop_f16_16x16x16();
+    assert_eq!(granted, rt.gpu.caps.cooperative_matrix.iter().any(|c| (c.m, c.n, c.k) == (16, 16, 16) && c.ab == "f16" && c.cr == "f32"));
+}
+
+#[test]
+fn layernorm_forward_and_backward_match() {
+    let rt = runtime();
+    let mut rng = Rng(12);
+    for (rows, cols) in [(13usize, 67usize), (1, 1), (4, 768)] {
+        let x = rng.vec(rows * cols, -3.0, 3.0);
+        let w = rng.vec(cols, 0.5, 1.5);
+        let b = rng.vec(cols, -0.5, 0.5);
+        let dy = rng.vec(rows * cols, -1.0, 1.0);
+        let eps = 1e-5;
+        let (mut y_ref, mut dx_ref) = (vec![0.0; rows * cols], vec![0.0; rows * cols]);
+        let (mut dw_ref, mut db_ref) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
+            let mu = row.iter().sum::<f64>() / cols as f64;
+            let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / cols as f64;
+            let rstd = 1.0 / (var + eps).sqrt();
+            let xhat: Vec<f64> = row.iter().map(|v| (v - mu) * rstd).collect();
+            let g: Vec<f64> = (0..cols).map(|j| dy[r * cols + j] as f64 * w[j] as f64).collect();
+            let mg = g.iter().sum::<f64>() / cols as f64;
+            let mgx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
+            for j in 0..cols {
+                y_ref[r * cols + j] = xhat[j] * w[j] as f64 + b[j] as f64;
+                dx_ref[r * cols + j] = rstd * (g[j] - mg - xhat[j] * mgx);
+                dw_ref[j] += dy[r * cols + j] as f64 * xhat[j];
+                db_ref[j] += dy[r * cols + j] as f64;
+            }
+        }
+        let xt = upload(&rt, &x, &[rows, cols], DType::F32);
+        let wt = upload(&rt, &w, &[cols], DType::F32);
+        let bt = upload(&rt, &b, &[cols], DType::F32);
+        let (y, saved) = layernorm::forward(&rt, &xt, &wt, &bt, eps as f32, "ln").unwrap();
+        assert_close(&rt, "layernorm y", &y, &y_ref, cols);
+        let dyt = upload(&rt, &dy, &[rows, cols], DType::F32);
+        let dw = Tensor::full(&rt, &[cols], DType::F32, 0.0, Category::Gradient, "dw").unwrap();
+        let db = Tensor::full(&rt, &[cols], DType::F32, 0.0, Category::Gradient, "db").unwrap();
+        let dx = layernorm::backward(&rt, &xt, &wt, &saved, &dyt, &dw, &db, "dx").unwrap();
+        assert_close(&rt, "layernorm dx", &dx, &dx_ref, cols);
+        assert_close(&rt, "layernorm dw", &dw, &dw_ref, rows);
+        assert_close(&rt, "layernorm db", &db, &db_ref, rows);
+    }
+    finish(&rt);
+}
+
+#[test]
+fn cross_entropy_is_stable_and_its_gradient_matches_in_place() {
+    let rt = runtime();
+    let mut rng = Rng(13);
+    let (n, v) = (9usize, 301usize);
+    let logits = rng.vec(n * v, -50.0, 50.0);
+    let mut targets: Vec<i32> = (0..n).map(|i| ((i * 37) % v) as i32).collect();
+    targets[4] = cross_entropy::IGNORE_INDEX;
+    let valid = targets.iter().filter(|&&t| t >= 0).count();
+    let scale = 1.0 / valid as f64;
+    let (mut loss_ref, mut grad_ref) = (vec![0.0; n], vec![0.0; n * v]);
+    for r in 0..n {
+        let row: Vec<f64> = logits[r * v..(r + 1) * v].iter().map(|&x| x as f64).collect();
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
+        if targets[r] < 0 {
+            continue;
+        }
+        let t = targets[r] as usize;
+        loss_ref[r] = s.ln() + m - row[t];
+        for j in 0..v {
+            grad_ref[r * v + j] = ((row[j] - m).exp() / s - if j == t { 1.0 } else { 0.0 }) * scale;
+        }
+    }
+    let lt = upload(&rt, &logits, &[n, v], DType::F32);
+    let tt = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
+    let losses = Tensor::empty(&rt, &[n], DType::F32, Category::Other, "losses").unwrap();
+    // Forward only first, then forward+backward in two row chunks, writing into the logits.
+    cross_entropy::cross_entropy_rows(&rt, &lt, &tt, &losses, None, 0.0, 0..n).unwrap();
+    assert_close(&rt, "ce loss", &losses, &loss_ref, v);
+    cross_entropy::cross_entropy_rows(&rt, &lt, &tt, &losses, Some(&lt), scale as f32, 0..5).unwrap();
+    cross_entropy::cross_entropy_rows(&rt, &lt, &tt, &losses, Some(&lt), scale as f32, 5..n).unwrap();
+    assert_close(&rt, "ce loss (fused)", &losses, &loss_ref, v);
+    assert_close(&rt, "ce dlogits in place", &lt, &grad_ref, v);
+    assert!(cross_entropy::cross_entropy_rows(&rt, &lt, &tt, &losses, None, 0.0, 0..n + 1).is_err());
+    finish(&rt);
+}
+
+#[test]
+fn embedding_gathers_and_scatter_adds_deterministically() {
+    let rt = runtime();
+    let mut rng = Rng(14);
+    let (v, c) = (11usize, 37usize);
+    let table = rng.vec(v * c, -1.0, 1.0);
+    let ids: Vec<i32> = vec![3, 0, 3, 10, 3, 7, 0];
+    let tt = upload(&rt, &table, &[v, c], DType::F32);
+    let it = Tensor::from_i32(&rt, &ids, &[1, ids.len()], Category::Input, "ids").unwrap();
+    let out = embedding::gather(&rt, &it, &tt, "emb").unwrap();
+    assert_eq!(out.shape(), &[1, ids.len(), c]);
+    let want: Vec<f64> = ids.iter().flat_map(|&i| table[i as usize * c..(i as usize + 1) * c].iter().map(|&x| x as f64)).collect();
+    assert_close(&rt, "gather", &out, &want, 1);
+    let dout = rng.vec(ids.len() * c, -1.0, 1.0);
+    let dt = upload(&rt, &dout, &[1, ids.len(), c], DType::F32);
+    let base = rng.vec(v * c, -1.0, 1.0);
+    let mut want: Vec<f64> = f64s(&base);
+    for (i, &id) in ids.iter().enumerate() {
+        for j in 0..c {
+            want[id as usize * c + j] += dout[i * c + j] as f64;
+        }
+    }
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let dtable = upload(&rt, &base, &[v, c], DType::F32);
+        embedding::scatter_add(&rt, &it, &dt, &dtable).unwrap();
+        assert_close(&rt, "scatter-add", &dtable, &want, ids.len());
+        runs.push(dtable.to_f32_vec(&rt).unwrap());
+    }
+    assert_eq!(runs[0], runs[1], "bitwise equal across runs");
+    finish(&rt);
+}
+
+fn attention_ref(qkv: &[f64], b: usize, t: usize, c: usize, nh: usize) -> (Vec<f64>, Vec<f64>) {
+    let d = c / nh;
+    let mut y = vec![0.0; b * t * c];
+    let mut probs = vec![0.0; b * nh * t * t];
+    for bi in 0..b {
+        for h in 0..nh {
+            for i in 0..t {
+                let q = |k: usize| qkv[bi * t * 3 * c + i * 3 * c + h * d + k];
+                let mut s: Vec<f64> = (0..=i)
+                    .map(|j| (0..d).map(|k| q(k) * qkv[bi * t * 3 * c + j * 3 * c + c + h * d + k]).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for x in s.iter_mut() {
+                    *x = (*x - m).exp() / z;
+                }
+                for (j, &p) in s.iter().enumerate() {
+                    probs[((bi * nh + h) * t + i) * t + j] = p;
+                    for k in 0..d {
+                        y[bi * t * c + i * c + h * d + k] += p * qkv[bi * t * 3 * c + j * 3 * c + 2 * c + h * d + k];
+                    }
+                }
+            }
+        }
+    }
+    (y, probs)
+}
+
+#[test]
+fn attention_forward_and_backward_match() {
+    let rt: Runtime = runtime();
+    let mut rng = Rng(15);
+    let (b, t, c, nh) = (2usize, 7usize, 12usize, 3usize);
+    let qkv = rng.vec(b * t * 3 * c, -1.0, 1.0);
+    let qkv_t = upload(&rt, &qkv, &[b, t, 3 * c], DType::F32);
+    let (y, saved) = attention::forward(&rt, &qkv_t, nh, "attn").unwrap();
+    let (y_ref, probs_ref) = attention_ref(&f64s(&qkv), b, t, c, nh);
+    assert_close(&rt, "attention y", &y, &y_ref, t);
+    assert_close(&rt, "attention probs", &saved.probs, &probs_ref, c / nh);
+    // Backward against central differences of L = sum(y * g) in f64.
+    let g = rng.vec(b * t * c, -1.0, 1.0);
+    let gt = upload(&rt, &g, &[b, t, c], DType::F32);
+    let dqkv = attention::backward(&rt, &qkv_t, nh, &saved, &gt, "dqkv").unwrap();
+    let loss = |x: &[f64]| attention_ref(x, b, t, c, nh).0.iter().zip(&g).map(|(a, &b)| a * b as f64).sum::<f64>();
+    let base = f64s(&qkv);
+    let want: Vec<f64> = (0..base.len())
+        .map(|i| {
+            let (mut up, mut down) = (base.clone(), base.clone());
+            up[i] += 1e-5;
+            down[i] -= 1e-5;
+            (loss(&up) - loss(&down)) / 2e-5
+        })
+        .collect();
+    assert_close(&rt, "attention dqkv", &dqkv, &want, t * c);
+    finish(&rt);
+}
+
+#[test]
+fn adamw_and_sgd_match_pytorch_semantics_and_skip_on_overflow() {
+    let rt = runtime();
+    let mut rng = Rng(16);
+    let n = 1001;
+    let p0 = rng.vec(n, -1.0, 1.0);
+    let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n, -1.0, 1.0)).collect();
+    let h = AdamW { lr: 1e-2, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.1 };
+    let (mut p, mut m, mut v) = (f64s(&p0), vec![0.0; n], vec![0.0; n]);
+    let param = upload(&rt, &p0, &[n], DType::F32);
+    let mt = Tensor::full(&rt, &[n], DType::F32, 0.0, Category::OptimizerState, "m").unwrap();
+    let vt = Tensor::full(&rt, &[n], DType::F32, 0.0, Category::OptimizerState, "v").unwrap();
+    let found = Tensor::empty(&rt, &[1], DType::U32, Category::Other, "found").unwrap();
+    map::fill(&rt, &found, 0.0).unwrap();
+    for (step, g) in grads.iter().enumerate() {
+        let step = step as i32 + 1;
+        let gt = upload(&rt, &g.iter().map(|x| x * 4.0).collect::<Vec<_>>(), &[n], DType::F32);
+        adamw_step(&rt, &h, &OptimState { param: &param, grad: &gt, m: &mt, v: &vt }, step as u32, 0.25, &found, true).unwrap();
+        let (b1, b2) = (h.betas.0 as f64, h.betas.1 as f64);
+        for i in 0..n {
+            let gi = g[i] as f64;
+            p[i] *= 1.0 - h.lr as f64 * h.weight_decay as f64;
+            m[i] = b1 * m[i] + (1.0 - b1) * gi;
+            v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+            let denom = (v[i] / (1.0 - b2.powi(step))).sqrt() + h.eps as f64;
+            p[i] -= h.lr as f64 / (1.0 - b1.powi(step)) * m[i] / denom;
+        }
+    }
+    assert_close(&rt, "adamw param", &param, &p, 1);
+    assert_close(&rt, "adamw exp_avg_sq", &vt, &v, 1);
+    // An inf gradient: the check flags it and the step changes nothing.
+    let mut bad = grads[0].clone();
+    bad[17] = f32::INFINITY;
+    let bt = upload(&rt, &bad, &[n], DType::F32);
+    check_finite(&rt, &bt, 1.0, &found).unwrap();
+    adamw_step(&rt, &h, &OptimState { param: &param, grad: &bt, m: &mt, v: &vt }, 4, 1.0, &found, true).unwrap();
+    assert_eq!(found.to_f32_vec(&rt).unwrap(), vec![1.0]);
+    assert_close(&rt, "skipped step leaves params", &param, &p, 1);
+    // SGD with momentum, dampening and nesterov, PyTorch's formulas.
+    for nesterov in [false, true] {
+        let s = Sgd { lr: 0.1, momentum: 0.9, dampening: if nesterov { 0.0 } else { 0.1 }, weight_decay: 0.01, nesterov };
+        let (mut p, mut buf) = (f64s(&p0), vec![0.0; n]);
+        let param = upload(&rt, &p0, &[n], DType::F32);
+        let mom = Tensor::full(&rt, &[n], DType::F32, 0.0, Category::OptimizerState, "buf").unwrap();
+        map::fill(&rt, &found, 0.0).unwrap();
+        for (step, g) in grads.iter().enumerate() {
+            let gt = upload(&rt, g, &[n], DType::F32);
+            sgd_step(&rt, &s, &OptimState { param: &param, grad: &gt, m: &mom, v: &mom }, step == 0, 1.0, &found, true).unwrap();
+            for i in 0..n {
+                let mut gi = g[i] as f64 + s.weight_decay as f64 * p[i];
+                buf[i] = if step == 0 { gi } else { s.momentum as f64 * buf[i] + (1.0 - s.dampening as f64) * gi };
+                gi = if nesterov { gi + s.momentum as f64 * buf[i] } else { buf[i] };
+                p[i] -= s.lr as f64 * gi;
+            }
+        }
+        assert_close(&rt, &format!("sgd nesterov={nesterov}"), &param, &p, 1);
+    }
+    finish(&rt);
+}
+
+#[test]
+fn uploads_into_a_reused_block_do_not_overtake_pending_launches() {
+    // Found by the guard bytes: a block freed while a recorded launch still reads it is
+    // reused by the next upload; the upload must not land before that launch runs.
+    let rt = runtime();
+    let out = Tensor::empty(&rt, &[256], DType::F32, Category::Other, "out").unwrap();
+    for step in 0..4 {
+        let x = upload(&rt, &vec![step as f32; 256], &[256], DType::F32);
+        map::map_into(&rt, map::MapOp::Axpby, Some(&out), Some(&x), &out, 1.0, 1.0).unwrap();
+        drop(x); // the next upload reuses this block while the launch is still recorded
+    }
+    assert_close(&rt, "sum of uploads", &out, &[0.0 + 1.0 + 2.0 + 3.0; 256].map(|v: f64| v), 1);
+    finish(&rt);
+}
