@@ -8,7 +8,8 @@ use clap::Args;
 
 use super::{CliResult, write_atomically};
 use wgtrain_engine::bench::{self, BenchRecord};
-use wgtrain_engine::Gpu;
+use wgtrain_engine::memory::AllocatorOptions;
+use wgtrain_engine::{Gpu, Runtime};
 
 /// Arguments of `wgtrain bench`.
 #[derive(Args)]
@@ -30,9 +31,18 @@ pub struct BenchArgs {
 /// Runs the benchmarks.
 pub fn run(args: BenchArgs) -> CliResult {
     let gpu = Arc::new(Gpu::open(args.adapter.as_deref())?);
-    eprintln!("adapter: {} ({})", gpu.report.name, gpu.report.backend);
+    eprintln!(
+        "adapter: {} ({}); timing: {}",
+        gpu.report.name,
+        gpu.report.backend,
+        if gpu.caps.timestamps { "GPU timestamps" } else { "wall clock" }
+    );
     let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
     let mut records: Vec<BenchRecord> = Vec::new();
+    {
+        let rt = Runtime::new(gpu.clone(), AllocatorOptions { debug: Some(false), cap: None })?;
+        records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
+    }
     if wanted("alloc") {
         records.extend(bench::alloc::run_all(&gpu, args.quick)?.into_iter().filter(|r| wanted(&r.kernel)));
     }

@@ -3,6 +3,7 @@
 //! records carry their own figures under `extra`.
 
 pub mod alloc;
+pub mod kernels;
 
 use serde::{Deserialize, Serialize};
 

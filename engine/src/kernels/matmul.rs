@@ -45,11 +45,13 @@ pub struct MatmulOptions<'a> {
     pub bias: Option<&'a Tensor>,
     /// Applied last.
     pub activation: Activation,
+    /// Use the tiled kernel even where the cooperative one would be chosen.
+    pub tiled_only: bool,
 }
 
 impl Default for MatmulOptions<'_> {
     fn default() -> Self {
-        MatmulOptions { alpha: 1.0, beta: 0.0, bias: None, activation: Activation::Identity }
+        MatmulOptions { alpha: 1.0, beta: 0.0, bias: None, activation: Activation::Identity, tiled_only: false }
     }
 }
 
@@ -197,7 +199,7 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     };
     // Without a bias, any block fills the (unread) bias binding.
     let bias = opts.bias.unwrap_or(c);
-    if super::matmul_coop::usable(rt, a, b, c) {
+    if !opts.tiled_only && super::matmul_coop::usable(rt, a, b, c) {
         return super::matmul_coop::launch(rt, &params, a, b, c, opts, batches as u32);
     }
     let tm = if m >= 128 && n >= 128 { 8 } else { 4 };

@@ -21,7 +21,7 @@ pub fn variant(tc: DType, act: Activation) -> Vec<(&'static str, String)> {
 
 /// Whether the host may pick this path for these operands on this adapter.
 pub fn usable(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor) -> bool {
-    std::env::var_os("WGTRAIN_NO_COOP").is_none() && eligible(rt.gpu.caps.coop_f16_16x16x16(), rt.gpu.caps.subgroup_size, a.dtype(), b.dtype(), c.dtype())
+    eligible(rt.gpu.caps.coop_f16_16x16x16(), rt.gpu.caps.subgroup_size, a.dtype(), b.dtype(), c.dtype())
 }
 
 /// The rule behind [`usable`], apart from the adapter (tested on every machine).

@@ -1,0 +1,294 @@
+//! Kernel benchmarks: each case builds random inputs, checks the result against an f64
+//! CPU reference on sampled rows or elements (the whole output where it is small), then
+//! times the launch (GPU timestamps when granted, else wall clock) as the median of
+//! repeats after warm-up.
+
+use super::{BenchRecord, median};
+use crate::kernels::cross_entropy::cross_entropy_rows;
+use crate::kernels::map::{MapOp, map_into};
+use crate::kernels::matmul::{MatmulOptions, matmul_into};
+use crate::kernels::optim::{AdamW, OptimState, adamw_step};
+use crate::kernels::softmax::softmax_into;
+use crate::kernels::tolerance::{compare, tolerance};
+use crate::kernels::{KernelError, Runtime, attention, layernorm};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+const WARMUP: usize = 2;
+const REPEATS: usize = 10;
+/// Elements or rows checked against the reference in large cases.
+const SAMPLES: usize = 48;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)).collect()
+    }
+    fn index(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, KernelError> {
+    match dtype {
+        DType::F16 => Tensor::from_f32_as_f16(rt, data, shape, Category::Input, "bench"),
+        _ => Tensor::from_f32(rt, data, shape, Category::Input, "bench"),
+    }
+}
+
+fn stored(x: f32, dtype: DType) -> f64 {
+    if dtype == DType::F16 { half::f16::from_f32(x).to_f64() } else { x as f64 }
+}
+
+fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+    for _ in 0..WARMUP {
+        f()?;
+    }
+    rt.sync()?;
+    let mut samples = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        samples.push(rt.time(&mut f)? * 1e6);
+    }
+    Ok(median(&mut samples))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(kernel: &str, dtype: DType, shape: &[usize], us: f64, flops: f64, bytes: f64, got: &[f32], want: &[f64], tol: (f64, f64)) -> BenchRecord {
+    let (abs, rel, ok) = compare(got, want, tol.0, tol.1);
+    BenchRecord {
+        kernel: kernel.into(),
+        dtype: dtype.wgsl().into(),
+        shape: shape.iter().map(|&d| d as u64).collect(),
+        median_us: us,
+        gflops: (flops > 0.0).then(|| flops / us / 1e3),
+        gbps: (bytes > 0.0).then(|| bytes / us / 1e3),
+        max_abs_err: Some(abs),
+        max_rel_err: Some(rel),
+        ok,
+        extra: serde_json::Value::Null,
+    }
+}
+
+fn copy(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(1);
+    let data = rng.vec(n, -1.0, 1.0);
+    let x = upload(rt, &data, &[n], DType::F32)?;
+    let y = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, "copy")?;
+    let us = time(rt, || map_into(rt, MapOp::Copy, Some(&x), None, &y, 1.0, 0.0))?;
+    let got = y.to_f32_vec(rt)?;
+    let idx: Vec<usize> = (0..SAMPLES.min(n)).map(|_| rng.index(n)).collect();
+    let want: Vec<f64> = idx.iter().map(|&i| data[i] as f64).collect();
+    let got: Vec<f32> = idx.iter().map(|&i| got[i]).collect();
+    Ok(record("copy", DType::F32, &[n], us, 0.0, 8.0 * n as f64, &got, &want, (0.0, 0.0)))
+}
+
+fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(2);
+    let (a, b) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+    let (x, y) = (upload(rt, &a, &[n], DType::F32)?, upload(rt, &b, &[n], DType::F32)?);
+    let z = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, "add")?;
+    let us = time(rt, || map_into(rt, MapOp::Add, Some(&x), Some(&y), &z, 1.0, 1.0))?;
+    let out = z.to_f32_vec(rt)?;
+    let idx: Vec<usize> = (0..SAMPLES.min(n)).map(|_| rng.index(n)).collect();
+    let want: Vec<f64> = idx.iter().map(|&i| a[i] as f64 + b[i] as f64).collect();
+    let got: Vec<f32> = idx.iter().map(|&i| out[i]).collect();
+    Ok(record("add", DType::F32, &[n], us, n as f64, 12.0 * n as f64, &got, &want, tolerance(DType::F32, 1)))
+}
+
+fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, tiled_only: bool) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(3);
+    let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
+    let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
+    let c = Tensor::empty(rt, &[m, n], DType::F32, Category::Temporary, "matmul")?;
+    let opts = MatmulOptions { tiled_only, ..Default::default() };
+    let us = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
+    let out = c.to_f32_vec(rt)?;
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for _ in 0..SAMPLES {
+        let (i, j) = (rng.index(m), rng.index(n));
+        got.push(out[i * n + j]);
+        want.push((0..k).map(|p| stored(a[i * k + p], dtype) * stored(b[p * n + j], dtype)).sum());
+    }
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let bytes = ((m * k + k * n) * dtype.size() + m * n * 4) as f64;
+    Ok(record(name, dtype, &[m, k, n], us, flops, bytes, &got, &want, tolerance(DType::F32, k)))
+}
+
+fn softmax_rows(rows: &[f64]) -> Vec<f64> {
+    let m = rows.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let s: f64 = rows.iter().map(|x| (x - m).exp()).sum();
+    rows.iter().map(|x| (x - m).exp() / s).collect()
+}
+
+fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(4);
+    let data = rng.vec(rows * cols, -20.0, 20.0);
+    let x = upload(rt, &data, &[rows, cols], DType::F32)?;
+    let y = Tensor::empty(rt, &[rows, cols], DType::F32, Category::Temporary, "softmax")?;
+    let us = time(rt, || softmax_into(rt, &x, &y, false, false))?;
+    let out = y.to_f32_vec(rt)?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let r = rng.index(rows);
+        let row: Vec<f64> = data[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
+        want.extend(softmax_rows(&row));
+        got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
+    }
+    Ok(record("softmax", DType::F32, &[rows, cols], us, 0.0, 8.0 * (rows * cols) as f64, &got, &want, tolerance(DType::F32, cols)))
+}
+
+fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(5);
+    let data = rng.vec(rows * cols, -3.0, 3.0);
+    let w = rng.vec(cols, 0.5, 1.5);
+    let b = rng.vec(cols, -0.5, 0.5);
+    let x = upload(rt, &data, &[rows, cols], DType::F32)?;
+    let (wt, bt) = (upload(rt, &w, &[cols], DType::F32)?, upload(rt, &b, &[cols], DType::F32)?);
+    let mut last = None;
+    let us = time(rt, || {
+        last = Some(layernorm::forward(rt, &x, &wt, &bt, 1e-5, "ln")?.0);
+        Ok(())
+    })?;
+    let out = last.expect("timed at least once").to_f32_vec(rt)?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let r = rng.index(rows);
+        let row: Vec<f64> = data[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
+        let mu = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        want.extend(row.iter().enumerate().map(|(j, v)| (v - mu) * rstd * w[j] as f64 + b[j] as f64));
+        got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
+    }
+    Ok(record("layernorm", DType::F32, &[rows, cols], us, 0.0, 8.0 * (rows * cols) as f64, &got, &want, tolerance(DType::F32, cols)))
+}
+
+fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(6);
+    let data = rng.vec(rows * vocab, -10.0, 10.0);
+    let targets: Vec<i32> = (0..rows).map(|_| rng.index(vocab) as i32).collect();
+    let logits = upload(rt, &data, &[rows, vocab], DType::F32)?;
+    let tt = Tensor::from_i32(rt, &targets, &[rows], Category::Input, "targets")?;
+    let losses = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "losses")?;
+    let dlogits = Tensor::empty(rt, &[rows, vocab], DType::F32, Category::Temporary, "dlogits")?;
+    let scale = 1.0 / rows as f32;
+    let us = time(rt, || cross_entropy_rows(rt, &logits, &tt, &losses, Some(&dlogits), scale, 0..rows))?;
+    let (l, d) = (losses.to_f32_vec(rt)?, dlogits.to_f32_vec(rt)?);
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let r = rng.index(rows);
+        let row: Vec<f64> = data[r * vocab..(r + 1) * vocab].iter().map(|&v| v as f64).collect();
+        let p = softmax_rows(&row);
+        let t = targets[r] as usize;
+        want.push(-p[t].ln());
+        got.push(l[r]);
+        want.extend(p.iter().enumerate().map(|(j, &pj)| (pj - if j == t { 1.0 } else { 0.0 }) * scale as f64));
+        got.extend_from_slice(&d[r * vocab..(r + 1) * vocab]);
+    }
+    Ok(record("cross_entropy_fwd_bwd", DType::F32, &[rows, vocab], us, 0.0, 8.0 * (rows * vocab) as f64, &got, &want, tolerance(DType::F32, vocab)))
+}
+
+fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(7);
+    let c = nh * d;
+    let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
+    let qkv = upload(rt, &data, &[b, t, 3 * c], DType::F32)?;
+    let mut last = None;
+    let us = time(rt, || {
+        last = Some(attention::forward(rt, &qkv, nh, "attn")?.0);
+        Ok(())
+    })?;
+    let out = last.expect("timed at least once").to_f32_vec(rt)?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let at = |bi: usize, ti: usize, part: usize, h: usize, k: usize| data[bi * t * 3 * c + ti * 3 * c + part * c + h * d + k] as f64;
+    for _ in 0..8 {
+        let (bi, h, i) = (rng.index(b), rng.index(nh), rng.index(t));
+        let scores: Vec<f64> = (0..=i).map(|j| (0..d).map(|k| at(bi, i, 0, h, k) * at(bi, j, 1, h, k)).sum::<f64>() / (d as f64).sqrt()).collect();
+        let p = softmax_rows(&scores);
+        for k in 0..d {
+            want.push(p.iter().enumerate().map(|(j, pj)| pj * at(bi, j, 2, h, k)).sum());
+            got.push(out[bi * t * c + i * c + h * d + k]);
+        }
+    }
+    let flops = 4.0 * (b * nh * t * t * d) as f64;
+    Ok(record("attention_fwd", DType::F32, &[b, nh, t, d], us, flops, 0.0, &got, &want, tolerance(DType::F32, t)))
+}
+
+fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+    let mut rng = Rng(8);
+    let (p0, g) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+    let param = upload(rt, &p0, &[n], DType::F32)?;
+    let grad = upload(rt, &g, &[n], DType::F32)?;
+    let m = Tensor::full(rt, &[n], DType::F32, 0.0, Category::OptimizerState, "m")?;
+    let v = Tensor::full(rt, &[n], DType::F32, 0.0, Category::OptimizerState, "v")?;
+    let found = Tensor::full(rt, &[1], DType::U32, 0.0, Category::Temporary, "found")?;
+    let h = AdamW::default();
+    // Check one step from the initial state, then time further steps.
+    adamw_step(rt, &h, &OptimState { param: &param, grad: &grad, m: &m, v: &v }, 1, 1.0, &found, false)?;
+    let out = param.to_f32_vec(rt)?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..SAMPLES.min(n) {
+        let i = rng.index(n);
+        let (gi, pi) = (g[i] as f64, p0[i] as f64 * (1.0 - h.lr as f64 * h.weight_decay as f64));
+        let (mi, vi) = ((1.0 - h.betas.0 as f64) * gi, (1.0 - h.betas.1 as f64) * gi * gi);
+        let denom = (vi / (1.0 - h.betas.1 as f64)).sqrt() + h.eps as f64;
+        want.push(pi - h.lr as f64 / (1.0 - h.betas.0 as f64) * mi / denom);
+        got.push(out[i]);
+    }
+    let mut step = 1;
+    let us = time(rt, || {
+        step += 1;
+        adamw_step(rt, &h, &OptimState { param: &param, grad: &grad, m: &m, v: &v }, step, 1.0, &found, false)
+    })?;
+    Ok(record("adamw", DType::F32, &[n], us, 0.0, 28.0 * n as f64, &got, &want, tolerance(DType::F32, 1)))
+}
+
+/// Every kernel benchmark whose name passes `wanted`; `quick` uses small shapes.
+pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchRecord>, KernelError> {
+    let mut out = Vec::new();
+    let q = |small: usize, big: usize| if quick { small } else { big };
+    if wanted("copy") {
+        out.push(copy(rt, q(1 << 20, 1 << 28))?);
+    }
+    if wanted("add") {
+        out.push(add(rt, q(1 << 20, 1 << 26))?);
+    }
+    let mm = q(256, 4096);
+    if wanted("matmul_f32") {
+        out.push(matmul(rt, "matmul_f32", mm, mm, mm, DType::F32, true)?);
+    }
+    if rt.gpu.caps.shader_f16 && wanted("matmul_f16") {
+        out.push(matmul(rt, "matmul_f16", mm, mm, mm, DType::F16, true)?);
+    }
+    if rt.gpu.caps.coop_f16_16x16x16() && wanted("matmul_coop_f16") {
+        out.push(matmul(rt, "matmul_coop_f16", mm, mm, mm, DType::F16, false)?);
+        if !quick {
+            out.push(matmul(rt, "matmul_coop_f16", 8192, 8192, 8192, DType::F16, false)?);
+        }
+    }
+    if wanted("softmax") {
+        out.push(softmax(rt, q(256, 8 * 12 * 1024), q(512, 1024))?);
+    }
+    if wanted("layernorm") {
+        out.push(layernorm_fwd(rt, q(64, 8 * 1024), 768)?);
+    }
+    if wanted("cross_entropy") {
+        out.push(cross_entropy(rt, q(64, 8 * 1024), q(1000, 50257))?);
+    }
+    if wanted("attention") {
+        let (b, nh, t, d) = if quick { (1, 2, 64, 16) } else { (8, 12, 1024, 64) };
+        out.push(attention_fwd(rt, b, nh, t, d)?);
+    }
+    if wanted("adamw") {
+        out.push(adamw(rt, q(1 << 20, 124_439_808))?);
+    }
+    Ok(out)
+}
