@@ -3,8 +3,10 @@
 // A[z] is M x K, B[z] is K x N; element (r, c) of X[z] sits at
 //   x_off + (z / batch1) * x_bs0 + (z % batch1) * x_bs1 + r * x_rs + c * x_cs.
 // Each workgroup of 16 x 16 threads computes a (16*TM) x (16*TM) tile of C, each
-// thread TM x TM of it, stepping K by 16 through workgroup memory.
-// Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v).
+// thread TM x TM of it in vec4 registers, stepping K by 16 through workgroup memory.
+// Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v), and
+// the register code generated for TM by the host (ACC_DECL, INNER, STORE): named
+// registers instead of indexed private arrays, which drivers may spill to memory.
 {{ENABLE}}
 
 struct Params {
@@ -33,6 +35,20 @@ const Q: u32 = TM / 4u;        // vec4s per thread per row of fragments
 var<workgroup> a_tile: array<vec4<f32>, BK * BM / 4u>;
 var<workgroup> b_tile: array<vec4<f32>, BK * BM / 4u>;
 
+// Writes 4 consecutive columns of row gm from gn0, with the epilogue and bounds.
+fn store4(c_base: u32, gm: u32, gn0: u32, acc: vec4<f32>) {
+    if gm >= p.m { return; }
+    for (var j = 0u; j < 4u; j++) {
+        let gn = gn0 + j;
+        if gn >= p.n { return; }
+        var v = p.alpha * acc[j];
+        if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
+        let ci = c_base + gm * p.c_rs + gn;
+        if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
+        c[ci] = {{TC}}({{ACT}});
+    }
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z0 = wid.z / p.batch1;
@@ -43,7 +59,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let row0 = wid.y * BM;
     let col0 = wid.x * BM;
     let tid = lid.y * 16u + lid.x;
-    var acc: array<array<f32, TM>, TM>;
+{{ACC_DECL}}
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // A tile: BM x BK, consecutive threads walk k (rows of a row-major A).
         for (var l = 0u; l < BM * BK / 256u; l++) {
@@ -71,37 +87,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var af: array<f32, TM>;
-            var bf: array<f32, TM>;
-            for (var q = 0u; q < Q; q++) {
-                // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,
-                // so a warp reads whole vec4s without bank conflicts.
-                let av = a_tile[(kk * BM) / 4u + lid.y + 16u * q];
-                let bv = b_tile[(kk * BM) / 4u + lid.x + 16u * q];
-                for (var r = 0u; r < 4u; r++) {
-                    af[q * 4u + r] = av[r];
-                    bf[q * 4u + r] = bv[r];
-                }
-            }
-            for (var i = 0u; i < TM; i++) {
-                for (var j = 0u; j < TM; j++) {
-                    acc[i][j] = fma(af[i], bf[j], acc[i][j]);
-                }
-            }
+            // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,
+            // so a warp reads whole vec4s without bank conflicts.
+            let base = (kk * BM) / 4u;
+{{INNER}}
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < TM; i++) {
-        let gm = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
-        if gm >= p.m { continue; }
-        for (var j = 0u; j < TM; j++) {
-            let gn = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
-            if gn >= p.n { continue; }
-            var v = p.alpha * acc[i][j];
-            if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-            let ci = c_base + gm * p.c_rs + gn;
-            if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
-            c[ci] = {{TC}}({{ACT}});
-        }
-    }
+{{STORE}}
 }

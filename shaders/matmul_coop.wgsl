@@ -4,7 +4,9 @@
 // (s / 2) * 32 .. +32 and columns (s % 2) * 64 .. +64 as 2 x 4 fragments of 16 x 16.
 // K steps by 32 through workgroup memory. Fragments go out through a 16 x 16 staging
 // area per subgroup, where the epilogue runs with bounds checks.
-// Template: TC (output type), ACT. The host picks this variant only where the adapter
+// Template: TC (output type), ACT, and the tile loads (TYPE_A/LOAD_A, TYPE_B/LOAD_B):
+// scalar f16 loads for any strides, or vec4<f16> loads when a row is contiguous and
+// every offset and row stride is a multiple of 4. The host picks this variant only where the adapter
 // grants 16x16x16 f16 -> f32 and subgroups of exactly 32.
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -19,8 +21,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> lhs: array<f16>;
-@group(0) @binding(2) var<storage, read_write> rhs: array<f16>;
+@group(0) @binding(1) var<storage, read_write> lhs: array<{{TYPE_A}}>;
+@group(0) @binding(2) var<storage, read_write> rhs: array<{{TYPE_B}}>;
 @group(0) @binding(3) var<storage, read_write> out: array<{{TC}}>;
 @group(0) @binding(4) var<storage, read_write> bias: array<f32>;
 
@@ -75,26 +77,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        for (var l = 0u; l < 16u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / BK;
-            let kk = e % BK;
-            let gm = row0 + mm;
-            let gk = k0 + kk;
-            var v = f16(0.0);
-            if gm < p.m && gk < p.k { v = lhs[a_base + gm * p.a_rs + gk * p.a_cs]; }
-            a_tile[mm * BK + kk] = v;
-        }
-        for (var l = 0u; l < 16u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / BM;
-            let nn = e % BM;
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            var v = f16(0.0);
-            if gk < p.k && gn < p.n { v = rhs[b_base + gk * p.b_rs + gn * p.b_cs]; }
-            b_tile[kk * BM + nn] = v;
-        }
+{{LOAD_A}}
+{{LOAD_B}}
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a_stride = BK;

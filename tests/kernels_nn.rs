@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{Rng, assert_close, finish, rounded, runtime, upload};
+use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
+use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
 use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, check_finite, sgd_step};
 use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
@@ -102,10 +103,25 @@ fn f16_matmul_accumulates_in_f32() {
         let a = upload(&rt, &a_data, &[m, k], DType::F16);
         let b = upload(&rt, &b_data, &[k, n], DType::F16);
         for out in [DType::F32, DType::F16] {
-            let c = matmul(&rt, &a, &b, out, &MatmulOptions::default(), Category::Other, "c").unwrap();
-            // f32 output: only accumulation-order error (f32 tolerance); f16: output rounding.
-            assert_close(&rt, &format!("f16 matmul {m}x{k}x{n} -> {out}"), &c, &want, k);
+            for tiled_only in [false, true] {
+                let opts = MatmulOptions { tiled_only, ..Default::default() };
+                let c = matmul(&rt, &a, &b, out, &opts, Category::Other, "c").unwrap();
+                // f32 output: accumulation-order error only; f16: output rounding too.
+                // Tensor cores (chosen where granted) round differently inside.
+                let coop = !tiled_only && wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
+                let tol = match (out, coop) {
+                    (DType::F32, true) => tensor_core_tolerance(k),
+                    _ => tolerance(out, k),
+                };
+                assert_close_within(&rt, &format!("f16 matmul {m}x{k}x{n} -> {out} coop={coop}"), &c, &want, tol);
+            }
         }
+        // Transposed f16 operands take the strided (scalar) loads.
+        let at = upload(&rt, &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[k, m], DType::F16);
+        let c = matmul(&rt, &at.transpose(0, 1).unwrap(), &b, DType::F32, &MatmulOptions::default(), Category::Other, "c").unwrap();
+        let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
+        let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+        assert_close_within(&rt, "f16 matmul, transposed A", &c, &want, tol);
     }
     finish(&rt);
 }

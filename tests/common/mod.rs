@@ -60,8 +60,12 @@ pub fn rounded(data: &[f32], dtype: DType) -> Vec<f64> {
 
 /// Asserts `t` matches `want` within the tolerance of `t`'s dtype for `len`-term sums.
 pub fn assert_close(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], len: usize) {
+    assert_close_within(rt, what, t, want, tolerance(t.dtype(), len));
+}
+
+/// Asserts `t` matches `want` within (atol, rtol).
+pub fn assert_close_within(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], (atol, rtol): (f64, f64)) {
     let got = t.to_f32_vec(rt).unwrap();
-    let (atol, rtol) = tolerance(t.dtype(), len);
     let (abs, rel, ok) = compare(&got, want, atol, rtol);
     assert!(ok, "{what}: max abs err {abs:e}, max rel err {rel:e} (atol {atol:e}, rtol {rtol:e}); got {:?}.. want {:?}..", &got[..got.len().min(6)], &want[..want.len().min(6)]);
 }

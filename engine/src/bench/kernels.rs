@@ -9,7 +9,7 @@ use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
-use crate::kernels::tolerance::{compare, tolerance};
+use crate::kernels::tolerance::{compare, tensor_core_tolerance, tolerance};
 use crate::kernels::{KernelError, Runtime, attention, layernorm};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
@@ -119,7 +119,9 @@ fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, 
     }
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     let bytes = ((m * k + k * n) * dtype.size() + m * n * 4) as f64;
-    Ok(record(name, dtype, &[m, k, n], us, flops, bytes, &got, &want, tolerance(DType::F32, k)))
+    let coop = !tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
+    let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+    Ok(record(name, dtype, &[m, k, n], us, flops, bytes, &got, &want, tol))
 }
 
 fn softmax_rows(rows: &[f64]) -> Vec<f64> {

@@ -83,9 +83,46 @@ pub(crate) struct Params {
     pub pad: [u32; 2],
 }
 
+/// The register code of a TM x TM thread tile: accumulators `acc{r}_{q}` (row r,
+/// column vec4 q), the rank-1 update per k, and the stores.
+fn register_code(tm: u32) -> (String, String, String) {
+    let q_count = tm / 4;
+    let (mut decl, mut inner, mut store) = (String::new(), String::new(), String::new());
+    for r in 0..tm {
+        for q in 0..q_count {
+            decl += &format!("    var acc{r}_{q} = vec4<f32>(0.0);\n");
+        }
+    }
+    for q in 0..q_count {
+        inner += &format!("            let a{q} = a_tile[base + lid.y + {}u];\n", 16 * q);
+        inner += &format!("            let b{q} = b_tile[base + lid.x + {}u];\n", 16 * q);
+    }
+    for r in 0..tm {
+        let lane = ["x", "y", "z", "w"][(r % 4) as usize];
+        for q in 0..q_count {
+            inner += &format!("            acc{r}_{q} = fma(vec4<f32>(a{}.{lane}), b{q}, acc{r}_{q});\n", r / 4);
+        }
+    }
+    for r in 0..tm {
+        for q in 0..q_count {
+            store += &format!(
+                "    store4(c_base, row0 + {}u + lid.y * 4u + {}u, col0 + {}u + lid.x * 4u, acc{r}_{q});\n",
+                (r / 4) * 64,
+                r % 4,
+                q * 64
+            );
+        }
+    }
+    (decl, inner, store)
+}
+
 /// The template values of the tiled variant.
 pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation) -> Vec<(&'static str, String)> {
+    let (decl, inner, store) = register_code(tm);
     vec![
+        ("ACC_DECL", decl),
+        ("INNER", inner),
+        ("STORE", store),
         ("ENABLE", enables(&[ta, tb, tc])),
         ("TA", ta.wgsl().into()),
         ("TB", tb.wgsl().into()),

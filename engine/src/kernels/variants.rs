@@ -72,7 +72,9 @@ pub fn all() -> Result<Vec<Variant>, KernelError> {
             }
         }
         for tc in floats {
-            push(&mut out, "matmul_coop", include_str!("../../../shaders/matmul_coop.wgsl"), super::matmul_coop::variant(tc, act))?;
+            for (vec_a, vec_b) in [(false, false), (true, false), (false, true), (true, true)] {
+                push(&mut out, "matmul_coop", include_str!("../../../shaders/matmul_coop.wgsl"), super::matmul_coop::variant(tc, act, vec_a, vec_b))?;
+            }
         }
     }
     for mode in 0..3 {
