@@ -6,7 +6,9 @@
 // thread TM x TM of it in vec4 registers, stepping K by 16 through workgroup memory.
 // Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v), and
 // the register code generated for TM by the host (ACC_DECL, INNER, STORE): named
-// registers instead of indexed private arrays, which drivers may spill to memory.
+// registers instead of indexed private arrays, which drivers may spill to memory;
+// and the tile loads (TYPE_A/LOAD_A, TYPE_B/LOAD_B): scalar for any strides, vec4
+// where a row is contiguous and offsets and strides are multiples of 4.
 {{ENABLE}}
 
 struct Params {
@@ -19,8 +21,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> a: array<{{TA}}>;
-@group(0) @binding(2) var<storage, read_write> b: array<{{TB}}>;
+@group(0) @binding(1) var<storage, read_write> a: array<{{TYPE_A}}>;
+@group(0) @binding(2) var<storage, read_write> b: array<{{TYPE_B}}>;
 @group(0) @binding(3) var<storage, read_write> c: array<{{TC}}>;
 @group(0) @binding(4) var<storage, read_write> bias: array<f32>;
 
@@ -61,30 +63,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let tid = lid.y * 16u + lid.x;
 {{ACC_DECL}}
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // A tile: BM x BK, consecutive threads walk k (rows of a row-major A).
-        for (var l = 0u; l < BM * BK / 256u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / BK;
-            let kk = e % BK;
-            let gm = row0 + mm;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
-            let t = kk * BM + mm;
-            a_tile[t / 4u][t % 4u] = v;
-        }
-        // B tile: BK x BM, consecutive threads walk n (rows of a row-major B).
-        for (var l = 0u; l < BM * BK / 256u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / BM;
-            let nn = e % BM;
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            var v = 0.0;
-            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
-            let t = kk * BM + nn;
-            b_tile[t / 4u][t % 4u] = v;
-        }
+{{LOAD_A}}
+{{LOAD_B}}
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,

@@ -45,7 +45,7 @@ fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
     let rt = runtime();
     let mut rng = Rng(10);
-    for (m, k, n) in [(67, 35, 129), (1, 1, 1), (1, 300, 5), (130, 17, 131), (0, 4, 3), (5, 0, 4)] {
+    for (m, k, n) in [(67, 35, 129), (1, 1, 1), (1, 300, 5), (130, 17, 131), (9, 12, 64), (130, 64, 136), (0, 4, 3), (5, 0, 4)] {
         let a_data = rng.vec(m * k, -1.0, 1.0);
         let b_data = rng.vec(k * n, -1.0, 1.0);
         let want = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);

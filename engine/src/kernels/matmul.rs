@@ -116,10 +116,71 @@ fn register_code(tm: u32) -> (String, String, String) {
     (decl, inner, store)
 }
 
-/// The template values of the tiled variant.
-pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation) -> Vec<(&'static str, String)> {
+const LOAD_A_SCALAR: &str = "        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / BK;
+            let kk = e % BK;
+            let gm = row0 + mm;
+            let gk = k0 + kk;
+            var v = 0.0;
+            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            let t = kk * BM + mm;
+            a_tile[t / 4u][t % 4u] = v;
+        }";
+
+const LOAD_A_VEC: &str = "        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / 4u;
+            let kq = e % 4u;
+            let gm = row0 + mm;
+            let gk = k0 + kq * 4u;
+            var v = vec4<f32>(0.0);
+            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + mm;
+                a_tile[t / 4u][t % 4u] = v[j];
+            }
+        }";
+
+const LOAD_B_SCALAR: &str = "        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / BM;
+            let nn = e % BM;
+            let gk = k0 + kk;
+            let gn = col0 + nn;
+            var v = 0.0;
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            let t = kk * BM + nn;
+            b_tile[t / 4u][t % 4u] = v;
+        }";
+
+const LOAD_B_VEC: &str = "        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / (BM / 4u);
+            let nq = e % (BM / 4u);
+            let gk = k0 + kk;
+            let gn = col0 + nq * 4u;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
+            b_tile[kk * (BM / 4u) + nq] = v;
+        }";
+
+/// Whether a row-contiguous operand can be loaded as vec4: unit column stride, and
+/// the offset, row stride, batch strides and row length multiples of 4.
+pub fn vec4_loads(off: u32, rs: u32, cs: u32, bs: [u32; 2], cols: u32) -> bool {
+    cs == 1 && [off, rs, bs[0], bs[1], cols].iter().all(|v| v % 4 == 0)
+}
+
+/// The template values of the tiled variant; `vec_a` / `vec_b` pick vec4 loads.
+#[allow(clippy::too_many_arguments)]
+pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
     let (decl, inner, store) = register_code(tm);
+    let ty = |t: DType, vec: bool| if vec { format!("vec4<{}>", t.wgsl()) } else { t.wgsl().to_string() };
     vec![
+        ("TYPE_A", ty(ta, vec_a)),
+        ("TYPE_B", ty(tb, vec_b)),
+        ("LOAD_A", if vec_a { LOAD_A_VEC } else { LOAD_A_SCALAR }.into()),
+        ("LOAD_B", if vec_b { LOAD_B_VEC } else { LOAD_B_SCALAR }.into()),
         ("ACC_DECL", decl),
         ("INNER", inner),
         ("STORE", store),
@@ -241,7 +302,9 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     }
     let tm = if m >= 128 && n >= 128 { 8 } else { 4 };
     let tile = 16 * tm;
-    let kernel = rt.kernel("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation), 4)?;
+    let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
+    let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
+    let kernel = rt.kernel("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b), 4)?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),

@@ -80,12 +80,6 @@ pub fn variant(tc: DType, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'s
     ]
 }
 
-/// Whether a row-contiguous operand can be loaded as vec4<f16>: unit column stride,
-/// and the offset, row stride, batch strides and row length multiples of 4.
-pub fn vec4_loads(off: u32, rs: u32, cs: u32, bs: [u32; 2], cols: u32) -> bool {
-    cs == 1 && [off, rs, bs[0], bs[1], cols].iter().all(|v| v % 4 == 0)
-}
-
 /// Whether the host may pick this path for these operands on this adapter.
 pub fn usable(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor) -> bool {
     eligible(rt.gpu.caps.coop_f16_16x16x16(), rt.gpu.caps.subgroup_size, a.dtype(), b.dtype(), c.dtype())
@@ -97,8 +91,8 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
 }
 
 pub(super) fn launch(rt: &Runtime, params: &Params, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions, batches: u32) -> Result<(), KernelError> {
-    let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
-    let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
+    let vec_a = super::matmul::vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
+    let vec_b = super::matmul::vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
     let kernel = rt.kernel("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b), 4)?;
     let bias = opts.bias.unwrap_or(c);
     rt.launch(

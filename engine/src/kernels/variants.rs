@@ -67,7 +67,9 @@ pub fn all() -> Result<Vec<Variant>, KernelError> {
         for ta in floats {
             for tc in floats {
                 for tm in [4, 8] {
-                    push(&mut out, "matmul", include_str!("../../../shaders/matmul.wgsl"), super::matmul::variant(ta, ta, tc, tm, act))?;
+                    for (vec_a, vec_b) in [(false, false), (true, true), (true, false), (false, true)] {
+                        push(&mut out, "matmul", include_str!("../../../shaders/matmul.wgsl"), super::matmul::variant(ta, ta, tc, tm, act, vec_a, vec_b))?;
+                    }
                 }
             }
         }
