@@ -1,7 +1,7 @@
 //! Kernel benchmarks: each case builds random inputs, checks the result against an f64
 //! CPU reference on sampled rows or elements (the whole output where it is small), then
 //! times the launch (GPU timestamps when granted, else wall clock) as the median of
-//! repeats after warm-up.
+//! repeats after at least 300 ms of warm-up.
 
 use super::{BenchRecord, median};
 use crate::kernels::cross_entropy::cross_entropy_rows;
@@ -15,6 +15,8 @@ use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
 const WARMUP: usize = 2;
+/// Least time spent warming up each case.
+const WARMUP_TIME: std::time::Duration = std::time::Duration::from_millis(300);
 const REPEATS: usize = 10;
 /// Elements or rows checked against the reference in large cases.
 const SAMPLES: usize = 48;
@@ -48,10 +50,14 @@ fn stored(x: f32, dtype: DType) -> f64 {
 }
 
 fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
-    for _ in 0..WARMUP {
+    // Warm up for a while, not a count: an idle GPU needs time to raise its clocks.
+    let start = std::time::Instant::now();
+    let mut runs = 0;
+    while runs < WARMUP || start.elapsed() < WARMUP_TIME {
         f()?;
+        rt.sync()?;
+        runs += 1;
     }
-    rt.sync()?;
     let mut samples = Vec::with_capacity(REPEATS);
     for _ in 0..REPEATS {
         samples.push(rt.time(&mut f)? * 1e6);
