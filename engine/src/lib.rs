@@ -3,6 +3,7 @@
 //! allocator every tensor lives in) -> `device` (adapters, features, typed errors).
 //! `bench` measures kernels and the allocator.
 
+pub mod autograd;
 pub mod bench;
 pub mod device;
 pub mod kernels;

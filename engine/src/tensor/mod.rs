@@ -131,6 +131,11 @@ impl Tensor {
         numel(&self.shape)
     }
 
+    /// Whether no other tensor shares this one's block (so it may be written in place).
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.block) == 1
+    }
+
     /// The block holding the data.
     pub fn block(&self) -> &Block {
         &self.block

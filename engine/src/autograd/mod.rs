@@ -1,0 +1,210 @@
+//! Reverse-mode autograd over engine tensors.
+//!
+//! A [`Tape`] records, for each op run with gradients enabled, a node holding the op's
+//! inputs and a backward closure that owns exactly what the backward needs (saved
+//! activations). [`Tape::backward`] walks the nodes in reverse recording order (a
+//! topological order), hands each node the finished gradient of its output, and drops
+//! the node right after: its saved tensors return to the allocator as soon as their
+//! last use is done. Gradients of parameters accumulate into [`Params`]; gradients of
+//! intermediate values live only until their producer has run.
+//!
+//! May call: `kernels`, `tensor`, `memory`. Called by: `nn`, the trainer.
+
+pub mod ops;
+
+use std::collections::HashMap;
+
+use crate::kernels::map::{MapOp, map_into};
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::Category;
+use crate::tensor::Tensor;
+
+/// Identifies a value on the tape.
+pub type VarId = usize;
+
+/// A value computed on the tape (or a parameter brought onto it).
+#[derive(Clone, Debug)]
+pub struct Var {
+    /// Its id on the tape.
+    pub id: VarId,
+    /// The value.
+    pub value: Tensor,
+}
+
+/// A node's backward: given the gradient of its output and the category each input's
+/// gradient should be allocated in (gradient for parameters, temporary otherwise),
+/// returns one gradient per input (None where an input needs none).
+pub type BackwardFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category]) -> Result<Vec<Option<Tensor>>, KernelError>>;
+
+struct Node {
+    output: VarId,
+    inputs: Vec<VarId>,
+    backward: BackwardFn,
+}
+
+/// A named trainable tensor and its gradient.
+pub struct Param {
+    /// The state-dict name.
+    pub name: String,
+    /// The f32 value (category parameter).
+    pub value: Tensor,
+    /// The accumulated gradient (category gradient), None after zero_grad.
+    pub grad: Option<Tensor>,
+}
+
+/// Every parameter of a model, in registration order.
+#[derive(Default)]
+pub struct Params {
+    /// The parameters.
+    pub list: Vec<Param>,
+}
+
+impl Params {
+    /// Registers a parameter; returns its index.
+    pub fn add(&mut self, name: &str, value: Tensor) -> usize {
+        self.list.push(Param { name: name.to_string(), value, grad: None });
+        self.list.len() - 1
+    }
+
+    /// The index of the parameter `name`.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.list.iter().position(|p| p.name == name)
+    }
+
+    /// Frees every gradient (`zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.list {
+            p.grad = None;
+        }
+    }
+
+    /// Total number of scalar parameters.
+    pub fn numel(&self) -> usize {
+        self.list.iter().map(|p| p.value.numel()).sum()
+    }
+}
+
+/// The record of one forward pass.
+pub struct Tape {
+    nodes: Vec<Node>,
+    next: VarId,
+    leaves: HashMap<VarId, usize>,
+    grad_enabled: bool,
+}
+
+impl Default for Tape {
+    fn default() -> Self {
+        Tape::new()
+    }
+}
+
+/// Adds `g` into `slot` (taking `g` on first use). In place only when nobody else holds
+/// the slot's block (an op may hand one gradient to several inputs).
+fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Category, label: &str) -> Result<(), KernelError> {
+    match slot.take() {
+        None => *slot = Some(g),
+        Some(existing) => {
+            if g.shape() != existing.shape() {
+                return Err(KernelError::Shape(format!("gradient {:?} for a value of shape {:?}", g.shape(), existing.shape())));
+            }
+            let target = if existing.is_unique() {
+                existing.clone()
+            } else {
+                Tensor::empty(rt, existing.shape(), existing.dtype(), category, label)?
+            };
+            map_into(rt, MapOp::Add, Some(&existing), Some(&g), &target, 1.0, 1.0)?;
+            *slot = Some(target);
+        }
+    }
+    Ok(())
+}
+
+impl Tape {
+    /// An empty tape with gradients enabled.
+    pub fn new() -> Tape {
+        Tape { nodes: Vec::new(), next: 0, leaves: HashMap::new(), grad_enabled: true }
+    }
+
+    /// A tape that records nothing (`torch.no_grad()`).
+    pub fn no_grad() -> Tape {
+        Tape { grad_enabled: false, ..Tape::new() }
+    }
+
+    /// Whether ops record backward nodes.
+    pub fn grad_enabled(&self) -> bool {
+        self.grad_enabled
+    }
+
+    /// A value that needs no gradient (inputs, targets).
+    pub fn constant(&mut self, value: Tensor) -> Var {
+        let id = self.fresh();
+        Var { id, value }
+    }
+
+    /// Parameter `index` of `params` as a leaf whose gradient accumulates there.
+    pub fn param(&mut self, params: &Params, index: usize) -> Var {
+        let id = self.fresh();
+        if self.grad_enabled {
+            self.leaves.insert(id, index);
+        }
+        Var { id, value: params.list[index].value.clone() }
+    }
+
+    fn fresh(&mut self) -> VarId {
+        self.next += 1;
+        self.next
+    }
+
+    /// Records an op's output; `backward` maps the output's gradient to one gradient
+    /// per input (None where an input needs none).
+    pub fn record(&mut self, value: Tensor, inputs: &[&Var], backward: BackwardFn) -> Var {
+        let id = self.fresh();
+        if self.grad_enabled {
+            self.nodes.push(Node { output: id, inputs: inputs.iter().map(|v| v.id).collect(), backward });
+        }
+        Var { id, value }
+    }
+
+    /// Backpropagates from `loss` (a one-element tensor, seeded with 1) and accumulates
+    /// parameter gradients into `params`. Consumes the tape.
+    pub fn backward(self, rt: &Runtime, loss: &Var, params: &mut Params) -> Result<(), KernelError> {
+        self.backward_with(rt, loss, 1.0, params)
+    }
+
+    /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
+    pub fn backward_with(mut self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
+        if loss.value.numel() != 1 {
+            return Err(KernelError::Shape(format!("backward from a non-scalar of shape {:?}", loss.value.shape())));
+        }
+        let mut grads: HashMap<VarId, Tensor> = HashMap::new();
+        let seed_t = Tensor::full(rt, loss.value.shape(), crate::tensor::DType::F32, seed, Category::Temporary, "loss.grad")?;
+        grads.insert(loss.id, seed_t);
+        while let Some(node) = self.nodes.pop() {
+            let Some(grad_out) = grads.remove(&node.output) else {
+                continue; // nothing flows back through this node; its saved tensors go now
+            };
+            let categories: Vec<Category> = node
+                .inputs
+                .iter()
+                .map(|i| if self.leaves.contains_key(i) { Category::Gradient } else { Category::Temporary })
+                .collect();
+            let input_grads = (node.backward)(rt, &grad_out, &categories)?;
+            drop(grad_out);
+            for (input, g) in node.inputs.iter().zip(input_grads) {
+                let Some(g) = g else { continue };
+                if let Some(&index) = self.leaves.get(input) {
+                    let p = &mut params.list[index];
+                    let label = format!("{}.grad", p.name);
+                    accumulate(rt, &mut p.grad, g, Category::Gradient, &label)?;
+                } else {
+                    let mut slot = grads.remove(input);
+                    accumulate(rt, &mut slot, g, Category::Temporary, "grad")?;
+                    if let Some(t) = slot {
+                        grads.insert(*input, t);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! Differentiable ops: each runs its forward kernels, and records a backward that owns
+//! only what it needs. Forward and backward of an op sit side by side, as in llm.c.
+
+use super::{Tape, Var};
+use crate::kernels::map::{MapOp, map_into};
+use crate::kernels::matmul::{MatmulOptions, matmul};
+use crate::kernels::reduce::{ReduceOp, reduce_all};
+use crate::kernels::{KernelError, Runtime, attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+/// How a linear layer stores its weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// torch.nn.Linear: weight [out, in], y = x W^T + b.
+    OutIn,
+    /// transformers' Conv1D (GPT-2): weight [in, out], y = x W + b.
+    InOut,
+}
+
+fn flatten2(t: &Tensor) -> Result<Tensor, KernelError> {
+    let last = *t.shape().last().ok_or_else(|| KernelError::Shape("a scalar where a matrix was expected".into()))?;
+    t.reshape(&[t.numel() / last.max(1), last])
+}
+
+/// y = x W^T + b (OutIn) or x W + b (InOut) over the last dimension of x, with an
+/// optional activation fused into the matmul's epilogue (its backward is recorded too).
+pub fn linear(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, layout: WeightLayout, label: &str) -> Result<Var, KernelError> {
+    let x2 = flatten2(&x.value)?;
+    let wt = match layout {
+        WeightLayout::OutIn => w.value.transpose(0, 1)?,
+        WeightLayout::InOut => w.value.clone(),
+    };
+    let opts = MatmulOptions { bias: b.map(|b| &b.value), ..Default::default() };
+    let y2 = matmul(rt, &x2, &wt, DType::F32, &opts, Category::Activation, label)?;
+    let mut shape = x.value.shape().to_vec();
+    *shape.last_mut().expect("checked by flatten2") = y2.shape()[1];
+    let y = y2.reshape(&shape)?;
+    let inputs: Vec<&Var> = match b {
+        Some(b) => vec![x, w, b],
+        None => vec![x, w],
+    };
+    let (w_saved, has_bias) = (w.value.clone(), b.is_some());
+    Ok(tape.record(
+        y,
+        &inputs,
+        Box::new(move |rt, dy, cats| {
+            let dy2 = flatten2(dy)?;
+            let n = dy2.shape()[0];
+            // dx = dy W (OutIn) or dy W^T (InOut).
+            let w_for_dx = match layout {
+                WeightLayout::OutIn => w_saved.clone(),
+                WeightLayout::InOut => w_saved.transpose(0, 1)?,
+            };
+            let dx2 = matmul(rt, &dy2, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
+            let dx = dx2.reshape(x2_shape(&x2, dy.shape()).as_slice())?;
+            let dw = match layout {
+                WeightLayout::OutIn => matmul(rt, &dy2.transpose(0, 1)?, &x2, DType::F32, &MatmulOptions::default(), cats[1], "dw")?,
+                WeightLayout::InOut => matmul(rt, &x2.transpose(0, 1)?, &dy2, DType::F32, &MatmulOptions::default(), cats[1], "dw")?,
+            };
+            let mut out = vec![Some(dx), Some(dw)];
+            if has_bias {
+                let ones = Tensor::full(rt, &[1, n], DType::F32, 1.0, Category::Temporary, "ones")?;
+                let db = matmul(rt, &ones, &dy2, DType::F32, &MatmulOptions::default(), cats[2], "db")?;
+                out.push(Some(db.reshape(&[db.numel()])?));
+            }
+            Ok(out)
+        }),
+    ))
+}
+
+fn x2_shape(x2: &Tensor, dy_shape: &[usize]) -> Vec<usize> {
+    let mut shape = dy_shape.to_vec();
+    *shape.last_mut().expect("dy has a last dim") = x2.shape()[1];
+    shape
+}
+
+fn unary(tape: &mut Tape, rt: &Runtime, x: &Var, fwd: MapOp, bwd: MapOp, label: &str) -> Result<Var, KernelError> {
+    let y = Tensor::empty(rt, x.value.shape(), DType::F32, Category::Activation, label)?;
+    map_into(rt, fwd, Some(&x.value), None, &y, 1.0, 0.0)?;
+    let saved = x.value.clone();
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |rt, dy, cats| {
+            let dx = Tensor::empty(rt, dy.shape(), DType::F32, cats[0], "dx")?;
+            map_into(rt, bwd, Some(&saved), Some(dy), &dx, 1.0, 0.0)?;
+            Ok(vec![Some(dx)])
+        }),
+    ))
+}
+
+/// max(x, 0).
+pub fn relu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, KernelError> {
+    unary(tape, rt, x, MapOp::Relu, MapOp::ReluBackward, label)
+}
+
+/// GPT-2's gelu (tanh approximation, transformers' gelu_new).
+pub fn gelu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, KernelError> {
+    unary(tape, rt, x, MapOp::Gelu, MapOp::GeluBackward, label)
+}
+
+/// a + b, with b broadcast to a's shape.
+pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, KernelError> {
+    let y = Tensor::empty(rt, a.value.shape(), DType::F32, Category::Activation, label)?;
+    map_into(rt, MapOp::Add, Some(&a.value), Some(&b.value), &y, 1.0, 1.0)?;
+    let (a_shape, b_shape) = (a.value.shape().to_vec(), b.value.shape().to_vec());
+    Ok(tape.record(
+        y,
+        &[a, b],
+        Box::new(move |rt, dy, cats| {
+            let db = if b_shape == a_shape {
+                dy.clone()
+            } else {
+                // Sum dy over the broadcast leading dims: ones[1, N] @ dy[N, C].
+                let rows = dy.numel() / b_shape.iter().product::<usize>().max(1);
+                let ones = Tensor::full(rt, &[1, rows], DType::F32, 1.0, Category::Temporary, "ones")?;
+                let dy2 = dy.reshape(&[rows, dy.numel() / rows.max(1)])?;
+                matmul(rt, &ones, &dy2, DType::F32, &MatmulOptions::default(), cats[1], "db")?.reshape(&b_shape)?
+            };
+            Ok(vec![Some(dy.clone()), Some(db)])
+        }),
+    ))
+}
+
+/// LayerNorm over the last dimension with f32 weight and bias.
+pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, label: &str) -> Result<Var, KernelError> {
+    let (y, saved) = ln::forward(rt, &x.value, &w.value, &b.value, eps, label)?;
+    let (xs, ws) = (x.value.clone(), w.value.clone());
+    Ok(tape.record(
+        y,
+        &[x, w, b],
+        Box::new(move |rt, dy, cats| {
+            let c = ws.numel();
+            let dw = Tensor::full(rt, &[c], DType::F32, 0.0, cats[1], "dw")?;
+            let db = Tensor::full(rt, &[c], DType::F32, 0.0, cats[2], "db")?;
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            let dx = ln::backward(rt, &xs, &ws, &saved, &dy, &dw, &db, "dx")?;
+            Ok(vec![Some(dx), Some(dw), Some(db)])
+        }),
+    ))
+}
+
+/// Rows of `table` picked by `ids` (i32): shape ids.shape + [C].
+pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label: &str) -> Result<Var, KernelError> {
+    let y = emb::gather(rt, ids, &table.value, label)?;
+    let (ids, shape) = (ids.clone(), table.value.shape().to_vec());
+    Ok(tape.record(
+        y,
+        &[table],
+        Box::new(move |rt, dy, cats| {
+            let dtable = Tensor::full(rt, &shape, DType::F32, 0.0, cats[0], "dtable")?;
+            emb::scatter_add(rt, &ids, dy, &dtable)?;
+            Ok(vec![Some(dtable)])
+        }),
+    ))
+}
+
+/// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C].
+pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &str) -> Result<Var, KernelError> {
+    let (y, saved) = attn::forward(rt, &qkv.value, nh, label)?;
+    let qkv_saved = qkv.value.clone();
+    Ok(tape.record(
+        y,
+        &[qkv],
+        Box::new(move |rt, dy, _cats| {
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            Ok(vec![Some(attn::backward(rt, &qkv_saved, nh, &saved, &dy, "dqkv")?)])
+        }),
+    ))
+}
+
+/// Mean cross-entropy of logits [N, V] against targets [N] (i32, -100 ignored), as
+/// torch.nn.functional.cross_entropy. Forward and the logits' gradient are computed in
+/// one fused pass, `row_chunk` rows at a time; the loss is a one-element f32 tensor.
+pub fn cross_entropy_mean(tape: &mut Tape, rt: &Runtime, logits: &Var, targets: &Tensor, n_valid: usize, row_chunk: usize, label: &str) -> Result<Var, KernelError> {
+    let lg = flatten2(&logits.value)?;
+    let n = lg.shape()[0];
+    let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
+    let scale = 1.0 / n_valid.max(1) as f32;
+    let dlogits = if tape.grad_enabled() {
+        Some(Tensor::empty(rt, lg.shape(), DType::F32, Category::Activation, &format!("{label}.dlogits"))?)
+    } else {
+        None
+    };
+    let chunk = row_chunk.max(1);
+    for start in (0..n).step_by(chunk) {
+        ce::cross_entropy_rows(rt, &lg, targets, &losses, dlogits.as_ref(), scale, start..(start + chunk).min(n))?;
+    }
+    let total = reduce_all(rt, ReduceOp::Sum, &losses, label)?;
+    let loss = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;
+    map_into(rt, MapOp::Scale, Some(&total), None, &loss, scale, 0.0)?;
+    let shape = logits.value.shape().to_vec();
+    Ok(tape.record(
+        loss,
+        &[logits],
+        Box::new(move |rt, g, _cats| {
+            let d = dlogits.expect("recorded only with gradients enabled");
+            // dlogits * upstream gradient (1 for a plain loss, the scale under a scaler).
+            map_into(rt, MapOp::Mul, Some(&d), Some(g), &d, 1.0, 1.0)?;
+            Ok(vec![Some(d.reshape(&shape)?)])
+        }),
+    ))
+}
