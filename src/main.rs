@@ -21,6 +21,8 @@ enum Command {
     Devices(commands::devices::DevicesArgs),
     /// Run benchmarks and print a table (and JSON with --json).
     Bench(commands::bench::BenchArgs),
+    /// Train a model from a TOML config.
+    Train(commands::train::TrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices(args) => commands::devices::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Train(args) => commands::train::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

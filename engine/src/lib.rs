@@ -5,10 +5,14 @@
 
 pub mod autograd;
 pub mod bench;
+pub mod data;
 pub mod device;
 pub mod kernels;
 pub mod memory;
+pub mod nn;
+pub mod optim;
 pub mod tensor;
+pub mod train;
 
 pub use device::{DeviceError, Gpu};
 pub use kernels::{KernelError, Runtime};

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod train;
 
 /// Errors a subcommand reports to the user (printed as "error: ...").
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -1,0 +1,96 @@
+//! Fashion-MNIST from the IDX .gz files of Debian's `dataset-fashion-mnist` package
+//! (/usr/share/datasets/fashion-mnist): 60,000 training and 10,000 test images of
+//! 28 x 28, ten classes. Pixels are scaled to [0, 1] and normalised with the training
+//! set's mean and standard deviation.
+
+use std::io::Read;
+use std::path::Path;
+
+use super::{DataError, Dataset, HostBatch};
+
+/// Where Debian installs the files.
+pub const DEFAULT_PATH: &str = "/usr/share/datasets/fashion-mnist";
+/// Mean of the training pixels in [0, 1].
+pub const MEAN: f32 = 0.2860;
+/// Standard deviation of the training pixels in [0, 1].
+pub const STD: f32 = 0.3530;
+/// Pixels per image.
+pub const PIXELS: usize = 28 * 28;
+/// Classes.
+pub const CLASSES: usize = 10;
+
+/// One split.
+pub struct FashionMnist {
+    /// Normalised pixels, [n, 784].
+    pub images: Vec<f32>,
+    /// Labels in 0..10.
+    pub labels: Vec<i32>,
+}
+
+fn read_gz(path: &Path) -> Result<Vec<u8>, DataError> {
+    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::Missing {
+            what: "Fashion-MNIST".into(),
+            path: path.display().to_string(),
+            hint: " (install Debian's package: apt-get install dataset-fashion-mnist, or set data.path)".into(),
+        },
+        _ => DataError::Io { path: path.display().to_string(), source: e },
+    })?;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut out)
+        .map_err(|e| DataError::Corrupt { path: path.display().to_string(), reason: format!("not a readable gzip file ({e})") })?;
+    Ok(out)
+}
+
+fn header(bytes: &[u8], path: &Path, magic: u32, dims: usize) -> Result<Vec<usize>, DataError> {
+    let corrupt = |reason: String| DataError::Corrupt { path: path.display().to_string(), reason };
+    if bytes.len() < 4 + 4 * dims {
+        return Err(corrupt(format!("{} bytes is too short for an IDX header", bytes.len())));
+    }
+    let m = u32::from_be_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    if m != magic {
+        return Err(corrupt(format!("IDX magic {m:#010x}, expected {magic:#010x}")));
+    }
+    let shape: Vec<usize> = (0..dims).map(|d| u32::from_be_bytes(bytes[4 + 4 * d..8 + 4 * d].try_into().expect("4 bytes")) as usize).collect();
+    let expected = 4 + 4 * dims + shape.iter().product::<usize>();
+    if bytes.len() != expected {
+        return Err(corrupt(format!("header says {shape:?} ({expected} bytes) but the file has {}", bytes.len())));
+    }
+    Ok(shape)
+}
+
+impl FashionMnist {
+    /// Loads `train` or `t10k` from `dir`.
+    pub fn load(dir: &Path, split: &str) -> Result<FashionMnist, DataError> {
+        let images_path = dir.join(format!("{split}-images-idx3-ubyte.gz"));
+        let labels_path = dir.join(format!("{split}-labels-idx1-ubyte.gz"));
+        let images = read_gz(&images_path)?;
+        let labels = read_gz(&labels_path)?;
+        let ishape = header(&images, &images_path, 0x0000_0803, 3)?;
+        let lshape = header(&labels, &labels_path, 0x0000_0801, 1)?;
+        if ishape[1] * ishape[2] != PIXELS || ishape[0] != lshape[0] {
+            return Err(DataError::Corrupt {
+                path: images_path.display().to_string(),
+                reason: format!("images {ishape:?} do not match 28x28 or the {} labels", lshape[0]),
+            });
+        }
+        let labels: Vec<i32> = labels[8..].iter().map(|&l| l as i32).collect();
+        if let Some(bad) = labels.iter().find(|&&l| l as usize >= CLASSES) {
+            return Err(DataError::Corrupt { path: labels_path.display().to_string(), reason: format!("label {bad} is not in 0..10") });
+        }
+        let images = images[16..].iter().map(|&p| (p as f32 / 255.0 - MEAN) / STD).collect();
+        Ok(FashionMnist { images, labels })
+    }
+}
+
+impl Dataset for FashionMnist {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    fn push(&self, i: usize, batch: &mut HostBatch) {
+        batch.features.extend_from_slice(&self.images[i * PIXELS..(i + 1) * PIXELS]);
+        batch.targets.push(self.labels[i]);
+    }
+}

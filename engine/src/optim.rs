@@ -1,0 +1,117 @@
+//! Optimizers over [`Params`] with PyTorch's semantics (AdamW, SGD with momentum),
+//! global-norm gradient clipping, and the warmup + cosine learning-rate schedule.
+//! Each step is one fused kernel per parameter (kernels::optim).
+
+use crate::autograd::Params;
+use crate::kernels::map::{MapOp, fill, map_into};
+use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step};
+use crate::kernels::reduce::{ReduceOp, reduce_all};
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+/// Which update rule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// torch.optim.AdamW.
+    AdamW(AdamW),
+    /// torch.optim.SGD.
+    Sgd(Sgd),
+}
+
+/// An optimizer and its per-parameter state (made lazily on the first step, as PyTorch).
+pub struct Optimizer {
+    /// The rule and its hyperparameters (lr is overwritten by the schedule each step).
+    pub rule: Rule,
+    /// Steps taken.
+    pub step: u32,
+    /// (exp_avg or momentum_buffer, exp_avg_sq) per parameter.
+    pub state: Vec<Option<(Tensor, Tensor)>>,
+    found_inf: Option<Tensor>,
+}
+
+impl Optimizer {
+    /// An optimizer with no state yet.
+    pub fn new(rule: Rule) -> Optimizer {
+        Optimizer { rule, step: 0, state: Vec::new(), found_inf: None }
+    }
+
+    /// Names of the state tensors of parameter `name`, as torch's optimizer state dict
+    /// keys them.
+    pub fn state_names(&self, name: &str) -> [String; 2] {
+        match self.rule {
+            Rule::AdamW(_) => [format!("{name}.exp_avg"), format!("{name}.exp_avg_sq")],
+            Rule::Sgd(_) => [format!("{name}.momentum_buffer"), format!("{name}.unused")],
+        }
+    }
+
+    /// One step with learning rate `lr` over every parameter that has a gradient.
+    pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), KernelError> {
+        self.step += 1;
+        if self.state.len() < params.list.len() {
+            self.state.resize_with(params.list.len(), || None);
+        }
+        if self.found_inf.is_none() {
+            let f = Tensor::empty(rt, &[1], DType::U32, Category::OptimizerState, "found_inf")?;
+            fill(rt, &f, 0.0)?;
+            self.found_inf = Some(f);
+        }
+        let found = self.found_inf.as_ref().expect("made above");
+        for (i, p) in params.list.iter().enumerate() {
+            let Some(grad) = &p.grad else { continue };
+            let first = self.state[i].is_none();
+            if first {
+                let [m_name, v_name] = self.state_names(&p.name);
+                let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
+                let v = match self.rule {
+                    Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
+                    Rule::Sgd(_) => m.clone(),
+                };
+                self.state[i] = Some((m, v));
+            }
+            let (m, v) = self.state[i].as_ref().expect("made above");
+            let s = OptimState { param: &p.value, grad, m, v };
+            match self.rule {
+                Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, false)?,
+                Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, false)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The global L2 norm of every gradient; if it exceeds `max_norm`, scales the gradients
+/// by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm.
+pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f32, KernelError> {
+    let mut total = 0.0f64;
+    for p in &params.list {
+        let Some(g) = &p.grad else { continue };
+        let sq = Tensor::empty(rt, g.shape(), DType::F32, Category::Temporary, "grad^2")?;
+        map_into(rt, MapOp::Mul, Some(g), Some(g), &sq, 1.0, 1.0)?;
+        let s = reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?;
+        total += s.to_f32_vec(rt)?[0] as f64;
+    }
+    let norm = total.sqrt() as f32;
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        for p in &params.list {
+            if let Some(g) = &p.grad {
+                map_into(rt, MapOp::Scale, Some(g), None, g, coef, 0.0)?;
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// Linear warmup to `base` over `warmup` steps, then cosine decay to `min_lr` at
+/// `total` steps (constant when `cosine` is false). `step` counts from 0.
+pub fn lr_at(step: u64, base: f32, warmup: u64, total: u64, min_lr: f32, cosine: bool) -> f32 {
+    if step < warmup {
+        return base * (step + 1) as f32 / warmup as f32;
+    }
+    if !cosine || total <= warmup {
+        return base;
+    }
+    let progress = ((step - warmup) as f32 / (total - warmup) as f32).min(1.0);
+    min_lr + 0.5 * (base - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
+}

@@ -1,0 +1,230 @@
+//! Checkpoints: a folder per save holding model.safetensors (parameters by state-dict
+//! name), optimizer.safetensors (its state tensors), trainer.safetensors (step and data
+//! position, in its metadata) and manifest.json with each file's sha256.
+//!
+//! A save is written under a temporary name, every file fsynced, the folder renamed into
+//! place and fsynced, and only then `latest` is replaced (temp, fsync, rename): a crash
+//! at any point leaves the previous checkpoint whole and `latest` pointing at it. A load
+//! verifies every hash before parsing anything, and refuses a mismatch naming the file.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Format tag in every manifest.
+pub const FORMAT: &str = "wgtrain-checkpoint-1";
+/// Checkpoints kept in a folder (older ones are deleted after a successful save).
+pub const KEEP: usize = 3;
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read or written.
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file does not match its manifest, or is not what it should be.
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint does not fit this model.
+    #[error("checkpoint {path} does not fit this run: {reason}")]
+    Mismatch {
+        /// The file.
+        path: String,
+        /// What differs.
+        reason: String,
+    },
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |e| CheckpointError::Io { path: path.display().to_string(), source: e }
+}
+
+/// A named f32 tensor on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    /// State-dict name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
+/// What one checkpoint holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointData {
+    /// Parameters.
+    pub model: Vec<HostTensor>,
+    /// Optimizer state tensors.
+    pub optimizer: Vec<HostTensor>,
+    /// Trainer state (step, epoch, batch index, optimizer step...), as text.
+    pub trainer: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    step: u64,
+    files: BTreeMap<String, String>,
+}
+
+fn to_safetensors(tensors: &[HostTensor], metadata: Option<BTreeMap<String, String>>) -> Result<Vec<u8>, String> {
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+            TensorView::new(Dtype::F32, t.shape.clone(), bytes).map(|v| (t.name.clone(), v)).map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let metadata = metadata.map(|m| m.into_iter().collect());
+    safetensors::serialize(views, metadata).map_err(|e| e.to_string())
+}
+
+fn from_safetensors(bytes: &[u8], path: &Path) -> Result<(Vec<HostTensor>, BTreeMap<String, String>), CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.display().to_string(), reason };
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            return Err(corrupt(format!("tensor {name} is {:?}, expected F32", view.dtype())));
+        }
+        out.push(HostTensor { name, shape: view.shape().to_vec(), data: bytemuck::pod_collect_to_vec(view.data()) });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    let meta = header.metadata().clone().map(|m| m.into_iter().collect()).unwrap_or_default();
+    Ok((out, meta))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut f = std::fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(io(path))
+}
+
+/// The folder name of the checkpoint at `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:09}")
+}
+
+/// Writes a checkpoint of `step` into `root` and points `latest` at it.
+pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(root).map_err(io(root))?;
+    let final_dir = root.join(step_dir_name(step));
+    let tmp = root.join(format!(".{}.tmp-{}", step_dir_name(step), std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+    let mut trainer_meta = data.trainer.clone();
+    trainer_meta.insert("step".into(), step.to_string());
+    let files = [
+        ("model.safetensors", to_safetensors(&data.model, None)),
+        ("optimizer.safetensors", to_safetensors(&data.optimizer, None)),
+        ("trainer.safetensors", to_safetensors(&[], Some(trainer_meta))),
+    ];
+    let mut hashes = BTreeMap::new();
+    for (name, bytes) in files {
+        let bytes = bytes.map_err(|reason| CheckpointError::Corrupt { path: name.into(), reason })?;
+        hashes.insert(name.to_string(), hex::encode(Sha256::digest(&bytes)));
+        write_synced(&tmp.join(name), &bytes)?;
+        if std::env::var_os("WGTRAIN_TEST_CRASH_IN_SAVE").is_some() {
+            // Test hook: die mid-save, as a power cut or `kill -9` would.
+            std::process::abort();
+        }
+    }
+    let manifest = Manifest { format: FORMAT.into(), step, files: hashes };
+    let text = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
+    write_synced(&tmp.join("manifest.json"), &text)?;
+    sync_dir(&tmp)?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
+    sync_dir(root)?;
+    let latest_tmp = root.join(format!(".latest.tmp-{}", std::process::id()));
+    write_synced(&latest_tmp, step_dir_name(step).as_bytes())?;
+    std::fs::rename(&latest_tmp, root.join("latest")).map_err(io(root))?;
+    sync_dir(root)?;
+    prune(root, step)?;
+    Ok(final_dir)
+}
+
+fn prune(root: &Path, newest: u64) -> Result<(), CheckpointError> {
+    let mut steps: Vec<u64> = std::fs::read_dir(root)
+        .map_err(io(root))?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+        .filter(|&s| s <= newest)
+        .collect();
+    steps.sort_unstable();
+    if steps.len() > KEEP {
+        for s in &steps[..steps.len() - KEEP] {
+            let _ = std::fs::remove_dir_all(root.join(step_dir_name(*s)));
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint folder `path` names: a step folder (with manifest.json), or a root
+/// whose `latest` names one.
+pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if path.join("manifest.json").is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let latest = path.join("latest");
+    let name = std::fs::read_to_string(&latest).map_err(|e| CheckpointError::Io {
+        path: format!("{} (neither a checkpoint nor a folder with a 'latest' checkpoint)", path.display()),
+        source: e,
+    })?;
+    let dir = path.join(name.trim());
+    if !dir.join("manifest.json").is_file() {
+        return Err(CheckpointError::Corrupt { path: latest.display().to_string(), reason: format!("names '{}', which has no manifest", name.trim()) });
+    }
+    Ok(dir)
+}
+
+/// Reads and verifies the checkpoint at `path` (see [`resolve`]).
+pub fn load(path: &Path) -> Result<(u64, CheckpointData), CheckpointError> {
+    let dir = resolve(path)?;
+    let manifest_path = dir.join("manifest.json");
+    let text = std::fs::read(&manifest_path).map_err(io(&manifest_path))?;
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: e.to_string() })?;
+    if manifest.format != FORMAT {
+        return Err(CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: format!("format '{}', expected '{FORMAT}'", manifest.format) });
+    }
+    let mut read = BTreeMap::new();
+    for name in ["model.safetensors", "optimizer.safetensors", "trainer.safetensors"] {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let want = manifest.files.get(name).ok_or_else(|| CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: format!("no hash for {name}") })?;
+        let got = hex::encode(Sha256::digest(&bytes));
+        if &got != want {
+            return Err(CheckpointError::Corrupt { path: path.display().to_string(), reason: format!("sha256 {got} does not match the manifest's {want}") });
+        }
+        read.insert(name, (path, bytes));
+    }
+    let (model, _) = from_safetensors(&read["model.safetensors"].1, &read["model.safetensors"].0)?;
+    let (optimizer, _) = from_safetensors(&read["optimizer.safetensors"].1, &read["optimizer.safetensors"].0)?;
+    let (_, trainer) = from_safetensors(&read["trainer.safetensors"].1, &read["trainer.safetensors"].0)?;
+    Ok((manifest.step, CheckpointData { model, optimizer, trainer }))
+}

@@ -1,0 +1,218 @@
+//! The training configuration: a TOML file with [model], [data], [train], [memory] and
+//! [checkpoint] sections, overridable with `--set section.key=value`. Unknown keys are
+//! errors, so a typo never trains silently with a default.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a run needs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The model.
+    pub model: ModelConfig,
+    /// The data.
+    pub data: DataConfig,
+    /// Optimisation and schedule.
+    pub train: TrainConfig,
+    /// Memory policy.
+    pub memory: MemoryConfig,
+    /// Checkpoints.
+    pub checkpoint: CheckpointConfig,
+}
+
+/// [model]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// "mlp".
+    pub kind: String,
+    /// Hidden widths of the MLP.
+    pub hidden: Vec<usize>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { kind: "mlp".into(), hidden: vec![256] }
+    }
+}
+
+/// [data]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// "fashion_mnist".
+    pub kind: String,
+    /// Where the files are (defaults to the Debian package's folder).
+    pub path: Option<String>,
+    /// Examples used from the training split (0 = all); for quick runs and tests.
+    pub train_limit: usize,
+    /// Examples used from the evaluation split (0 = all).
+    pub eval_limit: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig { kind: "fashion_mnist".into(), path: None, train_limit: 0, eval_limit: 0 }
+    }
+}
+
+/// [train]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Passes over the training data.
+    pub epochs: u64,
+    /// Total steps; overrides epochs when set.
+    pub steps: Option<u64>,
+    /// Examples per step.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub lr: f32,
+    /// Floor of the cosine schedule.
+    pub min_lr: f32,
+    /// Linear warmup steps.
+    pub warmup_steps: u64,
+    /// "cosine" or "constant".
+    pub schedule: String,
+    /// "adamw" or "sgd".
+    pub optimizer: String,
+    /// Weight decay (decoupled for AdamW, L2 for SGD).
+    pub weight_decay: f32,
+    /// SGD momentum.
+    pub momentum: f32,
+    /// AdamW betas.
+    pub betas: (f32, f32),
+    /// Global-norm clipping (0 = off).
+    pub grad_clip: f32,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Evaluate every N steps (0 = at the end of each epoch).
+    pub eval_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 1,
+            steps: None,
+            batch_size: 128,
+            lr: 1e-3,
+            min_lr: 0.0,
+            warmup_steps: 0,
+            schedule: "constant".into(),
+            optimizer: "adamw".into(),
+            weight_decay: 0.0,
+            momentum: 0.9,
+            betas: (0.9, 0.999),
+            grad_clip: 0.0,
+            seed: 0,
+            eval_every: 0,
+        }
+    }
+}
+
+/// [memory]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Cap on reserved memory: "3GiB", bytes, or a fraction of the device's memory.
+    pub cap: Option<String>,
+    /// Guard bytes around every block (slow; for debugging kernels).
+    pub debug: bool,
+}
+
+/// [checkpoint]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Folder of checkpoints (none: no checkpoints).
+    pub dir: Option<String>,
+    /// Save every N steps (0: only at the end and on Ctrl-C).
+    pub every: u64,
+}
+
+/// A configuration error, said in the user's terms.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// TOML or a key is wrong.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+fn set_key(root: &mut toml::Table, assignment: &str) -> Result<(), ConfigError> {
+    let (key, value) = assignment
+        .split_once('=')
+        .ok_or_else(|| ConfigError::Invalid(format!("--set '{assignment}' is not section.key=value")))?;
+    let path: Vec<&str> = key.trim().split('.').collect();
+    if path.len() != 2 || path.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Invalid(format!("--set key '{key}' must be section.key")));
+    }
+    // A TOML literal when it parses as one (numbers, booleans, arrays), else a string.
+    let parsed: toml::Value = toml::from_str::<toml::Table>(&format!("v = {}", value.trim()))
+        .ok()
+        .and_then(|t| t.get("v").cloned())
+        .unwrap_or_else(|| toml::Value::String(value.trim().to_string()));
+    let section = root
+        .entry(path[0].to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| ConfigError::Invalid(format!("'{}' is not a section", path[0])))?;
+    section.insert(path[1].to_string(), parsed);
+    Ok(())
+}
+
+impl Config {
+    /// Parses TOML text, then applies `--set` overrides.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Config, ConfigError> {
+        let mut root: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        for o in overrides {
+            set_key(&mut root, o)?;
+        }
+        let config: Config = toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a file (or the defaults when `path` is None) and applies overrides.
+    pub fn load(path: Option<&std::path::Path>, overrides: &[String]) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError::Read { path: p.display().to_string(), source: e })?,
+            None => String::new(),
+        };
+        Config::parse(&text, overrides)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.train.batch_size == 0 {
+            return bad("train.batch_size must be at least 1".into());
+        }
+        if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
+            return bad(format!("train.lr must be a positive number, got {}", self.train.lr));
+        }
+        if !["adamw", "sgd"].contains(&self.train.optimizer.as_str()) {
+            return bad(format!("train.optimizer must be \"adamw\" or \"sgd\", got \"{}\"", self.train.optimizer));
+        }
+        if !["cosine", "constant"].contains(&self.train.schedule.as_str()) {
+            return bad(format!("train.schedule must be \"cosine\" or \"constant\", got \"{}\"", self.train.schedule));
+        }
+        if self.model.kind != "mlp" {
+            return bad(format!("model.kind \"{}\" is not available yet (\"mlp\")", self.model.kind));
+        }
+        if self.data.kind != "fashion_mnist" {
+            return bad(format!("data.kind \"{}\" is not available yet (\"fashion_mnist\")", self.data.kind));
+        }
+        if self.train.epochs == 0 && self.train.steps.is_none() {
+            return bad("train.epochs is 0 and train.steps is unset: nothing to do".into());
+        }
+        Ok(())
+    }
+}

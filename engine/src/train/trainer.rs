@@ -1,0 +1,434 @@
+//! The training loop. Each step: upload the batch, forward on a fresh tape, fused
+//! cross-entropy, backward (saved activations freed as it goes), clip, schedule,
+//! optimizer step, zero_grad, the allocator's step end; then one JSON line with the
+//! loss, time and the allocator's counters by category.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
+use super::config::Config;
+use crate::autograd::{Params, Tape, ops};
+use crate::data::fashion_mnist::{self, FashionMnist};
+use crate::data::{DataError, Dataset, HostBatch, Loader, batches_per_epoch};
+use crate::device::Gpu;
+use crate::kernels::optim::{AdamW, Sgd};
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::{AllocatorOptions, Category, MemoryCap, MemoryStats};
+use crate::nn::{Init, Mlp};
+use crate::optim::{Optimizer, Rule, clip_grad_norm, lr_at};
+use crate::tensor::Tensor;
+
+/// Rows of logits per fused cross-entropy launch.
+const CE_ROW_CHUNK: usize = 4096;
+/// Examples per evaluation batch.
+const EVAL_BATCH: usize = 1000;
+
+/// Why a run stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Configuration.
+    #[error(transparent)]
+    Config(#[from] super::config::ConfigError),
+    /// Data.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// Kernels, device or memory.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// Checkpoints.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The log file.
+    #[error("writing the log {path}: {source}")]
+    Log {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The loss stopped being a number.
+    #[error("the loss became {0} at step {1}; lower train.lr or enable train.grad_clip")]
+    NonFinite(f32, u64),
+}
+
+/// Memory figures of one step's log line.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemLog {
+    /// Bytes in live blocks now.
+    pub allocated: u64,
+    /// Bytes in pages now.
+    pub reserved: u64,
+    /// Peak allocated bytes during the step.
+    pub peak: u64,
+    /// Allocated bytes by category now.
+    pub by_category: BTreeMap<String, u64>,
+    /// Inactive split bytes over reserved bytes.
+    pub fragmentation: f64,
+    /// Out-of-memory failures so far.
+    pub num_ooms: u64,
+    /// Cache flushes to retry an allocation so far.
+    pub num_alloc_retries: u64,
+}
+
+impl MemLog {
+    fn of(s: &MemoryStats) -> MemLog {
+        MemLog {
+            allocated: s.allocated.current,
+            reserved: s.reserved.current,
+            peak: s.allocated.peak,
+            by_category: Category::ALL.iter().map(|c| (c.name().to_string(), s.category(*c).allocated.current)).collect(),
+            fragmentation: s.fragmentation(),
+            num_ooms: s.num_ooms,
+            num_alloc_retries: s.num_alloc_retries,
+        }
+    }
+}
+
+/// Evaluation results.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalLog {
+    /// Mean loss over the evaluation split.
+    pub loss: f64,
+    /// Fraction classified correctly.
+    pub accuracy: f64,
+}
+
+/// One line of the JSONL log.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepLog {
+    /// Steps done (1 after the first).
+    pub step: u64,
+    /// Epoch of the batch.
+    pub epoch: u64,
+    /// Training loss of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Learning rate used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Wall time of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_ms: Option<f64>,
+    /// Examples per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_per_s: Option<f64>,
+    /// Memory after the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem: Option<MemLog>,
+    /// Evaluation, on eval lines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalLog>,
+}
+
+/// How to run besides the config.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Adapter selector (see `wgtrain devices`).
+    pub adapter: Option<String>,
+    /// Where to write the JSONL log.
+    pub log: Option<PathBuf>,
+    /// Checkpoint to resume from.
+    pub resume: Option<PathBuf>,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Set to stop after the current step (Ctrl-C); a checkpoint is saved if configured.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    /// Steps done in total (including those before a resume).
+    pub steps: u64,
+    /// Loss of each step run in this invocation, in order.
+    pub losses: Vec<f64>,
+    /// The last evaluation.
+    pub last_eval: Option<EvalLog>,
+    /// Wall time of this invocation.
+    pub seconds: f64,
+    /// Whether the run stopped early on request.
+    pub interrupted: bool,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// A training run.
+pub struct Trainer {
+    /// The configuration.
+    pub config: Config,
+    /// The device and allocator.
+    pub rt: Arc<Runtime>,
+    /// Model parameters.
+    pub params: Params,
+    model: Mlp,
+    opt: Optimizer,
+    train: Arc<FashionMnist>,
+    eval: FashionMnist,
+    step: u64,
+    epoch: u64,
+    index: u64,
+}
+
+fn limit(mut d: FashionMnist, n: usize) -> FashionMnist {
+    if n > 0 && n < d.labels.len() {
+        d.labels.truncate(n);
+        d.images.truncate(n * fashion_mnist::PIXELS);
+    }
+    d
+}
+
+impl Trainer {
+    /// Opens the device, loads the data and builds the model.
+    pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
+        let dir = PathBuf::from(config.data.path.clone().unwrap_or_else(|| fashion_mnist::DEFAULT_PATH.into()));
+        let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
+        let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
+        let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
+        let cap = match &config.memory.cap {
+            Some(text) => Some(MemoryCap::parse(text).map_err(KernelError::from)?),
+            None => None,
+        };
+        let rt = Arc::new(Runtime::new(gpu, AllocatorOptions { debug: Some(config.memory.debug), cap })?);
+        let mut params = Params::default();
+        let mut sizes = vec![fashion_mnist::PIXELS];
+        sizes.extend(&config.model.hidden);
+        sizes.push(fashion_mnist::CLASSES);
+        let model = Mlp::new(&rt, &mut params, &sizes, &mut Init::new(config.train.seed))?;
+        let t = &config.train;
+        let rule = match t.optimizer.as_str() {
+            "sgd" => Rule::Sgd(Sgd { lr: t.lr, momentum: t.momentum, dampening: 0.0, weight_decay: t.weight_decay, nesterov: false }),
+            _ => Rule::AdamW(AdamW { lr: t.lr, betas: t.betas, eps: 1e-8, weight_decay: t.weight_decay }),
+        };
+        Ok(Trainer { config, rt, params, model, opt: Optimizer::new(rule), train: Arc::new(train), eval, step: 0, epoch: 0, index: 0 })
+    }
+
+    /// Steps in the whole run.
+    pub fn total_steps(&self) -> u64 {
+        let per_epoch = batches_per_epoch(self.train.len(), self.config.train.batch_size, false);
+        self.config.train.steps.unwrap_or(per_epoch * self.config.train.epochs)
+    }
+
+    fn upload(&self, b: &HostBatch) -> Result<(Tensor, Tensor), KernelError> {
+        let x = Tensor::from_f32(&self.rt, &b.features, &[b.examples, fashion_mnist::PIXELS], Category::Input, "batch.images")?;
+        let y = Tensor::from_i32(&self.rt, &b.targets, &[b.examples], Category::Input, "batch.labels")?;
+        Ok((x, y))
+    }
+
+    /// One training step on `batch`; returns the loss.
+    fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
+        let (x, y) = self.upload(batch)?;
+        let mut tape = Tape::new();
+        let logits = self.model.forward(&mut tape, &self.rt, &self.params, x)?;
+        let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, batch.examples, CE_ROW_CHUNK, "loss")?;
+        drop(logits);
+        tape.backward(&self.rt, &loss, &mut self.params)?;
+        if self.config.train.grad_clip > 0.0 {
+            clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
+        }
+        self.opt.step(&self.rt, &self.params, lr)?;
+        self.params.zero_grad();
+        let value = loss.value.to_f32_vec(&self.rt)?[0];
+        if !value.is_finite() {
+            return Err(TrainError::NonFinite(value, self.step + 1));
+        }
+        Ok(value as f64)
+    }
+
+    /// Loss and accuracy over the evaluation split, without gradients.
+    pub fn evaluate(&self) -> Result<EvalLog, TrainError> {
+        let n = self.eval.labels.len();
+        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+        for start in (0..n).step_by(EVAL_BATCH) {
+            let end = (start + EVAL_BATCH).min(n);
+            let mut b = HostBatch::default();
+            for i in start..end {
+                self.eval.push(i, &mut b);
+                b.examples += 1;
+            }
+            let (x, y) = self.upload(&b)?;
+            let mut tape = Tape::no_grad();
+            let logits = self.model.forward(&mut tape, &self.rt, &self.params, x)?;
+            let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, b.examples, CE_ROW_CHUNK, "eval.loss")?;
+            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * b.examples as f64;
+            let values = logits.value.to_f32_vec(&self.rt)?;
+            for (r, &t) in b.targets.iter().enumerate() {
+                let row = &values[r * fashion_mnist::CLASSES..(r + 1) * fashion_mnist::CLASSES];
+                let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0);
+                correct += usize::from(best as i32 == t);
+            }
+        }
+        Ok(EvalLog { loss: loss_sum / n.max(1) as f64, accuracy: correct as f64 / n.max(1) as f64 })
+    }
+
+    fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
+        let mut model = Vec::new();
+        let mut optimizer = Vec::new();
+        for (i, p) in self.params.list.iter().enumerate() {
+            model.push(HostTensor { name: p.name.clone(), shape: p.value.shape().to_vec(), data: p.value.to_f32_vec(&self.rt)? });
+            if let Some(Some((m, v))) = self.opt.state.get(i) {
+                let names = self.opt.state_names(&p.name);
+                optimizer.push(HostTensor { name: names[0].clone(), shape: m.shape().to_vec(), data: m.to_f32_vec(&self.rt)? });
+                if matches!(self.opt.rule, Rule::AdamW(_)) {
+                    optimizer.push(HostTensor { name: names[1].clone(), shape: v.shape().to_vec(), data: v.to_f32_vec(&self.rt)? });
+                }
+            }
+        }
+        let trainer = BTreeMap::from([
+            ("epoch".to_string(), self.epoch.to_string()),
+            ("batch_index".to_string(), self.index.to_string()),
+            ("optimizer_step".to_string(), self.opt.step.to_string()),
+            ("seed".to_string(), self.config.train.seed.to_string()),
+            ("config".to_string(), toml::to_string(&self.config).unwrap_or_default()),
+        ]);
+        Ok(CheckpointData { model, optimizer, trainer })
+    }
+
+    /// Saves a checkpoint of the current state into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<PathBuf, TrainError> {
+        let data = self.checkpoint_data()?;
+        Ok(checkpoint::save(dir, self.step, &data)?)
+    }
+
+    /// Restores parameters, optimizer state and data position from a checkpoint.
+    pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
+        let (step, data) = checkpoint::load(path)?;
+        let mismatch = |reason: String| CheckpointError::Mismatch { path: path.display().to_string(), reason };
+        if data.model.len() != self.params.list.len() {
+            return Err(mismatch(format!("{} parameters, the model has {}", data.model.len(), self.params.list.len())).into());
+        }
+        for t in &data.model {
+            let i = self.params.find(&t.name).ok_or_else(|| mismatch(format!("unknown parameter {}", t.name)))?;
+            if self.params.list[i].value.shape() != t.shape.as_slice() {
+                return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, self.params.list[i].value.shape())).into());
+            }
+            self.params.list[i].value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+        }
+        let get = |k: &str| -> Result<u64, CheckpointError> {
+            data.trainer.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| CheckpointError::Corrupt { path: path.display().to_string(), reason: format!("trainer state lacks {k}") })
+        };
+        self.epoch = get("epoch")?;
+        self.index = get("batch_index")?;
+        self.opt.step = get("optimizer_step")? as u32;
+        self.opt.state = (0..self.params.list.len()).map(|_| None).collect();
+        let by_name: BTreeMap<&str, &HostTensor> = data.optimizer.iter().map(|t| (t.name.as_str(), t)).collect();
+        for (i, p) in self.params.list.iter().enumerate() {
+            let names = self.opt.state_names(&p.name);
+            if let Some(m) = by_name.get(names[0].as_str()) {
+                let m = Tensor::from_f32(&self.rt, &m.data, &m.shape, Category::OptimizerState, &names[0])?;
+                let v = match by_name.get(names[1].as_str()) {
+                    Some(v) => Tensor::from_f32(&self.rt, &v.data, &v.shape, Category::OptimizerState, &names[1])?,
+                    None => m.clone(),
+                };
+                self.opt.state[i] = Some((m, v));
+            }
+        }
+        self.step = step;
+        Ok(step)
+    }
+
+    /// Runs to the configured end (or until asked to stop).
+    pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        if let Some(path) = &options.resume {
+            self.restore(path)?;
+        }
+        let started = Instant::now();
+        let total = self.total_steps();
+        let mut log = match &options.log {
+            Some(path) => Some(std::io::BufWriter::new(
+                std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::Log { path: path.display().to_string(), source: e })?,
+            )),
+            None => None,
+        };
+        let log_path = options.log.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        let mut write = |line: &StepLog| -> Result<(), TrainError> {
+            if let Some(w) = log.as_mut() {
+                let text = serde_json::to_string(line).expect("log lines serialize");
+                writeln!(w, "{text}").and_then(|_| w.flush()).map_err(|e| TrainError::Log { path: log_path.clone(), source: e })?;
+            }
+            Ok(())
+        };
+        let t = self.config.train.clone();
+        let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
+        let mut loader = Loader::start(self.train.clone(), t.batch_size, t.seed, true, false, self.epoch, self.index, 2);
+        let bar = options.progress.then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
+            bar.set_position(self.step);
+            bar
+        });
+        let ckpt_dir = self.config.checkpoint.dir.as_ref().map(PathBuf::from);
+        let mut summary = RunSummary { steps: self.step, losses: Vec::new(), last_eval: None, seconds: 0.0, interrupted: false, checkpoint: None };
+        while self.step < total {
+            if options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                summary.interrupted = true;
+                break;
+            }
+            let Some(batch) = loader.next_batch() else { break };
+            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
+            self.rt.alloc.reset_peaks();
+            let step_start = Instant::now();
+            let loss = self.train_step(&batch, lr)?;
+            let guard = self.rt.alloc.end_step();
+            let step_s = step_start.elapsed().as_secs_f64();
+            guard.map_err(|e| KernelError::Shape(e.to_string()))?;
+            self.step += 1;
+            (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch { (batch.position.0 + 1, 0) } else { (batch.position.0, batch.position.1 + 1) };
+            summary.losses.push(loss);
+            let stats = self.rt.alloc.stats();
+            write(&StepLog {
+                step: self.step,
+                epoch: batch.position.0,
+                loss: Some(loss),
+                lr: Some(lr as f64),
+                step_ms: Some(step_s * 1e3),
+                samples_per_s: Some(batch.examples as f64 / step_s),
+                mem: Some(MemLog::of(&stats)),
+                eval: None,
+            })?;
+            if let Some(bar) = &bar {
+                bar.set_position(self.step);
+                bar.set_message(format!(
+                    "loss {loss:.4} | {:.0} samples/s | {} allocated, {} reserved",
+                    batch.examples as f64 / step_s,
+                    crate::memory::format_bytes(stats.allocated.current),
+                    crate::memory::format_bytes(stats.reserved.current)
+                ));
+            }
+            let epoch_end = self.index == 0;
+            let eval_now = if t.eval_every > 0 { self.step % t.eval_every == 0 } else { epoch_end } || self.step == total;
+            if eval_now {
+                let e = self.evaluate()?;
+                if let Some(bar) = &bar {
+                    bar.println(format!("step {}: eval loss {:.4}, accuracy {:.2}%", self.step, e.loss, 100.0 * e.accuracy));
+                }
+                write(&StepLog { step: self.step, epoch: batch.position.0, loss: None, lr: None, step_ms: None, samples_per_s: None, mem: None, eval: Some(e.clone()) })?;
+                summary.last_eval = Some(e);
+            }
+            if let Some(dir) = &ckpt_dir
+                && self.config.checkpoint.every > 0
+                && self.step % self.config.checkpoint.every == 0
+            {
+                summary.checkpoint = Some(self.save(dir)?);
+            }
+        }
+        drop(loader);
+        if let Some(dir) = &ckpt_dir
+            && summary.checkpoint.as_ref().is_none_or(|p| !p.ends_with(checkpoint::step_dir_name(self.step)))
+        {
+            summary.checkpoint = Some(self.save(dir)?);
+        }
+        if let Some(bar) = bar {
+            bar.finish();
+        }
+        summary.steps = self.step;
+        summary.seconds = started.elapsed().as_secs_f64();
+        Ok(summary)
+    }
+}
