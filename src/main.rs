@@ -23,6 +23,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Train a model from a TOML config.
     Train(commands::train::TrainArgs),
+    /// One forward and backward of a transformers GPT-2 checkpoint (check against PyTorch).
+    Step(commands::step::StepArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => commands::devices::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Step(args) => commands::step::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

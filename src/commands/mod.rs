@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod step;
 pub mod train;
 
 /// Errors a subcommand reports to the user (printed as "error: ...").

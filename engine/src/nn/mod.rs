@@ -1,8 +1,10 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors.
 
+pub mod gpt;
 pub mod mlp;
 
+pub use gpt::{Gpt, GptConfig};
 pub use mlp::Mlp;
 
 use rand::Rng as _;

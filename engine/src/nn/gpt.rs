@@ -1,0 +1,294 @@
+//! GPT with exactly the parameter layout of Hugging Face transformers'
+//! GPT2LMHeadModel: `transformer.wte.weight` [V, C], `transformer.wpe.weight` [P, C],
+//! per layer `transformer.h.{i}.ln_1`, `attn.c_attn` (Conv1D, weight [C, 3C]),
+//! `attn.c_proj` [C, C], `ln_2`, `mlp.c_fc` [C, 4C], `mlp.c_proj` [4C, C], then
+//! `transformer.ln_f`; the head is tied to wte; gelu_new; attention scaled by
+//! 1/sqrt(head_dim). A model.safetensors and config.json written by save_pretrained
+//! load unchanged, and [`Gpt::save_hf`] writes files transformers loads back.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+
+use super::Init;
+use crate::autograd::ops::{self, WeightLayout};
+use crate::autograd::{Params, Tape, Var};
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::Category;
+use crate::tensor::Tensor;
+
+/// The fields of transformers' GPT2Config that the model uses.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GptConfig {
+    /// Vocabulary size V.
+    pub vocab_size: usize,
+    /// Context length P (rows of wpe).
+    pub n_positions: usize,
+    /// Width C.
+    pub n_embd: usize,
+    /// Layers L.
+    pub n_layer: usize,
+    /// Heads NH.
+    pub n_head: usize,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f32,
+    /// Must be gelu_new (GPT-2's tanh approximation).
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    /// Dropout probabilities; only 0 is supported.
+    #[serde(default)]
+    pub resid_pdrop: f32,
+    /// See resid_pdrop.
+    #[serde(default)]
+    pub embd_pdrop: f32,
+    /// See resid_pdrop.
+    #[serde(default)]
+    pub attn_pdrop: f32,
+}
+
+fn default_eps() -> f32 {
+    1e-5
+}
+
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+
+impl GptConfig {
+    /// Checks what the engine implements.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        let bad = |m: String| Err(KernelError::Shape(m));
+        if self.n_head == 0 || self.n_embd % self.n_head != 0 {
+            return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
+        }
+        if self.vocab_size == 0 || self.n_positions == 0 || self.n_layer == 0 {
+            return bad("vocab_size, n_positions and n_layer must be positive".into());
+        }
+        if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
+            return bad(format!("activation_function '{}' is not supported (gelu_new)", self.activation_function));
+        }
+        Ok(())
+    }
+
+    /// Whether any dropout probability is non-zero (dropout is not implemented).
+    pub fn has_dropout(&self) -> bool {
+        self.resid_pdrop > 0.0 || self.embd_pdrop > 0.0 || self.attn_pdrop > 0.0
+    }
+}
+
+/// Parameter indices of one block.
+struct Block {
+    ln_1: (usize, usize),
+    c_attn: (usize, usize),
+    attn_proj: (usize, usize),
+    ln_2: (usize, usize),
+    c_fc: (usize, usize),
+    mlp_proj: (usize, usize),
+}
+
+/// The model.
+pub struct Gpt {
+    /// Its configuration.
+    pub config: GptConfig,
+    wte: usize,
+    wpe: usize,
+    blocks: Vec<Block>,
+    ln_f: (usize, usize),
+}
+
+/// Every parameter name and shape of a config, in state-dict order.
+pub fn parameter_shapes(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
+    let e = c.n_embd;
+    let mut out = vec![("transformer.wte.weight".to_string(), vec![c.vocab_size, e]), ("transformer.wpe.weight".to_string(), vec![c.n_positions, e])];
+    for i in 0..c.n_layer {
+        let p = |n: &str| format!("transformer.h.{i}.{n}");
+        out.extend([
+            (p("ln_1.weight"), vec![e]),
+            (p("ln_1.bias"), vec![e]),
+            (p("attn.c_attn.weight"), vec![e, 3 * e]),
+            (p("attn.c_attn.bias"), vec![3 * e]),
+            (p("attn.c_proj.weight"), vec![e, e]),
+            (p("attn.c_proj.bias"), vec![e]),
+            (p("ln_2.weight"), vec![e]),
+            (p("ln_2.bias"), vec![e]),
+            (p("mlp.c_fc.weight"), vec![e, 4 * e]),
+            (p("mlp.c_fc.bias"), vec![4 * e]),
+            (p("mlp.c_proj.weight"), vec![4 * e, e]),
+            (p("mlp.c_proj.bias"), vec![e]),
+        ]);
+    }
+    out.push(("transformer.ln_f.weight".into(), vec![e]));
+    out.push(("transformer.ln_f.bias".into(), vec![e]));
+    out
+}
+
+impl Gpt {
+    /// Registers parameters from `values` (name -> tensor), which must hold every one.
+    pub fn from_tensors(config: GptConfig, params: &mut Params, mut values: BTreeMap<String, Tensor>) -> Result<Gpt, KernelError> {
+        config.validate()?;
+        let mut index = BTreeMap::new();
+        for (name, shape) in parameter_shapes(&config) {
+            let t = values.remove(&name).ok_or_else(|| KernelError::Shape(format!("missing parameter {name}")))?;
+            if t.shape() != shape.as_slice() {
+                return Err(KernelError::Shape(format!("{name} is {:?}, expected {shape:?}", t.shape())));
+            }
+            index.insert(name.clone(), params.add(&name, t));
+        }
+        let at = |n: String| index[&n];
+        let pair = |i: usize, n: &str| (at(format!("transformer.h.{i}.{n}.weight")), at(format!("transformer.h.{i}.{n}.bias")));
+        let blocks = (0..config.n_layer)
+            .map(|i| Block {
+                ln_1: pair(i, "ln_1"),
+                c_attn: pair(i, "attn.c_attn"),
+                attn_proj: pair(i, "attn.c_proj"),
+                ln_2: pair(i, "ln_2"),
+                c_fc: pair(i, "mlp.c_fc"),
+                mlp_proj: pair(i, "mlp.c_proj"),
+            })
+            .collect();
+        Ok(Gpt {
+            wte: at("transformer.wte.weight".into()),
+            wpe: at("transformer.wpe.weight".into()),
+            ln_f: (at("transformer.ln_f.weight".into()), at("transformer.ln_f.bias".into())),
+            blocks,
+            config,
+        })
+    }
+
+    /// A freshly initialised model as GPT2LMHeadModel initialises one: normal(0, 0.02)
+    /// weights, zero biases, unit LayerNorm weights, c_proj weights scaled by
+    /// 1/sqrt(2 L).
+    pub fn new(rt: &Runtime, config: GptConfig, params: &mut Params, init: &mut Init) -> Result<Gpt, KernelError> {
+        config.validate()?;
+        let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
+        let mut values = BTreeMap::new();
+        for (name, shape) in parameter_shapes(&config) {
+            let t = if name.contains("ln_") && name.ends_with("weight") {
+                init.constant(rt, &shape, 1.0, &name)?
+            } else if name.ends_with("bias") {
+                init.constant(rt, &shape, 0.0, &name)?
+            } else if name.ends_with("c_proj.weight") {
+                init.normal(rt, &shape, proj_std, &name)?
+            } else {
+                init.normal(rt, &shape, 0.02, &name)?
+            };
+            values.insert(name, t);
+        }
+        Gpt::from_tensors(config, params, values)
+    }
+
+    /// Loads config.json and model.safetensors written by transformers' save_pretrained.
+    pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, KernelError> {
+        let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", dir.join(name).display())));
+        let config: GptConfig = serde_json::from_slice(&read("config.json")?)
+            .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("config.json").display())))?;
+        let bytes = read("model.safetensors")?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("model.safetensors").display())))?;
+        let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
+        let mut values = BTreeMap::new();
+        for (name, view) in st.tensors() {
+            // Older files prefix nothing or carry the tied head and attention-mask buffers.
+            let key = if wanted.contains_key(&name) { name.clone() } else { format!("transformer.{name}") };
+            if !wanted.contains_key(&key) {
+                continue; // lm_head.weight (tied), attn.bias / attn.masked_bias buffers
+            }
+            let data: Vec<f32> = match view.dtype() {
+                Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
+                Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(view.data()).iter().map(|h| h.to_f32()).collect(),
+                Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(view.data()).iter().map(|h| h.to_f32()).collect(),
+                other => return Err(KernelError::Shape(format!("{name} has dtype {other:?}; expected F32, F16 or BF16"))),
+            };
+            values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
+        }
+        Gpt::from_tensors(config, params, values)
+    }
+
+    /// Writes config.json and model.safetensors in transformers' layout (head tied).
+    pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), KernelError> {
+        std::fs::create_dir_all(dir).map_err(|e| KernelError::Shape(format!("{}: {e}", dir.display())))?;
+        let mut config = serde_json::to_value(&self.config).expect("config serializes");
+        config["model_type"] = "gpt2".into();
+        config["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
+        config["tie_word_embeddings"] = true.into();
+        let mut data = Vec::new();
+        for (name, _) in parameter_shapes(&self.config) {
+            let p = &params.list[params.find(&name).expect("registered")];
+            data.push((name, p.value.shape().to_vec(), p.value.to_f32_vec(rt)?));
+        }
+        let views: Vec<(String, TensorView<'_>)> = data
+            .iter()
+            .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data")))
+            .collect();
+        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| KernelError::Shape(e.to_string()))?;
+        let write = |name: &str, bytes: &[u8]| {
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, bytes)
+                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                .and_then(|_| std::fs::rename(&tmp, dir.join(name)))
+                .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join(name).display())))
+        };
+        write("model.safetensors", &bytes)?;
+        write("config.json", serde_json::to_string_pretty(&config).expect("json").as_bytes())
+    }
+
+    /// Logits [B, T, V] of token ids [B, T] (i32).
+    pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, KernelError> {
+        let [b, t] = ids.shape() else {
+            return Err(KernelError::Shape(format!("input ids must be [B, T], got {:?}", ids.shape())));
+        };
+        let (b, t) = (*b, *t);
+        if t > self.config.n_positions {
+            return Err(KernelError::Shape(format!("sequence length {t} exceeds n_positions {}", self.config.n_positions)));
+        }
+        let c = &self.config;
+        let p = |tape: &mut Tape, i: usize| tape.param(params, i);
+        let wte = p(tape, self.wte);
+        let wpe = p(tape, self.wpe);
+        let tok = ops::embedding(tape, rt, ids, &wte, "wte")?;
+        let positions: Vec<i32> = (0..t as i32).collect();
+        let pos_ids = Tensor::from_i32(rt, &positions, &[t], Category::Input, "positions")?;
+        let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "wpe")?;
+        let mut x = ops::add(tape, rt, &tok, &pos, "embed")?;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let l = |n: &str| format!("h.{i}.{n}");
+            let (w, bb) = (p(tape, blk.ln_1.0), p(tape, blk.ln_1.1));
+            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, &l("ln_1"))?;
+            let (w, bb) = (p(tape, blk.c_attn.0), p(tape, blk.c_attn.1));
+            let qkv = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("qkv"))?;
+            let y = ops::attention(tape, rt, &qkv, c.n_head, &l("atty"))?;
+            let (w, bb) = (p(tape, blk.attn_proj.0), p(tape, blk.attn_proj.1));
+            let a = ops::linear(tape, rt, &y, &w, Some(&bb), WeightLayout::InOut, &l("attproj"))?;
+            x = ops::add(tape, rt, &x, &a, &l("residual2"))?;
+            let (w, bb) = (p(tape, blk.ln_2.0), p(tape, blk.ln_2.1));
+            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, &l("ln_2"))?;
+            let (w, bb) = (p(tape, blk.c_fc.0), p(tape, blk.c_fc.1));
+            let f = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("fch"))?;
+            let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
+            let (w, bb) = (p(tape, blk.mlp_proj.0), p(tape, blk.mlp_proj.1));
+            let m = ops::linear(tape, rt, &g, &w, Some(&bb), WeightLayout::InOut, &l("fcproj"))?;
+            x = ops::add(tape, rt, &x, &m, &l("residual3"))?;
+        }
+        let (w, bb) = (p(tape, self.ln_f.0), p(tape, self.ln_f.1));
+        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, "ln_f")?;
+        // The head is tied: logits = h wte^T.
+        let logits = ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")?;
+        debug_assert_eq!(logits.value.shape(), &[b, t, c.vocab_size]);
+        Ok(logits)
+    }
+}
+
+/// Targets for GPT2LMHeadModel's loss: labels shifted left by one, the last position
+/// of each row ignored (-100).
+pub fn shifted_targets(labels: &[i32], b: usize, t: usize) -> Vec<i32> {
+    let mut out = vec![crate::kernels::cross_entropy::IGNORE_INDEX; b * t];
+    for r in 0..b {
+        for j in 0..t.saturating_sub(1) {
+            out[r * t + j] = labels[r * t + j + 1];
+        }
+    }
+    out
+}

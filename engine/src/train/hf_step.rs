@@ -1,0 +1,93 @@
+//! One forward and backward of a Hugging Face GPT-2 checkpoint on a batch, in f32: the
+//! loss exactly as GPT2LMHeadModel(input_ids, labels=labels).loss defines it, and every
+//! parameter's gradient under its transformers name (the tied wte gradient includes
+//! the head's share). `wgtrain step` prints and dumps these to compare with PyTorch.
+
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::autograd::{Params, Tape, ops};
+use crate::kernels::cross_entropy::IGNORE_INDEX;
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::Category;
+use crate::nn::gpt::{Gpt, shifted_targets};
+use crate::tensor::Tensor;
+
+/// The result of one step.
+pub struct HfStep {
+    /// The loss.
+    pub loss: f64,
+    /// (name, shape, gradient) of every parameter, in state-dict order.
+    pub grads: Vec<(String, Vec<usize>, Vec<f32>)>,
+}
+
+fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Result<(Vec<i32>, Vec<usize>), KernelError> {
+    let bad = |m: String| KernelError::Shape(format!("{}: {m}", file.display()));
+    let view = st.tensor(name).map_err(|_| bad(format!("no tensor '{name}'")))?;
+    let values: Vec<i64> = match view.dtype() {
+        Dtype::I64 => bytemuck::pod_collect_to_vec(view.data()),
+        Dtype::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(view.data()).into_iter().map(i64::from).collect(),
+        other => return Err(bad(format!("'{name}' is {other:?}; expected I64 or I32"))),
+    };
+    if view.shape().len() != 2 {
+        return Err(bad(format!("'{name}' must be [B, T], got {:?}", view.shape())));
+    }
+    let ids = values.into_iter().map(|v| i32::try_from(v).map_err(|_| bad(format!("'{name}' holds {v}, out of range")))).collect::<Result<_, _>>()?;
+    Ok((ids, view.shape().to_vec()))
+}
+
+/// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
+pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, KernelError> {
+    let mut params = Params::default();
+    let model = Gpt::from_hf_dir(rt, hf_dir, &mut params)?;
+    let bytes = std::fs::read(batch_file).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", batch_file.display())))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| KernelError::Shape(format!("{}: {e}", batch_file.display())))?;
+    let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
+    let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
+    if shape != lshape {
+        return Err(KernelError::Shape(format!("input_ids {shape:?} and labels {lshape:?} differ")));
+    }
+    let v = model.config.vocab_size as i32;
+    if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= v) {
+        return Err(KernelError::Shape(format!("input id {bad} is outside the vocabulary of {v}")));
+    }
+    if let Some(bad) = labels.iter().find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= v)) {
+        return Err(KernelError::Shape(format!("label {bad} is outside the vocabulary of {v} (and not -100)")));
+    }
+    let (b, t) = (shape[0], shape[1]);
+    let targets = shifted_targets(&labels, b, t);
+    let n_valid = targets.iter().filter(|&&x| x != IGNORE_INDEX).count();
+    let ids_t = Tensor::from_i32(rt, &ids, &[b, t], Category::Input, "input_ids")?;
+    let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
+    let mut tape = Tape::new();
+    let logits = model.forward(&mut tape, rt, &params, &ids_t)?;
+    let loss = ops::cross_entropy_mean(&mut tape, rt, &logits, &tg_t, n_valid, 4096, "loss")?;
+    drop(logits);
+    let value = loss.value.to_f32_vec(rt)?[0] as f64;
+    tape.backward(rt, &loss, &mut params)?;
+    let mut grads = Vec::new();
+    for p in &params.list {
+        let data = match &p.grad {
+            Some(g) => g.to_f32_vec(rt)?,
+            None => vec![0.0; p.value.numel()],
+        };
+        grads.push((p.name.clone(), p.value.shape().to_vec(), data));
+    }
+    Ok(HfStep { loss: value, grads })
+}
+
+/// Writes gradients to a safetensors file (temp name, fsync, rename).
+pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), KernelError> {
+    let views: Vec<(String, TensorView<'_>)> = grads
+        .iter()
+        .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data")))
+        .collect();
+    let bytes = safetensors::serialize(views, None).map_err(|e| KernelError::Shape(e.to_string()))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("grads")));
+    std::fs::write(&tmp, &bytes)
+        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| KernelError::Shape(format!("{}: {e}", path.display())))
+}

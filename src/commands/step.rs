@@ -1,0 +1,55 @@
+//! `wgtrain step --hf-dir DIR --batch FILE.safetensors [--dump-grads OUT] [--json]`:
+//! one f32 forward and backward of a transformers GPT-2 checkpoint, to check the
+//! engine against PyTorch.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CliResult;
+use wgtrain_engine::Runtime;
+use wgtrain_engine::train::hf_step::{hf_step, write_grads};
+
+/// Arguments of `wgtrain step`.
+#[derive(Args)]
+pub struct StepArgs {
+    /// Folder with config.json and model.safetensors (save_pretrained's layout).
+    #[arg(long)]
+    hf_dir: PathBuf,
+    /// safetensors file with `input_ids` and `labels`, [B, T], int64 or int32.
+    #[arg(long)]
+    batch: PathBuf,
+    /// Write every parameter's gradient here, under its transformers name.
+    #[arg(long)]
+    dump_grads: Option<PathBuf>,
+    /// Print {"loss": ...}.
+    #[arg(long)]
+    json: bool,
+    /// Adapter: index, backend or part of its name.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Also write the loaded model back out in transformers' layout (config.json and
+    /// model.safetensors, head tied) to this folder.
+    #[arg(long)]
+    save_hf: Option<PathBuf>,
+}
+
+/// Runs the step.
+pub fn run(args: StepArgs) -> CliResult {
+    let rt = Runtime::open(args.adapter.as_deref())?;
+    let step = hf_step(&rt, &args.hf_dir, &args.batch)?;
+    if let Some(out) = &args.save_hf {
+        let mut params = wgtrain_engine::autograd::Params::default();
+        let model = wgtrain_engine::nn::Gpt::from_hf_dir(&rt, &args.hf_dir, &mut params)?;
+        model.save_hf(&rt, &params, out)?;
+    }
+    if let Some(path) = &args.dump_grads {
+        write_grads(path, &step.grads)?;
+    }
+    if args.json {
+        println!("{}", serde_json::json!({ "loss": step.loss }));
+    } else {
+        println!("loss {:.6}", step.loss);
+    }
+    Ok(())
+}
