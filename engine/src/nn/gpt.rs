@@ -32,9 +32,9 @@ pub struct GptConfig {
     pub n_layer: usize,
     /// Heads NH.
     pub n_head: usize,
-    /// LayerNorm epsilon.
+    /// LayerNorm epsilon (kept as written, so that a saved config round-trips).
     #[serde(default = "default_eps")]
-    pub layer_norm_epsilon: f32,
+    pub layer_norm_epsilon: f64,
     /// Must be gelu_new (GPT-2's tanh approximation).
     #[serde(default = "default_activation")]
     pub activation_function: String,
@@ -47,9 +47,12 @@ pub struct GptConfig {
     /// See resid_pdrop.
     #[serde(default)]
     pub attn_pdrop: f32,
+    /// Every other field of config.json, written back unchanged by save_hf.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-fn default_eps() -> f32 {
+fn default_eps() -> f64 {
     1e-5
 }
 
@@ -69,6 +72,15 @@ impl GptConfig {
         }
         if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
             return bad(format!("activation_function '{}' is not supported (gelu_new)", self.activation_function));
+        }
+        let flag = |k: &str| self.extra.get(k).and_then(|v| v.as_bool());
+        if flag("scale_attn_by_inverse_layer_idx") == Some(true) || flag("reorder_and_upcast_attn") == Some(true) || flag("scale_attn_weights") == Some(false) {
+            return bad("only GPT-2's standard attention scaling (1/sqrt(head_dim)) is supported".into());
+        }
+        if let Some(inner) = self.extra.get("n_inner").and_then(|v| v.as_u64())
+            && inner as usize != 4 * self.n_embd
+        {
+            return bad(format!("n_inner {inner} is not supported (the MLP is 4 * n_embd wide)"));
         }
         Ok(())
     }
@@ -256,7 +268,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate() {
             let l = |n: &str| format!("h.{i}.{n}");
             let (w, bb) = (p(tape, blk.ln_1.0), p(tape, blk.ln_1.1));
-            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, &l("ln_1"))?;
+            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, &l("ln_1"))?;
             let (w, bb) = (p(tape, blk.c_attn.0), p(tape, blk.c_attn.1));
             let qkv = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("qkv"))?;
             let y = ops::attention(tape, rt, &qkv, c.n_head, &l("atty"))?;
@@ -264,7 +276,7 @@ impl Gpt {
             let a = ops::linear(tape, rt, &y, &w, Some(&bb), WeightLayout::InOut, &l("attproj"))?;
             x = ops::add(tape, rt, &x, &a, &l("residual2"))?;
             let (w, bb) = (p(tape, blk.ln_2.0), p(tape, blk.ln_2.1));
-            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, &l("ln_2"))?;
+            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, &l("ln_2"))?;
             let (w, bb) = (p(tape, blk.c_fc.0), p(tape, blk.c_fc.1));
             let f = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("fch"))?;
             let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
@@ -273,7 +285,7 @@ impl Gpt {
             x = ops::add(tape, rt, &x, &m, &l("residual3"))?;
         }
         let (w, bb) = (p(tape, self.ln_f.0), p(tape, self.ln_f.1));
-        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon, "ln_f")?;
+        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;
         // The head is tied: logits = h wte^T.
         let logits = ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")?;
         debug_assert_eq!(logits.value.shape(), &[b, t, c.vocab_size]);
