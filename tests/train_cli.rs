@@ -177,3 +177,39 @@ fn config_errors_say_what_is_wrong() {
     let out = wgtrain(&["train", "--quiet", "/nonexistent.toml"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config /nonexistent.toml"));
 }
+
+#[test]
+fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
+    // A text with structure (sentences from a small grammar), so that a tiny GPT shows
+    // within a minute on lavapipe that it learns context; the fortunes example is
+    // measured in docs/benchmarks.md.
+    let dir = scratch("chargpt");
+    let corpus = dir.join("corpus.txt");
+    let (subjects, verbs, objects) = (["the cat", "a dog", "my robot", "our teacher"], ["eats", "paints", "finds", "sells"], ["red apples", "old maps", "blue boxes", "warm bread"]);
+    let mut state = 7u64;
+    let mut text = String::new();
+    for _ in 0..3000 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let r = (state >> 33) as usize;
+        text += &format!("{} {} {}.\n", subjects[r % 4], verbs[(r / 4) % 4], objects[(r / 16) % 4]);
+    }
+    std::fs::write(&corpus, text).unwrap();
+    let log = dir.join("char.jsonl");
+    let out = run_ok(
+        &[
+            "train", "--quiet", "examples/configs/char_gpt.toml",
+            "--set", &format!("data.path=\"{}\"", corpus.display()),
+            "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.n_head=2", "--set", "model.block_size=32",
+            "--set", "train.batch_size=16", "--set", "train.steps=60", "--set", "train.eval_every=60", "--set", "train.warmup_steps=5",
+            "--set", "train.lr=1e-2", "--set", "data.eval_limit=16",
+            "--set", &format!("checkpoint.dir=\"{}\"", dir.join("ckpt").display()),
+            "--log", log.to_str().unwrap(),
+        ]
+        .map(String::from),
+        &[],
+    );
+    let number = |s: &str| s.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect::<String>().parse::<f64>().ok();
+    let entropy = out.split("unigram entropy of the text: ").nth(1).and_then(number).expect("entropy printed");
+    let eval = out.split("eval loss ").nth(1).and_then(number).expect("eval loss printed");
+    assert!(eval < entropy - 0.5, "eval loss {eval} is not well below the unigram entropy {entropy}");
+}

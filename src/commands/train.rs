@@ -55,7 +55,9 @@ pub fn run(args: TrainArgs) -> CliResult {
     let options = RunOptions { adapter: args.adapter, log: args.log, resume: args.resume, progress: !args.quiet, stop: Some(stop) };
     let summary = trainer.run(&options)?;
     if let Some(e) = &summary.last_eval {
-        println!("eval loss {:.4}, accuracy {:.2}%", e.loss, 100.0 * e.accuracy);
+        let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
+        let entropy = trainer.unigram_entropy.map(|h| format!(" (unigram entropy of the text: {h:.4})")).unwrap_or_default();
+        println!("eval loss {:.4}{acc}{entropy}", e.loss);
     }
     println!(
         "{} steps in {:.1} s{}{}",

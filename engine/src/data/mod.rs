@@ -5,6 +5,7 @@
 
 pub mod fashion_mnist;
 pub mod text;
+pub mod tokens;
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;

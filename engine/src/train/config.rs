@@ -24,15 +24,25 @@ pub struct Config {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// "mlp".
+    /// "mlp" (a classifier) or "gpt" (GPT-2's architecture).
     pub kind: String,
     /// Hidden widths of the MLP.
     pub hidden: Vec<usize>,
+    /// GPT layers.
+    pub n_layer: usize,
+    /// GPT heads.
+    pub n_head: usize,
+    /// GPT width.
+    pub n_embd: usize,
+    /// GPT context length (also the training sequence length).
+    pub block_size: usize,
+    /// GPT vocabulary for token files (character data sets it from the text).
+    pub vocab_size: usize,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { kind: "mlp".into(), hidden: vec![256] }
+        ModelConfig { kind: "mlp".into(), hidden: vec![256], n_layer: 4, n_head: 4, n_embd: 128, block_size: 128, vocab_size: 0 }
     }
 }
 
@@ -40,7 +50,8 @@ impl Default for ModelConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// "fashion_mnist".
+    /// "fashion_mnist", "chars" (character-level text) or "tokens" (nanoGPT .bin
+    /// files of u16 token ids: path is a folder with train.bin and val.bin).
     pub kind: String,
     /// Where the files are (defaults to the Debian package's folder).
     pub path: Option<String>,
@@ -204,11 +215,19 @@ impl Config {
         if !["cosine", "constant"].contains(&self.train.schedule.as_str()) {
             return bad(format!("train.schedule must be \"cosine\" or \"constant\", got \"{}\"", self.train.schedule));
         }
-        if self.model.kind != "mlp" {
-            return bad(format!("model.kind \"{}\" is not available yet (\"mlp\")", self.model.kind));
+        match (self.model.kind.as_str(), self.data.kind.as_str()) {
+            ("mlp", "fashion_mnist") | ("gpt", "chars") | ("gpt", "tokens") => {}
+            ("mlp" | "gpt", d) if !["fashion_mnist", "chars", "tokens"].contains(&d) => {
+                return bad(format!("data.kind \"{d}\" is unknown (\"fashion_mnist\", \"chars\", \"tokens\")"));
+            }
+            ("mlp" | "gpt", d) => return bad(format!("model.kind \"{}\" cannot train on data.kind \"{d}\"", self.model.kind)),
+            (m, _) => return bad(format!("model.kind \"{m}\" is unknown (\"mlp\", \"gpt\")")),
         }
-        if self.data.kind != "fashion_mnist" {
-            return bad(format!("data.kind \"{}\" is not available yet (\"fashion_mnist\")", self.data.kind));
+        if self.model.kind == "gpt" && (self.model.block_size == 0 || self.model.n_head == 0 || self.model.n_embd % self.model.n_head != 0) {
+            return bad(format!("model.n_embd {} must be a multiple of model.n_head {}, and block_size positive", self.model.n_embd, self.model.n_head));
+        }
+        if self.data.kind == "tokens" && self.model.vocab_size == 0 {
+            return bad("data.kind \"tokens\" needs model.vocab_size".into());
         }
         if self.train.epochs == 0 && self.train.steps.is_none() {
             return bad("train.epochs is 0 and train.steps is unset: nothing to do".into());

@@ -16,12 +16,14 @@ use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
 use super::config::Config;
 use crate::autograd::{Params, Tape, ops};
 use crate::data::fashion_mnist::{self, FashionMnist};
+use crate::data::text::{self, CharCorpus};
+use crate::data::tokens::TokenFile;
 use crate::data::{DataError, Dataset, HostBatch, Loader, batches_per_epoch};
 use crate::device::Gpu;
 use crate::kernels::optim::{AdamW, Sgd};
 use crate::kernels::{KernelError, Runtime};
 use crate::memory::{AllocatorOptions, Category, MemoryCap, MemoryStats};
-use crate::nn::{Init, Mlp};
+use crate::nn::{Gpt, GptConfig, Init, Mlp};
 use crate::optim::{Optimizer, Rule, clip_grad_norm, lr_at};
 use crate::tensor::Tensor;
 
@@ -96,8 +98,17 @@ impl MemLog {
 pub struct EvalLog {
     /// Mean loss over the evaluation split.
     pub loss: f64,
-    /// Fraction classified correctly.
-    pub accuracy: f64,
+    /// Fraction classified correctly (classifiers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+}
+
+/// The model being trained.
+pub enum Model {
+    /// A classifier of feature vectors.
+    Mlp(Mlp),
+    /// A language model of token windows.
+    Gpt(Gpt),
 }
 
 /// One line of the JSONL log.
@@ -167,10 +178,13 @@ pub struct Trainer {
     pub rt: Arc<Runtime>,
     /// Model parameters.
     pub params: Params,
-    model: Mlp,
+    /// The model.
+    pub model: Model,
     opt: Optimizer,
-    train: Arc<FashionMnist>,
-    eval: FashionMnist,
+    train: Arc<dyn Dataset>,
+    eval: Arc<dyn Dataset>,
+    /// Unigram entropy of the training text in nats (language models on text).
+    pub unigram_entropy: Option<f64>,
     step: u64,
     epoch: u64,
     index: u64,
@@ -184,12 +198,60 @@ fn limit(mut d: FashionMnist, n: usize) -> FashionMnist {
     d
 }
 
+/// A dataset restricted to its first `n` examples (all when n is 0).
+struct Limited {
+    inner: Arc<dyn Dataset>,
+    n: usize,
+}
+
+impl Dataset for Limited {
+    fn len(&self) -> usize {
+        self.n.min(self.inner.len())
+    }
+    fn push(&self, i: usize, batch: &mut HostBatch) {
+        self.inner.push(i, batch)
+    }
+}
+
+fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
+    if n == 0 { inner } else { Arc::new(Limited { inner, n }) }
+}
+
+/// Training and evaluation data, the model's output width, and the text's entropy.
+type Loaded = (Arc<dyn Dataset>, Arc<dyn Dataset>, usize, Option<f64>);
+
+fn load_data(config: &Config) -> Result<Loaded, TrainError> {
+    let m = &config.model;
+    let path = config.data.path.clone().map(PathBuf::from);
+    Ok(match config.data.kind.as_str() {
+        "fashion_mnist" => {
+            let dir = path.unwrap_or_else(|| PathBuf::from(fashion_mnist::DEFAULT_PATH));
+            let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
+            let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
+            (Arc::new(train), Arc::new(eval), fashion_mnist::CLASSES, None)
+        }
+        "chars" => {
+            let p = path.unwrap_or_else(|| PathBuf::from(text::DEFAULT_PATH));
+            let corpus = CharCorpus::load(&p, m.block_size)?;
+            let entropy = corpus.unigram_entropy();
+            let vocab = corpus.vocab.len();
+            let (train, val) = corpus.split(0.1);
+            (limited(Arc::new(train), config.data.train_limit), limited(Arc::new(val), config.data.eval_limit), vocab, Some(entropy))
+        }
+        _ => {
+            let dir = path.ok_or_else(|| DataError::Missing { what: "token files".into(), path: "(data.path unset)".into(), hint: String::new() })?;
+            let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size)?;
+            let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size)?;
+            (limited(Arc::new(train), config.data.train_limit), limited(Arc::new(val), config.data.eval_limit), m.vocab_size, None)
+        }
+    })
+}
+
 impl Trainer {
-    /// Opens the device, loads the data and builds the model.
+    /// Loads the data, opens the device and builds the model.
     pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
-        let dir = PathBuf::from(config.data.path.clone().unwrap_or_else(|| fashion_mnist::DEFAULT_PATH.into()));
-        let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
-        let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
+        // Data first: a missing dataset should not wait for the GPU.
+        let (train, eval, vocab, unigram_entropy) = load_data(&config)?;
         let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
         let cap = match &config.memory.cap {
             Some(text) => Some(MemoryCap::parse(text).map_err(KernelError::from)?),
@@ -197,16 +259,35 @@ impl Trainer {
         };
         let rt = Arc::new(Runtime::new(gpu, AllocatorOptions { debug: Some(config.memory.debug), cap })?);
         let mut params = Params::default();
-        let mut sizes = vec![fashion_mnist::PIXELS];
-        sizes.extend(&config.model.hidden);
-        sizes.push(fashion_mnist::CLASSES);
-        let model = Mlp::new(&rt, &mut params, &sizes, &mut Init::new(config.train.seed))?;
+        let mut init = Init::new(config.train.seed);
+        let m = &config.model;
+        let model = if m.kind == "gpt" {
+            let gc = GptConfig {
+                vocab_size: vocab,
+                n_positions: m.block_size,
+                n_embd: m.n_embd,
+                n_layer: m.n_layer,
+                n_head: m.n_head,
+                layer_norm_epsilon: 1e-5,
+                activation_function: "gelu_new".into(),
+                resid_pdrop: 0.0,
+                embd_pdrop: 0.0,
+                attn_pdrop: 0.0,
+                extra: Default::default(),
+            };
+            Model::Gpt(Gpt::new(&rt, gc, &mut params, &mut init)?)
+        } else {
+            let mut sizes = vec![fashion_mnist::PIXELS];
+            sizes.extend(&m.hidden);
+            sizes.push(vocab);
+            Model::Mlp(Mlp::new(&rt, &mut params, &sizes, &mut init)?)
+        };
         let t = &config.train;
         let rule = match t.optimizer.as_str() {
             "sgd" => Rule::Sgd(Sgd { lr: t.lr, momentum: t.momentum, dampening: 0.0, weight_decay: t.weight_decay, nesterov: false }),
             _ => Rule::AdamW(AdamW { lr: t.lr, betas: t.betas, eps: 1e-8, weight_decay: t.weight_decay }),
         };
-        Ok(Trainer { config, rt, params, model, opt: Optimizer::new(rule), train: Arc::new(train), eval, step: 0, epoch: 0, index: 0 })
+        Ok(Trainer { config, rt, params, model, opt: Optimizer::new(rule), train, eval, unigram_entropy, step: 0, epoch: 0, index: 0 })
     }
 
     /// Steps in the whole run.
@@ -215,18 +296,28 @@ impl Trainer {
         self.config.train.steps.unwrap_or(per_epoch * self.config.train.epochs)
     }
 
-    fn upload(&self, b: &HostBatch) -> Result<(Tensor, Tensor), KernelError> {
-        let x = Tensor::from_f32(&self.rt, &b.features, &[b.examples, fashion_mnist::PIXELS], Category::Input, "batch.images")?;
-        let y = Tensor::from_i32(&self.rt, &b.targets, &[b.examples], Category::Input, "batch.labels")?;
-        Ok((x, y))
+    /// Logits [N, classes] and targets [N] of a batch, on a tape.
+    fn forward(&self, tape: &mut Tape, b: &HostBatch) -> Result<(crate::autograd::Var, Tensor), KernelError> {
+        let y = Tensor::from_i32(&self.rt, &b.targets, &[b.targets.len()], Category::Input, "batch.targets")?;
+        let logits = match &self.model {
+            Model::Mlp(mlp) => {
+                let x = Tensor::from_f32(&self.rt, &b.features, &[b.examples, fashion_mnist::PIXELS], Category::Input, "batch.images")?;
+                mlp.forward(tape, &self.rt, &self.params, x)?
+            }
+            Model::Gpt(gpt) => {
+                let t = b.tokens.len() / b.examples.max(1);
+                let ids = Tensor::from_i32(&self.rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
+                gpt.forward(tape, &self.rt, &self.params, &ids)?
+            }
+        };
+        Ok((logits, y))
     }
 
     /// One training step on `batch`; returns the loss.
     fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
-        let (x, y) = self.upload(batch)?;
         let mut tape = Tape::new();
-        let logits = self.model.forward(&mut tape, &self.rt, &self.params, x)?;
-        let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, batch.examples, CE_ROW_CHUNK, "loss")?;
+        let (logits, y) = self.forward(&mut tape, batch)?;
+        let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, batch.targets.len(), CE_ROW_CHUNK, "loss")?;
         drop(logits);
         tape.backward(&self.rt, &loss, &mut self.params)?;
         if self.config.train.grad_clip > 0.0 {
@@ -241,30 +332,38 @@ impl Trainer {
         Ok(value as f64)
     }
 
-    /// Loss and accuracy over the evaluation split, without gradients.
+    /// Loss (and accuracy, for classifiers) over the evaluation split, without gradients.
     pub fn evaluate(&self) -> Result<EvalLog, TrainError> {
-        let n = self.eval.labels.len();
-        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
-        for start in (0..n).step_by(EVAL_BATCH) {
-            let end = (start + EVAL_BATCH).min(n);
+        let n = self.eval.len();
+        let batch = match self.model {
+            Model::Mlp(_) => EVAL_BATCH,
+            Model::Gpt(_) => self.config.train.batch_size,
+        };
+        let (mut loss_sum, mut count, mut correct) = (0.0f64, 0usize, 0usize);
+        for start in (0..n).step_by(batch) {
             let mut b = HostBatch::default();
-            for i in start..end {
+            for i in start..(start + batch).min(n) {
                 self.eval.push(i, &mut b);
                 b.examples += 1;
             }
-            let (x, y) = self.upload(&b)?;
             let mut tape = Tape::no_grad();
-            let logits = self.model.forward(&mut tape, &self.rt, &self.params, x)?;
-            let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, b.examples, CE_ROW_CHUNK, "eval.loss")?;
-            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * b.examples as f64;
-            let values = logits.value.to_f32_vec(&self.rt)?;
-            for (r, &t) in b.targets.iter().enumerate() {
-                let row = &values[r * fashion_mnist::CLASSES..(r + 1) * fashion_mnist::CLASSES];
-                let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0);
-                correct += usize::from(best as i32 == t);
+            let (logits, y) = self.forward(&mut tape, &b)?;
+            let rows = b.targets.len();
+            let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "eval.loss")?;
+            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * rows as f64;
+            count += rows;
+            if let Model::Mlp(_) = self.model {
+                let classes = logits.value.shape()[1];
+                let values = logits.value.to_f32_vec(&self.rt)?;
+                for (r, &t) in b.targets.iter().enumerate() {
+                    let row = &values[r * classes..(r + 1) * classes];
+                    let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0);
+                    correct += usize::from(best as i32 == t);
+                }
             }
         }
-        Ok(EvalLog { loss: loss_sum / n.max(1) as f64, accuracy: correct as f64 / n.max(1) as f64 })
+        let accuracy = matches!(self.model, Model::Mlp(_)).then(|| correct as f64 / count.max(1) as f64);
+        Ok(EvalLog { loss: loss_sum / count.max(1) as f64, accuracy })
     }
 
     fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
@@ -406,7 +505,8 @@ impl Trainer {
             if eval_now {
                 let e = self.evaluate()?;
                 if let Some(bar) = &bar {
-                    bar.println(format!("step {}: eval loss {:.4}, accuracy {:.2}%", self.step, e.loss, 100.0 * e.accuracy));
+                    let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
+                    bar.println(format!("step {}: eval loss {:.4}{acc}", self.step, e.loss));
                 }
                 write(&StepLog { step: self.step, epoch: batch.position.0, loss: None, lr: None, step_ms: None, samples_per_s: None, mem: None, eval: Some(e.clone()) })?;
                 summary.last_eval = Some(e);
