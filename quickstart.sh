@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# wgtrain's quick start: `./quickstart.sh main` runs the main job, `./quickstart.sh test`
-# runs every test. Both install what a fresh Debian machine lacks first (a Rust
-# toolchain, a C linker, and Mesa's software Vulkan driver when wgpu finds no GPU).
+# wgtrain's quick start: `./quickstart.sh main` runs the main job (lists the GPUs, then
+# trains the Fashion-MNIST MLP), `./quickstart.sh test` runs every test. Both install
+# what a fresh Debian machine lacks first: a C linker, a Rust toolchain, Mesa's software
+# Vulkan driver when wgpu finds no GPU, and the datasets' Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -48,6 +49,14 @@ ensure_adapter() {
     fi
 }
 
+# Datasets of the examples and tests, from Debian's packages.
+ensure_datasets() {
+    local missing=()
+    [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing+=(dataset-fashion-mnist)
+    [ -e /usr/share/games/fortunes/fortunes ] || missing+=(fortunes)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+}
+
 build() {
     say "building wgtrain (release)"
     cargo build --release --locked
@@ -55,12 +64,14 @@ build() {
 
 case "${1:-}" in
     main)
-        ensure_toolchain; build; ensure_adapter
+        ensure_toolchain; build; ensure_adapter; ensure_datasets
         shift
-        exec ./target/release/wgtrain devices "$@"
+        ./target/release/wgtrain devices
+        mkdir -p runs
+        exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl "$@"
         ;;
     test)
-        ensure_toolchain; build; ensure_adapter
+        ensure_toolchain; build; ensure_adapter; ensure_datasets
         shift
         say "running every test"
         exec cargo test --release --locked --workspace "$@"

@@ -41,6 +41,12 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
 pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, KernelError> {
     let mut params = Params::default();
     let model = Gpt::from_hf_dir(rt, hf_dir, &mut params)?;
+    if model.config.has_dropout() {
+        return Err(KernelError::Shape(format!(
+            "{}: dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
+            hf_dir.join("config.json").display()
+        )));
+    }
     let bytes = std::fs::read(batch_file).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", batch_file.display())))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| KernelError::Shape(format!("{}: {e}", batch_file.display())))?;
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
