@@ -213,3 +213,56 @@ fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
     let eval = out.split("eval loss ").nth(1).and_then(number).expect("eval loss printed");
     assert!(eval < entropy - 0.5, "eval loss {eval} is not well below the unigram entropy {entropy}");
 }
+
+#[test]
+fn ctrl_c_finishes_the_step_saves_and_exits() {
+    let dir = scratch("ctrlc");
+    let ckpt = dir.join("ckpt");
+    let log = dir.join("run.jsonl");
+    let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=100000", "--set", "train.eval_every=1000000"]);
+    args.extend(["--log".into(), log.display().to_string()]);
+    let child = Command::new(env!("CARGO_BIN_EXE_wgtrain")).args(&args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0) < 3 {
+        assert!(start.elapsed().as_secs() < 120, "no steps logged");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("(interrupted)"), "{stdout}");
+    let steps = losses(&log).len() as u64;
+    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{steps:09}"), "the checkpoint holds the last finished step");
+}
+
+#[test]
+fn token_files_train_and_bad_tokens_are_refused() {
+    let dir = scratch("tokens");
+    let write = |name: &str, tokens: &[u16]| std::fs::write(dir.join(name), tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let tokens: Vec<u16> = (0..4000u32).map(|i| (i * 7 % 50) as u16).collect();
+    write("train.bin", &tokens);
+    write("val.bin", &tokens[..1000]);
+    let base = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train", "--quiet", "--set", "model.kind=\"gpt\"", "--set", "data.kind=\"tokens\"", "--set", "model.vocab_size=50",
+            "--set", "model.n_layer=1", "--set", "model.n_head=2", "--set", "model.n_embd=16", "--set", "model.block_size=16",
+            "--set", "train.batch_size=4", "--set", "train.steps=3", "--set", "data.eval_limit=4",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(["--set".into(), format!("data.path=\"{}\"", dir.display())]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let out = run_ok(&base(&[]), &[]);
+    assert!(out.contains("3 steps"), "{out}");
+    write("val.bin", &[1, 2, 60, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]);
+    let args = base(&[]);
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = wgtrain(&refs, &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token 60 at position 2 is not below model.vocab_size 50"), "{}", String::from_utf8_lossy(&out.stderr));
+}
