@@ -9,12 +9,10 @@ use std::sync::{Arc, OnceLock};
 
 use alloc_model::{Model, Subject, op_strategy};
 use proptest::prelude::*;
+use wgtrain_engine::Gpu;
 use wgtrain_engine::memory::pool::{Placement, PoolConfig};
 use wgtrain_engine::memory::snapshot::EventKind;
-use wgtrain_engine::memory::{
-    AllocError, Allocator, AllocatorOptions, Block, Category, MemoryCap, MemorySnapshot, MemoryStats,
-};
-use wgtrain_engine::Gpu;
+use wgtrain_engine::memory::{AllocError, Allocator, AllocatorOptions, Block, Category, MemoryCap, MemorySnapshot, MemoryStats};
 
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
@@ -35,7 +33,13 @@ struct GpuSubject {
 }
 
 fn placement(b: &Block) -> Placement {
-    Placement { id: b.id(), page: b.page(), offset: b.offset(), size: b.size(), requested: b.requested() }
+    Placement {
+        id: b.id(),
+        page: b.page(),
+        offset: b.offset(),
+        size: b.size(),
+        requested: b.requested(),
+    }
 }
 
 impl Subject for GpuSubject {
@@ -102,7 +106,10 @@ fn forced_oom_gives_a_clear_error_and_the_device_keeps_working() {
     let held = alloc.alloc(3 << 20, Category::Parameter, "wte").unwrap();
     let err = alloc.alloc(12 << 20, Category::Activation, "h.0.att").unwrap_err();
     let text = err.to_string();
-    assert!(text.starts_with("out of memory: tried to allocate 12.00 MiB (activation 'h.0.att')"), "{text}");
+    assert!(
+        text.starts_with("out of memory: tried to allocate 12.00 MiB (activation 'h.0.att')"),
+        "{text}"
+    );
     // 3 MiB does not fit a shared 32 MiB page under the cap: it gets a tight 4 MiB page.
     assert!(text.contains("4.00 MiB allocated, 4.00 MiB reserved in total"), "{text}");
     assert!(text.contains("cap 8.00 MiB"), "{text}");
@@ -125,7 +132,16 @@ fn a_fraction_cap_uses_the_reported_memory() {
     let gpu = gpu();
     let Some(memory) = gpu.caps.memory_bytes else {
         // Backends that do not report memory refuse fractions with a clear error.
-        assert!(Allocator::new(gpu, AllocatorOptions { debug: Some(false), cap: Some(MemoryCap::Fraction(0.5)) }).is_err());
+        assert!(
+            Allocator::new(
+                gpu,
+                AllocatorOptions {
+                    debug: Some(false),
+                    cap: Some(MemoryCap::Fraction(0.5))
+                }
+            )
+            .is_err()
+        );
         return;
     };
     let alloc = allocator(false, Some(MemoryCap::Fraction(0.25)));
@@ -201,7 +217,10 @@ fn dispatch(gpu: &Gpu, src: &Block, dst: &Block, count: u32, src_read_only: bool
         layout: None,
         module: &module,
         entry_point: Some("main"),
-        compilation_options: wgpu::PipelineCompilationOptions { constants: &[("count", count as f64)], ..Default::default() },
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &[("count", count as f64)],
+            ..Default::default()
+        },
         cache: None,
     });
     gpu.scoped(wgpu::ErrorFilter::Validation, || {
@@ -209,8 +228,14 @@ fn dispatch(gpu: &Gpu, src: &Block, dst: &Block, count: u32, src_read_only: bool
             label: None,
             layout: &pipeline.get_bind_group_layout(0),
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(src.binding()) },
-                wgpu::BindGroupEntry { binding: 1, resource: wgpu::BindingResource::Buffer(dst.binding()) },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(src.binding()),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: wgpu::BindingResource::Buffer(dst.binding()),
+                },
             ],
         });
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
@@ -242,7 +267,10 @@ fn two_blocks_of_one_page_meet_in_one_dispatch() {
     assert!(out.iter().zip(&input).all(|(o, i)| *o == 2.0 * i + 1.0));
     // Why: one page bound read-only and read-write in one dispatch is refused.
     let err = dispatch(&gpu, &src, &dst, n, true).unwrap_err();
-    assert!(err.to_lowercase().contains("usage") || err.to_lowercase().contains("conflict"), "{err}");
+    assert!(
+        err.to_lowercase().contains("usage") || err.to_lowercase().contains("conflict"),
+        "{err}"
+    );
     alloc.check_guards().unwrap();
 }
 
@@ -257,7 +285,10 @@ fn a_kernel_writing_past_its_block_is_caught_and_named() {
     // An off-by-three bug: the kernel writes three elements past the tensor.
     dispatch(&gpu, &src, &dst, n + 3, false).unwrap();
     let err = alloc.end_step().unwrap_err().to_string();
-    assert!(err.contains("'h.3.fch' (activation, 400 B) was overrun: 12 guard bytes changed, the first 0 bytes past its end"), "{err}");
+    assert!(
+        err.contains("'h.3.fch' (activation, 400 B) was overrun: 12 guard bytes changed, the first 0 bytes past its end"),
+        "{err}"
+    );
     assert!(!err.contains("'src'"), "{err}");
     // On free, too: the violation is recorded and reported at the next step end.
     drop(dst);

@@ -23,7 +23,9 @@ impl PageBackend for HostPages {
     type Page = u64;
     fn create_page(&mut self, size: u64) -> Result<u64, BackendOom> {
         if self.live_bytes.get() + size > self.capacity {
-            return Err(BackendOom { reason: format!("host capacity {} reached", self.capacity) });
+            return Err(BackendOom {
+                reason: format!("host capacity {} reached", self.capacity),
+            });
         }
         self.live_bytes.set(self.live_bytes.get() + size);
         Ok(size)
@@ -44,9 +46,19 @@ impl HostSubject {
         let live_bytes = Rc::new(Cell::new(0));
         let mut config = PoolConfig::for_adapter(32, 128 << 20, 2 << 30);
         config.guard_bytes = guard_bytes;
-        let mut pool = Pool::new(HostPages { live_bytes: live_bytes.clone(), capacity }, config);
+        let mut pool = Pool::new(
+            HostPages {
+                live_bytes: live_bytes.clone(),
+                capacity,
+            },
+            config,
+        );
         pool.set_cap(cap);
-        HostSubject { pool, live: Vec::new(), live_bytes }
+        HostSubject {
+            pool,
+            live: Vec::new(),
+            live_bytes,
+        }
     }
 }
 
@@ -169,9 +181,15 @@ fn oom_message_reads_like_pytorch_and_names_fragmentation() {
     s.alloc(10 << 20, Category::Parameter).unwrap();
     let err = s.alloc(40 << 20, Category::Activation).unwrap_err();
     let text = err.to_string();
-    assert!(text.starts_with("out of memory: tried to allocate 40.00 MiB (activation 'prop')"), "{text}");
+    assert!(
+        text.starts_with("out of memory: tried to allocate 40.00 MiB (activation 'prop')"),
+        "{text}"
+    );
     assert!(text.contains("10.00 MiB allocated, 32.00 MiB reserved in total"), "{text}");
-    assert!(text.contains("22.00 MiB free in cache (largest free block 22.00 MiB; 68.8% of reserved is fragmented)"), "{text}");
+    assert!(
+        text.contains("22.00 MiB free in cache (largest free block 22.00 MiB; 68.8% of reserved is fragmented)"),
+        "{text}"
+    );
     assert!(text.contains("cap 64.00 MiB. The cap refused a new page"), "{text}");
     let stats = s.stats();
     assert_eq!((stats.num_ooms, stats.num_alloc_retries), (1, 1));

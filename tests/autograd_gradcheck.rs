@@ -33,7 +33,12 @@ fn check(what: &str, got: &Tensor, want: &[f64], rt: &Runtime) {
     let g = got.to_f32_vec(rt).unwrap();
     let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     let (abs, rel, ok) = compare(&g, want, 2e-4 * scale, 2e-3);
-    assert!(ok, "{what}: max abs {abs:e} rel {rel:e}; got {:?} want {:?}", &g[..g.len().min(5)], &want[..want.len().min(5)]);
+    assert!(
+        ok,
+        "{what}: max abs {abs:e} rel {rel:e}; got {:?} want {:?}",
+        &g[..g.len().min(5)],
+        &want[..want.len().min(5)]
+    );
 }
 
 fn f64s(v: &[f32]) -> Vec<f64> {
@@ -51,7 +56,13 @@ fn linear_both_layouts_with_bias() {
     for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
         let w = rng.vec(i * o, -1.0, 1.0);
         let wshape = if layout == WeightLayout::OutIn { [o, i] } else { [i, o] };
-        let wat = |w: &[f64], r: usize, c: usize| if layout == WeightLayout::OutIn { w[c * i + r] } else { w[r * o + c] };
+        let wat = |w: &[f64], r: usize, c: usize| {
+            if layout == WeightLayout::OutIn {
+                w[c * i + r]
+            } else {
+                w[r * o + c]
+            }
+        };
         let fwd = |x: &[f64], w: &[f64], b: &[f64]| -> f64 {
             let mut l = 0.0;
             for r in 0..n {
@@ -72,8 +83,18 @@ fn linear_both_layouts_with_bias() {
         let l = dot_loss(&mut tape, &rt, &y, &g);
         tape.backward(&rt, &l, &mut params).unwrap();
         let (xd, wd, bd) = (f64s(&x), f64s(&w), f64s(&b));
-        check("dW", params.list[wi].grad.as_ref().unwrap(), &numeric_grad(&wd, &|w| fwd(&xd, w, &bd)), &rt);
-        check("db", params.list[bi].grad.as_ref().unwrap(), &numeric_grad(&bd, &|b| fwd(&xd, &wd, b)), &rt);
+        check(
+            "dW",
+            params.list[wi].grad.as_ref().unwrap(),
+            &numeric_grad(&wd, &|w| fwd(&xd, w, &bd)),
+            &rt,
+        );
+        check(
+            "db",
+            params.list[bi].grad.as_ref().unwrap(),
+            &numeric_grad(&bd, &|b| fwd(&xd, &wd, b)),
+            &rt,
+        );
         assert_eq!(params.list[wi].grad.as_ref().unwrap().block().category(), Category::Gradient);
     }
     finish(&rt);
@@ -95,7 +116,12 @@ fn activations_add_and_input_gradients() {
         let mut tape = Tape::new();
         let (xv, wv) = (tape.param(&params, xi), tape.param(&params, wi));
         let h = ops::linear(&mut tape, &rt, &xv, &wv, None, WeightLayout::OutIn, "h").unwrap();
-        let a = if act == "relu" { ops::relu(&mut tape, &rt, &h, "a") } else { ops::gelu(&mut tape, &rt, &h, "a") }.unwrap();
+        let a = if act == "relu" {
+            ops::relu(&mut tape, &rt, &h, "a")
+        } else {
+            ops::gelu(&mut tape, &rt, &h, "a")
+        }
+        .unwrap();
         let y = ops::add(&mut tape, &rt, &a, &xv, "y").unwrap();
         let l = dot_loss(&mut tape, &rt, &y, &g);
         tape.backward(&rt, &l, &mut params).unwrap();
@@ -104,15 +130,29 @@ fn activations_add_and_input_gradients() {
             for r in 0..n {
                 for c in 0..o {
                     let hv: f64 = (0..i).map(|k| x[r * i + k] * w[c * i + k]).sum();
-                    let av = if act == "relu" { hv.max(0.0) } else { 0.5 * hv * (1.0 + (0.7978845608028654 * (hv + 0.044715 * hv.powi(3))).tanh()) };
+                    let av = if act == "relu" {
+                        hv.max(0.0)
+                    } else {
+                        0.5 * hv * (1.0 + (0.7978845608028654 * (hv + 0.044715 * hv.powi(3))).tanh())
+                    };
                     l += (av + x[r * i + c]) * g[r * o + c] as f64;
                 }
             }
             l
         };
         let (xd, wd) = (f64s(&x), f64s(&w));
-        check(&format!("{act} dx"), params.list[xi].grad.as_ref().unwrap(), &numeric_grad(&xd, &|x| f(x, &wd)), &rt);
-        check(&format!("{act} dW"), params.list[wi].grad.as_ref().unwrap(), &numeric_grad(&wd, &|w| f(&xd, w)), &rt);
+        check(
+            &format!("{act} dx"),
+            params.list[xi].grad.as_ref().unwrap(),
+            &numeric_grad(&xd, &|x| f(x, &wd)),
+            &rt,
+        );
+        check(
+            &format!("{act} dW"),
+            params.list[wi].grad.as_ref().unwrap(),
+            &numeric_grad(&wd, &|w| f(&xd, w)),
+            &rt,
+        );
     }
     finish(&rt);
 }
@@ -137,7 +177,12 @@ fn layernorm_embedding_and_cross_entropy() {
     let ids_t = Tensor::from_i32(&rt, &ids, &[n], Category::Input, "ids").unwrap();
     let tg_t = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
     let mut tape = Tape::new();
-    let (tv, wv, bv, hv) = (tape.param(&params, ti), tape.param(&params, wi), tape.param(&params, bi), tape.param(&params, hi));
+    let (tv, wv, bv, hv) = (
+        tape.param(&params, ti),
+        tape.param(&params, wi),
+        tape.param(&params, bi),
+        tape.param(&params, hi),
+    );
     let e = ops::embedding(&mut tape, &rt, &ids_t, &tv, "emb").unwrap();
     let h = ops::layernorm(&mut tape, &rt, &e, &wv, &bv, 1e-5, "ln").unwrap();
     let logits = ops::linear(&mut tape, &rt, &h, &hv, None, WeightLayout::OutIn, "logits").unwrap();
@@ -163,10 +208,30 @@ fn layernorm_embedding_and_cross_entropy() {
     };
     let (td, wd, bd, hd) = (f64s(&table), f64s(&w), f64s(&b), f64s(&head));
     assert!((loss_value - f(&td, &wd, &bd, &hd)).abs() < 1e-5, "loss {loss_value}");
-    check("dtable", params.list[ti].grad.as_ref().unwrap(), &numeric_grad(&td, &|t| f(t, &wd, &bd, &hd)), &rt);
-    check("dln.w", params.list[wi].grad.as_ref().unwrap(), &numeric_grad(&wd, &|w| f(&td, w, &bd, &hd)), &rt);
-    check("dln.b", params.list[bi].grad.as_ref().unwrap(), &numeric_grad(&bd, &|b| f(&td, &wd, b, &hd)), &rt);
-    check("dhead", params.list[hi].grad.as_ref().unwrap(), &numeric_grad(&hd, &|h| f(&td, &wd, &bd, h)), &rt);
+    check(
+        "dtable",
+        params.list[ti].grad.as_ref().unwrap(),
+        &numeric_grad(&td, &|t| f(t, &wd, &bd, &hd)),
+        &rt,
+    );
+    check(
+        "dln.w",
+        params.list[wi].grad.as_ref().unwrap(),
+        &numeric_grad(&wd, &|w| f(&td, w, &bd, &hd)),
+        &rt,
+    );
+    check(
+        "dln.b",
+        params.list[bi].grad.as_ref().unwrap(),
+        &numeric_grad(&bd, &|b| f(&td, &wd, b, &hd)),
+        &rt,
+    );
+    check(
+        "dhead",
+        params.list[hi].grad.as_ref().unwrap(),
+        &numeric_grad(&hd, &|h| f(&td, &wd, &bd, h)),
+        &rt,
+    );
     finish(&rt);
 }
 

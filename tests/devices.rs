@@ -6,7 +6,10 @@ use std::process::Command;
 use wgtrain_engine::device::{self, DeviceError, Gpu};
 
 fn wgtrain(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wgtrain")).args(args).output().expect("run wgtrain")
+    Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(args)
+        .output()
+        .expect("run wgtrain")
 }
 
 #[test]
@@ -19,7 +22,17 @@ fn devices_json_lists_a_vulkan_adapter_with_every_field() {
         .iter()
         .find(|a| a["backend"] == "vulkan")
         .expect("a Vulkan adapter (lavapipe on CI)");
-    for key in ["index", "backend", "name", "device_type", "driver", "features", "limits", "cooperative_matrix", "memory_bytes"] {
+    for key in [
+        "index",
+        "backend",
+        "name",
+        "device_type",
+        "driver",
+        "features",
+        "limits",
+        "cooperative_matrix",
+        "memory_bytes",
+    ] {
         assert!(vulkan.get(key).is_some(), "missing {key}: {vulkan}");
     }
     for key in [
@@ -43,7 +56,10 @@ fn adapters_are_chosen_by_index_backend_and_name() {
     let adapters = device::enumerate_adapters();
     let reports = device::list_adapters();
     let vulkan = reports.iter().find(|r| r.backend == "vulkan").expect("a Vulkan adapter");
-    assert_eq!(device::choose_adapter(&adapters, Some(&vulkan.index.to_string())).unwrap(), vulkan.index);
+    assert_eq!(
+        device::choose_adapter(&adapters, Some(&vulkan.index.to_string())).unwrap(),
+        vulkan.index
+    );
     let by_backend = device::choose_adapter(&adapters, Some("VULKAN")).unwrap();
     assert_eq!(reports[by_backend].backend, "vulkan");
     let word = vulkan.name.split_whitespace().next().unwrap().to_lowercase();
@@ -73,11 +89,20 @@ fn a_bad_selector_on_the_command_line_is_a_clear_error() {
 fn the_device_records_what_it_was_granted() {
     let gpu = Gpu::open(Some("vulkan")).unwrap();
     let l = &gpu.caps.limits;
-    assert_eq!(l.max_storage_buffer_binding_size as u64, gpu.report.limits.max_storage_buffer_binding_size);
+    assert_eq!(
+        l.max_storage_buffer_binding_size as u64,
+        gpu.report.limits.max_storage_buffer_binding_size
+    );
     assert_eq!(gpu.caps.shader_f16, gpu.report.features.iter().any(|f| f == "SHADER_F16"));
     assert_eq!(gpu.caps.subgroup, gpu.report.features.iter().any(|f| f == "SUBGROUP"));
     // No cooperative matrices on lavapipe; the host logic must then say no.
-    assert_eq!(gpu.caps.coop_f16_16x16x16(), gpu.caps.cooperative_matrix.iter().any(|c| c.m == 16 && c.ab == "f16" && c.cr == "f32"));
+    assert_eq!(
+        gpu.caps.coop_f16_16x16x16(),
+        gpu.caps
+            .cooperative_matrix
+            .iter()
+            .any(|c| c.m == 16 && c.ab == "f16" && c.cr == "f32")
+    );
     gpu.check().unwrap();
 }
 

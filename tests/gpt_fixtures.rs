@@ -14,7 +14,12 @@ use wgtrain_engine::train::hf_step::hf_step;
 
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root).expect("fixtures exist").flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("fixtures exist")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
     dirs.sort();
     assert!(dirs.len() >= 3, "expected at least 3 fixtures in {}", root.display());
     dirs
@@ -23,7 +28,10 @@ fn fixtures() -> Vec<PathBuf> {
 fn read_f32(path: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), bytemuck::pod_collect_to_vec(v.data())))).collect()
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.shape().to_vec(), bytemuck::pod_collect_to_vec(v.data()))))
+        .collect()
 }
 
 #[test]
@@ -34,7 +42,11 @@ fn loss_and_gradients_match_transformers() {
         let step = hf_step(&rt, &dir, &dir.join("batch.safetensors")).unwrap();
         let expected = read_f32(&dir.join("expected.safetensors"));
         let want_loss = expected["loss"].1[0] as f64;
-        assert!((step.loss - want_loss).abs() <= 1e-5 * want_loss.abs(), "{name}: loss {} vs transformers {want_loss}", step.loss);
+        assert!(
+            (step.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "{name}: loss {} vs transformers {want_loss}",
+            step.loss
+        );
         assert_eq!(step.grads.len() + 1, expected.len(), "{name}: one gradient per parameter");
         for (pname, shape, got) in &step.grads {
             let (wshape, want) = expected.get(pname).unwrap_or_else(|| panic!("{name}: transformers has no {pname}"));
@@ -42,7 +54,10 @@ fn loss_and_gradients_match_transformers() {
             let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
             let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             let (abs, rel, ok) = compare(got, &want, 1e-4 * scale + 1e-7, 1e-3);
-            assert!(ok, "{name}: {pname} gradient differs: max abs {abs:e}, rel {rel:e} (scale {scale:e})");
+            assert!(
+                ok,
+                "{name}: {pname} gradient differs: max abs {abs:e}, rel {rel:e} (scale {scale:e})"
+            );
         }
     }
     common::finish(&rt);
@@ -54,7 +69,11 @@ fn saving_in_the_hf_layout_reproduces_transformers_files() {
     for dir in fixtures() {
         let mut params = Params::default();
         let model = Gpt::from_hf_dir(&rt, &dir, &mut params).unwrap();
-        let out = std::env::temp_dir().join(format!("wgtrain-hf-{}-{}", dir.file_name().unwrap().to_string_lossy(), std::process::id()));
+        let out = std::env::temp_dir().join(format!(
+            "wgtrain-hf-{}-{}",
+            dir.file_name().unwrap().to_string_lossy(),
+            std::process::id()
+        ));
         model.save_hf(&rt, &params, &out).unwrap();
         let (a, b) = (read_f32(&dir.join("model.safetensors")), read_f32(&out.join("model.safetensors")));
         let a: std::collections::BTreeMap<_, _> = a.into_iter().filter(|(k, _)| k != "lm_head.weight").collect();
@@ -69,7 +88,16 @@ fn the_step_command_prints_json_and_dumps_gradients() {
     let dir = &fixtures()[0];
     let out_file = std::env::temp_dir().join(format!("wgtrain-grads-{}.safetensors", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgtrain"))
-        .args(["step", "--hf-dir", dir.to_str().unwrap(), "--batch", dir.join("batch.safetensors").to_str().unwrap(), "--json", "--dump-grads", out_file.to_str().unwrap()])
+        .args([
+            "step",
+            "--hf-dir",
+            dir.to_str().unwrap(),
+            "--batch",
+            dir.join("batch.safetensors").to_str().unwrap(),
+            "--json",
+            "--dump-grads",
+            out_file.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

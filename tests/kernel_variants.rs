@@ -21,7 +21,13 @@ fn every_variant_renders_and_validates() {
             failures.push(format!("{} {}: {}", v.name, v.values, e.emit_to_string(&v.wgsl)));
         }
     }
-    assert!(failures.is_empty(), "{} of {} variants fail:\n{}", failures.len(), all.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants fail:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

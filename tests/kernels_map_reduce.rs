@@ -35,7 +35,13 @@ fn reference(op: MapOp, a: f64, b: f64, alpha: f64, beta: f64) -> f64 {
         MapOp::Tanh => a.tanh(),
         MapOp::Relu => a.max(0.0),
         MapOp::Gelu => gelu(a),
-        MapOp::ReluBackward => if a > 0.0 { b } else { 0.0 },
+        MapOp::ReluBackward => {
+            if a > 0.0 {
+                b
+            } else {
+                0.0
+            }
+        }
         MapOp::GeluBackward => b * gelu_grad(a),
         MapOp::TanhBackward => b * (1.0 - a * a),
         MapOp::Copy => a,
@@ -66,10 +72,10 @@ fn every_map_op_matches_the_reference_with_broadcasting() {
     let mut rng = Rng(1);
     let cases: [(&[usize], &[usize], &[usize]); 5] = [
         (&[3, 1, 5], &[4, 5], &[3, 4, 5]), // broadcast both ways
-        (&[37], &[37], &[37]),              // odd length, scalar path
-        (&[64], &[64], &[64]),              // vec4 path
+        (&[37], &[37], &[37]),             // odd length, scalar path
+        (&[64], &[64], &[64]),             // vec4 path
         (&[1], &[1], &[1]),
-        (&[0, 3], &[0, 3], &[0, 3]),        // empty
+        (&[0, 3], &[0, 3], &[0, 3]), // empty
     ];
     for op in MapOp::ALL {
         for (sa, sb, so) in cases {
@@ -186,7 +192,13 @@ fn reductions_match_including_empty_and_long_rows() {
         let sum: f64 = data.iter().map(|&v| v as f64).sum();
         assert_close(&rt, "sum all", &reduce_all(&rt, ReduceOp::Sum, &x, "s").unwrap(), &[sum], n);
         if n > 0 {
-            assert_close(&rt, "mean all", &reduce_all(&rt, ReduceOp::Mean, &x, "m").unwrap(), &[sum / n as f64], n);
+            assert_close(
+                &rt,
+                "mean all",
+                &reduce_all(&rt, ReduceOp::Mean, &x, "m").unwrap(),
+                &[sum / n as f64],
+                n,
+            );
             let max = data.iter().map(|&v| v as f64).fold(f64::NEG_INFINITY, f64::max);
             assert_close(&rt, "max all", &reduce_all(&rt, ReduceOp::Max, &x, "x").unwrap(), &[max], 1);
         }
@@ -211,7 +223,12 @@ fn softmax_ref(row: &[f64], visible: usize, log: bool) -> Vec<f64> {
 fn softmax_and_log_softmax_are_stable_for_large_values_and_causal() {
     let rt = runtime();
     let mut rng = Rng(4);
-    for (shape, causal, scale) in [([4usize, 3, 300], false, 1000.0f32), ([2, 5, 5], true, 30.0), ([1, 1, 1], false, 1.0), ([2, 7, 7], true, 1.0)] {
+    for (shape, causal, scale) in [
+        ([4usize, 3, 300], false, 1000.0f32),
+        ([2, 5, 5], true, 30.0),
+        ([1, 1, 1], false, 1.0),
+        ([2, 7, 7], true, 1.0),
+    ] {
         let n: usize = shape.iter().product();
         let data = rng.vec(n, -scale, scale);
         let x = upload(&rt, &data, &shape, DType::F32);

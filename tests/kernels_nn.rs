@@ -5,9 +5,9 @@
 mod common;
 
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
-use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
 use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, check_finite, sgd_step};
+use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
 use wgtrain_engine::{Category, DType, Runtime, Tensor};
 
@@ -45,7 +45,16 @@ fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
     let rt = runtime();
     let mut rng = Rng(10);
-    for (m, k, n) in [(67, 35, 129), (1, 1, 1), (1, 300, 5), (130, 17, 131), (9, 12, 64), (130, 64, 136), (0, 4, 3), (5, 0, 4)] {
+    for (m, k, n) in [
+        (67, 35, 129),
+        (1, 1, 1),
+        (1, 300, 5),
+        (130, 17, 131),
+        (9, 12, 64),
+        (130, 64, 136),
+        (0, 4, 3),
+        (5, 0, 4),
+    ] {
         let a_data = rng.vec(m * k, -1.0, 1.0);
         let b_data = rng.vec(k * n, -1.0, 1.0);
         let want = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);
@@ -54,9 +63,28 @@ fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
         let c = matmul(&rt, &a, &b, DType::F32, &MatmulOptions::default(), Category::Other, "c").unwrap();
         assert_close(&rt, &format!("matmul {m}x{k}x{n}"), &c, &want, k);
         // The same product from transposed storage: A^T stored [k, m], B^T stored [n, k].
-        let at = upload(&rt, &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[k, m], DType::F32);
-        let bt = upload(&rt, &transpose(&f64s(&b_data), k, n).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[n, k], DType::F32);
-        let c2 = matmul(&rt, &at.transpose(0, 1).unwrap(), &bt.transpose(0, 1).unwrap(), DType::F32, &MatmulOptions::default(), Category::Other, "c2").unwrap();
+        let at = upload(
+            &rt,
+            &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &[k, m],
+            DType::F32,
+        );
+        let bt = upload(
+            &rt,
+            &transpose(&f64s(&b_data), k, n).iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &[n, k],
+            DType::F32,
+        );
+        let c2 = matmul(
+            &rt,
+            &at.transpose(0, 1).unwrap(),
+            &bt.transpose(0, 1).unwrap(),
+            DType::F32,
+            &MatmulOptions::default(),
+            Category::Other,
+            "c2",
+        )
+        .unwrap();
         assert_close(&rt, &format!("matmul transposed {m}x{k}x{n}"), &c2, &want, k);
     }
     // Bias + gelu epilogue, and beta accumulation into an existing C.
@@ -67,14 +95,29 @@ fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
     let prod = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);
     let (a, b) = (upload(&rt, &a_data, &[m, k], DType::F32), upload(&rt, &b_data, &[k, n], DType::F32));
     let bias = upload(&rt, &bias_data, &[n], DType::F32);
-    let opts = MatmulOptions { bias: Some(&bias), activation: Activation::Gelu, ..Default::default() };
+    let opts = MatmulOptions {
+        bias: Some(&bias),
+        activation: Activation::Gelu,
+        ..Default::default()
+    };
     let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
     let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh());
     let want: Vec<f64> = prod.iter().enumerate().map(|(i, &v)| gelu(v + bias_data[i % n] as f64)).collect();
     assert_close(&rt, "bias+gelu", &c, &want, k);
     let acc_data = rng.vec(m * n, -1.0, 1.0);
     let acc = upload(&rt, &acc_data, &[m, n], DType::F32);
-    matmul_into(&rt, &a, &b, &acc, &MatmulOptions { alpha: 0.5, beta: 1.0, ..Default::default() }).unwrap();
+    matmul_into(
+        &rt,
+        &a,
+        &b,
+        &acc,
+        &MatmulOptions {
+            alpha: 0.5,
+            beta: 1.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let want: Vec<f64> = prod.iter().zip(&acc_data).map(|(&p, &c)| 0.5 * p + c as f64).collect();
     assert_close(&rt, "alpha/beta accumulate", &acc, &want, k);
     // Batched with a broadcast operand: [2, 3, m, k] @ [k, n].
@@ -104,7 +147,10 @@ fn f16_matmul_accumulates_in_f32() {
         let b = upload(&rt, &b_data, &[k, n], DType::F16);
         for out in [DType::F32, DType::F16] {
             for tiled_only in [false, true] {
-                let opts = MatmulOptions { tiled_only, ..Default::default() };
+                let opts = MatmulOptions {
+                    tiled_only,
+                    ..Default::default()
+                };
                 let c = matmul(&rt, &a, &b, out, &opts, Category::Other, "c").unwrap();
                 // f32 output: accumulation-order error only; f16: output rounding too.
                 // Tensor cores (chosen where granted) round differently inside.
@@ -117,8 +163,22 @@ fn f16_matmul_accumulates_in_f32() {
             }
         }
         // Transposed f16 operands take the strided (scalar) loads.
-        let at = upload(&rt, &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[k, m], DType::F16);
-        let c = matmul(&rt, &at.transpose(0, 1).unwrap(), &b, DType::F32, &MatmulOptions::default(), Category::Other, "c").unwrap();
+        let at = upload(
+            &rt,
+            &transpose(&f64s(&a_data), m, k).iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &[k, m],
+            DType::F16,
+        );
+        let c = matmul(
+            &rt,
+            &at.transpose(0, 1).unwrap(),
+            &b,
+            DType::F32,
+            &MatmulOptions::default(),
+            Category::Other,
+            "c",
+        )
+        .unwrap();
         let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
         let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
         assert_close_within(&rt, "f16 matmul, transposed A", &c, &want, tol);
@@ -130,12 +190,22 @@ fn f16_matmul_accumulates_in_f32() {
 fn the_cooperative_path_is_chosen_only_where_granted() {
     use wgtrain_engine::kernels::matmul_coop::eligible;
     assert!(eligible(true, (32, 32), DType::F16, DType::F16, DType::F32));
-    assert!(!eligible(false, (32, 32), DType::F16, DType::F16, DType::F32), "no coop configs (lavapipe)");
+    assert!(
+        !eligible(false, (32, 32), DType::F16, DType::F16, DType::F32),
+        "no coop configs (lavapipe)"
+    );
     assert!(!eligible(true, (64, 64), DType::F16, DType::F16, DType::F32), "subgroups of 64");
     assert!(!eligible(true, (32, 32), DType::F32, DType::F16, DType::F32), "f32 operand");
     let rt = runtime();
     let granted = rt.gpu.caps.coop_f16_16x16x16();
-    assert_eq!(granted, rt.gpu.caps.cooperative_matrix.iter().any(|c| (c.m, c.n, c.k) == (16, 16, 16) && c.ab == "f16" && c.cr == "f32"));
+    assert_eq!(
+        granted,
+        rt.gpu
+            .caps
+            .cooperative_matrix
+            .iter()
+            .any(|c| (c.m, c.n, c.k) == (16, 16, 16) && c.ab == "f16" && c.cr == "f32")
+    );
 }
 
 #[test]
@@ -231,7 +301,10 @@ fn embedding_gathers_and_scatter_adds_deterministically() {
     let it = Tensor::from_i32(&rt, &ids, &[1, ids.len()], Category::Input, "ids").unwrap();
     let out = embedding::gather(&rt, &it, &tt, "emb").unwrap();
     assert_eq!(out.shape(), &[1, ids.len(), c]);
-    let want: Vec<f64> = ids.iter().flat_map(|&i| table[i as usize * c..(i as usize + 1) * c].iter().map(|&x| x as f64)).collect();
+    let want: Vec<f64> = ids
+        .iter()
+        .flat_map(|&i| table[i as usize * c..(i as usize + 1) * c].iter().map(|&x| x as f64))
+        .collect();
     assert_close(&rt, "gather", &out, &want, 1);
     let dout = rng.vec(ids.len() * c, -1.0, 1.0);
     let dt = upload(&rt, &dout, &[1, ids.len(), c], DType::F32);
@@ -296,7 +369,14 @@ fn attention_forward_and_backward_match() {
     let g = rng.vec(b * t * c, -1.0, 1.0);
     let gt = upload(&rt, &g, &[b, t, c], DType::F32);
     let dqkv = attention::backward(&rt, &qkv_t, nh, &saved, &gt, "dqkv").unwrap();
-    let loss = |x: &[f64]| attention_ref(x, b, t, c, nh).0.iter().zip(&g).map(|(a, &b)| a * b as f64).sum::<f64>();
+    let loss = |x: &[f64]| {
+        attention_ref(x, b, t, c, nh)
+            .0
+            .iter()
+            .zip(&g)
+            .map(|(a, &b)| a * b as f64)
+            .sum::<f64>()
+    };
     let base = f64s(&qkv);
     let want: Vec<f64> = (0..base.len())
         .map(|i| {
@@ -317,7 +397,12 @@ fn adamw_and_sgd_match_pytorch_semantics_and_skip_on_overflow() {
     let n = 1001;
     let p0 = rng.vec(n, -1.0, 1.0);
     let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n, -1.0, 1.0)).collect();
-    let h = AdamW { lr: 1e-2, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.1 };
+    let h = AdamW {
+        lr: 1e-2,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
     let (mut p, mut m, mut v) = (f64s(&p0), vec![0.0; n], vec![0.0; n]);
     let param = upload(&rt, &p0, &[n], DType::F32);
     let mt = Tensor::full(&rt, &[n], DType::F32, 0.0, Category::OptimizerState, "m").unwrap();
@@ -327,7 +412,21 @@ fn adamw_and_sgd_match_pytorch_semantics_and_skip_on_overflow() {
     for (step, g) in grads.iter().enumerate() {
         let step = step as i32 + 1;
         let gt = upload(&rt, &g.iter().map(|x| x * 4.0).collect::<Vec<_>>(), &[n], DType::F32);
-        adamw_step(&rt, &h, &OptimState { param: &param, grad: &gt, m: &mt, v: &vt }, step as u32, 0.25, &found, true).unwrap();
+        adamw_step(
+            &rt,
+            &h,
+            &OptimState {
+                param: &param,
+                grad: &gt,
+                m: &mt,
+                v: &vt,
+            },
+            step as u32,
+            0.25,
+            &found,
+            true,
+        )
+        .unwrap();
         let (b1, b2) = (h.betas.0 as f64, h.betas.1 as f64);
         for i in 0..n {
             let gi = g[i] as f64;
@@ -345,22 +444,60 @@ fn adamw_and_sgd_match_pytorch_semantics_and_skip_on_overflow() {
     bad[17] = f32::INFINITY;
     let bt = upload(&rt, &bad, &[n], DType::F32);
     check_finite(&rt, &bt, 1.0, &found).unwrap();
-    adamw_step(&rt, &h, &OptimState { param: &param, grad: &bt, m: &mt, v: &vt }, 4, 1.0, &found, true).unwrap();
+    adamw_step(
+        &rt,
+        &h,
+        &OptimState {
+            param: &param,
+            grad: &bt,
+            m: &mt,
+            v: &vt,
+        },
+        4,
+        1.0,
+        &found,
+        true,
+    )
+    .unwrap();
     assert_eq!(found.to_f32_vec(&rt).unwrap(), vec![1.0]);
     assert_close(&rt, "skipped step leaves params", &param, &p, 1);
     // SGD with momentum, dampening and nesterov, PyTorch's formulas.
     for nesterov in [false, true] {
-        let s = Sgd { lr: 0.1, momentum: 0.9, dampening: if nesterov { 0.0 } else { 0.1 }, weight_decay: 0.01, nesterov };
+        let s = Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: if nesterov { 0.0 } else { 0.1 },
+            weight_decay: 0.01,
+            nesterov,
+        };
         let (mut p, mut buf) = (f64s(&p0), vec![0.0; n]);
         let param = upload(&rt, &p0, &[n], DType::F32);
         let mom = Tensor::full(&rt, &[n], DType::F32, 0.0, Category::OptimizerState, "buf").unwrap();
         map::fill(&rt, &found, 0.0).unwrap();
         for (step, g) in grads.iter().enumerate() {
             let gt = upload(&rt, g, &[n], DType::F32);
-            sgd_step(&rt, &s, &OptimState { param: &param, grad: &gt, m: &mom, v: &mom }, step == 0, 1.0, &found, true).unwrap();
+            sgd_step(
+                &rt,
+                &s,
+                &OptimState {
+                    param: &param,
+                    grad: &gt,
+                    m: &mom,
+                    v: &mom,
+                },
+                step == 0,
+                1.0,
+                &found,
+                true,
+            )
+            .unwrap();
             for i in 0..n {
                 let mut gi = g[i] as f64 + s.weight_decay as f64 * p[i];
-                buf[i] = if step == 0 { gi } else { s.momentum as f64 * buf[i] + (1.0 - s.dampening as f64) * gi };
+                buf[i] = if step == 0 {
+                    gi
+                } else {
+                    s.momentum as f64 * buf[i] + (1.0 - s.dampening as f64) * gi
+                };
                 gi = if nesterov { gi + s.momentum as f64 * buf[i] } else { buf[i] };
                 p[i] -= s.lr as f64 * gi;
             }
@@ -375,7 +512,14 @@ fn uploads_into_a_reused_block_do_not_overtake_pending_launches() {
     // Found by the guard bytes: a block freed while a recorded launch still reads it is
     // reused by the next upload; the upload must not land before that launch runs.
     // Without guard bytes, so that nothing else flushes in between.
-    let rt = Runtime::new(common::gpu(), wgtrain_engine::memory::AllocatorOptions { debug: Some(false), cap: None }).unwrap();
+    let rt = Runtime::new(
+        common::gpu(),
+        wgtrain_engine::memory::AllocatorOptions {
+            debug: Some(false),
+            cap: None,
+        },
+    )
+    .unwrap();
     let out = Tensor::empty(&rt, &[256], DType::F32, Category::Other, "out").unwrap();
     for step in 0..4 {
         let x = upload(&rt, &vec![step as f32; 256], &[256], DType::F32);

@@ -3,9 +3,9 @@
 mod common;
 
 use common::{finish, runtime, upload};
+use wgtrain_engine::DType;
 use wgtrain_engine::autograd::Params;
 use wgtrain_engine::optim::{clip_grad_norm, lr_at};
-use wgtrain_engine::DType;
 
 #[test]
 fn warmup_then_cosine_decay() {

@@ -55,7 +55,11 @@ fn losses(log: &Path) -> Vec<(u64, f64)> {
 fn run_ok(args: &[String], env: &[(&str, &str)]) -> String {
     let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let out = wgtrain(&refs, env);
-    assert!(out.status.success(), "wgtrain {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "wgtrain {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -67,7 +71,11 @@ fn log_lines_carry_loss_time_and_memory_by_category() {
     let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=6"]);
     args.extend(["--log".into(), log.display().to_string()]);
     run_ok(&args, &[]);
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let steps: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
     assert_eq!(steps.len(), 6);
     for (i, s) in steps.iter().enumerate() {
@@ -81,7 +89,15 @@ fn log_lines_carry_loss_time_and_memory_by_category() {
         }
         assert!(mem["fragmentation"].is_f64());
         let cats = mem["by_category"].as_object().unwrap();
-        for c in ["parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "other"] {
+        for c in [
+            "parameter",
+            "gradient",
+            "optimizer_state",
+            "activation",
+            "temporary",
+            "input",
+            "other",
+        ] {
             assert!(cats.contains_key(c), "by_category.{c}");
         }
         // 784*32+32 + 32*10+10 parameters in f32, each tensor in its own block.
@@ -91,7 +107,10 @@ fn log_lines_carry_loss_time_and_memory_by_category() {
     let eval = lines.iter().find(|v| v.get("eval").is_some()).expect("an eval line");
     let acc = eval["eval"]["accuracy"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&acc));
-    assert!(steps[5]["loss"].as_f64().unwrap() < steps[0]["loss"].as_f64().unwrap(), "loss should fall over 6 steps");
+    assert!(
+        steps[5]["loss"].as_f64().unwrap() < steps[0]["loss"].as_f64().unwrap(),
+        "loss should fall over 6 steps"
+    );
 }
 
 #[test]
@@ -108,7 +127,12 @@ fn resume_matches_an_uninterrupted_run_step_for_step() {
     first.extend(["--log".into(), part_log.display().to_string()]);
     run_ok(&first, &[]);
     let mut second = small_args(part_ckpt.to_str().unwrap(), &["--set", "train.epochs=2"]);
-    second.extend(["--log".into(), part_log.display().to_string(), "--resume".into(), part_ckpt.display().to_string()]);
+    second.extend([
+        "--log".into(),
+        part_log.display().to_string(),
+        "--resume".into(),
+        part_ckpt.display().to_string(),
+    ]);
     run_ok(&second, &[]);
     let (full, part) = (losses(&full_log), losses(&part_log));
     assert_eq!(full.len(), 12);
@@ -128,7 +152,10 @@ fn a_corrupted_checkpoint_is_refused_naming_the_file() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
     std::fs::write(&model, &bytes).unwrap();
-    let args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=4", "--resume", ckpt.to_str().unwrap()]);
+    let args = small_args(
+        ckpt.to_str().unwrap(),
+        &["--set", "train.steps=4", "--resume", ckpt.to_str().unwrap()],
+    );
     let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let out = wgtrain(&refs, &[]);
     assert!(!out.status.success());
@@ -144,14 +171,27 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint_loadable() {
     run_ok(&small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=2"]), &[]);
     let before = std::fs::read_to_string(ckpt.join("latest")).unwrap();
     // Resume to step 3; the save at the end aborts the process after its first file.
-    let args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=3", "--resume", ckpt.to_str().unwrap()]);
+    let args = small_args(
+        ckpt.to_str().unwrap(),
+        &["--set", "train.steps=3", "--resume", ckpt.to_str().unwrap()],
+    );
     let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let out = wgtrain(&refs, &[("WGTRAIN_TEST_CRASH_IN_SAVE", "1")]);
     assert!(!out.status.success(), "the save should have died");
-    assert_eq!(std::fs::read_to_string(ckpt.join("latest")).unwrap(), before, "latest still names the old checkpoint");
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap(),
+        before,
+        "latest still names the old checkpoint"
+    );
     assert!(!ckpt.join("step-000000003").exists());
     // The old checkpoint still loads and training continues from it.
-    let out = run_ok(&small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=3", "--resume", ckpt.to_str().unwrap()]), &[]);
+    let out = run_ok(
+        &small_args(
+            ckpt.to_str().unwrap(),
+            &["--set", "train.steps=3", "--resume", ckpt.to_str().unwrap()],
+        ),
+        &[],
+    );
     assert!(out.contains("3 steps"), "{out}");
 }
 
@@ -163,7 +203,10 @@ fn config_errors_say_what_is_wrong() {
         ("[train]\nbatch_sise = 3\n", "unknown field `batch_sise`"),
         ("[train]\nlr = -1.0\n", "train.lr must be a positive number"),
         ("[train\n", "invalid config"),
-        ("[data]\npath = \"/nonexistent/fashion\"\n", "Fashion-MNIST not found at /nonexistent/fashion"),
+        (
+            "[data]\npath = \"/nonexistent/fashion\"\n",
+            "Fashion-MNIST not found at /nonexistent/fashion",
+        ),
     ] {
         std::fs::write(&bad, text).unwrap();
         let out = wgtrain(&["train", "--quiet", bad.to_str().unwrap()], &[]);
@@ -185,7 +228,11 @@ fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
     // measured in docs/benchmarks.md.
     let dir = scratch("chargpt");
     let corpus = dir.join("corpus.txt");
-    let (subjects, verbs, objects) = (["the cat", "a dog", "my robot", "our teacher"], ["eats", "paints", "finds", "sells"], ["red apples", "old maps", "blue boxes", "warm bread"]);
+    let (subjects, verbs, objects) = (
+        ["the cat", "a dog", "my robot", "our teacher"],
+        ["eats", "paints", "finds", "sells"],
+        ["red apples", "old maps", "blue boxes", "warm bread"],
+    );
     let mut state = 7u64;
     let mut text = String::new();
     for _ in 0..3000 {
@@ -197,21 +244,56 @@ fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
     let log = dir.join("char.jsonl");
     let out = run_ok(
         &[
-            "train", "--quiet", "examples/configs/char_gpt.toml",
-            "--set", &format!("data.path=\"{}\"", corpus.display()),
-            "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.n_head=2", "--set", "model.block_size=32",
-            "--set", "train.batch_size=16", "--set", "train.steps=60", "--set", "train.eval_every=60", "--set", "train.warmup_steps=5",
-            "--set", "train.lr=1e-2", "--set", "data.eval_limit=16",
-            "--set", &format!("checkpoint.dir=\"{}\"", dir.join("ckpt").display()),
-            "--log", log.to_str().unwrap(),
+            "train",
+            "--quiet",
+            "examples/configs/char_gpt.toml",
+            "--set",
+            &format!("data.path=\"{}\"", corpus.display()),
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_embd=32",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "model.block_size=32",
+            "--set",
+            "train.batch_size=16",
+            "--set",
+            "train.steps=60",
+            "--set",
+            "train.eval_every=60",
+            "--set",
+            "train.warmup_steps=5",
+            "--set",
+            "train.lr=1e-2",
+            "--set",
+            "data.eval_limit=16",
+            "--set",
+            &format!("checkpoint.dir=\"{}\"", dir.join("ckpt").display()),
+            "--log",
+            log.to_str().unwrap(),
         ]
         .map(String::from),
         &[],
     );
-    let number = |s: &str| s.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect::<String>().parse::<f64>().ok();
-    let entropy = out.split("unigram entropy of the text: ").nth(1).and_then(number).expect("entropy printed");
+    let number = |s: &str| {
+        s.chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect::<String>()
+            .parse::<f64>()
+            .ok()
+    };
+    let entropy = out
+        .split("unigram entropy of the text: ")
+        .nth(1)
+        .and_then(number)
+        .expect("entropy printed");
     let eval = out.split("eval loss ").nth(1).and_then(number).expect("eval loss printed");
-    assert!(eval < entropy - 0.5, "eval loss {eval} is not well below the unigram entropy {entropy}");
+    assert!(
+        eval < entropy - 0.5,
+        "eval loss {eval} is not well below the unigram entropy {entropy}"
+    );
 }
 
 #[test]
@@ -219,9 +301,17 @@ fn ctrl_c_finishes_the_step_saves_and_exits() {
     let dir = scratch("ctrlc");
     let ckpt = dir.join("ckpt");
     let log = dir.join("run.jsonl");
-    let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=100000", "--set", "train.eval_every=1000000"]);
+    let mut args = small_args(
+        ckpt.to_str().unwrap(),
+        &["--set", "train.steps=100000", "--set", "train.eval_every=1000000"],
+    );
     args.extend(["--log".into(), log.display().to_string()]);
-    let child = Command::new(env!("CARGO_BIN_EXE_wgtrain")).args(&args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let start = std::time::Instant::now();
     while std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0) < 3 {
         assert!(start.elapsed().as_secs() < 120, "no steps logged");
@@ -235,21 +325,46 @@ fn ctrl_c_finishes_the_step_saves_and_exits() {
     assert!(stdout.contains("(interrupted)"), "{stdout}");
     let steps = losses(&log).len() as u64;
     let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
-    assert_eq!(latest.trim(), format!("step-{steps:09}"), "the checkpoint holds the last finished step");
+    assert_eq!(
+        latest.trim(),
+        format!("step-{steps:09}"),
+        "the checkpoint holds the last finished step"
+    );
 }
 
 #[test]
 fn token_files_train_and_bad_tokens_are_refused() {
     let dir = scratch("tokens");
-    let write = |name: &str, tokens: &[u16]| std::fs::write(dir.join(name), tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let write = |name: &str, tokens: &[u16]| {
+        std::fs::write(dir.join(name), tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap()
+    };
     let tokens: Vec<u16> = (0..4000u32).map(|i| (i * 7 % 50) as u16).collect();
     write("train.bin", &tokens);
     write("val.bin", &tokens[..1000]);
     let base = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [
-            "train", "--quiet", "--set", "model.kind=\"gpt\"", "--set", "data.kind=\"tokens\"", "--set", "model.vocab_size=50",
-            "--set", "model.n_layer=1", "--set", "model.n_head=2", "--set", "model.n_embd=16", "--set", "model.block_size=16",
-            "--set", "train.batch_size=4", "--set", "train.steps=3", "--set", "data.eval_limit=4",
+            "train",
+            "--quiet",
+            "--set",
+            "model.kind=\"gpt\"",
+            "--set",
+            "data.kind=\"tokens\"",
+            "--set",
+            "model.vocab_size=50",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.block_size=16",
+            "--set",
+            "train.batch_size=4",
+            "--set",
+            "train.steps=3",
+            "--set",
+            "data.eval_limit=4",
         ]
         .map(String::from)
         .to_vec();
@@ -264,5 +379,9 @@ fn token_files_train_and_bad_tokens_are_refused() {
     let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let out = wgtrain(&refs, &[]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("token 60 at position 2 is not below model.vocab_size 50"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("token 60 at position 2 is not below model.vocab_size 50"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -33,7 +33,12 @@ pub struct Optimizer {
 impl Optimizer {
     /// An optimizer with no state yet.
     pub fn new(rule: Rule) -> Optimizer {
-        Optimizer { rule, step: 0, state: Vec::new(), found_inf: None }
+        Optimizer {
+            rule,
+            step: 0,
+            state: Vec::new(),
+            found_inf: None,
+        }
     }
 
     /// Names of the state tensors of parameter `name`, as torch's optimizer state dict
@@ -70,7 +75,12 @@ impl Optimizer {
                 self.state[i] = Some((m, v));
             }
             let (m, v) = self.state[i].as_ref().expect("made above");
-            let s = OptimState { param: &p.value, grad, m, v };
+            let s = OptimState {
+                param: &p.value,
+                grad,
+                m,
+                v,
+            };
             match self.rule {
                 Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, false)?,
                 Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, false)?,

@@ -40,7 +40,13 @@ pub fn run(args: BenchArgs) -> CliResult {
     let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
     let mut records: Vec<BenchRecord> = Vec::new();
     {
-        let rt = Runtime::new(gpu.clone(), AllocatorOptions { debug: Some(false), cap: None })?;
+        let rt = Runtime::new(
+            gpu.clone(),
+            AllocatorOptions {
+                debug: Some(false),
+                cap: None,
+            },
+        )?;
         records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
     }
     if wanted("alloc") {

@@ -37,7 +37,14 @@ fn print_adapter(a: &AdapterReport) {
         "    memory:   {}",
         a.memory_bytes.map_or("not reported by this backend".into(), format_bytes)
     );
-    println!("    features: {}", if a.features.is_empty() { "none".into() } else { a.features.join(", ") });
+    println!(
+        "    features: {}",
+        if a.features.is_empty() {
+            "none".into()
+        } else {
+            a.features.join(", ")
+        }
+    );
     let l = &a.limits;
     println!(
         "    limits:   buffer {}, storage binding {}, offset alignment {}, workgroup memory {}, invocations {}",

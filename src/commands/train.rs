@@ -52,11 +52,20 @@ pub fn run(args: TrainArgs) -> CliResult {
         trainer.params.numel(),
         trainer.total_steps()
     );
-    let options = RunOptions { adapter: args.adapter, log: args.log, resume: args.resume, progress: !args.quiet, stop: Some(stop) };
+    let options = RunOptions {
+        adapter: args.adapter,
+        log: args.log,
+        resume: args.resume,
+        progress: !args.quiet,
+        stop: Some(stop),
+    };
     let summary = trainer.run(&options)?;
     if let Some(e) = &summary.last_eval {
         let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
-        let entropy = trainer.unigram_entropy.map(|h| format!(" (unigram entropy of the text: {h:.4})")).unwrap_or_default();
+        let entropy = trainer
+            .unigram_entropy
+            .map(|h| format!(" (unigram entropy of the text: {h:.4})"))
+            .unwrap_or_default();
         println!("eval loss {:.4}{acc}{entropy}", e.loss);
     }
     println!(
@@ -64,7 +73,11 @@ pub fn run(args: TrainArgs) -> CliResult {
         summary.steps,
         summary.seconds,
         if summary.interrupted { " (interrupted)" } else { "" },
-        summary.checkpoint.as_ref().map(|p| format!("; checkpoint {}", p.display())).unwrap_or_default()
+        summary
+            .checkpoint
+            .as_ref()
+            .map(|p| format!("; checkpoint {}", p.display()))
+            .unwrap_or_default()
     );
     println!("{}", trainer.rt.alloc.summary());
     Ok(())

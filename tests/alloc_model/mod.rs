@@ -131,7 +131,11 @@ impl Model {
                         let needed = block_size(&config, bytes);
                         prop_assert!(p.size >= needed, "block {} < needed {}", p.size, needed);
                         prop_assert_eq!(p.offset % config.round, 0);
-                        let pool = if needed <= SMALL_REQUEST { PoolKind::Small } else { PoolKind::Large };
+                        let pool = if needed <= SMALL_REQUEST {
+                            PoolKind::Small
+                        } else {
+                            PoolKind::Large
+                        };
                         // Split rule: an unsplit remainder is one too small to keep.
                         let remainder = p.size - needed;
                         match pool {

@@ -21,7 +21,14 @@ pub fn gpu() -> Arc<Gpu> {
 
 /// A runtime whose allocator surrounds every block with guard bytes.
 pub fn runtime() -> Runtime {
-    Runtime::new(gpu(), AllocatorOptions { debug: Some(true), cap: None }).expect("runtime")
+    Runtime::new(
+        gpu(),
+        AllocatorOptions {
+            debug: Some(true),
+            cap: None,
+        },
+    )
+    .expect("runtime")
 }
 
 /// Deterministic uniform numbers.
@@ -54,7 +61,13 @@ pub fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Tens
 /// What the values become when stored as `dtype` (the reference sees the same inputs).
 pub fn rounded(data: &[f32], dtype: DType) -> Vec<f64> {
     data.iter()
-        .map(|&x| if dtype == DType::F16 { half::f16::from_f32(x).to_f64() } else { x as f64 })
+        .map(|&x| {
+            if dtype == DType::F16 {
+                half::f16::from_f32(x).to_f64()
+            } else {
+                x as f64
+            }
+        })
         .collect()
 }
 
@@ -67,7 +80,12 @@ pub fn assert_close(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], len: usi
 pub fn assert_close_within(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], (atol, rtol): (f64, f64)) {
     let got = t.to_f32_vec(rt).unwrap();
     let (abs, rel, ok) = compare(&got, want, atol, rtol);
-    assert!(ok, "{what}: max abs err {abs:e}, max rel err {rel:e} (atol {atol:e}, rtol {rtol:e}); got {:?}.. want {:?}..", &got[..got.len().min(6)], &want[..want.len().min(6)]);
+    assert!(
+        ok,
+        "{what}: max abs err {abs:e}, max rel err {rel:e} (atol {atol:e}, rtol {rtol:e}); got {:?}.. want {:?}..",
+        &got[..got.len().min(6)],
+        &want[..want.len().min(6)]
+    );
 }
 
 /// Ends a test: waits for the device and checks every guard.

@@ -62,7 +62,11 @@ pub struct Params {
 impl Params {
     /// Registers a parameter; returns its index.
     pub fn add(&mut self, name: &str, value: Tensor) -> usize {
-        self.list.push(Param { name: name.to_string(), value, grad: None });
+        self.list.push(Param {
+            name: name.to_string(),
+            value,
+            grad: None,
+        });
         self.list.len() - 1
     }
 
@@ -105,7 +109,11 @@ fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Cate
         None => *slot = Some(g),
         Some(existing) => {
             if g.shape() != existing.shape() {
-                return Err(KernelError::Shape(format!("gradient {:?} for a value of shape {:?}", g.shape(), existing.shape())));
+                return Err(KernelError::Shape(format!(
+                    "gradient {:?} for a value of shape {:?}",
+                    g.shape(),
+                    existing.shape()
+                )));
             }
             let target = if existing.is_unique() {
                 existing.clone()
@@ -122,12 +130,20 @@ fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Cate
 impl Tape {
     /// An empty tape with gradients enabled.
     pub fn new() -> Tape {
-        Tape { nodes: Vec::new(), next: 0, leaves: HashMap::new(), grad_enabled: true }
+        Tape {
+            nodes: Vec::new(),
+            next: 0,
+            leaves: HashMap::new(),
+            grad_enabled: true,
+        }
     }
 
     /// A tape that records nothing (`torch.no_grad()`).
     pub fn no_grad() -> Tape {
-        Tape { grad_enabled: false, ..Tape::new() }
+        Tape {
+            grad_enabled: false,
+            ..Tape::new()
+        }
     }
 
     /// Whether ops record backward nodes.
@@ -147,7 +163,10 @@ impl Tape {
         if self.grad_enabled {
             self.leaves.insert(id, index);
         }
-        Var { id, value: params.list[index].value.clone() }
+        Var {
+            id,
+            value: params.list[index].value.clone(),
+        }
     }
 
     fn fresh(&mut self) -> VarId {
@@ -160,7 +179,11 @@ impl Tape {
     pub fn record(&mut self, value: Tensor, inputs: &[&Var], backward: BackwardFn) -> Var {
         let id = self.fresh();
         if self.grad_enabled {
-            self.nodes.push(Node { output: id, inputs: inputs.iter().map(|v| v.id).collect(), backward });
+            self.nodes.push(Node {
+                output: id,
+                inputs: inputs.iter().map(|v| v.id).collect(),
+                backward,
+            });
         }
         Var { id, value }
     }
@@ -174,10 +197,20 @@ impl Tape {
     /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
     pub fn backward_with(mut self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
         if loss.value.numel() != 1 {
-            return Err(KernelError::Shape(format!("backward from a non-scalar of shape {:?}", loss.value.shape())));
+            return Err(KernelError::Shape(format!(
+                "backward from a non-scalar of shape {:?}",
+                loss.value.shape()
+            )));
         }
         let mut grads: HashMap<VarId, Tensor> = HashMap::new();
-        let seed_t = Tensor::full(rt, loss.value.shape(), crate::tensor::DType::F32, seed, Category::Temporary, "loss.grad")?;
+        let seed_t = Tensor::full(
+            rt,
+            loss.value.shape(),
+            crate::tensor::DType::F32,
+            seed,
+            Category::Temporary,
+            "loss.grad",
+        )?;
         grads.insert(loss.id, seed_t);
         while let Some(node) = self.nodes.pop() {
             let Some(grad_out) = grads.remove(&node.output) else {
@@ -186,7 +219,13 @@ impl Tape {
             let categories: Vec<Category> = node
                 .inputs
                 .iter()
-                .map(|i| if self.leaves.contains_key(i) { Category::Gradient } else { Category::Temporary })
+                .map(|i| {
+                    if self.leaves.contains_key(i) {
+                        Category::Gradient
+                    } else {
+                        Category::Temporary
+                    }
+                })
                 .collect();
             let input_grads = (node.backward)(rt, &grad_out, &categories)?;
             drop(grad_out);

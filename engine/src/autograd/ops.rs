@@ -19,19 +19,33 @@ pub enum WeightLayout {
 }
 
 fn flatten2(t: &Tensor) -> Result<Tensor, KernelError> {
-    let last = *t.shape().last().ok_or_else(|| KernelError::Shape("a scalar where a matrix was expected".into()))?;
+    let last = *t
+        .shape()
+        .last()
+        .ok_or_else(|| KernelError::Shape("a scalar where a matrix was expected".into()))?;
     t.reshape(&[t.numel() / last.max(1), last])
 }
 
 /// y = x W^T + b (OutIn) or x W + b (InOut) over the last dimension of x, with an
 /// optional activation fused into the matmul's epilogue (its backward is recorded too).
-pub fn linear(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, layout: WeightLayout, label: &str) -> Result<Var, KernelError> {
+pub fn linear(
+    tape: &mut Tape,
+    rt: &Runtime,
+    x: &Var,
+    w: &Var,
+    b: Option<&Var>,
+    layout: WeightLayout,
+    label: &str,
+) -> Result<Var, KernelError> {
     let x2 = flatten2(&x.value)?;
     let wt = match layout {
         WeightLayout::OutIn => w.value.transpose(0, 1)?,
         WeightLayout::InOut => w.value.clone(),
     };
-    let opts = MatmulOptions { bias: b.map(|b| &b.value), ..Default::default() };
+    let opts = MatmulOptions {
+        bias: b.map(|b| &b.value),
+        ..Default::default()
+    };
     let y2 = matmul(rt, &x2, &wt, DType::F32, &opts, Category::Activation, label)?;
     let mut shape = x.value.shape().to_vec();
     *shape.last_mut().expect("checked by flatten2") = y2.shape()[1];
@@ -173,13 +187,27 @@ pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &st
 /// Mean cross-entropy of logits [N, V] against targets [N] (i32, -100 ignored), as
 /// torch.nn.functional.cross_entropy. Forward and the logits' gradient are computed in
 /// one fused pass, `row_chunk` rows at a time; the loss is a one-element f32 tensor.
-pub fn cross_entropy_mean(tape: &mut Tape, rt: &Runtime, logits: &Var, targets: &Tensor, n_valid: usize, row_chunk: usize, label: &str) -> Result<Var, KernelError> {
+pub fn cross_entropy_mean(
+    tape: &mut Tape,
+    rt: &Runtime,
+    logits: &Var,
+    targets: &Tensor,
+    n_valid: usize,
+    row_chunk: usize,
+    label: &str,
+) -> Result<Var, KernelError> {
     let lg = flatten2(&logits.value)?;
     let n = lg.shape()[0];
     let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
     let scale = 1.0 / n_valid.max(1) as f32;
     let dlogits = if tape.grad_enabled() {
-        Some(Tensor::empty(rt, lg.shape(), DType::F32, Category::Activation, &format!("{label}.dlogits"))?)
+        Some(Tensor::empty(
+            rt,
+            lg.shape(),
+            DType::F32,
+            Category::Activation,
+            &format!("{label}.dlogits"),
+        )?)
     } else {
         None
     };

@@ -100,9 +100,23 @@ pub struct GptShape {
 
 impl GptShape {
     /// nanoGPT's shakespeare-char model (shared/ANCHORS.md's "char" workload).
-    pub const CHAR: GptShape = GptShape { l: 6, nh: 6, c: 384, t: 256, b: 64, v: 65 };
+    pub const CHAR: GptShape = GptShape {
+        l: 6,
+        nh: 6,
+        c: 384,
+        t: 256,
+        b: 64,
+        v: 65,
+    };
     /// A small one for quick runs.
-    pub const TINY: GptShape = GptShape { l: 2, nh: 4, c: 128, t: 64, b: 8, v: 65 };
+    pub const TINY: GptShape = GptShape {
+        l: 2,
+        nh: 4,
+        c: 128,
+        t: 64,
+        b: 8,
+        v: 65,
+    };
 }
 
 /// Runs `steps` training steps' worth of allocations in f32 and reports the peaks.
@@ -195,7 +209,11 @@ pub fn gpt_pattern(alloc: &Allocator, shape: GptShape, steps: usize) -> BenchRec
             let dfch = check(a(b * t * 4 * c, Category::Temporary, format!("h.{i}.dfch")));
             let dqkv = check(a(b * t * 3 * c, Category::Temporary, format!("h.{i}.dqkv")));
             let datt = check(a(b * nh * t * t, Category::Temporary, format!("h.{i}.datt")));
-            for (n, numel) in [("c_fc", c * 4 * c + 4 * c), ("c_proj", 4 * c * c + c), ("c_attn", c * 3 * c + 3 * c)] {
+            for (n, numel) in [
+                ("c_fc", c * 4 * c + 4 * c),
+                ("c_proj", 4 * c * c + c),
+                ("c_attn", c * 3 * c + 3 * c),
+            ] {
                 grads.extend(check(a(numel, Category::Gradient, format!("h.{i}.{n}.grad"))));
             }
             drop((dfch, dqkv, datt));
@@ -246,7 +264,15 @@ pub fn gpt_pattern(alloc: &Allocator, shape: GptShape, steps: usize) -> BenchRec
 /// allocator itself is timed, and one benchmark's cache does not pad the next one's
 /// reserved bytes); `quick` uses small sizes.
 pub fn run_all(gpu: &Arc<Gpu>, quick: bool) -> Result<Vec<BenchRecord>, AllocError> {
-    let fresh = || Allocator::new(gpu.clone(), AllocatorOptions { debug: Some(false), cap: None });
+    let fresh = || {
+        Allocator::new(
+            gpu.clone(),
+            AllocatorOptions {
+                debug: Some(false),
+                cap: None,
+            },
+        )
+    };
     let ops = if quick { 2_000 } else { 100_000 };
     Ok(vec![
         churn(&fresh()?, "alloc_free_small", 4, 1 << 20, 256, ops),

@@ -31,7 +31,9 @@ impl Rng {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)).collect()
+        (0..n)
+            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .collect()
     }
     fn index(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
@@ -46,7 +48,11 @@ fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<T
 }
 
 fn stored(x: f32, dtype: DType) -> f64 {
-    if dtype == DType::F16 { half::f16::from_f32(x).to_f64() } else { x as f64 }
+    if dtype == DType::F16 {
+        half::f16::from_f32(x).to_f64()
+    } else {
+        x as f64
+    }
 }
 
 fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
@@ -66,7 +72,17 @@ fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<
 }
 
 #[allow(clippy::too_many_arguments)]
-fn record(kernel: &str, dtype: DType, shape: &[usize], us: f64, flops: f64, bytes: f64, got: &[f32], want: &[f64], tol: (f64, f64)) -> BenchRecord {
+fn record(
+    kernel: &str,
+    dtype: DType,
+    shape: &[usize],
+    us: f64,
+    flops: f64,
+    bytes: f64,
+    got: &[f32],
+    want: &[f64],
+    tol: (f64, f64),
+) -> BenchRecord {
     let (abs, rel, ok) = compare(got, want, tol.0, tol.1);
     BenchRecord {
         kernel: kernel.into(),
@@ -105,7 +121,17 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
     let idx: Vec<usize> = (0..SAMPLES.min(n)).map(|_| rng.index(n)).collect();
     let want: Vec<f64> = idx.iter().map(|&i| a[i] as f64 + b[i] as f64).collect();
     let got: Vec<f32> = idx.iter().map(|&i| out[i]).collect();
-    Ok(record("add", DType::F32, &[n], us, n as f64, 12.0 * n as f64, &got, &want, tolerance(DType::F32, 1)))
+    Ok(record(
+        "add",
+        DType::F32,
+        &[n],
+        us,
+        n as f64,
+        12.0 * n as f64,
+        &got,
+        &want,
+        tolerance(DType::F32, 1),
+    ))
 }
 
 fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, tiled_only: bool) -> Result<BenchRecord, KernelError> {
@@ -113,7 +139,10 @@ fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, 
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
     let c = Tensor::empty(rt, &[m, n], DType::F32, Category::Temporary, "matmul")?;
-    let opts = MatmulOptions { tiled_only, ..Default::default() };
+    let opts = MatmulOptions {
+        tiled_only,
+        ..Default::default()
+    };
     let us = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     let mut got = Vec::new();
@@ -150,7 +179,17 @@ fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Kernel
         want.extend(softmax_rows(&row));
         got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
     }
-    Ok(record("softmax", DType::F32, &[rows, cols], us, 0.0, 8.0 * (rows * cols) as f64, &got, &want, tolerance(DType::F32, cols)))
+    Ok(record(
+        "softmax",
+        DType::F32,
+        &[rows, cols],
+        us,
+        0.0,
+        8.0 * (rows * cols) as f64,
+        &got,
+        &want,
+        tolerance(DType::F32, cols),
+    ))
 }
 
 fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, KernelError> {
@@ -176,7 +215,17 @@ fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, 
         want.extend(row.iter().enumerate().map(|(j, v)| (v - mu) * rstd * w[j] as f64 + b[j] as f64));
         got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
     }
-    Ok(record("layernorm", DType::F32, &[rows, cols], us, 0.0, 8.0 * (rows * cols) as f64, &got, &want, tolerance(DType::F32, cols)))
+    Ok(record(
+        "layernorm",
+        DType::F32,
+        &[rows, cols],
+        us,
+        0.0,
+        8.0 * (rows * cols) as f64,
+        &got,
+        &want,
+        tolerance(DType::F32, cols),
+    ))
 }
 
 fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord, KernelError> {
@@ -198,10 +247,24 @@ fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord,
         let t = targets[r] as usize;
         want.push(-p[t].ln());
         got.push(l[r]);
-        want.extend(p.iter().enumerate().map(|(j, &pj)| (pj - if j == t { 1.0 } else { 0.0 }) * scale as f64));
+        want.extend(
+            p.iter()
+                .enumerate()
+                .map(|(j, &pj)| (pj - if j == t { 1.0 } else { 0.0 }) * scale as f64),
+        );
         got.extend_from_slice(&d[r * vocab..(r + 1) * vocab]);
     }
-    Ok(record("cross_entropy_fwd_bwd", DType::F32, &[rows, vocab], us, 0.0, 8.0 * (rows * vocab) as f64, &got, &want, tolerance(DType::F32, vocab)))
+    Ok(record(
+        "cross_entropy_fwd_bwd",
+        DType::F32,
+        &[rows, vocab],
+        us,
+        0.0,
+        8.0 * (rows * vocab) as f64,
+        &got,
+        &want,
+        tolerance(DType::F32, vocab),
+    ))
 }
 
 fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Result<BenchRecord, KernelError> {
@@ -219,7 +282,9 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
     let at = |bi: usize, ti: usize, part: usize, h: usize, k: usize| data[bi * t * 3 * c + ti * 3 * c + part * c + h * d + k] as f64;
     for _ in 0..8 {
         let (bi, h, i) = (rng.index(b), rng.index(nh), rng.index(t));
-        let scores: Vec<f64> = (0..=i).map(|j| (0..d).map(|k| at(bi, i, 0, h, k) * at(bi, j, 1, h, k)).sum::<f64>() / (d as f64).sqrt()).collect();
+        let scores: Vec<f64> = (0..=i)
+            .map(|j| (0..d).map(|k| at(bi, i, 0, h, k) * at(bi, j, 1, h, k)).sum::<f64>() / (d as f64).sqrt())
+            .collect();
         let p = softmax_rows(&scores);
         for k in 0..d {
             want.push(p.iter().enumerate().map(|(j, pj)| pj * at(bi, j, 2, h, k)).sum());
@@ -227,7 +292,17 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
         }
     }
     let flops = 4.0 * (b * nh * t * t * d) as f64;
-    Ok(record("attention_fwd", DType::F32, &[b, nh, t, d], us, flops, 0.0, &got, &want, tolerance(DType::F32, t)))
+    Ok(record(
+        "attention_fwd",
+        DType::F32,
+        &[b, nh, t, d],
+        us,
+        flops,
+        0.0,
+        &got,
+        &want,
+        tolerance(DType::F32, t),
+    ))
 }
 
 fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
@@ -240,7 +315,20 @@ fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
     let found = Tensor::full(rt, &[1], DType::U32, 0.0, Category::Temporary, "found")?;
     let h = AdamW::default();
     // Check one step from the initial state, then time further steps.
-    adamw_step(rt, &h, &OptimState { param: &param, grad: &grad, m: &m, v: &v }, 1, 1.0, &found, false)?;
+    adamw_step(
+        rt,
+        &h,
+        &OptimState {
+            param: &param,
+            grad: &grad,
+            m: &m,
+            v: &v,
+        },
+        1,
+        1.0,
+        &found,
+        false,
+    )?;
     let out = param.to_f32_vec(rt)?;
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..SAMPLES.min(n) {
@@ -254,9 +342,32 @@ fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
     let mut step = 1;
     let us = time(rt, || {
         step += 1;
-        adamw_step(rt, &h, &OptimState { param: &param, grad: &grad, m: &m, v: &v }, step, 1.0, &found, false)
+        adamw_step(
+            rt,
+            &h,
+            &OptimState {
+                param: &param,
+                grad: &grad,
+                m: &m,
+                v: &v,
+            },
+            step,
+            1.0,
+            &found,
+            false,
+        )
     })?;
-    Ok(record("adamw", DType::F32, &[n], us, 0.0, 28.0 * n as f64, &got, &want, tolerance(DType::F32, 1)))
+    Ok(record(
+        "adamw",
+        DType::F32,
+        &[n],
+        us,
+        0.0,
+        28.0 * n as f64,
+        &got,
+        &want,
+        tolerance(DType::F32, 1),
+    ))
 }
 
 /// Every kernel benchmark whose name passes `wanted`; `quick` uses small shapes.

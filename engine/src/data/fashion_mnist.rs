@@ -34,17 +34,26 @@ fn read_gz(path: &Path) -> Result<Vec<u8>, DataError> {
             path: path.display().to_string(),
             hint: " (install Debian's package: apt-get install dataset-fashion-mnist, or set data.path)".into(),
         },
-        _ => DataError::Io { path: path.display().to_string(), source: e },
+        _ => DataError::Io {
+            path: path.display().to_string(),
+            source: e,
+        },
     })?;
     let mut out = Vec::new();
     flate2::read::GzDecoder::new(file)
         .read_to_end(&mut out)
-        .map_err(|e| DataError::Corrupt { path: path.display().to_string(), reason: format!("not a readable gzip file ({e})") })?;
+        .map_err(|e| DataError::Corrupt {
+            path: path.display().to_string(),
+            reason: format!("not a readable gzip file ({e})"),
+        })?;
     Ok(out)
 }
 
 fn header(bytes: &[u8], path: &Path, magic: u32, dims: usize) -> Result<Vec<usize>, DataError> {
-    let corrupt = |reason: String| DataError::Corrupt { path: path.display().to_string(), reason };
+    let corrupt = |reason: String| DataError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
     if bytes.len() < 4 + 4 * dims {
         return Err(corrupt(format!("{} bytes is too short for an IDX header", bytes.len())));
     }
@@ -52,10 +61,15 @@ fn header(bytes: &[u8], path: &Path, magic: u32, dims: usize) -> Result<Vec<usiz
     if m != magic {
         return Err(corrupt(format!("IDX magic {m:#010x}, expected {magic:#010x}")));
     }
-    let shape: Vec<usize> = (0..dims).map(|d| u32::from_be_bytes(bytes[4 + 4 * d..8 + 4 * d].try_into().expect("4 bytes")) as usize).collect();
+    let shape: Vec<usize> = (0..dims)
+        .map(|d| u32::from_be_bytes(bytes[4 + 4 * d..8 + 4 * d].try_into().expect("4 bytes")) as usize)
+        .collect();
     let expected = 4 + 4 * dims + shape.iter().product::<usize>();
     if bytes.len() != expected {
-        return Err(corrupt(format!("header says {shape:?} ({expected} bytes) but the file has {}", bytes.len())));
+        return Err(corrupt(format!(
+            "header says {shape:?} ({expected} bytes) but the file has {}",
+            bytes.len()
+        )));
     }
     Ok(shape)
 }
@@ -77,7 +91,10 @@ impl FashionMnist {
         }
         let labels: Vec<i32> = labels[8..].iter().map(|&l| l as i32).collect();
         if let Some(bad) = labels.iter().find(|&&l| l as usize >= CLASSES) {
-            return Err(DataError::Corrupt { path: labels_path.display().to_string(), reason: format!("label {bad} is not in 0..10") });
+            return Err(DataError::Corrupt {
+                path: labels_path.display().to_string(),
+                reason: format!("label {bad} is not in 0..10"),
+            });
         }
         let images = images[16..].iter().map(|&p| (p as f32 / 255.0 - MEAN) / STD).collect();
         Ok(FashionMnist { images, labels })

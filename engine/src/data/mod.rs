@@ -84,7 +84,11 @@ pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: bool) -> Vec<usize>
 
 /// Batches per epoch (the last partial batch is dropped when `drop_last`).
 pub fn batches_per_epoch(n: usize, batch: usize, drop_last: bool) -> u64 {
-    if drop_last { (n / batch.max(1)) as u64 } else { n.div_ceil(batch.max(1)) as u64 }
+    if drop_last {
+        (n / batch.max(1)) as u64
+    } else {
+        n.div_ceil(batch.max(1)) as u64
+    }
 }
 
 /// Batches from a background thread, starting at a position (for resume).
@@ -95,7 +99,16 @@ pub struct Loader {
 
 impl Loader {
     /// Streams batches of `batch` examples from (`epoch`, `index`) on, `prefetch` ahead.
-    pub fn start(data: std::sync::Arc<dyn Dataset>, batch: usize, seed: u64, shuffle: bool, drop_last: bool, epoch: u64, index: u64, prefetch: usize) -> Loader {
+    pub fn start(
+        data: std::sync::Arc<dyn Dataset>,
+        batch: usize,
+        seed: u64,
+        shuffle: bool,
+        drop_last: bool,
+        epoch: u64,
+        index: u64,
+        prefetch: usize,
+    ) -> Loader {
         let (tx, rx): (SyncSender<HostBatch>, Receiver<HostBatch>) = sync_channel(prefetch.max(1));
         let handle = std::thread::spawn(move || {
             let n = data.len();
@@ -106,7 +119,10 @@ impl Loader {
                 while index < per_epoch {
                     let start = index as usize * batch;
                     let end = (start + batch).min(n);
-                    let mut b = HostBatch { position: (epoch, index), ..Default::default() };
+                    let mut b = HostBatch {
+                        position: (epoch, index),
+                        ..Default::default()
+                    };
                     for &i in &order[start..end] {
                         data.push(i, &mut b);
                         b.examples += 1;

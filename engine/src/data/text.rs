@@ -30,7 +30,10 @@ fn read_texts(path: &Path) -> Result<String, DataError> {
     let meta = std::fs::metadata(path).map_err(|_| missing())?;
     let mut files = Vec::new();
     if meta.is_dir() {
-        let entries = std::fs::read_dir(path).map_err(|e| DataError::Io { path: path.display().to_string(), source: e })?;
+        let entries = std::fs::read_dir(path).map_err(|e| DataError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
         for entry in entries.flatten() {
             let p = entry.path();
             // fortunes ships each text beside its index (.dat) and a UTF-8 copy (.u8).
@@ -44,11 +47,17 @@ fn read_texts(path: &Path) -> Result<String, DataError> {
     }
     let mut text = String::new();
     for f in &files {
-        let bytes = std::fs::read(f).map_err(|e| DataError::Io { path: f.display().to_string(), source: e })?;
+        let bytes = std::fs::read(f).map_err(|e| DataError::Io {
+            path: f.display().to_string(),
+            source: e,
+        })?;
         text.push_str(&String::from_utf8_lossy(&bytes));
     }
     if text.is_empty() {
-        return Err(DataError::Corrupt { path: path.display().to_string(), reason: "no text found".into() });
+        return Err(DataError::Corrupt {
+            path: path.display().to_string(),
+            reason: "no text found".into(),
+        });
     }
     Ok(text)
 }
@@ -60,11 +69,22 @@ impl CharCorpus {
         let mut vocab: Vec<char> = text.chars().collect();
         vocab.sort_unstable();
         vocab.dedup();
-        let ids: Vec<i32> = text.chars().map(|c| vocab.binary_search(&c).expect("every char is in the vocab") as i32).collect();
+        let ids: Vec<i32> = text
+            .chars()
+            .map(|c| vocab.binary_search(&c).expect("every char is in the vocab") as i32)
+            .collect();
         if ids.len() < block + 2 {
-            return Err(DataError::Corrupt { path: path.display().to_string(), reason: format!("{} characters is shorter than one window of {}", ids.len(), block + 1) });
+            return Err(DataError::Corrupt {
+                path: path.display().to_string(),
+                reason: format!("{} characters is shorter than one window of {}", ids.len(), block + 1),
+            });
         }
-        Ok(CharCorpus { vocab, ids, block, stride: block })
+        Ok(CharCorpus {
+            vocab,
+            ids,
+            block,
+            stride: block,
+        })
     }
 
     /// Entropy of the unigram character distribution in nats (a model that ignores
@@ -75,17 +95,31 @@ impl CharCorpus {
             counts[i as usize] += 1;
         }
         let n = self.ids.len() as f64;
-        counts.iter().filter(|&&c| c > 0).map(|&c| {
-            let p = c as f64 / n;
-            -p * p.ln()
-        }).sum()
+        counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| {
+                let p = c as f64 / n;
+                -p * p.ln()
+            })
+            .sum()
     }
 
     /// Splits off the last `fraction` of the windows as a validation corpus.
     pub fn split(self, fraction: f64) -> (CharCorpus, CharCorpus) {
         let cut = ((self.ids.len() as f64) * (1.0 - fraction)) as usize;
-        let val = CharCorpus { vocab: self.vocab.clone(), ids: self.ids[cut.saturating_sub(self.block)..].to_vec(), block: self.block, stride: self.stride };
-        let train = CharCorpus { vocab: self.vocab, ids: self.ids[..cut].to_vec(), block: self.block, stride: self.stride };
+        let val = CharCorpus {
+            vocab: self.vocab.clone(),
+            ids: self.ids[cut.saturating_sub(self.block)..].to_vec(),
+            block: self.block,
+            stride: self.stride,
+        };
+        let train = CharCorpus {
+            vocab: self.vocab,
+            ids: self.ids[..cut].to_vec(),
+            block: self.block,
+            stride: self.stride,
+        };
         (train, val)
     }
 }

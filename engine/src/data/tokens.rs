@@ -21,19 +21,37 @@ impl TokenFile {
                 path: path.display().to_string(),
                 hint: " (nanoGPT's prepare.py writes train.bin and val.bin; set data.path to their folder)".into(),
             },
-            _ => DataError::Io { path: path.display().to_string(), source: e },
+            _ => DataError::Io {
+                path: path.display().to_string(),
+                source: e,
+            },
         })?;
         // SAFETY: the file is only read; a concurrent truncation would be a user error
         // that at worst ends the process, as with any mapped input.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DataError::Io { path: path.display().to_string(), source: e })?;
-        let corrupt = |reason: String| DataError::Corrupt { path: path.display().to_string(), reason };
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DataError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        let corrupt = |reason: String| DataError::Corrupt {
+            path: path.display().to_string(),
+            reason,
+        };
         if map.len() % 2 != 0 {
             return Err(corrupt(format!("{} bytes is not a whole number of u16 tokens", map.len())));
         }
         if map.len() / 2 < block + 1 {
-            return Err(corrupt(format!("{} tokens is shorter than one window of {}", map.len() / 2, block + 1)));
+            return Err(corrupt(format!(
+                "{} tokens is shorter than one window of {}",
+                map.len() / 2,
+                block + 1
+            )));
         }
-        if let Some((i, t)) = map.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).enumerate().find(|&(_, t)| t as usize >= vocab) {
+        if let Some((i, t)) = map
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .enumerate()
+            .find(|&(_, t)| t as usize >= vocab)
+        {
             return Err(corrupt(format!("token {t} at position {i} is not below model.vocab_size {vocab}")));
         }
         Ok(TokenFile { map, block })

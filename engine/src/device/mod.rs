@@ -164,15 +164,8 @@ fn preference(report: &AdapterReport) -> (u32, u32) {
 
 /// Picks an adapter: `selector` is an index, a backend name or part of the adapter's
 /// name (case-insensitive); without one, the most capable (discrete GPU first, GL last).
-pub fn choose_adapter(
-    adapters: &[wgpu::Adapter],
-    selector: Option<&str>,
-) -> Result<usize, DeviceError> {
-    let reports: Vec<AdapterReport> = adapters
-        .iter()
-        .enumerate()
-        .map(|(i, a)| AdapterReport::of(i, a))
-        .collect();
+pub fn choose_adapter(adapters: &[wgpu::Adapter], selector: Option<&str>) -> Result<usize, DeviceError> {
+    let reports: Vec<AdapterReport> = adapters.iter().enumerate().map(|(i, a)| AdapterReport::of(i, a)).collect();
     if reports.is_empty() {
         return Err(DeviceError::NoAdapter);
     }
@@ -185,10 +178,7 @@ pub fn choose_adapter(
                 let lower = sel.to_ascii_lowercase();
                 let by_backend: Vec<_> = reports.iter().filter(|r| r.backend == lower).collect();
                 if by_backend.is_empty() {
-                    reports
-                        .iter()
-                        .filter(|r| r.name.to_ascii_lowercase().contains(&lower))
-                        .collect()
+                    reports.iter().filter(|r| r.name.to_ascii_lowercase().contains(&lower)).collect()
                 } else {
                     by_backend
                 }
@@ -233,11 +223,9 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-            DeviceError::RequestDevice {
-                adapter: report.name.clone(),
-                reason: e.to_string(),
-            }
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| DeviceError::RequestDevice {
+            adapter: report.name.clone(),
+            reason: e.to_string(),
         })?;
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();
@@ -293,7 +281,10 @@ impl Gpu {
         if let Some(reason) = self.lost.lock().ok().and_then(|l| l.clone()) {
             return Err(DeviceError::Lost(reason));
         }
-        let mut errors = self.uncaptured.lock().map_err(|_| DeviceError::Lost("error sink poisoned".into()))?;
+        let mut errors = self
+            .uncaptured
+            .lock()
+            .map_err(|_| DeviceError::Lost("error sink poisoned".into()))?;
         match errors.drain(..).next() {
             Some(err) => Err(err),
             None => Ok(()),

@@ -8,21 +8,13 @@ pub const ENGINE_FEATURES: [(&str, wgpu::Features); 5] = [
     ("SHADER_F16", wgpu::Features::SHADER_F16),
     ("SUBGROUP", wgpu::Features::SUBGROUP),
     ("TIMESTAMP_QUERY", wgpu::Features::TIMESTAMP_QUERY),
-    (
-        "TIMESTAMP_QUERY_INSIDE_PASSES",
-        wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
-    ),
-    (
-        "EXPERIMENTAL_COOPERATIVE_MATRIX",
-        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
-    ),
+    ("TIMESTAMP_QUERY_INSIDE_PASSES", wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+    ("EXPERIMENTAL_COOPERATIVE_MATRIX", wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
 ];
 
 /// The union of [`ENGINE_FEATURES`].
 pub fn engine_features() -> wgpu::Features {
-    ENGINE_FEATURES
-        .iter()
-        .fold(wgpu::Features::empty(), |acc, (_, f)| acc | *f)
+    ENGINE_FEATURES.iter().fold(wgpu::Features::empty(), |acc, (_, f)| acc | *f)
 }
 
 /// The limits that matter to the engine.

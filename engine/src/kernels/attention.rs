@@ -53,7 +53,10 @@ pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Te
     let [b, _, t, d] = q.shape().try_into().expect("head views are rank 4");
     let dtype = qkv.dtype();
     let scores = Tensor::empty(rt, &[b, nh, t, t], DType::F32, Category::Temporary, &format!("{label}.preatt"))?;
-    let opts = MatmulOptions { alpha: 1.0 / (d as f32).sqrt(), ..Default::default() };
+    let opts = MatmulOptions {
+        alpha: 1.0 / (d as f32).sqrt(),
+        ..Default::default()
+    };
     matmul_into(rt, &q, &k.transpose(2, 3)?, &scores, &opts)?;
     let probs = Tensor::empty(rt, &[b, nh, t, t], dtype, Category::Activation, &format!("{label}.att"))?;
     softmax_into(rt, &scores, &probs, false, true)?;
@@ -76,11 +79,18 @@ pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &AttentionSaved, d
     matmul_into(rt, &saved.probs.transpose(2, 3)?, &dy_h, &dv, &MatmulOptions::default())?;
     let dprobs = Tensor::empty(rt, &[b, nh, t, t], DType::F32, Category::Temporary, &format!("{label}.datt"))?;
     matmul_into(rt, &dy_h, &v.transpose(2, 3)?, &dprobs, &MatmulOptions::default())?;
-    let probs32 = if saved.probs.dtype() == DType::F32 { saved.probs.clone() } else { saved.probs.cast(rt, DType::F32, Category::Temporary, "att f32")? };
+    let probs32 = if saved.probs.dtype() == DType::F32 {
+        saved.probs.clone()
+    } else {
+        saved.probs.cast(rt, DType::F32, Category::Temporary, "att f32")?
+    };
     let dscores = Tensor::empty(rt, &[b, nh, t, t], DType::F32, Category::Temporary, &format!("{label}.dpreatt"))?;
     softmax_backward_into(rt, &probs32, &dprobs, &dscores)?;
     drop(dprobs);
-    let scale = MatmulOptions { alpha: 1.0 / (d as f32).sqrt(), ..Default::default() };
+    let scale = MatmulOptions {
+        alpha: 1.0 / (d as f32).sqrt(),
+        ..Default::default()
+    };
     matmul_into(rt, &dscores, &k, &dq, &scale)?;
     matmul_into(rt, &dscores.transpose(2, 3)?, &q, &dk, &scale)?;
     Ok(dqkv)

@@ -23,7 +23,11 @@ struct Params {
 
 /// The template values of one variant.
 pub fn variant(dtype: DType, backward: bool) -> Vec<(&'static str, String)> {
-    vec![("ENABLE", enables(&[dtype])), ("T", dtype.wgsl().into()), ("BACKWARD", backward.to_string())]
+    vec![
+        ("ENABLE", enables(&[dtype])),
+        ("T", dtype.wgsl().into()),
+        ("BACKWARD", backward.to_string()),
+    ]
 }
 
 /// Per-row losses of `logits` [N, V] against `targets` [N] (i32) into `losses` [N] (f32)
@@ -41,7 +45,10 @@ pub fn cross_entropy_rows(
 ) -> Result<(), KernelError> {
     check_tensor("cross_entropy logits", logits, logits.dtype())?;
     let [n, v] = logits.shape() else {
-        return Err(KernelError::Shape(format!("cross_entropy logits must be [N, V], got {:?}", logits.shape())));
+        return Err(KernelError::Shape(format!(
+            "cross_entropy logits must be [N, V], got {:?}",
+            logits.shape()
+        )));
     };
     let (n, v) = (*n, *v);
     check_contiguous("cross_entropy logits", logits, &[n, v])?;
@@ -70,5 +77,10 @@ pub fn cross_entropy_rows(
         pad: [0; 3],
     };
     let d = dlogits.unwrap_or(logits);
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[logits, targets, losses, d], grid(rows.len() as u32))
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[logits, targets, losses, d],
+        grid(rows.len() as u32),
+    )
 }

@@ -19,7 +19,11 @@ struct Params {
 
 /// The template values of one variant (mode 0 gather, 1 scatter-add).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
-    vec![("ENABLE", enables(&[dtype])), ("T", dtype.wgsl().into()), ("MODE", mode.to_string())]
+    vec![
+        ("ENABLE", enables(&[dtype])),
+        ("T", dtype.wgsl().into()),
+        ("MODE", mode.to_string()),
+    ]
 }
 
 fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), KernelError> {
@@ -27,7 +31,10 @@ fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), KernelEr
     check_contiguous("embedding ids", ids, ids.shape())?;
     check_tensor("embedding table", table, table.dtype())?;
     let [v, c] = table.shape() else {
-        return Err(KernelError::Shape(format!("embedding table must be [V, C], got {:?}", table.shape())));
+        return Err(KernelError::Shape(format!(
+            "embedding table must be [V, C], got {:?}",
+            table.shape()
+        )));
     };
     check_contiguous("embedding table", table, &[*v, *c])?;
     if ids.offset() != 0 || table.offset() != 0 {
@@ -44,8 +51,18 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
     shape.push(c);
     let out = Tensor::empty(rt, &shape, table.dtype(), Category::Activation, label)?;
     let kernel = rt.kernel("embedding", SOURCE, &variant(0, table.dtype()), 3)?;
-    let params = Params { tokens: n as u32, cols: c as u32, vocab: v as u32, pad: 0 };
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[ids, table, &out], grid((n * c).div_ceil(256) as u32))?;
+    let params = Params {
+        tokens: n as u32,
+        cols: c as u32,
+        vocab: v as u32,
+        pad: 0,
+    };
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[ids, table, &out],
+        grid((n * c).div_ceil(256) as u32),
+    )?;
     Ok(out)
 }
 
@@ -59,6 +76,16 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
     }
     require_f16(rt, &[dtable.dtype()])?;
     let kernel = rt.kernel("embedding", SOURCE, &variant(1, dtable.dtype()), 3)?;
-    let params = Params { tokens: n as u32, cols: c as u32, vocab: v as u32, pad: 0 };
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[ids, dtable, dout], grid(c.div_ceil(256) as u32))
+    let params = Params {
+        tokens: n as u32,
+        cols: c as u32,
+        vocab: v as u32,
+        pad: 0,
+    };
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[ids, dtable, dout],
+        grid(c.div_ceil(256) as u32),
+    )
 }

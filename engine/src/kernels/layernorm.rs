@@ -20,7 +20,11 @@ struct Params {
 
 /// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
-    vec![("ENABLE", enables(&[dtype])), ("T", dtype.wgsl().into()), ("MODE", mode.to_string())]
+    vec![
+        ("ENABLE", enables(&[dtype])),
+        ("T", dtype.wgsl().into()),
+        ("MODE", mode.to_string()),
+    ]
 }
 
 /// What the forward saves for backward.
@@ -34,7 +38,11 @@ pub struct LayerNormSaved {
 fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), KernelError> {
     check_tensor("layernorm x", x, x.dtype())?;
     check_contiguous("layernorm x", x, x.shape())?;
-    let cols = x.shape().last().copied().ok_or_else(|| KernelError::Shape("layernorm of a scalar".into()))?;
+    let cols = x
+        .shape()
+        .last()
+        .copied()
+        .ok_or_else(|| KernelError::Shape("layernorm of a scalar".into()))?;
     check_tensor("layernorm weight", w, DType::F32)?;
     check_contiguous("layernorm weight", w, &[cols])?;
     Ok((if cols == 0 { 0 } else { x.numel() / cols }, cols))
@@ -54,13 +62,32 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
     let kernel = rt.kernel("layernorm", SOURCE, &variant(0, x.dtype()), 8)?;
-    let params = Params { rows: rows as u32, cols: cols as u32, eps, pad: 0 };
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, w, b, &y, &mean, &rstd, w, w], grid(rows as u32))?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        eps,
+        pad: 0,
+    };
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[x, w, b, &y, &mean, &rstd, w, w],
+        grid(rows as u32),
+    )?;
     Ok((y, LayerNormSaved { mean, rstd }))
 }
 
 /// dx from dy; adds the weight and bias gradients into `dw` and `db`.
-pub fn backward(rt: &Runtime, x: &Tensor, w: &Tensor, saved: &LayerNormSaved, dy: &Tensor, dw: &Tensor, db: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+pub fn backward(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    saved: &LayerNormSaved,
+    dy: &Tensor,
+    dw: &Tensor,
+    db: &Tensor,
+    label: &str,
+) -> Result<Tensor, KernelError> {
     let (rows, cols) = check(x, w)?;
     check_tensor("layernorm dy", dy, x.dtype())?;
     check_contiguous("layernorm dy", dy, x.shape())?;
@@ -74,10 +101,25 @@ pub fn backward(rt: &Runtime, x: &Tensor, w: &Tensor, saved: &LayerNormSaved, dy
     }
     require_f16(rt, &[x.dtype()])?;
     let dx = Tensor::empty(rt, x.shape(), x.dtype(), Category::Temporary, label)?;
-    let params = Params { rows: rows as u32, cols: cols as u32, eps: 0.0, pad: 0 };
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        eps: 0.0,
+        pad: 0,
+    };
     let k1 = rt.kernel("layernorm", SOURCE, &variant(1, x.dtype()), 8)?;
-    rt.launch(&k1, bytemuck::bytes_of(&params), &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db], grid(rows as u32))?;
+    rt.launch(
+        &k1,
+        bytemuck::bytes_of(&params),
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+        grid(rows as u32),
+    )?;
     let k2 = rt.kernel("layernorm", SOURCE, &variant(2, x.dtype()), 8)?;
-    rt.launch(&k2, bytemuck::bytes_of(&params), &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db], grid(cols.div_ceil(256) as u32))?;
+    rt.launch(
+        &k2,
+        bytemuck::bytes_of(&params),
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+        grid(cols.div_ceil(256) as u32),
+    )?;
     Ok(dx)
 }

@@ -82,7 +82,14 @@ impl MapOp {
     pub fn arity(self) -> usize {
         match self {
             MapOp::Fill => 0,
-            MapOp::Add | MapOp::Sub | MapOp::Mul | MapOp::Div | MapOp::Axpby | MapOp::ReluBackward | MapOp::GeluBackward | MapOp::TanhBackward => 2,
+            MapOp::Add
+            | MapOp::Sub
+            | MapOp::Mul
+            | MapOp::Div
+            | MapOp::Axpby
+            | MapOp::ReluBackward
+            | MapOp::GeluBackward
+            | MapOp::TanhBackward => 2,
             _ => 1,
         }
     }
@@ -129,12 +136,30 @@ struct Params {
 /// The template values of one variant.
 pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&'static str, String)> {
     let v = if lanes == 4 { "vec4<f32>".to_string() } else { "f32".to_string() };
-    let ty = |t: DType| if lanes == 4 { format!("vec4<{}>", t.wgsl()) } else { t.wgsl().to_string() };
-    let load = |name: &str, arr: &str, idx: &str, used: bool| {
-        if used { format!("let {name} = V({arr}[{idx}]);") } else { String::new() }
+    let ty = |t: DType| {
+        if lanes == 4 {
+            format!("vec4<{}>", t.wgsl())
+        } else {
+            t.wgsl().to_string()
+        }
     };
-    let (ia, ib) = if lanes == 4 { ("p.a_offset / 4u + i", "p.b_offset / 4u + i") } else { ("ia", "ib") };
-    let out = if lanes == 4 { format!("vec4<{}>", to.wgsl()) } else { to.wgsl().to_string() };
+    let load = |name: &str, arr: &str, idx: &str, used: bool| {
+        if used {
+            format!("let {name} = V({arr}[{idx}]);")
+        } else {
+            String::new()
+        }
+    };
+    let (ia, ib) = if lanes == 4 {
+        ("p.a_offset / 4u + i", "p.b_offset / 4u + i")
+    } else {
+        ("ia", "ib")
+    };
+    let out = if lanes == 4 {
+        format!("vec4<{}>", to.wgsl())
+    } else {
+        to.wgsl().to_string()
+    };
     vec![
         ("ENABLE", enables(&[ta, tb, to])),
         ("TA", ty(ta)),
@@ -169,7 +194,15 @@ fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], 
 }
 
 /// out = op(a, b, alpha, beta), broadcasting a and b to out's shape (out contiguous).
-pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>, out: &Tensor, alpha: f32, beta: f32) -> Result<(), KernelError> {
+pub fn map_into(
+    rt: &Runtime,
+    op: MapOp,
+    a: Option<&Tensor>,
+    b: Option<&Tensor>,
+    out: &Tensor,
+    alpha: f32,
+    beta: f32,
+) -> Result<(), KernelError> {
     let shape = out.shape();
     if shape.len() > 4 {
         return Err(KernelError::Shape(format!("map over rank {} (at most 4)", shape.len())));
@@ -201,7 +234,11 @@ pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>,
     let a_strides = broadcast_strides("map a", a, shape)?;
     let b_strides = broadcast_strides("map b", b, shape)?;
     let same = |t: &Tensor| t.shape() == shape && t.is_contiguous() && t.offset() % 4 == 0;
-    let lanes = if n % 4 == 0 && out.offset() % 4 == 0 && same(a) && same(b) { 4 } else { 1 };
+    let lanes = if n % 4 == 0 && out.offset() % 4 == 0 && same(a) && same(b) {
+        4
+    } else {
+        1
+    };
     let params = Params {
         shape: shape4,
         a_strides,
@@ -215,7 +252,12 @@ pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>,
         pad: [0; 2],
     };
     let kernel = rt.kernel("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32), 3)?;
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[a, b, out], grid((n / lanes).div_ceil(256) as u32))
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[a, b, out],
+        grid((n / lanes).div_ceil(256) as u32),
+    )
 }
 
 /// A new contiguous tensor: op(a, b) with the shape `out_shape`.

@@ -51,7 +51,13 @@ pub struct MatmulOptions<'a> {
 
 impl Default for MatmulOptions<'_> {
     fn default() -> Self {
-        MatmulOptions { alpha: 1.0, beta: 0.0, bias: None, activation: Activation::Identity, tiled_only: false }
+        MatmulOptions {
+            alpha: 1.0,
+            beta: 0.0,
+            bias: None,
+            activation: Activation::Identity,
+            tiled_only: false,
+        }
     }
 }
 
@@ -211,19 +217,31 @@ fn batch_dims(t: &Tensor) -> ([usize; 2], [usize; 2]) {
 pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, KernelError> {
     let (ra, rb) = (a.shape().len(), b.shape().len());
     if !(2..=4).contains(&ra) || !(2..=4).contains(&rb) {
-        return Err(KernelError::Shape(format!("matmul of {:?} and {:?}: ranks 2 to 4", a.shape(), b.shape())));
+        return Err(KernelError::Shape(format!(
+            "matmul of {:?} and {:?}: ranks 2 to 4",
+            a.shape(),
+            b.shape()
+        )));
     }
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
     if k != k2 {
-        return Err(KernelError::Shape(format!("matmul of {:?} and {:?}: inner dims {k} != {k2}", a.shape(), b.shape())));
+        return Err(KernelError::Shape(format!(
+            "matmul of {:?} and {:?}: inner dims {k} != {k2}",
+            a.shape(),
+            b.shape()
+        )));
     }
     let (da, _) = batch_dims(a);
     let (db, _) = batch_dims(b);
     let mut batch = Vec::new();
     for i in 0..2 {
         if da[i] != db[i] && da[i] != 1 && db[i] != 1 {
-            return Err(KernelError::Shape(format!("matmul batch dims of {:?} and {:?} do not broadcast", a.shape(), b.shape())));
+            return Err(KernelError::Shape(format!(
+                "matmul batch dims of {:?} and {:?} do not broadcast",
+                a.shape(),
+                b.shape()
+            )));
         }
         batch.push(da[i].max(db[i]));
     }
@@ -260,7 +278,10 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     if let Some(bias) = opts.bias {
         check_tensor("matmul bias", bias, DType::F32)?;
         if bias.shape() != [n] || bias.strides() != [1] {
-            return Err(KernelError::Shape(format!("matmul bias must be a contiguous [{n}], got {:?}", bias.shape())));
+            return Err(KernelError::Shape(format!(
+                "matmul bias must be a contiguous [{n}], got {:?}",
+                bias.shape()
+            )));
         }
     }
     let batches = dc[0] * dc[1];
@@ -304,7 +325,12 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     let tile = 16 * tm;
     let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
-    let kernel = rt.kernel("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b), 4)?;
+    let kernel = rt.kernel(
+        "matmul",
+        SOURCE,
+        &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b),
+        4,
+    )?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -314,7 +340,15 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
 }
 
 /// A new tensor a @ b in `dtype` (f32 accumulation).
-pub fn matmul(rt: &Runtime, a: &Tensor, b: &Tensor, dtype: DType, opts: &MatmulOptions, category: Category, label: &str) -> Result<Tensor, KernelError> {
+pub fn matmul(
+    rt: &Runtime,
+    a: &Tensor,
+    b: &Tensor,
+    dtype: DType,
+    opts: &MatmulOptions,
+    category: Category,
+    label: &str,
+) -> Result<Tensor, KernelError> {
     let shape = output_shape(a, b)?;
     let c = Tensor::empty(rt, &shape, dtype, category, label)?;
     matmul_into(rt, a, b, &c, opts)?;

@@ -82,7 +82,13 @@ pub fn variant(tc: DType, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'s
 
 /// Whether the host may pick this path for these operands on this adapter.
 pub fn usable(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor) -> bool {
-    eligible(rt.gpu.caps.coop_f16_16x16x16(), rt.gpu.caps.subgroup_size, a.dtype(), b.dtype(), c.dtype())
+    eligible(
+        rt.gpu.caps.coop_f16_16x16x16(),
+        rt.gpu.caps.subgroup_size,
+        a.dtype(),
+        b.dtype(),
+        c.dtype(),
+    )
 }
 
 /// The rule behind [`usable`], apart from the adapter (tested on every machine).
@@ -90,7 +96,15 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
     coop_f16 && subgroup_size == (32, 32) && a == DType::F16 && b == DType::F16 && c.is_float()
 }
 
-pub(super) fn launch(rt: &Runtime, params: &Params, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions, batches: u32) -> Result<(), KernelError> {
+pub(super) fn launch(
+    rt: &Runtime,
+    params: &Params,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    opts: &MatmulOptions,
+    batches: u32,
+) -> Result<(), KernelError> {
     let vec_a = super::matmul::vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = super::matmul::vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
     let kernel = rt.kernel("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b), 4)?;
@@ -99,6 +113,10 @@ pub(super) fn launch(rt: &Runtime, params: &Params, a: &Tensor, b: &Tensor, c: &
         &kernel,
         bytemuck::bytes_of(params),
         &[a, b, c, bias],
-        [(params.n as usize).div_ceil(TILE) as u32, (params.m as usize).div_ceil(TILE) as u32, batches],
+        [
+            (params.n as usize).div_ceil(TILE) as u32,
+            (params.m as usize).div_ceil(TILE) as u32,
+            batches,
+        ],
     )
 }

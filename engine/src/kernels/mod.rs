@@ -158,7 +158,11 @@ impl Runtime {
             kernels: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             params,
-            exec: Mutex::new(Exec { encoder: None, slot: 0, timing: None }),
+            exec: Mutex::new(Exec {
+                encoder: None,
+                slot: 0,
+                timing: None,
+            }),
             queries,
         })
     }
@@ -229,7 +233,11 @@ impl Runtime {
                 cache: None,
             })
         })?;
-        let kernel = Arc::new(Kernel { pipeline, layout, storage_bindings: storage });
+        let kernel = Arc::new(Kernel {
+            pipeline,
+            layout,
+            storage_bindings: storage,
+        });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
         Ok(kernel)
     }
@@ -265,7 +273,10 @@ impl Runtime {
             }),
         });
         for (i, t) in tensors.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: 1 + i as u32, resource: wgpu::BindingResource::Buffer(t.block().binding()) });
+            entries.push(wgpu::BindGroupEntry {
+                binding: 1 + i as u32,
+                resource: wgpu::BindingResource::Buffer(t.block().binding()),
+            });
         }
         let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
@@ -286,7 +297,10 @@ impl Runtime {
         let encoder = exec
             .encoder
             .get_or_insert_with(|| self.gpu.device.create_command_encoder(&Default::default()));
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes,
+        });
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind, &[(slot * PARAM_SLOT) as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -349,7 +363,10 @@ impl Runtime {
             .map_err(|e| DeviceError::Readback(e.to_string()))?
             .map_err(|e| DeviceError::Readback(e.to_string()))?;
         let ticks: [u64; 2] = {
-            let view = read.slice(..).get_mapped_range().map_err(|e| DeviceError::Readback(e.to_string()))?;
+            let view = read
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| DeviceError::Readback(e.to_string()))?;
             let v: &[u64] = bytemuck::cast_slice(&view);
             [v[0], v[1]]
         };
@@ -405,7 +422,11 @@ pub fn enables(dtypes: &[crate::tensor::DType]) -> String {
 /// Fails clearly when an f16 variant is asked of an adapter without SHADER_F16.
 pub fn require_f16(rt: &Runtime, dtypes: &[crate::tensor::DType]) -> Result<(), KernelError> {
     if dtypes.contains(&crate::tensor::DType::F16) && !rt.gpu.caps.shader_f16 {
-        return Err(DeviceError::MissingFeature { adapter: rt.gpu.report.name.clone(), feature: "SHADER_F16" }.into());
+        return Err(DeviceError::MissingFeature {
+            adapter: rt.gpu.report.name.clone(),
+            feature: "SHADER_F16",
+        }
+        .into());
     }
     Ok(())
 }

@@ -46,7 +46,12 @@ pub struct AdamW {
 
 impl Default for AdamW {
     fn default() -> Self {
-        AdamW { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2 }
+        AdamW {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
     }
 }
 
@@ -95,16 +100,38 @@ fn check(s: &OptimState, found: &Tensor) -> Result<usize, KernelError> {
 
 /// Sets found[0] to 1 when any grad * inv_scale is not finite (found is not cleared).
 pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), KernelError> {
-    let s = OptimState { param: grad, grad, m: grad, v: grad };
+    let s = OptimState {
+        param: grad,
+        grad,
+        m: grad,
+        v: grad,
+    };
     let n = check(&s, found)?;
     let kernel = rt.kernel("optim", SOURCE, &variant(0), 5)?;
-    let params = Params { n: n as u32, inv_scale, ..Default::default() };
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[grad, grad, grad, grad, found], grid(n.div_ceil(256) as u32))
+    let params = Params {
+        n: n as u32,
+        inv_scale,
+        ..Default::default()
+    };
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[grad, grad, grad, grad, found],
+        grid(n.div_ceil(256) as u32),
+    )
 }
 
 /// One AdamW step (`step` counts from 1). With `skip_if_found`, nothing changes when
 /// found[0] != 0.
-pub fn adamw_step(rt: &Runtime, h: &AdamW, s: &OptimState, step: u32, inv_scale: f32, found: &Tensor, skip_if_found: bool) -> Result<(), KernelError> {
+pub fn adamw_step(
+    rt: &Runtime,
+    h: &AdamW,
+    s: &OptimState,
+    step: u32,
+    inv_scale: f32,
+    found: &Tensor,
+    skip_if_found: bool,
+) -> Result<(), KernelError> {
     let n = check(s, found)?;
     let bc1 = 1.0 - h.betas.0.powi(step as i32);
     let bc2 = 1.0 - h.betas.1.powi(step as i32);
@@ -123,11 +150,24 @@ pub fn adamw_step(rt: &Runtime, h: &AdamW, s: &OptimState, step: u32, inv_scale:
         inv_scale,
     };
     let kernel = rt.kernel("optim", SOURCE, &variant(1), 5)?;
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], grid(n.div_ceil(256) as u32))
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[s.param, s.grad, s.m, s.v, found],
+        grid(n.div_ceil(256) as u32),
+    )
 }
 
 /// One SGD step; `first_step` initialises the momentum buffer with the gradient.
-pub fn sgd_step(rt: &Runtime, h: &Sgd, s: &OptimState, first_step: bool, inv_scale: f32, found: &Tensor, skip_if_found: bool) -> Result<(), KernelError> {
+pub fn sgd_step(
+    rt: &Runtime,
+    h: &Sgd,
+    s: &OptimState,
+    first_step: bool,
+    inv_scale: f32,
+    found: &Tensor,
+    skip_if_found: bool,
+) -> Result<(), KernelError> {
     let n = check(s, found)?;
     if h.momentum == 0.0 && h.nesterov {
         return Err(KernelError::Shape("nesterov momentum requires a momentum".into()));
@@ -145,5 +185,10 @@ pub fn sgd_step(rt: &Runtime, h: &Sgd, s: &OptimState, first_step: bool, inv_sca
         ..Default::default()
     };
     let kernel = rt.kernel("optim", SOURCE, &variant(2), 5)?;
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], grid(n.div_ceil(256) as u32))
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[s.param, s.grad, s.m, s.v, found],
+        grid(n.div_ceil(256) as u32),
+    )
 }

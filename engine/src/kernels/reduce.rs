@@ -47,8 +47,24 @@ pub fn variant(op: ReduceOp, dtype: DType) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn launch(rt: &Runtime, op: ReduceOp, x: &Tensor, rows: usize, cols: usize, total: usize, scale: f32, out: &Tensor) -> Result<(), KernelError> {
-    let params = Params { rows: rows as u32, cols: cols as u32, total: total as u32, x_offset: x.offset() as u32, scale, pad: [0; 3] };
+fn launch(
+    rt: &Runtime,
+    op: ReduceOp,
+    x: &Tensor,
+    rows: usize,
+    cols: usize,
+    total: usize,
+    scale: f32,
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        total: total as u32,
+        x_offset: x.offset() as u32,
+        scale,
+        pad: [0; 3],
+    };
     let kernel = rt.kernel("reduce", SOURCE, &variant(op, x.dtype()), 2)?;
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, out], grid(rows as u32))
 }
@@ -58,7 +74,10 @@ pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Resul
     check_tensor("reduce x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     if !x.is_contiguous() || x.shape().is_empty() {
-        return Err(KernelError::Shape(format!("reduce_last needs a contiguous tensor of rank >= 1, got {:?}", x.shape())));
+        return Err(KernelError::Shape(format!(
+            "reduce_last needs a contiguous tensor of rank >= 1, got {:?}",
+            x.shape()
+        )));
     }
     let cols = *x.shape().last().unwrap();
     let rows = x.numel() / cols.max(1);

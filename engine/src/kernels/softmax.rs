@@ -64,7 +64,12 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
     };
     let mode = if log { SoftmaxMode::LogSoftmax } else { SoftmaxMode::Softmax };
     let kernel = rt.kernel("softmax", SOURCE, &variant(mode, x.dtype(), y.dtype()), 3)?;
-    let params = Params { rows: rows as u32, cols: cols as u32, period, pad: 0 };
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        period,
+        pad: 0,
+    };
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, x, y], grid(rows as u32))
 }
 
@@ -80,6 +85,11 @@ pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor)
     require_f16(rt, &[y.dtype(), dx.dtype()])?;
     let (rows, cols) = rows_cols(y);
     let kernel = rt.kernel("softmax", SOURCE, &variant(SoftmaxMode::Backward, y.dtype(), dx.dtype()), 3)?;
-    let params = Params { rows: rows as u32, cols: cols as u32, period: 0, pad: 0 };
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        period: 0,
+        pad: 0,
+    };
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[y, dy, dx], grid(rows as u32))
 }

@@ -20,7 +20,11 @@ pub struct Variant {
 
 fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&'static str, String)>) -> Result<(), KernelError> {
     let wgsl = render(name, source, &values)?;
-    out.push(Variant { name, values: format!("{values:?}"), wgsl });
+    out.push(Variant {
+        name,
+        values: format!("{values:?}"),
+        wgsl,
+    });
     Ok(())
 }
 
@@ -32,35 +36,70 @@ pub fn all() -> Result<Vec<Variant>, KernelError> {
         for ta in floats {
             for to in floats {
                 for lanes in [1, 4] {
-                    push(&mut out, "map", include_str!("../../../shaders/map.wgsl"), super::map::variant(op, ta, ta, to, lanes))?;
+                    push(
+                        &mut out,
+                        "map",
+                        include_str!("../../../shaders/map.wgsl"),
+                        super::map::variant(op, ta, ta, to, lanes),
+                    )?;
                 }
             }
         }
     }
-    push(&mut out, "map", include_str!("../../../shaders/map.wgsl"), super::map::variant(MapOp::Copy, DType::I32, DType::I32, DType::F32, 1))?;
+    push(
+        &mut out,
+        "map",
+        include_str!("../../../shaders/map.wgsl"),
+        super::map::variant(MapOp::Copy, DType::I32, DType::I32, DType::F32, 1),
+    )?;
     for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
         for t in floats {
-            push(&mut out, "reduce", include_str!("../../../shaders/reduce.wgsl"), super::reduce::variant(op, t))?;
+            push(
+                &mut out,
+                "reduce",
+                include_str!("../../../shaders/reduce.wgsl"),
+                super::reduce::variant(op, t),
+            )?;
         }
     }
     for mode in [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward] {
         for tx in floats {
             for ty in floats {
-                push(&mut out, "softmax", include_str!("../../../shaders/softmax.wgsl"), super::softmax::variant(mode, tx, ty))?;
+                push(
+                    &mut out,
+                    "softmax",
+                    include_str!("../../../shaders/softmax.wgsl"),
+                    super::softmax::variant(mode, tx, ty),
+                )?;
             }
         }
     }
     for mode in 0..3 {
         for t in floats {
-            push(&mut out, "layernorm", include_str!("../../../shaders/layernorm.wgsl"), super::layernorm::variant(mode, t))?;
+            push(
+                &mut out,
+                "layernorm",
+                include_str!("../../../shaders/layernorm.wgsl"),
+                super::layernorm::variant(mode, t),
+            )?;
         }
     }
     for t in floats {
         for backward in [false, true] {
-            push(&mut out, "cross_entropy", include_str!("../../../shaders/cross_entropy.wgsl"), super::cross_entropy::variant(t, backward))?;
+            push(
+                &mut out,
+                "cross_entropy",
+                include_str!("../../../shaders/cross_entropy.wgsl"),
+                super::cross_entropy::variant(t, backward),
+            )?;
         }
         for mode in 0..2 {
-            push(&mut out, "embedding", include_str!("../../../shaders/embedding.wgsl"), super::embedding::variant(mode, t))?;
+            push(
+                &mut out,
+                "embedding",
+                include_str!("../../../shaders/embedding.wgsl"),
+                super::embedding::variant(mode, t),
+            )?;
         }
     }
     for act in [Activation::Identity, Activation::Relu, Activation::Gelu] {
@@ -68,19 +107,34 @@ pub fn all() -> Result<Vec<Variant>, KernelError> {
             for tc in floats {
                 for tm in [4, 8] {
                     for (vec_a, vec_b) in [(false, false), (true, true), (true, false), (false, true)] {
-                        push(&mut out, "matmul", include_str!("../../../shaders/matmul.wgsl"), super::matmul::variant(ta, ta, tc, tm, act, vec_a, vec_b))?;
+                        push(
+                            &mut out,
+                            "matmul",
+                            include_str!("../../../shaders/matmul.wgsl"),
+                            super::matmul::variant(ta, ta, tc, tm, act, vec_a, vec_b),
+                        )?;
                     }
                 }
             }
         }
         for tc in floats {
             for (vec_a, vec_b) in [(false, false), (true, false), (false, true), (true, true)] {
-                push(&mut out, "matmul_coop", include_str!("../../../shaders/matmul_coop.wgsl"), super::matmul_coop::variant(tc, act, vec_a, vec_b))?;
+                push(
+                    &mut out,
+                    "matmul_coop",
+                    include_str!("../../../shaders/matmul_coop.wgsl"),
+                    super::matmul_coop::variant(tc, act, vec_a, vec_b),
+                )?;
             }
         }
     }
     for mode in 0..3 {
-        push(&mut out, "optim", include_str!("../../../shaders/optim.wgsl"), super::optim::variant(mode))?;
+        push(
+            &mut out,
+            "optim",
+            include_str!("../../../shaders/optim.wgsl"),
+            super::optim::variant(mode),
+        )?;
     }
     Ok(out)
 }

@@ -11,12 +11,10 @@
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::pool::{
-    AllocError, AllocId, BackendOom, Category, PageBackend, PageId, Placement, Pool, PoolConfig,
-};
+use super::format_bytes;
+use super::pool::{AllocError, AllocId, BackendOom, Category, PageBackend, PageId, Placement, Pool, PoolConfig};
 use super::snapshot::MemorySnapshot;
 use super::stats::MemoryStats;
-use super::format_bytes;
 use crate::device::{DeviceError, Gpu};
 
 /// Guard bytes after each block in debug mode (at least; the rest of the block too).
@@ -37,17 +35,13 @@ impl PageBackend for WgpuPages {
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgtrain page"),
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         match pollster::block_on(scope.pop()) {
             Some(err) => {
                 buffer.destroy();
-                Err(BackendOom {
-                    reason: err.to_string(),
-                })
+                Err(BackendOom { reason: err.to_string() })
             }
             None => Ok(buffer),
         }
@@ -72,9 +66,11 @@ impl MemoryCap {
     /// Parses "3GiB", "512MiB", "1000000" (bytes) or "0.8" (a fraction, at most 1).
     pub fn parse(text: &str) -> Result<MemoryCap, AllocError> {
         let t = text.trim();
-        let bad = || AllocError::InvalidCap(format!(
-            "'{text}' is neither a size (like 3GiB, 512MiB, 1000000) nor a fraction in (0, 1]"
-        ));
+        let bad = || {
+            AllocError::InvalidCap(format!(
+                "'{text}' is neither a size (like 3GiB, 512MiB, 1000000) nor a fraction in (0, 1]"
+            ))
+        };
         let units: [(&str, u64); 8] = [
             ("TiB", 1 << 40),
             ("GiB", 1 << 30),
@@ -108,9 +104,7 @@ impl MemoryCap {
         match self {
             MemoryCap::Bytes(0) => Err(AllocError::InvalidCap("a cap of 0 bytes".into())),
             MemoryCap::Bytes(b) => Ok(b),
-            MemoryCap::Fraction(f) if !(f > 0.0 && f <= 1.0) => Err(AllocError::InvalidCap(
-                format!("fraction {f} is not in (0, 1]"),
-            )),
+            MemoryCap::Fraction(f) if !(f > 0.0 && f <= 1.0) => Err(AllocError::InvalidCap(format!("fraction {f} is not in (0, 1]"))),
             MemoryCap::Fraction(f) => match memory {
                 Some(m) => Ok((m as f64 * f) as u64),
                 None => Err(AllocError::InvalidCap(
@@ -196,9 +190,7 @@ impl Shared {
         label: &str,
     ) -> Result<Option<GuardViolation>, DeviceError> {
         let start = placement.requested.next_multiple_of(4);
-        let bytes = self
-            .gpu
-            .read_bytes(buffer, placement.offset + start, placement.size - start)?;
+        let bytes = self.gpu.read_bytes(buffer, placement.offset + start, placement.size - start)?;
         let bad: Vec<usize> = bytes
             .iter()
             .enumerate()
@@ -221,10 +213,7 @@ impl Shared {
                 match self.check_guard(&block.buffer, &block.placement, category, &label) {
                     Ok(Some(violation)) => {
                         tracing::error!("{}", describe_violations(std::slice::from_ref(&violation)));
-                        self.violations
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(violation);
+                        self.violations.lock().unwrap_or_else(|p| p.into_inner()).push(violation);
                     }
                     Ok(None) => {}
                     Err(err) => tracing::error!("guard check of '{label}' failed: {err}"),
@@ -315,11 +304,9 @@ impl Block {
 
     /// Reads the requested bytes back (rounded up to 4).
     pub fn read(&self) -> Result<Vec<u8>, DeviceError> {
-        self.shared.gpu.read_bytes(
-            &self.buffer,
-            self.placement.offset,
-            self.placement.requested.next_multiple_of(4),
-        )
+        self.shared
+            .gpu
+            .read_bytes(&self.buffer, self.placement.offset, self.placement.requested.next_multiple_of(4))
     }
 }
 
@@ -395,18 +382,12 @@ impl Allocator {
     pub fn alloc(&self, bytes: u64, category: Category, label: &str) -> Result<Block, AllocError> {
         let mut pool = self.shared.pool();
         let placement = pool.alloc(bytes, category, label)?;
-        let buffer = pool
-            .page_of(placement.page)
-            .expect("a fresh placement names a live page")
-            .clone();
+        let buffer = pool.page_of(placement.page).expect("a fresh placement names a live page").clone();
         drop(pool);
         if self.shared.debug {
             let start = placement.requested.next_multiple_of(4);
             let guard = vec![GUARD_FILL; (placement.size - start) as usize];
-            self.shared
-                .gpu
-                .queue
-                .write_buffer(&buffer, placement.offset + start, &guard);
+            self.shared.gpu.queue.write_buffer(&buffer, placement.offset + start, &guard);
         }
         Ok(Block {
             shared: self.shared.clone(),
@@ -489,9 +470,7 @@ impl Allocator {
             return Ok(());
         }
         let live = self.shared.pool().live_blocks();
-        let mut found: Vec<GuardViolation> = std::mem::take(
-            &mut *self.shared.violations.lock().unwrap_or_else(|p| p.into_inner()),
-        );
+        let mut found: Vec<GuardViolation> = std::mem::take(&mut *self.shared.violations.lock().unwrap_or_else(|p| p.into_inner()));
         for (placement, category, label) in live {
             let buffer = match self.shared.pool().page_of(placement.page) {
                 Some(b) => b.clone(),

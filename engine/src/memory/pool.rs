@@ -200,10 +200,7 @@ impl fmt::Display for OomReport {
             Some(reason) => write!(f, ". The device refused a new page: {reason}")?,
             None => write!(f, ". The cap refused a new page")?,
         }
-        write!(
-            f,
-            ". Lower the batch size, enable activation checkpointing, or raise the cap."
-        )
+        write!(f, ". Lower the batch size, enable activation checkpointing, or raise the cap.")
     }
 }
 
@@ -363,27 +360,18 @@ impl<B: PageBackend> Pool<B> {
 
     /// The block size a request of `requested` bytes takes.
     pub fn block_size_for(&self, requested: u64) -> u64 {
-        round_up(
-            requested.max(1).next_multiple_of(4) + self.config.guard_bytes,
-            self.config.round,
-        )
+        round_up(requested.max(1).next_multiple_of(4) + self.config.guard_bytes, self.config.round)
     }
 
     /// The pool a block of `size` bytes comes from.
     pub fn pool_for(size: u64) -> PoolKind {
-        if size <= SMALL_REQUEST {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        }
+        if size <= SMALL_REQUEST { PoolKind::Small } else { PoolKind::Large }
     }
 
     fn page_size_for(&self, size: u64, pool: PoolKind) -> (u64, bool) {
         match pool {
             PoolKind::Small => (SMALL_PAGE.min(self.config.max_page), false),
-            PoolKind::Large if size <= LARGE_REQUEST && LARGE_PAGE <= self.config.max_page => {
-                (LARGE_PAGE, false)
-            }
+            PoolKind::Large if size <= LARGE_REQUEST && LARGE_PAGE <= self.config.max_page => (LARGE_PAGE, false),
             PoolKind::Large => {
                 let rounded = round_up(size, DEDICATED_ROUND);
                 if rounded <= self.config.max_page {
@@ -396,12 +384,7 @@ impl<B: PageBackend> Pool<B> {
     }
 
     /// Allocates `requested` bytes; the returned block is at least that large.
-    pub fn alloc(
-        &mut self,
-        requested: u64,
-        category: Category,
-        label: &str,
-    ) -> Result<Placement, AllocError> {
+    pub fn alloc(&mut self, requested: u64, category: Category, label: &str) -> Result<Placement, AllocError> {
         let size = self.block_size_for(requested);
         if size > self.config.max_page {
             return Err(AllocError::TooLarge {
@@ -611,13 +594,7 @@ impl<B: PageBackend> Pool<B> {
             start = prev_offset;
             merged += prev_size;
         }
-        page.blocks.insert(
-            start,
-            BlockState {
-                size: merged,
-                live: None,
-            },
-        );
+        page.blocks.insert(start, BlockState { size: merged, live: None });
         self.free[pool].insert((merged, page_id, start));
         self.stats.allocated.sub(size);
         self.stats.requested.sub(info.requested);
@@ -647,12 +624,7 @@ impl<B: PageBackend> Pool<B> {
 
     /// Returns every wholly free page to the driver; returns the bytes released.
     pub fn release_free_pages(&mut self) -> u64 {
-        let empty: Vec<PageId> = self
-            .pages
-            .iter()
-            .filter(|(_, p)| p.live_blocks == 0)
-            .map(|(&id, _)| id)
-            .collect();
+        let empty: Vec<PageId> = self.pages.iter().filter(|(_, p)| p.live_blocks == 0).map(|(&id, _)| id).collect();
         let mut released = 0;
         for id in empty {
             let page = self.pages.remove(&id).expect("id from the page map");
@@ -808,13 +780,7 @@ impl<B: PageBackend> Pool<B> {
         self.events.push_back(event);
     }
 
-    fn oom_report(
-        &self,
-        requested: u64,
-        category: Category,
-        label: &str,
-        backend_reason: Option<String>,
-    ) -> OomReport {
+    fn oom_report(&self, requested: u64, category: Category, label: &str, backend_reason: Option<String>) -> OomReport {
         OomReport {
             requested,
             category,

@@ -201,12 +201,7 @@ impl MemoryStats {
         let _ = writeln!(
             out,
             " allocs {} | frees {} | device allocs {} | device frees {} | retries {} | OOMs {}",
-            self.num_allocs,
-            self.num_frees,
-            self.num_device_alloc,
-            self.num_device_free,
-            self.num_alloc_retries,
-            self.num_ooms
+            self.num_allocs, self.num_frees, self.num_device_alloc, self.num_device_free, self.num_alloc_retries, self.num_ooms
         );
         let _ = writeln!(out, "{rule}");
         out

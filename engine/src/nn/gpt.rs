@@ -71,10 +71,16 @@ impl GptConfig {
             return bad("vocab_size, n_positions and n_layer must be positive".into());
         }
         if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
-            return bad(format!("activation_function '{}' is not supported (gelu_new)", self.activation_function));
+            return bad(format!(
+                "activation_function '{}' is not supported (gelu_new)",
+                self.activation_function
+            ));
         }
         let flag = |k: &str| self.extra.get(k).and_then(|v| v.as_bool());
-        if flag("scale_attn_by_inverse_layer_idx") == Some(true) || flag("reorder_and_upcast_attn") == Some(true) || flag("scale_attn_weights") == Some(false) {
+        if flag("scale_attn_by_inverse_layer_idx") == Some(true)
+            || flag("reorder_and_upcast_attn") == Some(true)
+            || flag("scale_attn_weights") == Some(false)
+        {
             return bad("only GPT-2's standard attention scaling (1/sqrt(head_dim)) is supported".into());
         }
         if let Some(inner) = self.extra.get("n_inner").and_then(|v| v.as_u64())
@@ -114,7 +120,10 @@ pub struct Gpt {
 /// Every parameter name and shape of a config, in state-dict order.
 pub fn parameter_shapes(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
     let e = c.n_embd;
-    let mut out = vec![("transformer.wte.weight".to_string(), vec![c.vocab_size, e]), ("transformer.wpe.weight".to_string(), vec![c.n_positions, e])];
+    let mut out = vec![
+        ("transformer.wte.weight".to_string(), vec![c.vocab_size, e]),
+        ("transformer.wpe.weight".to_string(), vec![c.n_positions, e]),
+    ];
     for i in 0..c.n_layer {
         let p = |n: &str| format!("transformer.h.{i}.{n}");
         out.extend([
@@ -143,14 +152,21 @@ impl Gpt {
         config.validate()?;
         let mut index = BTreeMap::new();
         for (name, shape) in parameter_shapes(&config) {
-            let t = values.remove(&name).ok_or_else(|| KernelError::Shape(format!("missing parameter {name}")))?;
+            let t = values
+                .remove(&name)
+                .ok_or_else(|| KernelError::Shape(format!("missing parameter {name}")))?;
             if t.shape() != shape.as_slice() {
                 return Err(KernelError::Shape(format!("{name} is {:?}, expected {shape:?}", t.shape())));
             }
             index.insert(name.clone(), params.add(&name, t));
         }
         let at = |n: String| index[&n];
-        let pair = |i: usize, n: &str| (at(format!("transformer.h.{i}.{n}.weight")), at(format!("transformer.h.{i}.{n}.bias")));
+        let pair = |i: usize, n: &str| {
+            (
+                at(format!("transformer.h.{i}.{n}.weight")),
+                at(format!("transformer.h.{i}.{n}.bias")),
+            )
+        };
         let blocks = (0..config.n_layer)
             .map(|i| Block {
                 ln_1: pair(i, "ln_1"),
@@ -194,23 +210,36 @@ impl Gpt {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, KernelError> {
-        let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", dir.join(name).display())));
+        let read = |name: &str| {
+            std::fs::read(dir.join(name)).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", dir.join(name).display())))
+        };
         let config: GptConfig = serde_json::from_slice(&read("config.json")?)
             .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("config.json").display())))?;
         let bytes = read("model.safetensors")?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("model.safetensors").display())))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("model.safetensors").display())))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         let mut values = BTreeMap::new();
         for (name, view) in st.tensors() {
             // Older files prefix nothing or carry the tied head and attention-mask buffers.
-            let key = if wanted.contains_key(&name) { name.clone() } else { format!("transformer.{name}") };
+            let key = if wanted.contains_key(&name) {
+                name.clone()
+            } else {
+                format!("transformer.{name}")
+            };
             if !wanted.contains_key(&key) {
                 continue; // lm_head.weight (tied), attn.bias / attn.masked_bias buffers
             }
             let data: Vec<f32> = match view.dtype() {
                 Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
-                Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(view.data()).iter().map(|h| h.to_f32()).collect(),
-                Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(view.data()).iter().map(|h| h.to_f32()).collect(),
+                Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(view.data())
+                    .iter()
+                    .map(|h| h.to_f32())
+                    .collect(),
+                Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(view.data())
+                    .iter()
+                    .map(|h| h.to_f32())
+                    .collect(),
                 other => return Err(KernelError::Shape(format!("{name} has dtype {other:?}; expected F32, F16 or BF16"))),
             };
             values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
@@ -232,7 +261,12 @@ impl Gpt {
         }
         let views: Vec<(String, TensorView<'_>)> = data
             .iter()
-            .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data")))
+            .map(|(n, s, d)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data"),
+                )
+            })
             .collect();
         let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
         let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| KernelError::Shape(e.to_string()))?;
@@ -254,7 +288,10 @@ impl Gpt {
         };
         let (b, t) = (*b, *t);
         if t > self.config.n_positions {
-            return Err(KernelError::Shape(format!("sequence length {t} exceeds n_positions {}", self.config.n_positions)));
+            return Err(KernelError::Shape(format!(
+                "sequence length {t} exceeds n_positions {}",
+                self.config.n_positions
+            )));
         }
         let c = &self.config;
         let p = |tape: &mut Tape, i: usize| tape.param(params, i);

@@ -19,16 +19,24 @@ impl Mlp {
     /// (uniform in +-1/sqrt(fan_in) for weight and bias).
     pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, KernelError> {
         if sizes.len() < 2 || sizes.contains(&0) {
-            return Err(KernelError::Shape(format!("an MLP needs at least an input and an output width, all non-zero; got {sizes:?}")));
+            return Err(KernelError::Shape(format!(
+                "an MLP needs at least an input and an output width, all non-zero; got {sizes:?}"
+            )));
         }
         let mut layers = Vec::new();
         for (i, w) in sizes.windows(2).enumerate() {
             let bound = 1.0 / (w[0] as f32).sqrt();
             let weight = init.uniform(rt, &[w[1], w[0]], bound, &format!("layers.{i}.weight"))?;
             let bias = init.uniform(rt, &[w[1]], bound, &format!("layers.{i}.bias"))?;
-            layers.push((params.add(&format!("layers.{i}.weight"), weight), params.add(&format!("layers.{i}.bias"), bias)));
+            layers.push((
+                params.add(&format!("layers.{i}.weight"), weight),
+                params.add(&format!("layers.{i}.bias"), bias),
+            ));
         }
-        Ok(Mlp { sizes: sizes.to_vec(), layers })
+        Ok(Mlp {
+            sizes: sizes.to_vec(),
+            layers,
+        })
     }
 
     /// Logits [N, classes] of inputs [N, features].

@@ -23,13 +23,17 @@ pub struct Init {
 impl Init {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Init {
-        Init { rng: ChaCha8Rng::seed_from_u64(seed) }
+        Init {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
     }
 
     /// A parameter tensor of `shape` with values uniform in [-bound, bound).
     pub fn uniform(&mut self, rt: &Runtime, shape: &[usize], bound: f32, name: &str) -> Result<Tensor, KernelError> {
         let n: usize = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| self.rng.random_range(-bound..bound.max(f32::MIN_POSITIVE))).collect();
+        let data: Vec<f32> = (0..n)
+            .map(|_| self.rng.random_range(-bound..bound.max(f32::MIN_POSITIVE)))
+            .collect();
         Tensor::from_f32(rt, &data, shape, Category::Parameter, name)
     }
 

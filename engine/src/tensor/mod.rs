@@ -47,7 +47,13 @@ impl Tensor {
             rt.flush();
         }
         let block = rt.alloc.alloc(bytes, category, label)?;
-        Ok(Tensor { block: Arc::new(block), dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 })
+        Ok(Tensor {
+            block: Arc::new(block),
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        })
     }
 
     /// A contiguous tensor filled with `value`.
@@ -73,7 +79,15 @@ impl Tensor {
         Self::upload(rt, bytemuck::cast_slice(data), data.len(), shape, DType::I32, category, label)
     }
 
-    fn upload(rt: &Runtime, bytes: &[u8], len: usize, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
+    fn upload(
+        rt: &Runtime,
+        bytes: &[u8],
+        len: usize,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        label: &str,
+    ) -> Result<Tensor, KernelError> {
         if numel(shape) != len {
             return Err(KernelError::Shape(format!("{len} values do not fill shape {shape:?}")));
         }
@@ -93,16 +107,29 @@ impl Tensor {
 
     /// Reads the tensor back as f32 (any dtype, any strides).
     pub fn to_f32_vec(&self, rt: &Runtime) -> Result<Vec<f32>, KernelError> {
-        let t = if self.is_contiguous() && self.offset == 0 { self.clone() } else { self.contiguous(rt)? };
+        let t = if self.is_contiguous() && self.offset == 0 {
+            self.clone()
+        } else {
+            self.contiguous(rt)?
+        };
         rt.flush();
         let bytes = t.block.read()?;
         let n = t.numel();
         // A copy into typed vectors: the byte buffer carries no alignment guarantee.
         Ok(match t.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..n].to_vec(),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)[..n].iter().map(|h| h.to_f32()).collect(),
-            DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
-            DType::U32 => bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)[..n].iter().map(|&v| v as f32).collect(),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)[..n]
+                .iter()
+                .map(|h| h.to_f32())
+                .collect(),
+            DType::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(&bytes)[..n]
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            DType::U32 => bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)[..n]
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
         })
     }
 
@@ -149,7 +176,10 @@ impl Tensor {
     /// Whether the view is row-major without gaps.
     pub fn is_contiguous(&self) -> bool {
         let expected = contiguous_strides(&self.shape);
-        self.shape.iter().zip(self.strides.iter().zip(&expected)).all(|(&d, (&s, &e))| d <= 1 || s == e)
+        self.shape
+            .iter()
+            .zip(self.strides.iter().zip(&expected))
+            .all(|(&d, (&s, &e))| d <= 1 || s == e)
     }
 
     /// The largest element index the view touches, plus one (0 when empty).
@@ -166,9 +196,16 @@ impl Tensor {
             return Err(KernelError::Shape(format!("cannot reshape {:?} to {shape:?}", self.shape)));
         }
         if !self.is_contiguous() {
-            return Err(KernelError::Shape(format!("reshape of a non-contiguous view {:?} (call contiguous first)", self.shape)));
+            return Err(KernelError::Shape(format!(
+                "reshape of a non-contiguous view {:?} (call contiguous first)",
+                self.shape
+            )));
         }
-        Ok(Tensor { shape: shape.to_vec(), strides: contiguous_strides(shape), ..self.clone() })
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            ..self.clone()
+        })
     }
 
     /// Swaps two dimensions (no copy).
@@ -186,7 +223,11 @@ impl Tensor {
     /// `len` elements of dimension `dim` from `start` (no copy).
     pub fn slice(&self, dim: usize, start: usize, len: usize) -> Result<Tensor, KernelError> {
         if dim >= self.shape.len() || start + len > self.shape[dim] {
-            return Err(KernelError::Shape(format!("slice {start}..{} of dim {dim} of {:?}", start + len, self.shape)));
+            return Err(KernelError::Shape(format!(
+                "slice {start}..{} of dim {dim} of {:?}",
+                start + len,
+                self.shape
+            )));
         }
         let mut t = self.clone();
         t.offset += start * self.strides[dim];
@@ -198,9 +239,16 @@ impl Tensor {
     /// refused if it would reach past the block.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor, KernelError> {
         if shape.len() != strides.len() {
-            return Err(KernelError::Shape(format!("shape {shape:?} and strides {strides:?} differ in rank")));
+            return Err(KernelError::Shape(format!(
+                "shape {shape:?} and strides {strides:?} differ in rank"
+            )));
         }
-        let t = Tensor { shape: shape.to_vec(), strides: strides.to_vec(), offset, ..self.clone() };
+        let t = Tensor {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            ..self.clone()
+        };
         if t.extent() > t.capacity() {
             return Err(KernelError::Shape(format!(
                 "view {shape:?} strides {strides:?} offset {offset} reaches past a {}-element block",

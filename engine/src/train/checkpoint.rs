@@ -50,7 +50,10 @@ pub enum CheckpointError {
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
-    move |e| CheckpointError::Io { path: path.display().to_string(), source: e }
+    move |e| CheckpointError::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
 }
 
 /// A named f32 tensor on the host.
@@ -87,7 +90,9 @@ fn to_safetensors(tensors: &[HostTensor], metadata: Option<BTreeMap<String, Stri
         .iter()
         .map(|t| {
             let bytes: &[u8] = bytemuck::cast_slice(&t.data);
-            TensorView::new(Dtype::F32, t.shape.clone(), bytes).map(|v| (t.name.clone(), v)).map_err(|e| e.to_string())
+            TensorView::new(Dtype::F32, t.shape.clone(), bytes)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
     let metadata = metadata.map(|m| m.into_iter().collect());
@@ -95,7 +100,10 @@ fn to_safetensors(tensors: &[HostTensor], metadata: Option<BTreeMap<String, Stri
 }
 
 fn from_safetensors(bytes: &[u8], path: &Path) -> Result<(Vec<HostTensor>, BTreeMap<String, String>), CheckpointError> {
-    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.display().to_string(), reason };
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
     let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| corrupt(e.to_string()))?;
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| corrupt(e.to_string()))?;
     let mut out = Vec::new();
@@ -103,7 +111,11 @@ fn from_safetensors(bytes: &[u8], path: &Path) -> Result<(Vec<HostTensor>, BTree
         if view.dtype() != Dtype::F32 {
             return Err(corrupt(format!("tensor {name} is {:?}, expected F32", view.dtype())));
         }
-        out.push(HostTensor { name, shape: view.shape().to_vec(), data: bytemuck::pod_collect_to_vec(view.data()) });
+        out.push(HostTensor {
+            name,
+            shape: view.shape().to_vec(),
+            data: bytemuck::pod_collect_to_vec(view.data()),
+        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     let meta = header.metadata().clone().map(|m| m.into_iter().collect()).unwrap_or_default();
@@ -151,7 +163,11 @@ pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, Ch
             std::process::abort();
         }
     }
-    let manifest = Manifest { format: FORMAT.into(), step, files: hashes };
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        step,
+        files: hashes,
+    };
     let text = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
     write_synced(&tmp.join("manifest.json"), &text)?;
     sync_dir(&tmp)?;
@@ -197,7 +213,10 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     })?;
     let dir = path.join(name.trim());
     if !dir.join("manifest.json").is_file() {
-        return Err(CheckpointError::Corrupt { path: latest.display().to_string(), reason: format!("names '{}', which has no manifest", name.trim()) });
+        return Err(CheckpointError::Corrupt {
+            path: latest.display().to_string(),
+            reason: format!("names '{}', which has no manifest", name.trim()),
+        });
     }
     Ok(dir)
 }
@@ -207,19 +226,30 @@ pub fn load(path: &Path) -> Result<(u64, CheckpointData), CheckpointError> {
     let dir = resolve(path)?;
     let manifest_path = dir.join("manifest.json");
     let text = std::fs::read(&manifest_path).map_err(io(&manifest_path))?;
-    let manifest: Manifest = serde_json::from_slice(&text)
-        .map_err(|e| CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: e.to_string() })?;
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
+        path: manifest_path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     if manifest.format != FORMAT {
-        return Err(CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: format!("format '{}', expected '{FORMAT}'", manifest.format) });
+        return Err(CheckpointError::Corrupt {
+            path: manifest_path.display().to_string(),
+            reason: format!("format '{}', expected '{FORMAT}'", manifest.format),
+        });
     }
     let mut read = BTreeMap::new();
     for name in ["model.safetensors", "optimizer.safetensors", "trainer.safetensors"] {
         let path = dir.join(name);
         let bytes = std::fs::read(&path).map_err(io(&path))?;
-        let want = manifest.files.get(name).ok_or_else(|| CheckpointError::Corrupt { path: manifest_path.display().to_string(), reason: format!("no hash for {name}") })?;
+        let want = manifest.files.get(name).ok_or_else(|| CheckpointError::Corrupt {
+            path: manifest_path.display().to_string(),
+            reason: format!("no hash for {name}"),
+        })?;
         let got = hex::encode(Sha256::digest(&bytes));
         if &got != want {
-            return Err(CheckpointError::Corrupt { path: path.display().to_string(), reason: format!("sha256 {got} does not match the manifest's {want}") });
+            return Err(CheckpointError::Corrupt {
+                path: path.display().to_string(),
+                reason: format!("sha256 {got} does not match the manifest's {want}"),
+            });
         }
         read.insert(name, (path, bytes));
     }

@@ -42,7 +42,15 @@ pub struct ModelConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { kind: "mlp".into(), hidden: vec![256], n_layer: 4, n_head: 4, n_embd: 128, block_size: 128, vocab_size: 0 }
+        ModelConfig {
+            kind: "mlp".into(),
+            hidden: vec![256],
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            block_size: 128,
+            vocab_size: 0,
+        }
     }
 }
 
@@ -63,7 +71,12 @@ pub struct DataConfig {
 
 impl Default for DataConfig {
     fn default() -> Self {
-        DataConfig { kind: "fashion_mnist".into(), path: None, train_limit: 0, eval_limit: 0 }
+        DataConfig {
+            kind: "fashion_mnist".into(),
+            path: None,
+            train_limit: 0,
+            eval_limit: 0,
+        }
     }
 }
 
@@ -187,7 +200,9 @@ impl Config {
         for o in overrides {
             set_key(&mut root, o)?;
         }
-        let config: Config = toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?;
+        let config: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -195,7 +210,10 @@ impl Config {
     /// Reads a file (or the defaults when `path` is None) and applies overrides.
     pub fn load(path: Option<&std::path::Path>, overrides: &[String]) -> Result<Config, ConfigError> {
         let text = match path {
-            Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError::Read { path: p.display().to_string(), source: e })?,
+            Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                path: p.display().to_string(),
+                source: e,
+            })?,
             None => String::new(),
         };
         Config::parse(&text, overrides)
@@ -210,10 +228,16 @@ impl Config {
             return bad(format!("train.lr must be a positive number, got {}", self.train.lr));
         }
         if !["adamw", "sgd"].contains(&self.train.optimizer.as_str()) {
-            return bad(format!("train.optimizer must be \"adamw\" or \"sgd\", got \"{}\"", self.train.optimizer));
+            return bad(format!(
+                "train.optimizer must be \"adamw\" or \"sgd\", got \"{}\"",
+                self.train.optimizer
+            ));
         }
         if !["cosine", "constant"].contains(&self.train.schedule.as_str()) {
-            return bad(format!("train.schedule must be \"cosine\" or \"constant\", got \"{}\"", self.train.schedule));
+            return bad(format!(
+                "train.schedule must be \"cosine\" or \"constant\", got \"{}\"",
+                self.train.schedule
+            ));
         }
         match (self.model.kind.as_str(), self.data.kind.as_str()) {
             ("mlp", "fashion_mnist") | ("gpt", "chars") | ("gpt", "tokens") => {}
@@ -223,8 +247,12 @@ impl Config {
             ("mlp" | "gpt", d) => return bad(format!("model.kind \"{}\" cannot train on data.kind \"{d}\"", self.model.kind)),
             (m, _) => return bad(format!("model.kind \"{m}\" is unknown (\"mlp\", \"gpt\")")),
         }
-        if self.model.kind == "gpt" && (self.model.block_size == 0 || self.model.n_head == 0 || self.model.n_embd % self.model.n_head != 0) {
-            return bad(format!("model.n_embd {} must be a multiple of model.n_head {}, and block_size positive", self.model.n_embd, self.model.n_head));
+        if self.model.kind == "gpt" && (self.model.block_size == 0 || self.model.n_head == 0 || self.model.n_embd % self.model.n_head != 0)
+        {
+            return bad(format!(
+                "model.n_embd {} must be a multiple of model.n_head {}, and block_size positive",
+                self.model.n_embd, self.model.n_head
+            ));
         }
         if self.data.kind == "tokens" && self.model.vocab_size == 0 {
             return bad("data.kind \"tokens\" needs model.vocab_size".into());

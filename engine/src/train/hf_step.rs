@@ -27,13 +27,19 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
     let view = st.tensor(name).map_err(|_| bad(format!("no tensor '{name}'")))?;
     let values: Vec<i64> = match view.dtype() {
         Dtype::I64 => bytemuck::pod_collect_to_vec(view.data()),
-        Dtype::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(view.data()).into_iter().map(i64::from).collect(),
+        Dtype::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(view.data())
+            .into_iter()
+            .map(i64::from)
+            .collect(),
         other => return Err(bad(format!("'{name}' is {other:?}; expected I64 or I32"))),
     };
     if view.shape().len() != 2 {
         return Err(bad(format!("'{name}' must be [B, T], got {:?}", view.shape())));
     }
-    let ids = values.into_iter().map(|v| i32::try_from(v).map_err(|_| bad(format!("'{name}' holds {v}, out of range")))).collect::<Result<_, _>>()?;
+    let ids = values
+        .into_iter()
+        .map(|v| i32::try_from(v).map_err(|_| bad(format!("'{name}' holds {v}, out of range"))))
+        .collect::<Result<_, _>>()?;
     Ok((ids, view.shape().to_vec()))
 }
 
@@ -59,7 +65,9 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
         return Err(KernelError::Shape(format!("input id {bad} is outside the vocabulary of {v}")));
     }
     if let Some(bad) = labels.iter().find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= v)) {
-        return Err(KernelError::Shape(format!("label {bad} is outside the vocabulary of {v} (and not -100)")));
+        return Err(KernelError::Shape(format!(
+            "label {bad} is outside the vocabulary of {v} (and not -100)"
+        )));
     }
     let (b, t) = (shape[0], shape[1]);
     let targets = shifted_targets(&labels, b, t);
@@ -87,7 +95,12 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
 pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), KernelError> {
     let views: Vec<(String, TensorView<'_>)> = grads
         .iter()
-        .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data")))
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data"),
+            )
+        })
         .collect();
     let bytes = safetensors::serialize(views, None).map_err(|e| KernelError::Shape(e.to_string()))?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

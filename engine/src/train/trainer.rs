@@ -85,7 +85,10 @@ impl MemLog {
             allocated: s.allocated.current,
             reserved: s.reserved.current,
             peak: s.allocated.peak,
-            by_category: Category::ALL.iter().map(|c| (c.name().to_string(), s.category(*c).allocated.current)).collect(),
+            by_category: Category::ALL
+                .iter()
+                .map(|c| (c.name().to_string(), s.category(*c).allocated.current))
+                .collect(),
             fragmentation: s.fragmentation(),
             num_ooms: s.num_ooms,
             num_alloc_retries: s.num_alloc_retries,
@@ -236,13 +239,27 @@ fn load_data(config: &Config) -> Result<Loaded, TrainError> {
             let entropy = corpus.unigram_entropy();
             let vocab = corpus.vocab.len();
             let (train, val) = corpus.split(0.1);
-            (limited(Arc::new(train), config.data.train_limit), limited(Arc::new(val), config.data.eval_limit), vocab, Some(entropy))
+            (
+                limited(Arc::new(train), config.data.train_limit),
+                limited(Arc::new(val), config.data.eval_limit),
+                vocab,
+                Some(entropy),
+            )
         }
         _ => {
-            let dir = path.ok_or_else(|| DataError::Missing { what: "token files".into(), path: "(data.path unset)".into(), hint: String::new() })?;
+            let dir = path.ok_or_else(|| DataError::Missing {
+                what: "token files".into(),
+                path: "(data.path unset)".into(),
+                hint: String::new(),
+            })?;
             let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size)?;
             let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size)?;
-            (limited(Arc::new(train), config.data.train_limit), limited(Arc::new(val), config.data.eval_limit), m.vocab_size, None)
+            (
+                limited(Arc::new(train), config.data.train_limit),
+                limited(Arc::new(val), config.data.eval_limit),
+                m.vocab_size,
+                None,
+            )
         }
     })
 }
@@ -257,7 +274,13 @@ impl Trainer {
             Some(text) => Some(MemoryCap::parse(text).map_err(KernelError::from)?),
             None => None,
         };
-        let rt = Arc::new(Runtime::new(gpu, AllocatorOptions { debug: Some(config.memory.debug), cap })?);
+        let rt = Arc::new(Runtime::new(
+            gpu,
+            AllocatorOptions {
+                debug: Some(config.memory.debug),
+                cap,
+            },
+        )?);
         let mut params = Params::default();
         let mut init = Init::new(config.train.seed);
         let m = &config.model;
@@ -284,10 +307,33 @@ impl Trainer {
         };
         let t = &config.train;
         let rule = match t.optimizer.as_str() {
-            "sgd" => Rule::Sgd(Sgd { lr: t.lr, momentum: t.momentum, dampening: 0.0, weight_decay: t.weight_decay, nesterov: false }),
-            _ => Rule::AdamW(AdamW { lr: t.lr, betas: t.betas, eps: 1e-8, weight_decay: t.weight_decay }),
+            "sgd" => Rule::Sgd(Sgd {
+                lr: t.lr,
+                momentum: t.momentum,
+                dampening: 0.0,
+                weight_decay: t.weight_decay,
+                nesterov: false,
+            }),
+            _ => Rule::AdamW(AdamW {
+                lr: t.lr,
+                betas: t.betas,
+                eps: 1e-8,
+                weight_decay: t.weight_decay,
+            }),
         };
-        Ok(Trainer { config, rt, params, model, opt: Optimizer::new(rule), train, eval, unigram_entropy, step: 0, epoch: 0, index: 0 })
+        Ok(Trainer {
+            config,
+            rt,
+            params,
+            model,
+            opt: Optimizer::new(rule),
+            train,
+            eval,
+            unigram_entropy,
+            step: 0,
+            epoch: 0,
+            index: 0,
+        })
     }
 
     /// Steps in the whole run.
@@ -301,7 +347,13 @@ impl Trainer {
         let y = Tensor::from_i32(&self.rt, &b.targets, &[b.targets.len()], Category::Input, "batch.targets")?;
         let logits = match &self.model {
             Model::Mlp(mlp) => {
-                let x = Tensor::from_f32(&self.rt, &b.features, &[b.examples, fashion_mnist::PIXELS], Category::Input, "batch.images")?;
+                let x = Tensor::from_f32(
+                    &self.rt,
+                    &b.features,
+                    &[b.examples, fashion_mnist::PIXELS],
+                    Category::Input,
+                    "batch.images",
+                )?;
                 mlp.forward(tape, &self.rt, &self.params, x)?
             }
             Model::Gpt(gpt) => {
@@ -357,25 +409,45 @@ impl Trainer {
                 let values = logits.value.to_f32_vec(&self.rt)?;
                 for (r, &t) in b.targets.iter().enumerate() {
                     let row = &values[r * classes..(r + 1) * classes];
-                    let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0);
+                    let best = row
+                        .iter()
+                        .enumerate()
+                        .max_by(|a, b| a.1.total_cmp(b.1))
+                        .map(|(i, _)| i)
+                        .unwrap_or(0);
                     correct += usize::from(best as i32 == t);
                 }
             }
         }
         let accuracy = matches!(self.model, Model::Mlp(_)).then(|| correct as f64 / count.max(1) as f64);
-        Ok(EvalLog { loss: loss_sum / count.max(1) as f64, accuracy })
+        Ok(EvalLog {
+            loss: loss_sum / count.max(1) as f64,
+            accuracy,
+        })
     }
 
     fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
         let mut model = Vec::new();
         let mut optimizer = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {
-            model.push(HostTensor { name: p.name.clone(), shape: p.value.shape().to_vec(), data: p.value.to_f32_vec(&self.rt)? });
+            model.push(HostTensor {
+                name: p.name.clone(),
+                shape: p.value.shape().to_vec(),
+                data: p.value.to_f32_vec(&self.rt)?,
+            });
             if let Some(Some((m, v))) = self.opt.state.get(i) {
                 let names = self.opt.state_names(&p.name);
-                optimizer.push(HostTensor { name: names[0].clone(), shape: m.shape().to_vec(), data: m.to_f32_vec(&self.rt)? });
+                optimizer.push(HostTensor {
+                    name: names[0].clone(),
+                    shape: m.shape().to_vec(),
+                    data: m.to_f32_vec(&self.rt)?,
+                });
                 if matches!(self.opt.rule, Rule::AdamW(_)) {
-                    optimizer.push(HostTensor { name: names[1].clone(), shape: v.shape().to_vec(), data: v.to_f32_vec(&self.rt)? });
+                    optimizer.push(HostTensor {
+                        name: names[1].clone(),
+                        shape: v.shape().to_vec(),
+                        data: v.to_f32_vec(&self.rt)?,
+                    });
                 }
             }
         }
@@ -398,19 +470,37 @@ impl Trainer {
     /// Restores parameters, optimizer state and data position from a checkpoint.
     pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
         let (step, data) = checkpoint::load(path)?;
-        let mismatch = |reason: String| CheckpointError::Mismatch { path: path.display().to_string(), reason };
+        let mismatch = |reason: String| CheckpointError::Mismatch {
+            path: path.display().to_string(),
+            reason,
+        };
         if data.model.len() != self.params.list.len() {
             return Err(mismatch(format!("{} parameters, the model has {}", data.model.len(), self.params.list.len())).into());
         }
         for t in &data.model {
-            let i = self.params.find(&t.name).ok_or_else(|| mismatch(format!("unknown parameter {}", t.name)))?;
+            let i = self
+                .params
+                .find(&t.name)
+                .ok_or_else(|| mismatch(format!("unknown parameter {}", t.name)))?;
             if self.params.list[i].value.shape() != t.shape.as_slice() {
-                return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, self.params.list[i].value.shape())).into());
+                return Err(mismatch(format!(
+                    "{} is {:?}, the model has {:?}",
+                    t.name,
+                    t.shape,
+                    self.params.list[i].value.shape()
+                ))
+                .into());
             }
             self.params.list[i].value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
         }
         let get = |k: &str| -> Result<u64, CheckpointError> {
-            data.trainer.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| CheckpointError::Corrupt { path: path.display().to_string(), reason: format!("trainer state lacks {k}") })
+            data.trainer
+                .get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| CheckpointError::Corrupt {
+                    path: path.display().to_string(),
+                    reason: format!("trainer state lacks {k}"),
+                })
         };
         self.epoch = get("epoch")?;
         self.index = get("batch_index")?;
@@ -441,7 +531,14 @@ impl Trainer {
         let total = self.total_steps();
         let mut log = match &options.log {
             Some(path) => Some(std::io::BufWriter::new(
-                std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| TrainError::Log { path: path.display().to_string(), source: e })?,
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| TrainError::Log {
+                        path: path.display().to_string(),
+                        source: e,
+                    })?,
             )),
             None => None,
         };
@@ -449,7 +546,10 @@ impl Trainer {
         let mut write = |line: &StepLog| -> Result<(), TrainError> {
             if let Some(w) = log.as_mut() {
                 let text = serde_json::to_string(line).expect("log lines serialize");
-                writeln!(w, "{text}").and_then(|_| w.flush()).map_err(|e| TrainError::Log { path: log_path.clone(), source: e })?;
+                writeln!(w, "{text}").and_then(|_| w.flush()).map_err(|e| TrainError::Log {
+                    path: log_path.clone(),
+                    source: e,
+                })?;
             }
             Ok(())
         };
@@ -458,12 +558,22 @@ impl Trainer {
         let mut loader = Loader::start(self.train.clone(), t.batch_size, t.seed, true, false, self.epoch, self.index, 2);
         let bar = options.progress.then(|| {
             let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+                    .expect("a valid template"),
+            );
             bar.set_position(self.step);
             bar
         });
         let ckpt_dir = self.config.checkpoint.dir.as_ref().map(PathBuf::from);
-        let mut summary = RunSummary { steps: self.step, losses: Vec::new(), last_eval: None, seconds: 0.0, interrupted: false, checkpoint: None };
+        let mut summary = RunSummary {
+            steps: self.step,
+            losses: Vec::new(),
+            last_eval: None,
+            seconds: 0.0,
+            interrupted: false,
+            checkpoint: None,
+        };
         while self.step < total {
             if options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
                 summary.interrupted = true;
@@ -478,7 +588,11 @@ impl Trainer {
             let step_s = step_start.elapsed().as_secs_f64();
             guard.map_err(|e| KernelError::Shape(e.to_string()))?;
             self.step += 1;
-            (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch { (batch.position.0 + 1, 0) } else { (batch.position.0, batch.position.1 + 1) };
+            (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch {
+                (batch.position.0 + 1, 0)
+            } else {
+                (batch.position.0, batch.position.1 + 1)
+            };
             summary.losses.push(loss);
             let stats = self.rt.alloc.stats();
             write(&StepLog {
@@ -501,14 +615,27 @@ impl Trainer {
                 ));
             }
             let epoch_end = self.index == 0;
-            let eval_now = if t.eval_every > 0 { self.step % t.eval_every == 0 } else { epoch_end } || self.step == total;
+            let eval_now = if t.eval_every > 0 {
+                self.step % t.eval_every == 0
+            } else {
+                epoch_end
+            } || self.step == total;
             if eval_now {
                 let e = self.evaluate()?;
                 if let Some(bar) = &bar {
                     let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
                     bar.println(format!("step {}: eval loss {:.4}{acc}", self.step, e.loss));
                 }
-                write(&StepLog { step: self.step, epoch: batch.position.0, loss: None, lr: None, step_ms: None, samples_per_s: None, mem: None, eval: Some(e.clone()) })?;
+                write(&StepLog {
+                    step: self.step,
+                    epoch: batch.position.0,
+                    loss: None,
+                    lr: None,
+                    step_ms: None,
+                    samples_per_s: None,
+                    mem: None,
+                    eval: Some(e.clone()),
+                })?;
                 summary.last_eval = Some(e);
             }
             if let Some(dir) = &ckpt_dir
@@ -520,7 +647,10 @@ impl Trainer {
         }
         drop(loader);
         if let Some(dir) = &ckpt_dir
-            && summary.checkpoint.as_ref().is_none_or(|p| !p.ends_with(checkpoint::step_dir_name(self.step)))
+            && summary
+                .checkpoint
+                .as_ref()
+                .is_none_or(|p| !p.ends_with(checkpoint::step_dir_name(self.step)))
         {
             summary.checkpoint = Some(self.save(dir)?);
         }
