@@ -90,6 +90,8 @@ pub struct TrainConfig {
     pub steps: Option<u64>,
     /// Examples per step.
     pub batch_size: usize,
+    /// Examples per forward/backward; gradients accumulate over batch_size (unset: all).
+    pub micro_batch_size: Option<usize>,
     /// Peak learning rate.
     pub lr: f32,
     /// Floor of the cosine schedule.
@@ -120,6 +122,7 @@ impl Default for TrainConfig {
             epochs: 1,
             steps: None,
             batch_size: 128,
+            micro_batch_size: None,
             lr: 1e-3,
             min_lr: 0.0,
             warmup_steps: 0,
@@ -223,6 +226,9 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.train.batch_size == 0 {
             return bad("train.batch_size must be at least 1".into());
+        }
+        if self.train.micro_batch_size == Some(0) {
+            return bad("train.micro_batch_size must be at least 1".into());
         }
         if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
             return bad(format!("train.lr must be a positive number, got {}", self.train.lr));

@@ -201,6 +201,28 @@ fn limit(mut d: FashionMnist, n: usize) -> FashionMnist {
     d
 }
 
+/// Splits a batch into consecutive parts of at most `micro` examples.
+fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
+    if micro >= batch.examples {
+        return vec![batch.clone()];
+    }
+    let per = |len: usize| len / batch.examples.max(1);
+    let (fe, to, ta) = (per(batch.features.len()), per(batch.tokens.len()), per(batch.targets.len()));
+    (0..batch.examples)
+        .step_by(micro)
+        .map(|start| {
+            let end = (start + micro).min(batch.examples);
+            HostBatch {
+                features: batch.features[start * fe..end * fe].to_vec(),
+                tokens: batch.tokens[start * to..end * to].to_vec(),
+                targets: batch.targets[start * ta..end * ta].to_vec(),
+                examples: end - start,
+                position: batch.position,
+            }
+        })
+        .collect()
+}
+
 /// A dataset restricted to its first `n` examples (all when n is 0).
 struct Limited {
     inner: Arc<dyn Dataset>,
@@ -365,23 +387,42 @@ impl Trainer {
         Ok((logits, y))
     }
 
+    /// Forward and backward over `batch`, in micro-batches of `train.micro_batch_size`
+    /// examples when set: each micro-batch's mean loss is weighted by its share of the
+    /// batch's targets (the backward seed), so the accumulated gradients equal the whole
+    /// batch's. Returns the batch's mean loss; gradients are left in `params`.
+    pub fn compute_gradients(&mut self, batch: &HostBatch) -> Result<f64, TrainError> {
+        let micro = match self.config.train.micro_batch_size {
+            Some(m) if m > 0 && m < batch.examples => m,
+            _ => batch.examples,
+        };
+        let total_targets = batch.targets.len().max(1);
+        let mut loss_sum = 0.0f64;
+        for part in split_batch(batch, micro) {
+            let rows = part.targets.len();
+            let weight = rows as f32 / total_targets as f32;
+            let mut tape = Tape::new();
+            let (logits, y) = self.forward(&mut tape, &part)?;
+            let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "loss")?;
+            drop(logits);
+            tape.backward_with(&self.rt, &loss, weight, &mut self.params)?;
+            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
+        }
+        Ok(loss_sum)
+    }
+
     /// One training step on `batch`; returns the loss.
     fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
-        let mut tape = Tape::new();
-        let (logits, y) = self.forward(&mut tape, batch)?;
-        let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, batch.targets.len(), CE_ROW_CHUNK, "loss")?;
-        drop(logits);
-        tape.backward(&self.rt, &loss, &mut self.params)?;
+        let loss = self.compute_gradients(batch)?;
+        if !loss.is_finite() {
+            return Err(TrainError::NonFinite(loss as f32, self.step + 1));
+        }
         if self.config.train.grad_clip > 0.0 {
             clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
         }
         self.opt.step(&self.rt, &self.params, lr)?;
         self.params.zero_grad();
-        let value = loss.value.to_f32_vec(&self.rt)?[0];
-        if !value.is_finite() {
-            return Err(TrainError::NonFinite(value, self.step + 1));
-        }
-        Ok(value as f64)
+        Ok(loss)
     }
 
     /// Loss (and accuracy, for classifiers) over the evaluation split, without gradients.
