@@ -8,7 +8,12 @@ use wgtrain_engine::train::{Config, Trainer};
 
 fn grads(trainer: &mut Trainer, batch: &HostBatch) -> (f64, Vec<Vec<f32>>) {
     let loss = trainer.compute_gradients(batch).unwrap();
-    let g = trainer.params.list.iter().map(|p| p.grad.as_ref().unwrap().to_f32_vec(&trainer.rt).unwrap()).collect();
+    let g = trainer
+        .params
+        .list
+        .iter()
+        .map(|p| p.grad.as_ref().unwrap().to_f32_vec(&trainer.rt).unwrap())
+        .collect();
     trainer.params.zero_grad();
     (loss, g)
 }
@@ -32,7 +37,10 @@ fn mlp_micro_batches_accumulate_to_the_full_batch() {
         batch.examples += 1;
     }
     let set = |micro: &str| -> Vec<String> {
-        ["model.hidden=[16]", "data.train_limit=64", "data.eval_limit=16", micro].iter().map(|s| s.to_string()).collect()
+        ["model.hidden=[16]", "data.train_limit=64", "data.eval_limit=16", micro]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     };
     let mut full = Trainer::new(Config::parse("", &set("train.batch_size=60")).unwrap(), None).unwrap();
     // 60 = 16 + 16 + 16 + 12: unequal micro-batches weigh by their share.
@@ -62,7 +70,10 @@ fn gpt_micro_batches_accumulate_to_the_full_batch() {
         .collect()
     };
     let ids: Vec<i32> = text.bytes().map(|b| b as i32 % 20).collect();
-    let mut batch = HostBatch { examples: 6, ..Default::default() };
+    let mut batch = HostBatch {
+        examples: 6,
+        ..Default::default()
+    };
     for e in 0..6 {
         batch.tokens.extend(&ids[e * 16..e * 16 + 16]);
         batch.targets.extend(&ids[e * 16 + 1..e * 16 + 17]);

@@ -89,10 +89,7 @@ fn a_bad_selector_on_the_command_line_is_a_clear_error() {
 fn the_device_records_what_it_was_granted() {
     let gpu = Gpu::open(Some("vulkan")).unwrap();
     let l = &gpu.caps.limits;
-    assert_eq!(
-        l.max_storage_buffer_binding_size as u64,
-        gpu.report.limits.max_storage_buffer_binding_size
-    );
+    assert_eq!(l.max_storage_buffer_binding_size, gpu.report.limits.max_storage_buffer_binding_size);
     assert_eq!(gpu.caps.shader_f16, gpu.report.features.iter().any(|f| f == "SHADER_F16"));
     assert_eq!(gpu.caps.subgroup, gpu.report.features.iter().any(|f| f == "SUBGROUP"));
     // No cooperative matrices on lavapipe; the host logic must then say no.

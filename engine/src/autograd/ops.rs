@@ -149,7 +149,7 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
             let dw = Tensor::full(rt, &[c], DType::F32, 0.0, cats[1], "dw")?;
             let db = Tensor::full(rt, &[c], DType::F32, 0.0, cats[2], "db")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
-            let dx = ln::backward(rt, &xs, &ws, &saved, &dy, &dw, &db, "dx")?;
+            let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
         }),
     ))

@@ -91,6 +91,19 @@ pub fn batches_per_epoch(n: usize, batch: usize, drop_last: bool) -> u64 {
     }
 }
 
+/// How examples are grouped into batches.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchOrder {
+    /// Examples per batch.
+    pub batch: usize,
+    /// Seed of the shuffles.
+    pub seed: u64,
+    /// Shuffle each epoch.
+    pub shuffle: bool,
+    /// Drop the last partial batch.
+    pub drop_last: bool,
+}
+
 /// Batches from a background thread, starting at a position (for resume).
 pub struct Loader {
     rx: Receiver<HostBatch>,
@@ -98,17 +111,14 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Streams batches of `batch` examples from (`epoch`, `index`) on, `prefetch` ahead.
-    pub fn start(
-        data: std::sync::Arc<dyn Dataset>,
-        batch: usize,
-        seed: u64,
-        shuffle: bool,
-        drop_last: bool,
-        epoch: u64,
-        index: u64,
-        prefetch: usize,
-    ) -> Loader {
+    /// Streams batches from (`epoch`, `index`) on, `prefetch` ahead.
+    pub fn start(data: std::sync::Arc<dyn Dataset>, order: BatchOrder, (epoch, index): (u64, u64), prefetch: usize) -> Loader {
+        let BatchOrder {
+            batch,
+            seed,
+            shuffle,
+            drop_last,
+        } = order;
         let (tx, rx): (SyncSender<HostBatch>, Receiver<HostBatch>) = sync_channel(prefetch.max(1));
         let handle = std::thread::spawn(move || {
             let n = data.len();

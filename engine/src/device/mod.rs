@@ -349,7 +349,7 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let align = wgpu::COPY_BUFFER_ALIGNMENT;
-        if offset % align != 0 || size % align != 0 || offset + size > buffer.size() {
+        if !offset.is_multiple_of(align) || !size.is_multiple_of(align) || offset + size > buffer.size() {
             return Err(DeviceError::Readback(format!(
                 "range {offset}..{} of a {}-byte buffer is not 4-byte aligned or inside it",
                 offset + size,

@@ -36,7 +36,7 @@ impl From<&wgpu::Limits> for LimitsReport {
     fn from(l: &wgpu::Limits) -> Self {
         LimitsReport {
             max_buffer_size: l.max_buffer_size,
-            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
             min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
             max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,

@@ -45,7 +45,7 @@ fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), KernelError> {
         .ok_or_else(|| KernelError::Shape("layernorm of a scalar".into()))?;
     check_tensor("layernorm weight", w, DType::F32)?;
     check_contiguous("layernorm weight", w, &[cols])?;
-    Ok((if cols == 0 { 0 } else { x.numel() / cols }, cols))
+    Ok((x.numel().checked_div(cols).unwrap_or(0), cols))
 }
 
 /// y = layernorm(x) * w + b over the last dimension.
@@ -77,15 +77,14 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     Ok((y, LayerNormSaved { mean, rstd }))
 }
 
-/// dx from dy; adds the weight and bias gradients into `dw` and `db`.
+/// dx from dy; adds the weight and bias gradients into `(dw, db)`.
 pub fn backward(
     rt: &Runtime,
     x: &Tensor,
     w: &Tensor,
     saved: &LayerNormSaved,
     dy: &Tensor,
-    dw: &Tensor,
-    db: &Tensor,
+    (dw, db): (&Tensor, &Tensor),
     label: &str,
 ) -> Result<Tensor, KernelError> {
     let (rows, cols) = check(x, w)?;

@@ -233,8 +233,8 @@ pub fn map_into(
     }
     let a_strides = broadcast_strides("map a", a, shape)?;
     let b_strides = broadcast_strides("map b", b, shape)?;
-    let same = |t: &Tensor| t.shape() == shape && t.is_contiguous() && t.offset() % 4 == 0;
-    let lanes = if n % 4 == 0 && out.offset() % 4 == 0 && same(a) && same(b) {
+    let same = |t: &Tensor| t.shape() == shape && t.is_contiguous() && t.offset().is_multiple_of(4);
+    let lanes = if n.is_multiple_of(4) && out.offset().is_multiple_of(4) && same(a) && same(b) {
         4
     } else {
         1

@@ -47,13 +47,13 @@ pub fn variant(op: ReduceOp, dtype: DType) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Reduces `rows` rows of `cols` elements of x (the first `total` in play) into out,
+/// times `scale`.
 fn launch(
     rt: &Runtime,
     op: ReduceOp,
     x: &Tensor,
-    rows: usize,
-    cols: usize,
-    total: usize,
+    (rows, cols, total): (usize, usize, usize),
     scale: f32,
     out: &Tensor,
 ) -> Result<(), KernelError> {
@@ -90,7 +90,7 @@ pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Resul
         super::map::fill(rt, &out, if op == ReduceOp::Max { f32::NEG_INFINITY } else { 0.0 })?;
         return Ok(out);
     }
-    launch(rt, op, x, rows, cols, x.numel(), scale, &out)?;
+    launch(rt, op, x, (rows, cols, x.numel()), scale, &out)?;
     Ok(out)
 }
 
@@ -111,11 +111,11 @@ pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result
     let first_op = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
     let chunks = n.div_ceil(CHUNK);
     if chunks == 1 {
-        launch(rt, first_op, x, 1, n, n, scale, &out)?;
+        launch(rt, first_op, x, (1, n, n), scale, &out)?;
         return Ok(out);
     }
     let partial = Tensor::empty(rt, &[chunks], DType::F32, Category::Temporary, "reduce partials")?;
-    launch(rt, first_op, x, chunks, CHUNK, n, 1.0, &partial)?;
-    launch(rt, first_op, &partial, 1, chunks, chunks, scale, &out)?;
+    launch(rt, first_op, x, (chunks, CHUNK, n), 1.0, &partial)?;
+    launch(rt, first_op, &partial, (1, chunks, chunks), scale, &out)?;
     Ok(out)
 }

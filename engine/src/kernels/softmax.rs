@@ -40,7 +40,7 @@ pub fn variant(mode: SoftmaxMode, tx: DType, ty: DType) -> Vec<(&'static str, St
 
 fn rows_cols(t: &Tensor) -> (usize, usize) {
     let cols = t.shape().last().copied().unwrap_or(1);
-    (if cols == 0 { 0 } else { t.numel() / cols }, cols)
+    (t.numel().checked_div(cols).unwrap_or(0), cols)
 }
 
 /// Softmax or log-softmax of `x` into `y` (same shape, contiguous). With `causal`, row

@@ -288,7 +288,7 @@ impl Block {
     /// Writes `data` at `byte_offset` inside the block's request.
     pub fn write(&self, byte_offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         let end = byte_offset + data.len() as u64;
-        if end > self.placement.requested.next_multiple_of(4) || byte_offset % 4 != 0 || data.len() % 4 != 0 {
+        if end > self.placement.requested.next_multiple_of(4) || !byte_offset.is_multiple_of(4) || !data.len().is_multiple_of(4) {
             return Err(DeviceError::Validation(format!(
                 "write of {} bytes at {byte_offset} outside a {}-byte block or not 4-byte aligned",
                 data.len(),
@@ -342,7 +342,7 @@ impl Allocator {
         let debug = options.debug.unwrap_or_else(debug_from_env);
         let mut config = PoolConfig::for_adapter(
             limits.min_storage_buffer_offset_alignment as u64,
-            limits.max_storage_buffer_binding_size as u64,
+            limits.max_storage_buffer_binding_size,
             limits.max_buffer_size,
         );
         if debug {

@@ -64,7 +64,7 @@ impl GptConfig {
     /// Checks what the engine implements.
     pub fn validate(&self) -> Result<(), KernelError> {
         let bad = |m: String| Err(KernelError::Shape(m));
-        if self.n_head == 0 || self.n_embd % self.n_head != 0 {
+        if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
         if self.vocab_size == 0 || self.n_positions == 0 || self.n_layer == 0 {

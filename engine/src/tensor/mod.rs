@@ -95,7 +95,7 @@ impl Tensor {
         // Queue writes land before every launch of the next submission, including those
         // recorded earlier: submit those first, or they would see this data too soon.
         rt.flush();
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             t.block.write(0, bytes)?;
         } else {
             let mut padded = bytes.to_vec();

@@ -253,7 +253,8 @@ impl Config {
             ("mlp" | "gpt", d) => return bad(format!("model.kind \"{}\" cannot train on data.kind \"{d}\"", self.model.kind)),
             (m, _) => return bad(format!("model.kind \"{m}\" is unknown (\"mlp\", \"gpt\")")),
         }
-        if self.model.kind == "gpt" && (self.model.block_size == 0 || self.model.n_head == 0 || self.model.n_embd % self.model.n_head != 0)
+        if self.model.kind == "gpt"
+            && (self.model.block_size == 0 || self.model.n_head == 0 || !self.model.n_embd.is_multiple_of(self.model.n_head))
         {
             return bad(format!(
                 "model.n_embd {} must be a multiple of model.n_head {}, and block_size positive",

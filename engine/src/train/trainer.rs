@@ -18,7 +18,7 @@ use crate::autograd::{Params, Tape, ops};
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::text::{self, CharCorpus};
 use crate::data::tokens::TokenFile;
-use crate::data::{DataError, Dataset, HostBatch, Loader, batches_per_epoch};
+use crate::data::{BatchOrder, DataError, Dataset, HostBatch, Loader, batches_per_epoch};
 use crate::device::Gpu;
 use crate::kernels::optim::{AdamW, Sgd};
 use crate::kernels::{KernelError, Runtime};
@@ -596,7 +596,13 @@ impl Trainer {
         };
         let t = self.config.train.clone();
         let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
-        let mut loader = Loader::start(self.train.clone(), t.batch_size, t.seed, true, false, self.epoch, self.index, 2);
+        let order = BatchOrder {
+            batch: t.batch_size,
+            seed: t.seed,
+            shuffle: true,
+            drop_last: false,
+        };
+        let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
         let bar = options.progress.then(|| {
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
@@ -657,7 +663,7 @@ impl Trainer {
             }
             let epoch_end = self.index == 0;
             let eval_now = if t.eval_every > 0 {
-                self.step % t.eval_every == 0
+                self.step.is_multiple_of(t.eval_every)
             } else {
                 epoch_end
             } || self.step == total;
@@ -681,7 +687,7 @@ impl Trainer {
             }
             if let Some(dir) = &ckpt_dir
                 && self.config.checkpoint.every > 0
-                && self.step % self.config.checkpoint.every == 0
+                && self.step.is_multiple_of(self.config.checkpoint.every)
             {
                 summary.checkpoint = Some(self.save(dir)?);
             }
