@@ -119,3 +119,60 @@ fn the_step_command_prints_json_and_dumps_gradients() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("input id 9999 is outside the vocabulary"));
 }
+
+#[test]
+fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
+    use wgtrain_engine::autograd::{Tape, ops};
+    use wgtrain_engine::{Category, Tensor};
+    // A large vocabulary against a small width, where the logits dominate memory.
+    let rt = common::runtime();
+    let v = 6000usize;
+    let config: wgtrain_engine::nn::GptConfig = serde_json::from_value(serde_json::json!({
+        "vocab_size": v, "n_positions": 16, "n_embd": 16, "n_layer": 1, "n_head": 2
+    }))
+    .unwrap();
+    let mut params = Params::default();
+    let model = Gpt::new(&rt, config, &mut params, &mut wgtrain_engine::nn::Init::new(3)).unwrap();
+    let (b, t) = (4usize, 16usize);
+    let ids: Vec<i32> = (0..b * t).map(|i| (i * 37 % v) as i32).collect();
+    let targets: Vec<i32> = (0..b * t).map(|i| (i * 11 % v) as i32).collect();
+    let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
+    let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
+    let mut run = |fused: bool| -> (f32, Vec<Vec<f32>>, u64) {
+        rt.sync().unwrap();
+        rt.alloc.reset_peaks();
+        let mut tape = Tape::new();
+        let loss = if fused {
+            model.forward_loss(&mut tape, &rt, &params, &ids_t, &tg, b * t, 8).unwrap()
+        } else {
+            let logits = model.forward(&mut tape, &rt, &params, &ids_t).unwrap();
+            ops::cross_entropy_mean(&mut tape, &rt, &logits, &tg, b * t, 8, "loss").unwrap()
+        };
+        let value = loss.value.to_f32_vec(&rt).unwrap()[0];
+        tape.backward(&rt, &loss, &mut params).unwrap();
+        rt.sync().unwrap();
+        let peak = rt.alloc.stats().allocated.peak;
+        let grads = params
+            .list
+            .iter()
+            .map(|p| p.grad.as_ref().unwrap().to_f32_vec(&rt).unwrap())
+            .collect();
+        params.zero_grad();
+        (value, grads, peak)
+    };
+    let (plain, fused) = (run(false), run(true));
+    assert!((plain.0 - fused.0).abs() < 1e-5 * plain.0.abs(), "{} vs {}", plain.0, fused.0);
+    for (a, g) in plain.1.iter().zip(&fused.1) {
+        let want: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let (abs, rel, ok) = compare(g, &want, 1e-5 * scale + 1e-8, 1e-4);
+        assert!(ok, "fused head gradient differs: {abs:e} {rel:e}");
+    }
+    assert!(
+        fused.2 < plain.2,
+        "fused peak {} should be below the plain head's {}",
+        fused.2,
+        plain.2
+    );
+    common::finish(&rt);
+}

@@ -3,7 +3,7 @@
 
 use super::{Tape, Var};
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::{MatmulOptions, matmul};
+use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::{KernelError, Runtime, attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
 use crate::memory::Category;
@@ -227,6 +227,97 @@ pub fn cross_entropy_mean(
             // dlogits * upstream gradient (1 for a plain loss, the scale under a scaler).
             map_into(rt, MapOp::Mul, Some(&d), Some(g), &d, 1.0, 1.0)?;
             Ok(vec![Some(d.reshape(&shape)?)])
+        }),
+    ))
+}
+
+/// The tied language-model head and mean cross-entropy in one op that never holds the
+/// whole [N, V] logits: for each chunk of `row_chunk` rows, logits = h W^T (W is
+/// [V, C]), the fused cross-entropy writes the logits' gradient in place, and with
+/// gradients enabled dh = dlogits W and dW += dlogits^T h are formed right away. Peak
+/// extra memory is one [row_chunk, V] block instead of two [N, V] ones (logits and
+/// their gradient). Returns the one-element loss; backward scales the stored dh and dW
+/// by the upstream gradient.
+pub fn lm_head_cross_entropy(
+    tape: &mut Tape,
+    rt: &Runtime,
+    h: &Var,
+    w: &Var,
+    targets: &Tensor,
+    n_valid: usize,
+    row_chunk: usize,
+    label: &str,
+) -> Result<Var, KernelError> {
+    let h2 = flatten2(&h.value)?;
+    let [n, c] = [h2.shape()[0], h2.shape()[1]];
+    let v = w.value.shape()[0];
+    if w.value.shape() != [v, c] || targets.shape() != [n] {
+        return Err(KernelError::Shape(format!(
+            "lm head: h {:?}, W {:?}, targets {:?}",
+            h.value.shape(),
+            w.value.shape(),
+            targets.shape()
+        )));
+    }
+    let grad = tape.grad_enabled();
+    let scale = 1.0 / n_valid.max(1) as f32;
+    let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
+    let dh = if grad {
+        Some(Tensor::empty(rt, &[n, c], DType::F32, Category::Temporary, &format!("{label}.dh"))?)
+    } else {
+        None
+    };
+    let dw = if grad {
+        Some(Tensor::full(
+            rt,
+            &[v, c],
+            DType::F32,
+            0.0,
+            Category::Temporary,
+            &format!("{label}.dW"),
+        )?)
+    } else {
+        None
+    };
+    let chunk = row_chunk.max(1).min(n.max(1));
+    let logits = Tensor::empty(rt, &[chunk, v], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
+    let wt = w.value.transpose(0, 1)?;
+    for start in (0..n).step_by(chunk) {
+        let rows = chunk.min(n - start);
+        let hc = h2.slice(0, start, rows)?;
+        let lc = logits.slice(0, 0, rows)?;
+        matmul_into(rt, &hc, &wt, &lc, &MatmulOptions::default())?;
+        // The fused kernel takes whole tensors: this chunk's targets and losses are copied.
+        let tc = targets.slice(0, start, rows)?.contiguous(rt)?;
+        let loss_c = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "chunk losses")?;
+        ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale, 0..rows)?;
+        crate::kernels::map::copy_into(rt, &loss_c, &losses.slice(0, start, rows)?)?;
+        if let (Some(dh), Some(dw)) = (&dh, &dw) {
+            matmul_into(rt, &lc, &w.value, &dh.slice(0, start, rows)?, &MatmulOptions::default())?;
+            matmul_into(
+                rt,
+                &lc.transpose(0, 1)?,
+                &hc,
+                dw,
+                &MatmulOptions {
+                    beta: 1.0,
+                    ..Default::default()
+                },
+            )?;
+        }
+    }
+    let total = reduce_all(rt, ReduceOp::Sum, &losses, label)?;
+    let loss = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;
+    map_into(rt, MapOp::Scale, Some(&total), None, &loss, scale, 0.0)?;
+    let h_shape = h.value.shape().to_vec();
+    Ok(tape.record(
+        loss,
+        &[h, w],
+        Box::new(move |rt, g, _cats| {
+            let (dh, dw) = (dh.expect("recorded with gradients"), dw.expect("recorded with gradients"));
+            map_into(rt, MapOp::Mul, Some(&dh), Some(g), &dh, 1.0, 1.0)?;
+            map_into(rt, MapOp::Mul, Some(&dw), Some(g), &dw, 1.0, 1.0)?;
+            Ok(vec![Some(dh.reshape(&h_shape)?), Some(dw)])
         }),
     ))
 }

@@ -283,6 +283,31 @@ impl Gpt {
 
     /// Logits [B, T, V] of token ids [B, T] (i32).
     pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, KernelError> {
+        let (h, wte) = self.trunk(tape, rt, params, ids)?;
+        // The head is tied: logits = h wte^T.
+        ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")
+    }
+
+    /// The mean next-token loss against `targets` [B*T] (i32, -100 ignored) through the
+    /// fused head + cross-entropy, which holds [row_chunk, V] logits at a time, never
+    /// the whole [B*T, V] logits and their gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_loss(
+        &self,
+        tape: &mut Tape,
+        rt: &Runtime,
+        params: &Params,
+        ids: &Tensor,
+        targets: &Tensor,
+        n_valid: usize,
+        row_chunk: usize,
+    ) -> Result<Var, KernelError> {
+        let (h, wte) = self.trunk(tape, rt, params, ids)?;
+        ops::lm_head_cross_entropy(tape, rt, &h, &wte, targets, n_valid, row_chunk, "loss")
+    }
+
+    /// The final hidden states [B, T, C] (after ln_f) and the wte leaf (the tied head).
+    fn trunk(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<(Var, Var), KernelError> {
         let [b, t] = ids.shape() else {
             return Err(KernelError::Shape(format!("input ids must be [B, T], got {:?}", ids.shape())));
         };
@@ -323,10 +348,8 @@ impl Gpt {
         }
         let (w, bb) = (p(tape, self.ln_f.0), p(tape, self.ln_f.1));
         let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;
-        // The head is tied: logits = h wte^T.
-        let logits = ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")?;
-        debug_assert_eq!(logits.value.shape(), &[b, t, c.vocab_size]);
-        Ok(logits)
+        debug_assert_eq!(h.value.shape(), &[b, t, c.n_embd]);
+        Ok((h, wte))
     }
 }
 

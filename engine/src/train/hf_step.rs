@@ -7,12 +7,15 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::autograd::{Params, Tape, ops};
+use crate::autograd::{Params, Tape};
 use crate::kernels::cross_entropy::IGNORE_INDEX;
 use crate::kernels::{KernelError, Runtime};
 use crate::memory::Category;
 use crate::nn::gpt::{Gpt, shifted_targets};
 use crate::tensor::Tensor;
+
+/// Rows of logits the fused head + cross-entropy holds at a time.
+pub const HEAD_ROW_CHUNK: usize = 1024;
 
 /// The result of one step.
 pub struct HfStep {
@@ -75,9 +78,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     let ids_t = Tensor::from_i32(rt, &ids, &[b, t], Category::Input, "input_ids")?;
     let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
     let mut tape = Tape::new();
-    let logits = model.forward(&mut tape, rt, &params, &ids_t)?;
-    let loss = ops::cross_entropy_mean(&mut tape, rt, &logits, &tg_t, n_valid, 4096, "loss")?;
-    drop(logits);
+    let loss = model.forward_loss(&mut tape, rt, &params, &ids_t, &tg_t, n_valid, HEAD_ROW_CHUNK)?;
     let value = loss.value.to_f32_vec(rt)?[0] as f64;
     tape.backward(rt, &loss, &mut params)?;
     let mut grads = Vec::new();

@@ -387,6 +387,20 @@ impl Trainer {
         Ok((logits, y))
     }
 
+    /// The mean loss of a batch on a tape. A GPT goes through the fused head +
+    /// cross-entropy (never the whole logits); the MLP through logits and the fused loss.
+    fn loss(&self, tape: &mut Tape, b: &HostBatch) -> Result<crate::autograd::Var, KernelError> {
+        let rows = b.targets.len();
+        if let Model::Gpt(gpt) = &self.model {
+            let y = Tensor::from_i32(&self.rt, &b.targets, &[rows], Category::Input, "batch.targets")?;
+            let t = b.tokens.len() / b.examples.max(1);
+            let ids = Tensor::from_i32(&self.rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
+            return gpt.forward_loss(tape, &self.rt, &self.params, &ids, &y, rows, CE_ROW_CHUNK);
+        }
+        let (logits, y) = self.forward(tape, b)?;
+        ops::cross_entropy_mean(tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "loss")
+    }
+
     /// Forward and backward over `batch`, in micro-batches of `train.micro_batch_size`
     /// examples when set: each micro-batch's mean loss is weighted by its share of the
     /// batch's targets (the backward seed), so the accumulated gradients equal the whole
@@ -402,9 +416,7 @@ impl Trainer {
             let rows = part.targets.len();
             let weight = rows as f32 / total_targets as f32;
             let mut tape = Tape::new();
-            let (logits, y) = self.forward(&mut tape, &part)?;
-            let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "loss")?;
-            drop(logits);
+            let loss = self.loss(&mut tape, &part)?;
             tape.backward_with(&self.rt, &loss, weight, &mut self.params)?;
             loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
         }
@@ -440,12 +452,18 @@ impl Trainer {
                 b.examples += 1;
             }
             let mut tape = Tape::no_grad();
-            let (logits, y) = self.forward(&mut tape, &b)?;
             let rows = b.targets.len();
+            if let Model::Gpt(_) = self.model {
+                let loss = self.loss(&mut tape, &b)?;
+                loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * rows as f64;
+                count += rows;
+                continue;
+            }
+            let (logits, y) = self.forward(&mut tape, &b)?;
             let loss = ops::cross_entropy_mean(&mut tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "eval.loss")?;
             loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * rows as f64;
             count += rows;
-            if let Model::Mlp(_) = self.model {
+            {
                 let classes = logits.value.shape()[1];
                 let values = logits.value.to_f32_vec(&self.rt)?;
                 for (r, &t) in b.targets.iter().enumerate() {
