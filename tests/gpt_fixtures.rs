@@ -143,7 +143,7 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
         rt.alloc.reset_peaks();
         let mut tape = Tape::new();
         let loss = if fused {
-            model.forward_loss(&mut tape, &rt, &params, &ids_t, &tg, b * t, 8).unwrap()
+            model.forward_loss(&mut tape, &rt, &params, &ids_t, (&tg, b * t), 8).unwrap()
         } else {
             let logits = model.forward(&mut tape, &rt, &params, &ids_t).unwrap();
             ops::cross_entropy_mean(&mut tape, &rt, &logits, &tg, b * t, 8, "loss").unwrap()

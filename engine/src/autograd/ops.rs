@@ -236,15 +236,14 @@ pub fn cross_entropy_mean(
 /// [V, C]), the fused cross-entropy writes the logits' gradient in place, and with
 /// gradients enabled dh = dlogits W and dW += dlogits^T h are formed right away. Peak
 /// extra memory is one [row_chunk, V] block instead of two [N, V] ones (logits and
-/// their gradient). Returns the one-element loss; backward scales the stored dh and dW
+/// their gradient). `targets` are [N] i32 with `n_valid` of them not ignored. Returns the one-element loss; backward scales the stored dh and dW
 /// by the upstream gradient.
 pub fn lm_head_cross_entropy(
     tape: &mut Tape,
     rt: &Runtime,
     h: &Var,
     w: &Var,
-    targets: &Tensor,
-    n_valid: usize,
+    (targets, n_valid): (&Tensor, usize),
     row_chunk: usize,
     label: &str,
 ) -> Result<Var, KernelError> {

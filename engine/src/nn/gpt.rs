@@ -288,22 +288,21 @@ impl Gpt {
         ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")
     }
 
-    /// The mean next-token loss against `targets` [B*T] (i32, -100 ignored) through the
+    /// The mean next-token loss against `targets` ([B*T] i32, -100 ignored, and how many
+    /// are not ignored) through the
     /// fused head + cross-entropy, which holds [row_chunk, V] logits at a time, never
     /// the whole [B*T, V] logits and their gradient.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_loss(
         &self,
         tape: &mut Tape,
         rt: &Runtime,
         params: &Params,
         ids: &Tensor,
-        targets: &Tensor,
-        n_valid: usize,
+        targets: (&Tensor, usize),
         row_chunk: usize,
     ) -> Result<Var, KernelError> {
         let (h, wte) = self.trunk(tape, rt, params, ids)?;
-        ops::lm_head_cross_entropy(tape, rt, &h, &wte, targets, n_valid, row_chunk, "loss")
+        ops::lm_head_cross_entropy(tape, rt, &h, &wte, targets, row_chunk, "loss")
     }
 
     /// The final hidden states [B, T, C] (after ln_f) and the wte leaf (the tied head).

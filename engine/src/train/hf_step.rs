@@ -78,7 +78,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     let ids_t = Tensor::from_i32(rt, &ids, &[b, t], Category::Input, "input_ids")?;
     let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
     let mut tape = Tape::new();
-    let loss = model.forward_loss(&mut tape, rt, &params, &ids_t, &tg_t, n_valid, HEAD_ROW_CHUNK)?;
+    let loss = model.forward_loss(&mut tape, rt, &params, &ids_t, (&tg_t, n_valid), HEAD_ROW_CHUNK)?;
     let value = loss.value.to_f32_vec(rt)?[0] as f64;
     tape.backward(rt, &loss, &mut params)?;
     let mut grads = Vec::new();

@@ -395,7 +395,7 @@ impl Trainer {
             let y = Tensor::from_i32(&self.rt, &b.targets, &[rows], Category::Input, "batch.targets")?;
             let t = b.tokens.len() / b.examples.max(1);
             let ids = Tensor::from_i32(&self.rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
-            return gpt.forward_loss(tape, &self.rt, &self.params, &ids, &y, rows, CE_ROW_CHUNK);
+            return gpt.forward_loss(tape, &self.rt, &self.params, &ids, (&y, rows), CE_ROW_CHUNK);
         }
         let (logits, y) = self.forward(tape, b)?;
         ops::cross_entropy_mean(tape, &self.rt, &logits, &y, rows, CE_ROW_CHUNK, "loss")
