@@ -176,3 +176,55 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
     );
     common::finish(&rt);
 }
+
+#[test]
+fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
+    use wgtrain_engine::autograd::Tape;
+    use wgtrain_engine::{Category, Tensor};
+    let rt = common::runtime();
+    let config: wgtrain_engine::nn::GptConfig =
+        serde_json::from_value(serde_json::json!({"vocab_size": 50, "n_positions": 64, "n_embd": 32, "n_layer": 4, "n_head": 4})).unwrap();
+    let mut params = Params::default();
+    let mut model = Gpt::new(&rt, config, &mut params, &mut wgtrain_engine::nn::Init::new(5)).unwrap();
+    let (b, t) = (4usize, 64usize);
+    let ids: Vec<i32> = (0..b * t).map(|i| (i * 31 % 50) as i32).collect();
+    let targets: Vec<i32> = (0..b * t).map(|i| (i * 17 % 50) as i32).collect();
+    let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
+    let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
+    let mut run = |model: &Gpt| -> (f32, Vec<Vec<f32>>, u64) {
+        rt.sync().unwrap();
+        rt.alloc.reset_peaks();
+        let mut tape = Tape::new();
+        let loss = model.forward_loss(&mut tape, &rt, &params, &ids_t, (&tg, b * t), 64).unwrap();
+        let value = loss.value.to_f32_vec(&rt).unwrap()[0];
+        tape.backward(&rt, &loss, &mut params).unwrap();
+        rt.sync().unwrap();
+        let peak = rt.alloc.stats().allocated.peak;
+        let grads = params
+            .list
+            .iter()
+            .map(|p| p.grad.as_ref().unwrap().to_f32_vec(&rt).unwrap())
+            .collect();
+        params.zero_grad();
+        (value, grads, peak)
+    };
+    let plain = run(&model);
+    model.checkpoint_every = 1;
+    let every_layer = run(&model);
+    model.checkpoint_every = 2;
+    let every_other = run(&model);
+    for ck in [&every_layer, &every_other] {
+        assert_eq!(plain.0, ck.0, "the same forward");
+        for (a, g) in plain.1.iter().zip(&ck.1) {
+            assert_eq!(a, g, "recomputation is deterministic: gradients are bitwise equal");
+        }
+    }
+    assert!(
+        every_layer.2 < every_other.2 && every_other.2 < plain.2,
+        "peaks: plain {} every-2 {} every-layer {}",
+        plain.2,
+        every_other.2,
+        every_layer.2
+    );
+    common::finish(&rt);
+}

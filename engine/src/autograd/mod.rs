@@ -195,14 +195,13 @@ impl Tape {
     }
 
     /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
-    pub fn backward_with(mut self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
+    pub fn backward_with(self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
         if loss.value.numel() != 1 {
             return Err(KernelError::Shape(format!(
                 "backward from a non-scalar of shape {:?}",
                 loss.value.shape()
             )));
         }
-        let mut grads: HashMap<VarId, Tensor> = HashMap::new();
         let seed_t = Tensor::full(
             rt,
             loss.value.shape(),
@@ -211,7 +210,29 @@ impl Tape {
             Category::Temporary,
             "loss.grad",
         )?;
-        grads.insert(loss.id, seed_t);
+        self.run_backward(rt, vec![(loss.id, seed_t)], Some(params))?;
+        Ok(())
+    }
+
+    /// Backpropagates from `output` seeded with `grad` (its shape) and returns the
+    /// gradients of `wanted` values (None where nothing flowed). Parameters brought onto
+    /// this tape must not be used: the caller owns the gradients (activation
+    /// checkpointing recomputes a segment this way).
+    pub fn gradients_of(self, rt: &Runtime, output: &Var, grad: Tensor, wanted: &[&Var]) -> Result<Vec<Option<Tensor>>, KernelError> {
+        if !self.leaves.is_empty() {
+            return Err(KernelError::Shape("gradients_of on a tape with parameter leaves".into()));
+        }
+        let mut grads = self.run_backward(rt, vec![(output.id, grad)], None)?;
+        Ok(wanted.iter().map(|v| grads.remove(&v.id)).collect())
+    }
+
+    fn run_backward(
+        mut self,
+        rt: &Runtime,
+        seeds: Vec<(VarId, Tensor)>,
+        mut params: Option<&mut Params>,
+    ) -> Result<HashMap<VarId, Tensor>, KernelError> {
+        let mut grads: HashMap<VarId, Tensor> = seeds.into_iter().collect();
         while let Some(node) = self.nodes.pop() {
             let Some(grad_out) = grads.remove(&node.output) else {
                 continue; // nothing flows back through this node; its saved tensors go now
@@ -231,19 +252,22 @@ impl Tape {
             drop(grad_out);
             for (input, g) in node.inputs.iter().zip(input_grads) {
                 let Some(g) = g else { continue };
-                if let Some(&index) = self.leaves.get(input) {
-                    let p = &mut params.list[index];
-                    let label = format!("{}.grad", p.name);
-                    accumulate(rt, &mut p.grad, g, Category::Gradient, &label)?;
-                } else {
-                    let mut slot = grads.remove(input);
-                    accumulate(rt, &mut slot, g, Category::Temporary, "grad")?;
-                    if let Some(t) = slot {
-                        grads.insert(*input, t);
+                match (self.leaves.get(input), params.as_deref_mut()) {
+                    (Some(&index), Some(params)) => {
+                        let p = &mut params.list[index];
+                        let label = format!("{}.grad", p.name);
+                        accumulate(rt, &mut p.grad, g, Category::Gradient, &label)?;
+                    }
+                    _ => {
+                        let mut slot = grads.remove(input);
+                        accumulate(rt, &mut slot, g, Category::Temporary, "grad")?;
+                        if let Some(t) = slot {
+                            grads.insert(*input, t);
+                        }
                     }
                 }
             }
         }
-        Ok(())
+        Ok(grads)
     }
 }

@@ -320,3 +320,46 @@ pub fn lm_head_cross_entropy(
         }),
     ))
 }
+
+/// A segment recomputed in backward (activation checkpointing, as
+/// torch.utils.checkpoint): `f` runs on `inputs` without recording, so none of its
+/// internals stay alive; the output is recorded as one node whose backward runs `f`
+/// again on a fresh tape and backpropagates through it. `f` must be deterministic (the
+/// engine has no dropout, so there is no RNG state to replay).
+pub fn checkpoint(
+    tape: &mut Tape,
+    rt: &Runtime,
+    inputs: &[&Var],
+    f: std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, KernelError>>,
+) -> Result<Var, KernelError> {
+    let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
+    let out = {
+        let mut inner = Tape::no_grad();
+        let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
+        f(&mut inner, rt, &vars)?
+    };
+    Ok(tape.record(
+        out.value,
+        inputs,
+        Box::new(move |rt, g, cats| {
+            let mut inner = Tape::new();
+            let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
+            let out = f(&mut inner, rt, &vars)?;
+            let wanted: Vec<&Var> = vars.iter().collect();
+            let grads = inner.gradients_of(rt, &out, g.clone(), &wanted)?;
+            // Parameter gradients are counted as gradients, not temporaries.
+            grads
+                .into_iter()
+                .zip(cats)
+                .map(|(g, &cat)| match g {
+                    Some(g) if g.block().category() != cat => {
+                        let owned = Tensor::empty(rt, g.shape(), g.dtype(), cat, "grad")?;
+                        crate::kernels::map::copy_into(rt, &g, &owned)?;
+                        Ok(Some(owned))
+                    }
+                    other => Ok(other),
+                })
+                .collect()
+        }),
+    ))
+}

@@ -115,6 +115,9 @@ pub struct Gpt {
     wpe: usize,
     blocks: Vec<Block>,
     ln_f: (usize, usize),
+    /// Recompute every k-th block in backward instead of keeping its activations
+    /// (0: keep everything; 1: every layer).
+    pub checkpoint_every: usize,
 }
 
 /// Every parameter name and shape of a config, in state-dict order.
@@ -183,6 +186,7 @@ impl Gpt {
             ln_f: (at("transformer.ln_f.weight".into()), at("transformer.ln_f.bias".into())),
             blocks,
             config,
+            checkpoint_every: 0,
         })
     }
 
@@ -327,29 +331,44 @@ impl Gpt {
         let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "wpe")?;
         let mut x = ops::add(tape, rt, &tok, &pos, "embed")?;
         for (i, blk) in self.blocks.iter().enumerate() {
-            let l = |n: &str| format!("h.{i}.{n}");
-            let (w, bb) = (p(tape, blk.ln_1.0), p(tape, blk.ln_1.1));
-            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, &l("ln_1"))?;
-            let (w, bb) = (p(tape, blk.c_attn.0), p(tape, blk.c_attn.1));
-            let qkv = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("qkv"))?;
-            let y = ops::attention(tape, rt, &qkv, c.n_head, &l("atty"))?;
-            let (w, bb) = (p(tape, blk.attn_proj.0), p(tape, blk.attn_proj.1));
-            let a = ops::linear(tape, rt, &y, &w, Some(&bb), WeightLayout::InOut, &l("attproj"))?;
-            x = ops::add(tape, rt, &x, &a, &l("residual2"))?;
-            let (w, bb) = (p(tape, blk.ln_2.0), p(tape, blk.ln_2.1));
-            let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, &l("ln_2"))?;
-            let (w, bb) = (p(tape, blk.c_fc.0), p(tape, blk.c_fc.1));
-            let f = ops::linear(tape, rt, &h, &w, Some(&bb), WeightLayout::InOut, &l("fch"))?;
-            let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
-            let (w, bb) = (p(tape, blk.mlp_proj.0), p(tape, blk.mlp_proj.1));
-            let m = ops::linear(tape, rt, &g, &w, Some(&bb), WeightLayout::InOut, &l("fcproj"))?;
-            x = ops::add(tape, rt, &x, &m, &l("residual3"))?;
+            let ids = [blk.ln_1, blk.c_attn, blk.attn_proj, blk.ln_2, blk.c_fc, blk.mlp_proj];
+            let mut vars = vec![x.clone()];
+            for (w, bias) in ids {
+                vars.push(p(tape, w));
+                vars.push(p(tape, bias));
+            }
+            let (eps, nh) = (c.layer_norm_epsilon as f32, c.n_head);
+            let recompute = self.checkpoint_every > 0 && i % self.checkpoint_every == 0;
+            x = if recompute {
+                let refs: Vec<&Var> = vars.iter().collect();
+                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, eps, nh, v));
+                ops::checkpoint(tape, rt, &refs, segment)?
+            } else {
+                block(tape, rt, i, eps, nh, &vars)?
+            };
         }
         let (w, bb) = (p(tape, self.ln_f.0), p(tape, self.ln_f.1));
         let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;
         debug_assert_eq!(h.value.shape(), &[b, t, c.n_embd]);
         Ok((h, wte))
     }
+}
+
+/// One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). `v` holds x and the
+/// block's 12 parameters in state-dict order.
+fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]) -> Result<Var, KernelError> {
+    let l = |n: &str| format!("h.{i}.{n}");
+    let x = &v[0];
+    let h = ops::layernorm(tape, rt, x, &v[1], &v[2], eps, &l("ln_1"))?;
+    let qkv = ops::linear(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, &l("qkv"))?;
+    let y = ops::attention(tape, rt, &qkv, nh, &l("atty"))?;
+    let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attproj"))?;
+    let x2 = ops::add(tape, rt, x, &a, &l("residual2"))?;
+    let h = ops::layernorm(tape, rt, &x2, &v[7], &v[8], eps, &l("ln_2"))?;
+    let f = ops::linear(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, &l("fch"))?;
+    let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
+    let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("fcproj"))?;
+    ops::add(tape, rt, &x2, &m, &l("residual3"))
 }
 
 /// Targets for GPT2LMHeadModel's loss: labels shifted left by one, the last position

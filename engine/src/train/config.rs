@@ -146,6 +146,29 @@ pub struct MemoryConfig {
     pub cap: Option<String>,
     /// Guard bytes around every block (slow; for debugging kernels).
     pub debug: bool,
+    /// Activation checkpointing of GPT blocks: "none", "every-layer" or "every-k:N".
+    pub checkpoint: Option<String>,
+}
+
+impl MemoryConfig {
+    /// Every how many GPT blocks one is recomputed in backward (0: none).
+    pub fn checkpoint_every(&self) -> Result<usize, ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        match self.checkpoint.as_deref().map(str::trim) {
+            None | Some("none") => Ok(0),
+            Some("every-layer") => Ok(1),
+            Some("auto") => bad(
+                "memory.checkpoint = \"auto\" needs the memory estimate, which is not built yet; use \"every-layer\" or \"every-k:N\""
+                    .into(),
+            ),
+            Some(other) => match other.strip_prefix("every-k:").map(|n| n.parse::<usize>()) {
+                Some(Ok(n)) if n > 0 => Ok(n),
+                _ => bad(format!(
+                    "memory.checkpoint must be \"none\", \"every-layer\" or \"every-k:N\" (N >= 1), got \"{other}\""
+                )),
+            },
+        }
+    }
 }
 
 /// [checkpoint]
@@ -260,6 +283,9 @@ impl Config {
                 "model.n_embd {} must be a multiple of model.n_head {}, and block_size positive",
                 self.model.n_embd, self.model.n_head
             ));
+        }
+        if self.memory.checkpoint_every()? > 0 && self.model.kind != "gpt" {
+            return bad("memory.checkpoint applies to GPT models only".into());
         }
         if self.data.kind == "tokens" && self.model.vocab_size == 0 {
             return bad("data.kind \"tokens\" needs model.vocab_size".into());

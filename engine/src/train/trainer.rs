@@ -320,7 +320,9 @@ impl Trainer {
                 attn_pdrop: 0.0,
                 extra: Default::default(),
             };
-            Model::Gpt(Gpt::new(&rt, gc, &mut params, &mut init)?)
+            let mut gpt = Gpt::new(&rt, gc, &mut params, &mut init)?;
+            gpt.checkpoint_every = config.memory.checkpoint_every()?;
+            Model::Gpt(gpt)
         } else {
             let mut sizes = vec![fashion_mnist::PIXELS];
             sizes.extend(&m.hidden);
