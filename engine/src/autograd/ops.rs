@@ -321,17 +321,15 @@ pub fn lm_head_cross_entropy(
     ))
 }
 
+/// A recomputable piece of a model: runs on its input values and returns its output.
+pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, KernelError>>;
+
 /// A segment recomputed in backward (activation checkpointing, as
 /// torch.utils.checkpoint): `f` runs on `inputs` without recording, so none of its
 /// internals stay alive; the output is recorded as one node whose backward runs `f`
 /// again on a fresh tape and backpropagates through it. `f` must be deterministic (the
 /// engine has no dropout, so there is no RNG state to replay).
-pub fn checkpoint(
-    tape: &mut Tape,
-    rt: &Runtime,
-    inputs: &[&Var],
-    f: std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, KernelError>>,
-) -> Result<Var, KernelError> {
+pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, KernelError> {
     let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
     let out = {
         let mut inner = Tape::no_grad();
