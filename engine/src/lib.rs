@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod memory;
 pub mod nn;
 pub mod optim;
+pub mod scaler;
 pub mod tensor;
 pub mod train;
 

@@ -1,0 +1,85 @@
+//! Dynamic loss scaling with torch.amp.GradScaler's semantics, for fp16-mixed training.
+//!
+//! # Policy (exactly PyTorch's)
+//! * The loss is multiplied by `scale` before backward (seed the backward with it).
+//! * [`GradScaler::unscale`] multiplies every gradient by 1/scale and records whether
+//!   any is inf or NaN; it runs before clipping, so clipping sees true gradients.
+//! * A step with a non-finite gradient is skipped (the optimizer does not run).
+//! * [`GradScaler::update`]: after a skipped step the scale is multiplied by
+//!   `backoff_factor` (0.5) and the clean-step count restarts; after `growth_interval`
+//!   (2000) consecutive clean steps it is multiplied by `growth_factor` (2.0).
+//! * The initial scale is 2^16 = 65536.
+
+use crate::autograd::Params;
+use crate::kernels::map::{MapOp, fill, map_into};
+use crate::kernels::optim::check_finite;
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
+
+/// torch.amp.GradScaler's default initial scale.
+pub const INIT_SCALE: f32 = 65536.0;
+/// Default growth factor.
+pub const GROWTH_FACTOR: f32 = 2.0;
+/// Default backoff factor.
+pub const BACKOFF_FACTOR: f32 = 0.5;
+/// Default clean steps between growths.
+pub const GROWTH_INTERVAL: u32 = 2000;
+
+/// The scaler's state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GradScaler {
+    /// Current scale.
+    pub scale: f32,
+    /// Multiplier after `growth_interval` clean steps.
+    pub growth_factor: f32,
+    /// Multiplier after a step with inf or NaN gradients.
+    pub backoff_factor: f32,
+    /// Clean steps between growths.
+    pub growth_interval: u32,
+    /// Clean steps since the last growth or backoff.
+    pub growth_tracker: u32,
+}
+
+impl Default for GradScaler {
+    fn default() -> Self {
+        GradScaler {
+            scale: INIT_SCALE,
+            growth_factor: GROWTH_FACTOR,
+            backoff_factor: BACKOFF_FACTOR,
+            growth_interval: GROWTH_INTERVAL,
+            growth_tracker: 0,
+        }
+    }
+}
+
+impl GradScaler {
+    /// Divides every gradient by the scale; returns true if any was inf or NaN (the
+    /// step must then be skipped).
+    pub fn unscale(&self, rt: &Runtime, params: &Params) -> Result<bool, KernelError> {
+        let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
+        fill(rt, &found, 0.0)?;
+        let inv = 1.0 / self.scale;
+        for p in &params.list {
+            if let Some(g) = &p.grad {
+                check_finite(rt, g, inv, &found)?;
+                map_into(rt, MapOp::Scale, Some(g), None, g, inv, 0.0)?;
+            }
+        }
+        Ok(found.to_f32_vec(rt)?[0] != 0.0)
+    }
+
+    /// Updates the scale after a step (`found_inf`: the step was skipped).
+    pub fn update(&mut self, found_inf: bool) {
+        if found_inf {
+            self.scale *= self.backoff_factor;
+            self.growth_tracker = 0;
+        } else {
+            self.growth_tracker += 1;
+            if self.growth_tracker == self.growth_interval {
+                self.scale *= self.growth_factor;
+                self.growth_tracker = 0;
+            }
+        }
+    }
+}
