@@ -385,3 +385,88 @@ fn token_files_train_and_bad_tokens_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn optimizer_in_backward_gives_the_same_losses_with_a_lower_peak() {
+    let dir = scratch("oib");
+    let corpus = dir.join("corpus.txt");
+    let text: String = (0..2000).map(|i| format!("line {} says {}.\n", i % 17, (i * 7) % 23)).collect();
+    std::fs::write(&corpus, text).unwrap();
+    let run = |oib: bool| -> (Vec<f64>, u64) {
+        let log = dir.join(format!("oib-{oib}.jsonl"));
+        let _ = std::fs::remove_file(&log);
+        run_ok(
+            &[
+                "train",
+                "--quiet",
+                "examples/configs/char_gpt.toml",
+                "--set",
+                &format!("data.path=\"{}\"", corpus.display()),
+                "--set",
+                "model.n_layer=2",
+                "--set",
+                "model.n_embd=64",
+                "--set",
+                "model.n_head=2",
+                "--set",
+                "model.block_size=16",
+                "--set",
+                "train.batch_size=4",
+                "--set",
+                "train.steps=4",
+                "--set",
+                "train.eval_every=100",
+                "--set",
+                "train.grad_clip=0",
+                "--set",
+                "data.eval_limit=4",
+                "--set",
+                &format!("memory.optimizer_in_backward={oib}"),
+                "--set",
+                &format!("checkpoint.dir=\"{}\"", dir.join(format!("ckpt-{oib}")).display()),
+                "--log",
+                log.to_str().unwrap(),
+            ]
+            .map(String::from),
+            &[],
+        );
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let steps: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("mem").is_some()).collect();
+        (
+            steps.iter().map(|s| s["loss"].as_f64().unwrap()).collect(),
+            steps.iter().map(|s| s["mem"]["peak"].as_u64().unwrap()).max().unwrap(),
+        )
+    };
+    let (plain, in_backward) = (run(false), run(true));
+    assert_eq!(plain.0, in_backward.0, "the same updates, applied earlier");
+    assert!(in_backward.1 < plain.1, "peak {} should be below {}", in_backward.1, plain.1);
+    // Refused where it cannot hold.
+    let out = wgtrain(
+        &[
+            "train",
+            "--quiet",
+            "--set",
+            "memory.optimizer_in_backward=true",
+            "--set",
+            "train.grad_clip=1.0",
+        ],
+        &[],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be combined with train.grad_clip"));
+    let out = wgtrain(
+        &[
+            "train",
+            "--quiet",
+            "--set",
+            "memory.optimizer_in_backward=true",
+            "--set",
+            "train.micro_batch_size=8",
+        ],
+        &[],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be combined with gradient accumulation"));
+}

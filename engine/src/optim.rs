@@ -52,41 +52,53 @@ impl Optimizer {
 
     /// One step with learning rate `lr` over every parameter that has a gradient.
     pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), KernelError> {
+        self.begin_step(rt, params.list.len())?;
+        for (i, p) in params.list.iter().enumerate() {
+            self.update_param(rt, i, p, lr)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a step: counts it and makes room for `n_params` states. A step is one
+    /// `begin_step` and an [`Optimizer::update_param`] per parameter with a gradient.
+    pub fn begin_step(&mut self, rt: &Runtime, n_params: usize) -> Result<(), KernelError> {
         self.step += 1;
-        if self.state.len() < params.list.len() {
-            self.state.resize_with(params.list.len(), || None);
+        if self.state.len() < n_params {
+            self.state.resize_with(n_params, || None);
         }
         if self.found_inf.is_none() {
             let f = Tensor::empty(rt, &[1], DType::U32, Category::OptimizerState, "found_inf")?;
             fill(rt, &f, 0.0)?;
             self.found_inf = Some(f);
         }
-        let found = self.found_inf.as_ref().expect("made above");
-        for (i, p) in params.list.iter().enumerate() {
-            let Some(grad) = &p.grad else { continue };
-            let first = self.state[i].is_none();
-            if first {
-                let [m_name, v_name] = self.state_names(&p.name);
-                let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
-                let v = match self.rule {
-                    Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
-                    Rule::Sgd(_) => m.clone(),
-                };
-                self.state[i] = Some((m, v));
-            }
-            let (m, v) = self.state[i].as_ref().expect("made above");
-            let s = OptimState {
-                param: &p.value,
-                grad,
-                m,
-                v,
-            };
-            match self.rule {
-                Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, false)?,
-                Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, false)?,
-            }
-        }
         Ok(())
+    }
+
+    /// Updates parameter `i` from its gradient (nothing if it has none).
+    pub fn update_param(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param, lr: f32) -> Result<(), KernelError> {
+        let Some(grad) = &p.grad else { return Ok(()) };
+        let first = self.state[i].is_none();
+        if first {
+            let [m_name, v_name] = self.state_names(&p.name);
+            let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
+            let v = match self.rule {
+                Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
+                Rule::Sgd(_) => m.clone(),
+            };
+            self.state[i] = Some((m, v));
+        }
+        let (m, v) = self.state[i].as_ref().expect("made above");
+        let found = self.found_inf.as_ref().expect("begin_step made it");
+        let s = OptimState {
+            param: &p.value,
+            grad,
+            m,
+            v,
+        };
+        match self.rule {
+            Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, false),
+            Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, false),
+        }
     }
 }
 

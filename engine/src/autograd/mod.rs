@@ -42,6 +42,9 @@ struct Node {
     backward: BackwardFn,
 }
 
+/// Called with a parameter whose gradient is final (optimizer-in-backward).
+pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), KernelError> + 'a;
+
 /// A named trainable tensor and its gradient.
 pub struct Param {
     /// The state-dict name.
@@ -214,6 +217,35 @@ impl Tape {
         Ok(())
     }
 
+    /// As [`Tape::backward_with`], calling `on_complete(rt, index, param)` as soon as a
+    /// parameter's gradient is final (no node still to run uses it), so the caller can
+    /// apply the update and free the gradient right away (optimizer-in-backward).
+    pub fn backward_with_hook(
+        self,
+        rt: &Runtime,
+        loss: &Var,
+        seed: f32,
+        params: &mut Params,
+        on_complete: &mut ParamHook<'_>,
+    ) -> Result<(), KernelError> {
+        if loss.value.numel() != 1 {
+            return Err(KernelError::Shape(format!(
+                "backward from a non-scalar of shape {:?}",
+                loss.value.shape()
+            )));
+        }
+        let seed_t = Tensor::full(
+            rt,
+            loss.value.shape(),
+            crate::tensor::DType::F32,
+            seed,
+            Category::Temporary,
+            "loss.grad",
+        )?;
+        self.run_backward_hooked(rt, vec![(loss.id, seed_t)], Some(params), Some(on_complete))?;
+        Ok(())
+    }
+
     /// Backpropagates from `output` seeded with `grad` (its shape) and returns the
     /// gradients of `wanted` values (None where nothing flowed). Parameters brought onto
     /// this tape must not be used: the caller owns the gradients (activation
@@ -227,15 +259,44 @@ impl Tape {
     }
 
     fn run_backward(
+        self,
+        rt: &Runtime,
+        seeds: Vec<(VarId, Tensor)>,
+        params: Option<&mut Params>,
+    ) -> Result<HashMap<VarId, Tensor>, KernelError> {
+        self.run_backward_hooked(rt, seeds, params, None)
+    }
+
+    fn run_backward_hooked(
         mut self,
         rt: &Runtime,
         seeds: Vec<(VarId, Tensor)>,
         mut params: Option<&mut Params>,
+        mut on_complete: Option<&mut ParamHook<'_>>,
     ) -> Result<HashMap<VarId, Tensor>, KernelError> {
+        // Uses of each parameter still ahead, so a hook fires once its gradient is final.
+        let mut pending: HashMap<usize, usize> = HashMap::new();
+        if on_complete.is_some() {
+            for node in &self.nodes {
+                for i in &node.inputs {
+                    if let Some(&index) = self.leaves.get(i) {
+                        *pending.entry(index).or_default() += 1;
+                    }
+                }
+            }
+        }
         let mut grads: HashMap<VarId, Tensor> = seeds.into_iter().collect();
         while let Some(node) = self.nodes.pop() {
             let Some(grad_out) = grads.remove(&node.output) else {
-                continue; // nothing flows back through this node; its saved tensors go now
+                // Nothing flows back through this node; its saved tensors go now.
+                if let (Some(hook), Some(params)) = (on_complete.as_deref_mut(), params.as_deref_mut()) {
+                    for i in &node.inputs {
+                        if let Some(&index) = self.leaves.get(i) {
+                            Self::release(&mut pending, index, rt, params, hook)?;
+                        }
+                    }
+                }
+                continue;
             };
             let categories: Vec<Category> = node
                 .inputs
@@ -251,12 +312,23 @@ impl Tape {
             let input_grads = (node.backward)(rt, &grad_out, &categories)?;
             drop(grad_out);
             for (input, g) in node.inputs.iter().zip(input_grads) {
-                let Some(g) = g else { continue };
+                let Some(g) = g else {
+                    // No gradient for this input; a parameter's use still counts as done.
+                    if let (Some(&index), Some(hook), Some(params)) =
+                        (self.leaves.get(input), on_complete.as_deref_mut(), params.as_deref_mut())
+                    {
+                        Self::release(&mut pending, index, rt, params, hook)?;
+                    }
+                    continue;
+                };
                 match (self.leaves.get(input), params.as_deref_mut()) {
                     (Some(&index), Some(params)) => {
                         let p = &mut params.list[index];
                         let label = format!("{}.grad", p.name);
                         accumulate(rt, &mut p.grad, g, Category::Gradient, &label)?;
+                        if let Some(hook) = on_complete.as_deref_mut() {
+                            Self::release(&mut pending, index, rt, params, hook)?;
+                        }
                     }
                     _ => {
                         let mut slot = grads.remove(input);
@@ -269,5 +341,21 @@ impl Tape {
             }
         }
         Ok(grads)
+    }
+
+    /// Counts one finished use of parameter `index`; at the last, hands it to the hook.
+    fn release(
+        pending: &mut HashMap<usize, usize>,
+        index: usize,
+        rt: &Runtime,
+        params: &mut Params,
+        hook: &mut ParamHook<'_>,
+    ) -> Result<(), KernelError> {
+        let left = pending.get_mut(&index).expect("counted before the walk");
+        *left -= 1;
+        if *left == 0 {
+            hook(rt, index, &mut params.list[index])?;
+        }
+        Ok(())
     }
 }

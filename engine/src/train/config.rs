@@ -148,6 +148,9 @@ pub struct MemoryConfig {
     pub debug: bool,
     /// Activation checkpointing of GPT blocks: "none", "every-layer" or "every-k:N".
     pub checkpoint: Option<String>,
+    /// Apply each parameter's update as soon as its gradient is final, and free the
+    /// gradient (no gradient accumulation or clipping then).
+    pub optimizer_in_backward: bool,
 }
 
 impl MemoryConfig {
@@ -283,6 +286,17 @@ impl Config {
                 "model.n_embd {} must be a multiple of model.n_head {}, and block_size positive",
                 self.model.n_embd, self.model.n_head
             ));
+        }
+        if self.memory.optimizer_in_backward {
+            if self.train.micro_batch_size.is_some_and(|m| m < self.train.batch_size) {
+                return bad("memory.optimizer_in_backward cannot be combined with gradient accumulation (train.micro_batch_size): gradients are freed as soon as they are applied".into());
+            }
+            if self.train.grad_clip > 0.0 {
+                return bad(
+                    "memory.optimizer_in_backward cannot be combined with train.grad_clip: clipping needs every gradient before any update"
+                        .into(),
+                );
+            }
         }
         if self.memory.checkpoint_every()? > 0 && self.model.kind != "gpt" {
             return bad("memory.checkpoint applies to GPT models only".into());

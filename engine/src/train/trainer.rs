@@ -427,6 +427,9 @@ impl Trainer {
 
     /// One training step on `batch`; returns the loss.
     fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
+        if self.config.memory.optimizer_in_backward {
+            return self.train_step_in_backward(batch, lr);
+        }
         let loss = self.compute_gradients(batch)?;
         if !loss.is_finite() {
             return Err(TrainError::NonFinite(loss as f32, self.step + 1));
@@ -437,6 +440,26 @@ impl Trainer {
         self.opt.step(&self.rt, &self.params, lr)?;
         self.params.zero_grad();
         Ok(loss)
+    }
+
+    /// A step whose updates happen inside backward: each parameter is updated as soon as
+    /// its gradient is final, and the gradient is freed at once.
+    fn train_step_in_backward(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
+        let mut tape = Tape::new();
+        let loss = self.loss(&mut tape, batch)?;
+        self.opt.begin_step(&self.rt, self.params.list.len())?;
+        let opt = &mut self.opt;
+        let mut apply = |rt: &Runtime, i: usize, p: &mut crate::autograd::Param| -> Result<(), KernelError> {
+            opt.update_param(rt, i, p, lr)?;
+            p.grad = None;
+            Ok(())
+        };
+        tape.backward_with_hook(&self.rt, &loss, 1.0, &mut self.params, &mut apply)?;
+        let value = loss.value.to_f32_vec(&self.rt)?[0] as f64;
+        if !value.is_finite() {
+            return Err(TrainError::NonFinite(value as f32, self.step + 1));
+        }
+        Ok(value)
     }
 
     /// Loss (and accuracy, for classifiers) over the evaluation split, without gradients.
