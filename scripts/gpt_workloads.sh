@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs shared/ANCHORS.md's GPT workloads (char and gpt2) through `wgtrain train` in
+# fp32, with and without every-layer activation checkpointing, on random token files,
+# and prints step time and peak memory per run. Run on the GPU machine:
+#   scripts/gpt_workloads.sh WGTRAIN_BINARY OUT_DIR
+set -euo pipefail
+bin=$1; out=$2; mkdir -p "$out/data"
+python3 - "$out/data" <<'PY'
+import sys, numpy as np
+root = sys.argv[1]
+for name, vocab in [("char", 65), ("gpt2", 50257)]:
+    rng = np.random.default_rng(0)
+    import os; os.makedirs(f"{root}/{name}", exist_ok=True)
+    for split, n in [("train", 4_000_000), ("val", 200_000)]:
+        rng.integers(0, vocab, n, dtype=np.uint16).tofile(f"{root}/{name}/{split}.bin")
+PY
+run() { # name vocab layers heads width seq batch checkpoint
+    local tag="$1-$8"
+    "$bin" train --quiet --adapter vulkan --log "$out/$tag.jsonl" \
+        --set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/$1\"" \
+        --set model.vocab_size=$2 --set model.n_layer=$3 --set model.n_head=$4 --set model.n_embd=$5 \
+        --set model.block_size=$6 --set train.batch_size=$7 --set train.steps=12 --set train.eval_every=1000 \
+        --set data.eval_limit=8 --set memory.checkpoint="\"$8\"" > "$out/$tag.txt" 2>&1 || { echo "$tag failed"; tail -3 "$out/$tag.txt"; return; }
+    python3 - "$out/$tag.jsonl" "$tag" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"mem"' in l]
+later = steps[2:]
+ms = sorted(s["step_ms"] for s in later)[len(later) // 2]
+peak = max(s["mem"]["peak"] for s in later)
+print(json.dumps({"run": sys.argv[2], "median_step_ms": round(ms, 1), "peak_MiB": round(peak / 2**20), "loss_first": round(steps[0]["loss"], 3), "loss_last": round(steps[-1]["loss"], 3)}))
+PY
+}
+run char 65 6 6 384 256 64 none
+run char 65 6 6 384 256 64 every-layer
+run gpt2 50257 12 12 768 1024 8 none
+run gpt2 50257 12 12 768 1024 8 every-layer
