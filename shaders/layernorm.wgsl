@@ -1,7 +1,11 @@
 // LayerNorm over the last dim, in f32. Template: ENABLE, T (x, y, dy, dx type), MODE:
 //   0 forward:  y = (x - mean) * rstd * w + b; saves mean, rstd.    one workgroup per row
 //   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
-//   2 weight:   dw[c] += sum_r dy * xhat,  db[c] += sum_r dy           one thread per column
+//   2 weight partials: for the chunk of ROW_CHUNK rows given by workgroup_id.y,
+//             pw[chunk, c] = sum dy * xhat, pb[chunk, c] = sum dy      one thread per column
+//             (pw, pb bound where dw, db are)
+//   3 weight sums: dw[c] += sum over chunks of pw, db[c] += ... of pb, chunks in order
+//             (pw, pb bound where mean, rstd are): deterministic, and parallel over rows
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db.
 {{ENABLE}}
 
@@ -24,6 +28,7 @@ struct Params {
 
 const MODE: u32 = {{MODE}}u;
 const WG: u32 = 256u;
+const ROW_CHUNK: u32 = 64u;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red2: array<f32, WG>;
 
@@ -48,15 +53,31 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lid = lid3.x;
     let group = wid.x + wid.y * nwg.x;
     if MODE == 2u {
-        let c = group * WG + lid;
+        let c = wid.x * WG + lid;
         if c >= p.cols { return; }
+        let chunk = wid.y;
+        let end = min(p.rows, (chunk + 1u) * ROW_CHUNK);
         var sw = 0.0;
         var sb = 0.0;
-        for (var r = 0u; r < p.rows; r++) {
+        for (var r = chunk * ROW_CHUNK; r < end; r++) {
             let g = f32(b_or_dy[r * p.cols + c]);
             let xhat = (f32(x[r * p.cols + c]) - mean[r]) * rstd[r];
             sw += g * xhat;
             sb += g;
+        }
+        dw[chunk * p.cols + c] = sw;
+        db[chunk * p.cols + c] = sb;
+        return;
+    }
+    if MODE == 3u {
+        let c = group * WG + lid;
+        if c >= p.cols { return; }
+        let chunks = (p.rows + ROW_CHUNK - 1u) / ROW_CHUNK;
+        var sw = 0.0;
+        var sb = 0.0;
+        for (var k = 0u; k < chunks; k++) {
+            sw += mean[k * p.cols + c];
+            sb += rstd[k * p.cols + c];
         }
         dw[c] += sw;
         db[c] += sb;

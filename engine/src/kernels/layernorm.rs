@@ -8,6 +8,8 @@ use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
+/// Rows per partial sum of the weight gradients (ROW_CHUNK in the shader).
+const ROW_CHUNK: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -18,7 +20,8 @@ struct Params {
     pad: u32,
 }
 
-/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads).
+/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight-grad
+/// partials, 3 weight-grad sums).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
     vec![
         ("ENABLE", enables(&[dtype])),
@@ -113,11 +116,29 @@ pub fn backward(
         &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
         grid(rows as u32),
     )?;
+    // Weight and bias gradients in two deterministic passes: per-chunk column sums,
+    // then the chunks summed in order.
+    let chunks = rows.div_ceil(ROW_CHUNK).max(1);
+    if chunks > 65535 {
+        return Err(KernelError::Shape(format!(
+            "layernorm over {rows} rows (at most {})",
+            65535 * ROW_CHUNK
+        )));
+    }
+    let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
+    let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
     let k2 = rt.kernel("layernorm", SOURCE, &variant(2, x.dtype()), 8)?;
     rt.launch(
         &k2,
         bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, &pw, &pb],
+        [cols.div_ceil(256) as u32, chunks as u32, 1],
+    )?;
+    let k3 = rt.kernel("layernorm", SOURCE, &variant(3, x.dtype()), 8)?;
+    rt.launch(
+        &k3,
+        bytemuck::bytes_of(&params),
+        &[x, w, dy, &dx, &pw, &pb, dw, db],
         grid(cols.div_ceil(256) as u32),
     )?;
     Ok(dx)
