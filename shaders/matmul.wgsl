@@ -11,23 +11,9 @@
 // where a row is contiguous and offsets and strides are multiples of 4.
 {{ENABLE}}
 
-struct Params {
-    m: u32, n: u32, k: u32, batch1: u32,
-    a_off: u32, a_rs: u32, a_cs: u32, a_bs0: u32,
-    a_bs1: u32, b_off: u32, b_rs: u32, b_cs: u32,
-    b_bs0: u32, b_bs1: u32, c_off: u32, c_rs: u32,
-    c_bs0: u32, c_bs1: u32, bias_off: u32, has_bias: u32,
-    alpha: f32, beta: f32, _pad0: u32, _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+{{MATMUL_COMMON}}
 @group(0) @binding(1) var<storage, read_write> a: array<{{TYPE_A}}>;
 @group(0) @binding(2) var<storage, read_write> b: array<{{TYPE_B}}>;
-@group(0) @binding(3) var<storage, read_write> c: array<{{TC}}>;
-@group(0) @binding(4) var<storage, read_write> bias: array<f32>;
-
-alias V = f32;
-{{ACTIVATIONS}}
 
 const TM: u32 = {{TM}}u;
 const BM: u32 = 16u * TM;      // tile rows = tile cols
@@ -43,11 +29,7 @@ fn store4(c_base: u32, gm: u32, gn0: u32, acc: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let gn = gn0 + j;
         if gn >= p.n { return; }
-        var v = p.alpha * acc[j];
-        if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-        let ci = c_base + gm * p.c_rs + gn;
-        if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
-        c[ci] = {{TC}}({{ACT}});
+        store_c(c_base + gm * p.c_rs + gn, gn, acc[j]);
     }
 }
 

@@ -11,23 +11,9 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-struct Params {
-    m: u32, n: u32, k: u32, batch1: u32,
-    a_off: u32, a_rs: u32, a_cs: u32, a_bs0: u32,
-    a_bs1: u32, b_off: u32, b_rs: u32, b_cs: u32,
-    b_bs0: u32, b_bs1: u32, c_off: u32, c_rs: u32,
-    c_bs0: u32, c_bs1: u32, bias_off: u32, has_bias: u32,
-    alpha: f32, beta: f32, _pad0: u32, _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+{{MATMUL_COMMON}}
 @group(0) @binding(1) var<storage, read_write> lhs: array<{{TYPE_A}}>;
 @group(0) @binding(2) var<storage, read_write> rhs: array<{{TYPE_B}}>;
-@group(0) @binding(3) var<storage, read_write> out: array<{{TC}}>;
-@group(0) @binding(4) var<storage, read_write> bias: array<f32>;
-
-alias V = f32;
-{{ACTIVATIONS}}
 
 const BM: u32 = 128u;
 const BK: u32 = 32u;
@@ -44,11 +30,7 @@ fn store_fragment(frag: coop_mat16x16<f32, C>, s: u32, lane: u32, row0: u32, col
         let gm = row0 + e / 16u;
         let gn = col0 + e % 16u;
         if gm < p.m && gn < p.n {
-            var v = p.alpha * stage[at + e];
-            if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-            let ci = c_base + gm * p.c_rs + gn;
-            if p.beta != 0.0 { v += p.beta * f32(out[ci]); }
-            out[ci] = {{TC}}({{ACT}});
+            store_c(c_base + gm * p.c_rs + gn, gn, stage[at + e]);
         }
     }
     workgroupBarrier();

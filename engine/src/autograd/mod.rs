@@ -130,6 +130,25 @@ fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Cate
     Ok(())
 }
 
+/// The gradient that starts backward from a one-element loss: `seed` (1, or a loss scale).
+fn loss_seed(rt: &Runtime, loss: &Var, seed: f32) -> Result<(VarId, Tensor), KernelError> {
+    if loss.value.numel() != 1 {
+        return Err(KernelError::Shape(format!(
+            "backward from a non-scalar of shape {:?}",
+            loss.value.shape()
+        )));
+    }
+    let t = Tensor::full(
+        rt,
+        loss.value.shape(),
+        crate::tensor::DType::F32,
+        seed,
+        Category::Temporary,
+        "loss.grad",
+    )?;
+    Ok((loss.id, t))
+}
+
 impl Tape {
     /// An empty tape with gradients enabled.
     pub fn new() -> Tape {
@@ -199,21 +218,7 @@ impl Tape {
 
     /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
     pub fn backward_with(self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
-        if loss.value.numel() != 1 {
-            return Err(KernelError::Shape(format!(
-                "backward from a non-scalar of shape {:?}",
-                loss.value.shape()
-            )));
-        }
-        let seed_t = Tensor::full(
-            rt,
-            loss.value.shape(),
-            crate::tensor::DType::F32,
-            seed,
-            Category::Temporary,
-            "loss.grad",
-        )?;
-        self.run_backward(rt, vec![(loss.id, seed_t)], Some(params))?;
+        self.run_backward(rt, vec![loss_seed(rt, loss, seed)?], Some(params))?;
         Ok(())
     }
 
@@ -228,21 +233,7 @@ impl Tape {
         params: &mut Params,
         on_complete: &mut ParamHook<'_>,
     ) -> Result<(), KernelError> {
-        if loss.value.numel() != 1 {
-            return Err(KernelError::Shape(format!(
-                "backward from a non-scalar of shape {:?}",
-                loss.value.shape()
-            )));
-        }
-        let seed_t = Tensor::full(
-            rt,
-            loss.value.shape(),
-            crate::tensor::DType::F32,
-            seed,
-            Category::Temporary,
-            "loss.grad",
-        )?;
-        self.run_backward_hooked(rt, vec![(loss.id, seed_t)], Some(params), Some(on_complete))?;
+        self.run_backward_hooked(rt, vec![loss_seed(rt, loss, seed)?], Some(params), Some(on_complete))?;
         Ok(())
     }
 

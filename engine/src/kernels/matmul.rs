@@ -11,6 +11,8 @@ use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
+/// Parameters, output bindings and epilogue shared with the cooperative kernel.
+pub(crate) const COMMON: &str = include_str!("../../../shaders/matmul_common.wgsl");
 
 /// The epilogue's activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -25,7 +27,8 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn expr(self) -> &'static str {
+    /// The epilogue's WGSL expression in terms of `v`.
+    pub(crate) fn expr(self) -> &'static str {
         match self {
             Activation::Identity => "v",
             Activation::Relu => "max(v, 0.0)",
@@ -183,6 +186,7 @@ pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, vec_a:
     let (decl, inner, store) = register_code(tm);
     let ty = |t: DType, vec: bool| if vec { format!("vec4<{}>", t.wgsl()) } else { t.wgsl().to_string() };
     vec![
+        ("MATMUL_COMMON", COMMON.into()),
         ("TYPE_A", ty(ta, vec_a)),
         ("TYPE_B", ty(tb, vec_b)),
         ("LOAD_A", if vec_a { LOAD_A_VEC } else { LOAD_A_SCALAR }.into()),

@@ -63,15 +63,11 @@ const LOAD_B_VEC: &str = "        for (var l = 0u; l < 4u; l++) {
 
 /// The template values of one variant; `vec_a` / `vec_b` pick vec4 loads.
 pub fn variant(tc: DType, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
-    let expr = match act {
-        Activation::Identity => "v",
-        Activation::Relu => "max(v, 0.0)",
-        Activation::Gelu => "gelu(v)",
-    };
     let ty = |vec: bool| if vec { "vec4<f16>" } else { "f16" };
     vec![
+        ("MATMUL_COMMON", super::matmul::COMMON.into()),
         ("TC", tc.wgsl().into()),
-        ("ACT", expr.into()),
+        ("ACT", act.expr().into()),
         ("ACTIVATIONS", ACTIVATIONS.into()),
         ("TYPE_A", ty(vec_a).into()),
         ("TYPE_B", ty(vec_b).into()),

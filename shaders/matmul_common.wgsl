@@ -1,0 +1,26 @@
+// Shared by matmul.wgsl and matmul_coop.wgsl, pasted at their MATMUL_COMMON placeholder:
+// the launch parameters (engine/src/kernels/matmul.rs's Params), bindings 0, 3 and 4,
+// and the epilogue every output element goes through.
+struct Params {
+    m: u32, n: u32, k: u32, batch1: u32,
+    a_off: u32, a_rs: u32, a_cs: u32, a_bs0: u32,
+    a_bs1: u32, b_off: u32, b_rs: u32, b_cs: u32,
+    b_bs0: u32, b_bs1: u32, c_off: u32, c_rs: u32,
+    c_bs0: u32, c_bs1: u32, bias_off: u32, has_bias: u32,
+    alpha: f32, beta: f32, _pad0: u32, _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(3) var<storage, read_write> c: array<{{TC}}>;
+@group(0) @binding(4) var<storage, read_write> bias: array<f32>;
+
+alias V = f32;
+{{ACTIVATIONS}}
+
+// c[ci] = act(alpha * acc + bias[gn] + beta * c[ci]), for column gn of the output.
+fn store_c(ci: u32, gn: u32, acc: f32) {
+    var v = p.alpha * acc;
+    if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
+    if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
+    c[ci] = {{TC}}({{ACT}});
+}
