@@ -34,6 +34,30 @@ fn read_f32(path: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<
         .collect()
 }
 
+/// One forward (built by `loss`) and backward: the loss, every gradient, and the peak
+/// allocated bytes of the step; gradients are freed afterwards.
+fn measured_step(
+    rt: &wgtrain_engine::Runtime,
+    params: &mut Params,
+    loss: impl FnOnce(&mut wgtrain_engine::autograd::Tape, &Params) -> wgtrain_engine::autograd::Var,
+) -> (f32, Vec<Vec<f32>>, u64) {
+    rt.sync().unwrap();
+    rt.alloc.reset_peaks();
+    let mut tape = wgtrain_engine::autograd::Tape::new();
+    let loss = loss(&mut tape, params);
+    let value = loss.value.to_f32_vec(rt).unwrap()[0];
+    tape.backward(rt, &loss, params).unwrap();
+    rt.sync().unwrap();
+    let peak = rt.alloc.stats().allocated.peak;
+    let grads = params
+        .list
+        .iter()
+        .map(|p| p.grad.as_ref().unwrap().to_f32_vec(rt).unwrap())
+        .collect();
+    params.zero_grad();
+    (value, grads, peak)
+}
+
 #[test]
 fn loss_and_gradients_match_transformers() {
     let rt = common::runtime();
@@ -122,7 +146,7 @@ fn the_step_command_prints_json_and_dumps_gradients() {
 
 #[test]
 fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
-    use wgtrain_engine::autograd::{Tape, ops};
+    use wgtrain_engine::autograd::ops;
     use wgtrain_engine::{Category, Tensor};
     // A large vocabulary against a small width, where the logits dominate memory.
     let rt = common::runtime();
@@ -138,27 +162,15 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
     let targets: Vec<i32> = (0..b * t).map(|i| (i * 11 % v) as i32).collect();
     let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
     let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
-    let mut run = |fused: bool| -> (f32, Vec<Vec<f32>>, u64) {
-        rt.sync().unwrap();
-        rt.alloc.reset_peaks();
-        let mut tape = Tape::new();
-        let loss = if fused {
-            model.forward_loss(&mut tape, &rt, &params, &ids_t, (&tg, b * t), 8).unwrap()
-        } else {
-            let logits = model.forward(&mut tape, &rt, &params, &ids_t).unwrap();
-            ops::cross_entropy_mean(&mut tape, &rt, &logits, &tg, b * t, 8, "loss").unwrap()
-        };
-        let value = loss.value.to_f32_vec(&rt).unwrap()[0];
-        tape.backward(&rt, &loss, &mut params).unwrap();
-        rt.sync().unwrap();
-        let peak = rt.alloc.stats().allocated.peak;
-        let grads = params
-            .list
-            .iter()
-            .map(|p| p.grad.as_ref().unwrap().to_f32_vec(&rt).unwrap())
-            .collect();
-        params.zero_grad();
-        (value, grads, peak)
+    let mut run = |fused: bool| {
+        measured_step(&rt, &mut params, |tape, params| {
+            if fused {
+                model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), 8).unwrap()
+            } else {
+                let logits = model.forward(tape, &rt, params, &ids_t).unwrap();
+                ops::cross_entropy_mean(tape, &rt, &logits, &tg, b * t, 8, "loss").unwrap()
+            }
+        })
     };
     let (plain, fused) = (run(false), run(true));
     assert!((plain.0 - fused.0).abs() < 1e-5 * plain.0.abs(), "{} vs {}", plain.0, fused.0);
@@ -179,7 +191,6 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
 
 #[test]
 fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
-    use wgtrain_engine::autograd::Tape;
     use wgtrain_engine::{Category, Tensor};
     let rt = common::runtime();
     let config: wgtrain_engine::nn::GptConfig =
@@ -191,22 +202,10 @@ fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
     let targets: Vec<i32> = (0..b * t).map(|i| (i * 17 % 50) as i32).collect();
     let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
     let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
-    let mut run = |model: &Gpt| -> (f32, Vec<Vec<f32>>, u64) {
-        rt.sync().unwrap();
-        rt.alloc.reset_peaks();
-        let mut tape = Tape::new();
-        let loss = model.forward_loss(&mut tape, &rt, &params, &ids_t, (&tg, b * t), 64).unwrap();
-        let value = loss.value.to_f32_vec(&rt).unwrap()[0];
-        tape.backward(&rt, &loss, &mut params).unwrap();
-        rt.sync().unwrap();
-        let peak = rt.alloc.stats().allocated.peak;
-        let grads = params
-            .list
-            .iter()
-            .map(|p| p.grad.as_ref().unwrap().to_f32_vec(&rt).unwrap())
-            .collect();
-        params.zero_grad();
-        (value, grads, peak)
+    let mut run = |model: &Gpt| {
+        measured_step(&rt, &mut params, |tape, params| {
+            model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), 64).unwrap()
+        })
     };
     let plain = run(&model);
     model.checkpoint_every = 1;
