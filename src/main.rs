@@ -23,6 +23,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Train a model from a TOML config.
     Train(commands::train::TrainArgs),
+    /// Predict a training step's peak memory by category without running it.
+    Estimate(commands::estimate::EstimateArgs),
     /// One forward and backward of a transformers GPT-2 checkpoint (check against PyTorch).
     Step(commands::step::StepArgs),
 }
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Step(args) => commands::step::run(args),
+        Command::Estimate(args) => commands::estimate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,7 +24,15 @@ fn gpu() -> Arc<Gpu> {
 }
 
 fn allocator(debug: bool, cap: Option<MemoryCap>) -> Allocator {
-    Allocator::new(gpu(), AllocatorOptions { debug: Some(debug), cap }).expect("allocator")
+    Allocator::new(
+        gpu(),
+        AllocatorOptions {
+            debug: Some(debug),
+            cap,
+            ..Default::default()
+        },
+    )
+    .expect("allocator")
 }
 
 struct GpuSubject {
@@ -137,7 +145,8 @@ fn a_fraction_cap_uses_the_reported_memory() {
                 gpu,
                 AllocatorOptions {
                     debug: Some(false),
-                    cap: Some(MemoryCap::Fraction(0.5))
+                    cap: Some(MemoryCap::Fraction(0.5)),
+                    ..Default::default()
                 }
             )
             .is_err()

@@ -517,6 +517,7 @@ fn uploads_into_a_reused_block_do_not_overtake_pending_launches() {
         wgtrain_engine::memory::AllocatorOptions {
             debug: Some(false),
             cap: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -28,6 +28,8 @@ pub struct Optimizer {
     /// (exp_avg or momentum_buffer, exp_avg_sq) per parameter.
     pub state: Vec<Option<(Tensor, Tensor)>>,
     found_inf: Option<Tensor>,
+    /// States made but not yet used (SGD's first use copies the gradient in).
+    fresh: std::collections::HashSet<usize>,
 }
 
 impl Optimizer {
@@ -38,6 +40,7 @@ impl Optimizer {
             step: 0,
             state: Vec::new(),
             found_inf: None,
+            fresh: Default::default(),
         }
     }
 
@@ -50,8 +53,18 @@ impl Optimizer {
         }
     }
 
-    /// One step with learning rate `lr` over every parameter that has a gradient.
+    /// One step with learning rate `lr` over every parameter that has a gradient. All
+    /// memory the step needs is allocated before any parameter changes, so a step that
+    /// runs out of memory leaves parameters and state as they were (and can be retried).
     pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), KernelError> {
+        if self.state.len() < params.list.len() {
+            self.state.resize_with(params.list.len(), || None);
+        }
+        for (i, p) in params.list.iter().enumerate() {
+            if p.grad.is_some() {
+                self.ensure_state(rt, i, p)?;
+            }
+        }
         self.begin_step(rt, params.list.len())?;
         for (i, p) in params.list.iter().enumerate() {
             self.update_param(rt, i, p, lr)?;
@@ -62,7 +75,6 @@ impl Optimizer {
     /// Starts a step: counts it and makes room for `n_params` states. A step is one
     /// `begin_step` and an [`Optimizer::update_param`] per parameter with a gradient.
     pub fn begin_step(&mut self, rt: &Runtime, n_params: usize) -> Result<(), KernelError> {
-        self.step += 1;
         if self.state.len() < n_params {
             self.state.resize_with(n_params, || None);
         }
@@ -71,22 +83,32 @@ impl Optimizer {
             fill(rt, &f, 0.0)?;
             self.found_inf = Some(f);
         }
+        self.step += 1;
         Ok(())
+    }
+
+    /// Makes parameter `i`'s state (zeros) if it has none; returns whether it was made.
+    fn ensure_state(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param) -> Result<bool, KernelError> {
+        if self.state[i].is_some() {
+            return Ok(false);
+        }
+        let [m_name, v_name] = self.state_names(&p.name);
+        let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
+        let v = match self.rule {
+            Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
+            Rule::Sgd(_) => m.clone(),
+        };
+        self.state[i] = Some((m, v));
+        self.fresh.insert(i);
+        Ok(true)
     }
 
     /// Updates parameter `i` from its gradient (nothing if it has none).
     pub fn update_param(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param, lr: f32) -> Result<(), KernelError> {
         let Some(grad) = &p.grad else { return Ok(()) };
-        let first = self.state[i].is_none();
-        if first {
-            let [m_name, v_name] = self.state_names(&p.name);
-            let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
-            let v = match self.rule {
-                Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
-                Rule::Sgd(_) => m.clone(),
-            };
-            self.state[i] = Some((m, v));
-        }
+        self.ensure_state(rt, i, p)?;
+        // SGD's first use of a buffer copies the gradient into it (PyTorch).
+        let first = self.fresh.remove(&i);
         let (m, v) = self.state[i].as_ref().expect("made above");
         let found = self.found_inf.as_ref().expect("begin_step made it");
         let s = OptimState {

@@ -45,6 +45,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             AllocatorOptions {
                 debug: Some(false),
                 cap: None,
+                ..Default::default()
             },
         )?;
         records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod estimate;
 pub mod step;
 pub mod train;
 

@@ -45,6 +45,9 @@ pub fn run(args: TrainArgs) -> CliResult {
         eprintln!("\nCtrl-C: finishing this step, saving a checkpoint, then exiting (Ctrl-C again to quit now)");
     })?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
+    for note in &trainer.notes {
+        eprintln!("{note}");
+    }
     eprintln!(
         "training on {} ({}): {} parameters, {} steps",
         trainer.rt.gpu.report.name,

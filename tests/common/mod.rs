@@ -26,6 +26,7 @@ pub fn runtime() -> Runtime {
         AllocatorOptions {
             debug: Some(true),
             cap: None,
+            ..Default::default()
         },
     )
     .expect("runtime")

@@ -97,6 +97,7 @@ pub struct Tape {
     next: VarId,
     leaves: HashMap<VarId, usize>,
     grad_enabled: bool,
+    half_matmuls: bool,
 }
 
 impl Default for Tape {
@@ -157,7 +158,21 @@ impl Tape {
             next: 0,
             leaves: HashMap::new(),
             grad_enabled: true,
+            half_matmuls: false,
         }
+    }
+
+    /// This tape with fp16-mixed matmuls on or off (autocast): linear layers and the
+    /// language-model head cast their inputs and weights to f16, keep those f16 copies
+    /// for backward, and accumulate in f32; everything else stays f32.
+    pub fn with_half_matmuls(mut self, on: bool) -> Tape {
+        self.half_matmuls = on;
+        self
+    }
+
+    /// Whether matmuls run on f16 inputs (see [`Tape::with_half_matmuls`]).
+    pub fn half_matmuls(&self) -> bool {
+        self.half_matmuls
     }
 
     /// A tape that records nothing (`torch.no_grad()`).

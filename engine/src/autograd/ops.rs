@@ -26,8 +26,21 @@ fn flatten2(t: &Tensor) -> Result<Tensor, KernelError> {
     t.reshape(&[t.numel() / last.max(1), last])
 }
 
+/// An f16 copy of `t` for a matmul under fp16-mixed (`t` itself when already f16).
+fn half(rt: &Runtime, t: &Tensor, category: Category, label: &str) -> Result<Tensor, KernelError> {
+    if t.dtype() == DType::F16 {
+        return Ok(t.clone());
+    }
+    t.cast(rt, DType::F16, category, label)
+}
+
 /// y = x W^T + b (OutIn) or x W + b (InOut) over the last dimension of x, with an
 /// optional activation fused into the matmul's epilogue (its backward is recorded too).
+///
+/// Under fp16-mixed ([`Tape::half_matmuls`]) x and W are cast to f16 once, those f16
+/// copies are what backward keeps (half the bytes of the f32 input), and every matmul
+/// (forward, dx, dW) reads f16 and accumulates and writes f32, as torch.autocast's
+/// linear with f32 master weights; the bias and its gradient stay f32.
 pub fn linear(
     tape: &mut Tape,
     rt: &Runtime,
@@ -37,10 +50,19 @@ pub fn linear(
     layout: WeightLayout,
     label: &str,
 ) -> Result<Var, KernelError> {
+    let mixed = tape.half_matmuls();
     let x2 = flatten2(&x.value)?;
+    let (x2, w_used) = if mixed {
+        (
+            half(rt, &x2, Category::Activation, &format!("{label}.x.f16"))?,
+            half(rt, &w.value, Category::Temporary, &format!("{label}.w.f16"))?,
+        )
+    } else {
+        (x2, w.value.clone())
+    };
     let wt = match layout {
-        WeightLayout::OutIn => w.value.transpose(0, 1)?,
-        WeightLayout::InOut => w.value.clone(),
+        WeightLayout::OutIn => w_used.transpose(0, 1)?,
+        WeightLayout::InOut => w_used.clone(),
     };
     let opts = MatmulOptions {
         bias: b.map(|b| &b.value),
@@ -54,23 +76,44 @@ pub fn linear(
         Some(b) => vec![x, w, b],
         None => vec![x, w],
     };
-    let (w_saved, has_bias) = (w.value.clone(), b.is_some());
+    let has_bias = b.is_some();
     Ok(tape.record(
         y,
         &inputs,
         Box::new(move |rt, dy, cats| {
             let dy2 = flatten2(dy)?;
             let n = dy2.shape()[0];
+            let dy_mm = if mixed {
+                half(rt, &dy2, Category::Temporary, "dy.f16")?
+            } else {
+                dy2.clone()
+            };
             // dx = dy W (OutIn) or dy W^T (InOut).
             let w_for_dx = match layout {
-                WeightLayout::OutIn => w_saved.clone(),
-                WeightLayout::InOut => w_saved.transpose(0, 1)?,
+                WeightLayout::OutIn => w_used.clone(),
+                WeightLayout::InOut => w_used.transpose(0, 1)?,
             };
-            let dx2 = matmul(rt, &dy2, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
+            let dx2 = matmul(rt, &dy_mm, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
             let dx = dx2.reshape(x2_shape(&x2, dy.shape()).as_slice())?;
             let dw = match layout {
-                WeightLayout::OutIn => matmul(rt, &dy2.transpose(0, 1)?, &x2, DType::F32, &MatmulOptions::default(), cats[1], "dw")?,
-                WeightLayout::InOut => matmul(rt, &x2.transpose(0, 1)?, &dy2, DType::F32, &MatmulOptions::default(), cats[1], "dw")?,
+                WeightLayout::OutIn => matmul(
+                    rt,
+                    &dy_mm.transpose(0, 1)?,
+                    &x2,
+                    DType::F32,
+                    &MatmulOptions::default(),
+                    cats[1],
+                    "dw",
+                )?,
+                WeightLayout::InOut => matmul(
+                    rt,
+                    &x2.transpose(0, 1)?,
+                    &dy_mm,
+                    DType::F32,
+                    &MatmulOptions::default(),
+                    cats[1],
+                    "dw",
+                )?,
             };
             let mut out = vec![Some(dx), Some(dw)];
             if has_bias {
@@ -280,7 +323,29 @@ pub fn lm_head_cross_entropy(
     };
     let chunk = row_chunk.max(1).min(n.max(1));
     let logits = Tensor::empty(rt, &[chunk, v], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
-    let wt = w.value.transpose(0, 1)?;
+    // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
+    // two matmuls. Logits, the loss and the accumulation stay f32.
+    let mixed = tape.half_matmuls();
+    let (h2, w_mm) = if mixed {
+        (
+            half(rt, &h2, Category::Temporary, &format!("{label}.h.f16"))?,
+            half(rt, &w.value, Category::Temporary, &format!("{label}.w.f16"))?,
+        )
+    } else {
+        (h2, w.value.clone())
+    };
+    let grad_half = if mixed && grad {
+        Some(Tensor::empty(
+            rt,
+            &[chunk, v],
+            DType::F16,
+            Category::Temporary,
+            &format!("{label}.dlogits.f16"),
+        )?)
+    } else {
+        None
+    };
+    let wt = w_mm.transpose(0, 1)?;
     for start in (0..n).step_by(chunk) {
         let rows = chunk.min(n - start);
         let hc = h2.slice(0, start, rows)?;
@@ -292,7 +357,15 @@ pub fn lm_head_cross_entropy(
         ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale, 0..rows)?;
         crate::kernels::map::copy_into(rt, &loss_c, &losses.slice(0, start, rows)?)?;
         if let (Some(dh), Some(dw)) = (&dh, &dw) {
-            matmul_into(rt, &lc, &w.value, &dh.slice(0, start, rows)?, &MatmulOptions::default())?;
+            let lc = match &grad_half {
+                Some(g) => {
+                    let g = g.slice(0, 0, rows)?;
+                    crate::kernels::map::copy_into(rt, &lc, &g)?;
+                    g
+                }
+                None => lc,
+            };
+            matmul_into(rt, &lc, &w_mm, &dh.slice(0, start, rows)?, &MatmulOptions::default())?;
             matmul_into(
                 rt,
                 &lc.transpose(0, 1)?,
@@ -331,8 +404,9 @@ pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var
 /// engine has no dropout, so there is no RNG state to replay).
 pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, KernelError> {
     let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
+    let mixed = tape.half_matmuls();
     let out = {
-        let mut inner = Tape::no_grad();
+        let mut inner = Tape::no_grad().with_half_matmuls(mixed);
         let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
         f(&mut inner, rt, &vars)?
     };
@@ -340,7 +414,7 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         out.value,
         inputs,
         Box::new(move |rt, g, cats| {
-            let mut inner = Tape::new();
+            let mut inner = Tape::new().with_half_matmuls(mixed);
             let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
             let out = f(&mut inner, rt, &vars)?;
             let wanted: Vec<&Var> = vars.iter().collect();

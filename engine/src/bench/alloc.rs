@@ -270,6 +270,7 @@ pub fn run_all(gpu: &Arc<Gpu>, quick: bool) -> Result<Vec<BenchRecord>, AllocErr
             AllocatorOptions {
                 debug: Some(false),
                 cap: None,
+                ..Default::default()
             },
         )
     };

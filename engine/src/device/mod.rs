@@ -108,6 +108,24 @@ impl Capabilities {
     }
 }
 
+/// Features named in `WGTRAIN_WITHHOLD_FEATURES` (comma-separated wgpu names, like
+/// `SHADER_F16,SUBGROUP`): never requested, so a device can be opened as an adapter
+/// without them would be (to try fallbacks and their errors on any machine). Unknown
+/// names are reported once in the log and ignored.
+pub fn withheld_features() -> wgpu::Features {
+    let Ok(list) = std::env::var("WGTRAIN_WITHHOLD_FEATURES") else {
+        return wgpu::Features::empty();
+    };
+    let mut out = wgpu::Features::empty();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match wgpu::Features::from_name(name) {
+            Some(f) => out |= f,
+            None => tracing::warn!("WGTRAIN_WITHHOLD_FEATURES: unknown feature '{name}'"),
+        }
+    }
+    out
+}
+
 /// An opened device with its queue and what it was granted.
 pub struct Gpu {
     /// The adapter.
@@ -208,10 +226,11 @@ impl Gpu {
         Gpu::open_adapter(index, adapter)
     }
 
-    /// Opens a device on `adapter` with its full limits and the engine's features.
+    /// Opens a device on `adapter` with its full limits and the engine's features (less
+    /// any named in `WGTRAIN_WITHHOLD_FEATURES`).
     pub fn open_adapter(index: usize, adapter: wgpu::Adapter) -> Result<Gpu, DeviceError> {
         let report = AdapterReport::of(index, &adapter);
-        let granted = adapter.features() & report::engine_features();
+        let granted = adapter.features() & report::engine_features() & !withheld_features();
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgtrain"),

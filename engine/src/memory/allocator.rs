@@ -7,6 +7,11 @@
 //! A block is bound whole (see [`Block::binding`]), so a kernel writing past its tensor
 //! lands in the guard. The guard is read back when the block is freed and, for every
 //! live block, at step end ([`Allocator::end_step`]); an overrun names the block.
+//!
+//! Dry mode (`AllocatorOptions::dry`, used by the memory estimate): the pool does all
+//! its bookkeeping (pages, splits, caps, stats, events) exactly as it would, but pages
+//! are not created on the device: every block points into one tiny placeholder buffer,
+//! writes are dropped and reads return zeros. The runtime records no launches then.
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,15 +27,19 @@ pub const GUARD_BYTES: u64 = 64;
 /// The byte guards are filled with.
 pub const GUARD_FILL: u8 = 0xA5;
 
-/// Page buffers on one wgpu device.
+/// Page buffers on one wgpu device (or, in dry mode, one placeholder for every page).
 pub struct WgpuPages {
     device: wgpu::Device,
+    placeholder: Option<wgpu::Buffer>,
 }
 
 impl PageBackend for WgpuPages {
     type Page = wgpu::Buffer;
 
     fn create_page(&mut self, size: u64) -> Result<wgpu::Buffer, BackendOom> {
+        if let Some(p) = &self.placeholder {
+            return Ok(p.clone());
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgtrain page"),
@@ -48,7 +57,9 @@ impl PageBackend for WgpuPages {
     }
 
     fn destroy_page(&mut self, page: wgpu::Buffer) {
-        page.destroy();
+        // Dropped, not destroyed: launches recorded but not yet submitted may still
+        // name the page; wgpu frees the memory once no command uses it.
+        drop(page);
     }
 }
 
@@ -122,6 +133,8 @@ pub struct AllocatorOptions {
     pub debug: Option<bool>,
     /// A bound on reserved memory.
     pub cap: Option<MemoryCap>,
+    /// Bookkeeping only, no device memory (see the module's dry mode).
+    pub dry: bool,
 }
 
 /// A block whose guard bytes were overwritten.
@@ -171,6 +184,7 @@ struct Shared {
     gpu: Arc<Gpu>,
     pool: Mutex<Pool<WgpuPages>>,
     debug: bool,
+    dry: bool,
     violations: Mutex<Vec<GuardViolation>>,
 }
 
@@ -287,6 +301,9 @@ impl Block {
 
     /// Writes `data` at `byte_offset` inside the block's request.
     pub fn write(&self, byte_offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        if self.shared.dry {
+            return Ok(());
+        }
         let end = byte_offset + data.len() as u64;
         if end > self.placement.requested.next_multiple_of(4) || !byte_offset.is_multiple_of(4) || !data.len().is_multiple_of(4) {
             return Err(DeviceError::Validation(format!(
@@ -304,6 +321,9 @@ impl Block {
 
     /// Reads the requested bytes back (rounded up to 4).
     pub fn read(&self) -> Result<Vec<u8>, DeviceError> {
+        if self.shared.dry {
+            return Ok(vec![0; self.placement.requested.next_multiple_of(4) as usize]);
+        }
         self.shared
             .gpu
             .read_bytes(&self.buffer, self.placement.offset, self.placement.requested.next_multiple_of(4))
@@ -339,7 +359,7 @@ impl Allocator {
     /// An allocator on `gpu`'s device.
     pub fn new(gpu: Arc<Gpu>, options: AllocatorOptions) -> Result<Allocator, AllocError> {
         let limits = &gpu.caps.limits;
-        let debug = options.debug.unwrap_or_else(debug_from_env);
+        let debug = options.debug.unwrap_or_else(debug_from_env) && !options.dry;
         let mut config = PoolConfig::for_adapter(
             limits.min_storage_buffer_offset_alignment as u64,
             limits.max_storage_buffer_binding_size,
@@ -351,6 +371,14 @@ impl Allocator {
         let mut pool = Pool::new(
             WgpuPages {
                 device: gpu.device.clone(),
+                placeholder: options.dry.then(|| {
+                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("wgtrain dry-run placeholder"),
+                        size: 256,
+                        usage: wgpu::BufferUsages::STORAGE,
+                        mapped_at_creation: false,
+                    })
+                }),
             },
             config,
         );
@@ -363,6 +391,7 @@ impl Allocator {
                 gpu,
                 pool: Mutex::new(pool),
                 debug,
+                dry: options.dry,
                 violations: Mutex::new(Vec::new()),
             }),
         })
@@ -371,6 +400,11 @@ impl Allocator {
     /// The device this allocator serves.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.shared.gpu
+    }
+
+    /// Whether this is a dry (bookkeeping-only) allocator.
+    pub fn dry(&self) -> bool {
+        self.shared.dry
     }
 
     /// Whether guard bytes are on.

@@ -544,6 +544,7 @@ impl<B: PageBackend> Pool<B> {
         self.stats.blocks.add(1);
         self.stats.num_allocs += 1;
         self.stats.by_category[category.index()].add(taken, requested);
+        self.stats.note_peak();
         self.push_event(Event {
             kind: EventKind::Alloc,
             alloc: Some(id),

@@ -100,6 +100,10 @@ pub struct MemoryStats {
     pub num_device_free: u64,
     /// Counters per category, indexed by `Category::index()`.
     pub by_category: [CategoryStats; 7],
+    /// Allocated bytes per category at the moment `allocated` reached its peak (what
+    /// the peak is made of), indexed like `by_category`.
+    #[serde(default)]
+    pub at_peak: [u64; 7],
     /// The cap in bytes, if any.
     pub cap: Option<u64>,
     /// The device's memory, if the backend told it.
@@ -112,6 +116,16 @@ impl MemoryStats {
     /// Counters of one category.
     pub fn category(&self, category: Category) -> &CategoryStats {
         &self.by_category[category.index()]
+    }
+
+    /// Records the categories' current bytes as the peak's make-up if `allocated` is at
+    /// its peak now.
+    pub(super) fn note_peak(&mut self) {
+        if self.allocated.current == self.allocated.peak {
+            for (i, cat) in self.by_category.iter().enumerate() {
+                self.at_peak[i] = cat.allocated.current;
+            }
+        }
     }
 
     /// Inactive split bytes over reserved bytes (0 when nothing is reserved).
@@ -133,6 +147,9 @@ impl MemoryStats {
             &mut self.pages,
         ] {
             stat.peak = stat.current;
+        }
+        for (i, cat) in self.by_category.iter().enumerate() {
+            self.at_peak[i] = cat.allocated.current;
         }
         for cat in &mut self.by_category {
             cat.allocated.peak = cat.allocated.current;

@@ -151,23 +151,68 @@ pub struct MemoryConfig {
     /// Apply each parameter's update as soon as its gradient is final, and free the
     /// gradient (no gradient accumulation or clipping then).
     pub optimizer_in_backward: bool,
+    /// "fp32" (the default) or "fp16-mixed": f32 master weights, f16 matmul inputs,
+    /// dynamic loss scaling (torch.amp.GradScaler's policy).
+    pub precision: Option<String>,
+    /// With "fp16-mixed" on an adapter without SHADER_F16: train in fp32 instead of
+    /// failing (off by default: the run stops with an error).
+    pub fp32_fallback: bool,
+    /// The loss scale fp16-mixed starts from (torch.amp.GradScaler's init_scale).
+    pub init_scale: Option<f32>,
+    /// A bound for `fit`: "3GiB", bytes, or a fraction of the device's memory.
+    pub budget: Option<String>,
+    /// Choose the micro-batch and checkpointing whose estimated peak fits `budget`.
+    pub fit: bool,
+}
+
+/// Numeric precision of training.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Precision {
+    /// Everything f32.
+    Fp32,
+    /// f32 master weights and loss scaling; matmuls on f16 inputs.
+    Fp16Mixed,
+}
+
+impl Precision {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16Mixed => "fp16-mixed",
+        }
+    }
 }
 
 impl MemoryConfig {
-    /// Every how many GPT blocks one is recomputed in backward (0: none).
+    /// The precision asked for.
+    pub fn precision(&self) -> Result<Precision, ConfigError> {
+        match self.precision.as_deref().map(str::trim) {
+            None | Some("fp32") => Ok(Precision::Fp32),
+            Some("fp16-mixed") => Ok(Precision::Fp16Mixed),
+            Some(other) => Err(ConfigError::Invalid(format!(
+                "memory.precision must be \"fp32\" or \"fp16-mixed\", got \"{other}\""
+            ))),
+        }
+    }
+
+    /// Whether checkpointing is left to the estimate ("auto").
+    pub fn checkpoint_auto(&self) -> bool {
+        self.checkpoint.as_deref().map(str::trim) == Some("auto")
+    }
+
+    /// Every how many GPT blocks one is recomputed in backward (0: none; "auto" is
+    /// resolved by the trainer from the estimate and reads as 0 here).
     pub fn checkpoint_every(&self) -> Result<usize, ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         match self.checkpoint.as_deref().map(str::trim) {
             None | Some("none") => Ok(0),
             Some("every-layer") => Ok(1),
-            Some("auto") => bad(
-                "memory.checkpoint = \"auto\" needs the memory estimate, which is not built yet; use \"every-layer\" or \"every-k:N\""
-                    .into(),
-            ),
+            Some("auto") => Ok(0),
             Some(other) => match other.strip_prefix("every-k:").map(|n| n.parse::<usize>()) {
                 Some(Ok(n)) if n > 0 => Ok(n),
                 _ => bad(format!(
-                    "memory.checkpoint must be \"none\", \"every-layer\" or \"every-k:N\" (N >= 1), got \"{other}\""
+                    "memory.checkpoint must be \"none\", \"every-layer\", \"every-k:N\" (N >= 1) or \"auto\", got \"{other}\""
                 )),
             },
         }
@@ -298,7 +343,19 @@ impl Config {
                 );
             }
         }
-        if self.memory.checkpoint_every()? > 0 && self.model.kind != "gpt" {
+        let precision = self.memory.precision()?;
+        if precision == Precision::Fp16Mixed && self.memory.optimizer_in_backward {
+            return bad("memory.optimizer_in_backward cannot be combined with memory.precision = \"fp16-mixed\": a step with an inf or NaN gradient must be skipped before any update".into());
+        }
+        if let Some(s) = self.memory.init_scale
+            && !(s.is_finite() && s > 0.0)
+        {
+            return bad(format!("memory.init_scale must be a positive number, got {s}"));
+        }
+        if self.memory.fit && self.memory.budget.is_none() {
+            return bad("memory.fit = true needs memory.budget (like \"3GiB\")".into());
+        }
+        if (self.memory.checkpoint_every()? > 0 || self.memory.checkpoint_auto()) && self.model.kind != "gpt" {
             return bad("memory.checkpoint applies to GPT models only".into());
         }
         if self.data.kind == "tokens" && self.model.vocab_size == 0 {

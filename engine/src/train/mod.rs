@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod estimate;
 pub mod hf_step;
 pub mod trainer;
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
-use super::config::Config;
+use super::config::{Config, Precision};
 use crate::autograd::{Params, Tape, ops};
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::text::{self, CharCorpus};
@@ -22,9 +22,10 @@ use crate::data::{BatchOrder, DataError, Dataset, HostBatch, Loader, batches_per
 use crate::device::Gpu;
 use crate::kernels::optim::{AdamW, Sgd};
 use crate::kernels::{KernelError, Runtime};
-use crate::memory::{AllocatorOptions, Category, MemoryCap, MemoryStats};
+use crate::memory::{AllocError, AllocatorOptions, Category, MemoryCap, MemoryStats};
 use crate::nn::{Gpt, GptConfig, Init, Mlp};
 use crate::optim::{Optimizer, Rule, clip_grad_norm, lr_at};
+use crate::scaler::GradScaler;
 use crate::tensor::Tensor;
 
 /// Rows of logits per fused cross-entropy launch.
@@ -55,6 +56,14 @@ pub enum TrainError {
         /// The cause.
         source: std::io::Error,
     },
+    /// fp16-mixed asked for on an adapter without f16 shaders.
+    #[error(
+        "memory.precision = \"fp16-mixed\" needs SHADER_F16, which the adapter '{0}' lacks; use memory.precision = \"fp32\", or set memory.fp32_fallback = true to train in fp32 on such adapters"
+    )]
+    NoF16(String),
+    /// Out of memory even at a micro-batch of one.
+    #[error("out of memory at a micro-batch of 1 example: {0}\nlower the model size or raise memory.cap / memory.budget")]
+    OutOfMemory(String),
     /// The loss stopped being a number.
     #[error("the loss became {0} at step {1}; lower train.lr or enable train.grad_clip")]
     NonFinite(f32, u64),
@@ -69,6 +78,11 @@ pub struct MemLog {
     pub reserved: u64,
     /// Peak allocated bytes during the step.
     pub peak: u64,
+    /// Peak reserved bytes during the step.
+    pub peak_reserved: u64,
+    /// The cap on reserved bytes, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<u64>,
     /// Allocated bytes by category now.
     pub by_category: BTreeMap<String, u64>,
     /// Inactive split bytes over reserved bytes.
@@ -85,6 +99,8 @@ impl MemLog {
             allocated: s.allocated.current,
             reserved: s.reserved.current,
             peak: s.allocated.peak,
+            peak_reserved: s.reserved.peak,
+            cap: s.cap,
             by_category: Category::ALL
                 .iter()
                 .map(|c| (c.name().to_string(), s.category(*c).allocated.current))
@@ -136,6 +152,18 @@ pub struct StepLog {
     /// Memory after the step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemLog>,
+    /// The loss scale the step used (fp16-mixed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<f64>,
+    /// Whether the step was skipped for an inf or NaN gradient (fp16-mixed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<bool>,
+    /// The micro-batch the step ran with, when it accumulated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<usize>,
+    /// Something that happened during the step (an out-of-memory retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     /// Evaluation, on eval lines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval: Option<EvalLog>,
@@ -188,6 +216,10 @@ pub struct Trainer {
     eval: Arc<dyn Dataset>,
     /// Unigram entropy of the training text in nats (language models on text).
     pub unigram_entropy: Option<f64>,
+    /// The loss scaler (fp16-mixed only).
+    pub scaler: Option<GradScaler>,
+    /// What `memory.fit` or the fp32 fallback decided, for the user.
+    pub notes: Vec<String>,
     step: u64,
     epoch: u64,
     index: u64,
@@ -243,9 +275,9 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
 }
 
 /// Training and evaluation data, the model's output width, and the text's entropy.
-type Loaded = (Arc<dyn Dataset>, Arc<dyn Dataset>, usize, Option<f64>);
+pub(crate) type Loaded = (Arc<dyn Dataset>, Arc<dyn Dataset>, usize, Option<f64>);
 
-fn load_data(config: &Config) -> Result<Loaded, TrainError> {
+pub(crate) fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     let m = &config.model;
     let path = config.data.path.clone().map(PathBuf::from);
     Ok(match config.data.kind.as_str() {
@@ -286,13 +318,35 @@ fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     })
 }
 
+/// Applies `memory.precision`: fp16-mixed needs SHADER_F16; without it the run fails,
+/// or trains in fp32 when `memory.fp32_fallback` asks for that (said in a note).
+pub(crate) fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<String>), TrainError> {
+    let mut notes = Vec::new();
+    if config.memory.precision()? == Precision::Fp16Mixed && !gpu.caps.shader_f16 {
+        if !config.memory.fp32_fallback {
+            return Err(TrainError::NoF16(gpu.report.name.clone()));
+        }
+        config.memory.precision = Some("fp32".into());
+        notes.push(format!(
+            "the adapter '{}' lacks SHADER_F16: training in fp32 (memory.fp32_fallback = true)",
+            gpu.report.name
+        ));
+    }
+    Ok((config, notes))
+}
+
 impl Trainer {
-    /// Loads the data, opens the device and builds the model.
+    /// Loads the data, opens the device and builds the model (after `memory.fit` or
+    /// `memory.checkpoint = "auto"` chose the micro-batch and checkpointing).
     pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         // Data first: a missing dataset should not wait for the GPU.
-        let (train, eval, vocab, unigram_entropy) = load_data(&config)?;
+        let data = load_data(&config)?;
         let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
-        let cap = match &config.memory.cap {
+        let (config, mut notes) = resolve_precision(config, &gpu)?;
+        let (config, fit_notes) = super::estimate::plan(config, &gpu, &data)?;
+        notes.extend(fit_notes);
+        let limit = config.memory.cap.as_ref().or(config.memory.budget.as_ref());
+        let cap = match limit {
             Some(text) => Some(MemoryCap::parse(text).map_err(KernelError::from)?),
             None => None,
         };
@@ -301,8 +355,17 @@ impl Trainer {
             AllocatorOptions {
                 debug: Some(config.memory.debug),
                 cap,
+                dry: false,
             },
         )?);
+        let mut trainer = Trainer::assemble(config, rt, data)?;
+        trainer.notes = notes;
+        Ok(trainer)
+    }
+
+    /// Builds the model and optimizer for `config` on `rt` over loaded data.
+    pub(crate) fn assemble(config: Config, rt: Arc<Runtime>, data: Loaded) -> Result<Trainer, TrainError> {
+        let (train, eval, vocab, unigram_entropy) = data;
         let mut params = Params::default();
         let mut init = Init::new(config.train.seed);
         let m = &config.model;
@@ -345,6 +408,10 @@ impl Trainer {
                 weight_decay: t.weight_decay,
             }),
         };
+        let scaler = (config.memory.precision()? == Precision::Fp16Mixed).then(|| GradScaler {
+            scale: config.memory.init_scale.unwrap_or(crate::scaler::INIT_SCALE),
+            ..GradScaler::default()
+        });
         Ok(Trainer {
             config,
             rt,
@@ -354,6 +421,8 @@ impl Trainer {
             train,
             eval,
             unigram_entropy,
+            scaler,
+            notes: Vec::new(),
             step: 0,
             epoch: 0,
             index: 0,
@@ -417,35 +486,91 @@ impl Trainer {
         for part in split_batch(batch, micro) {
             let rows = part.targets.len();
             let weight = rows as f32 / total_targets as f32;
-            let mut tape = Tape::new();
+            let mut tape = self.tape();
             let loss = self.loss(&mut tape, &part)?;
-            tape.backward_with(&self.rt, &loss, weight, &mut self.params)?;
+            let seed = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale);
+            tape.backward_with(&self.rt, &loss, seed, &mut self.params)?;
             loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
         }
         Ok(loss_sum)
     }
 
-    /// One training step on `batch`; returns the loss.
-    fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
+    /// A tape in the run's precision.
+    fn tape(&self) -> Tape {
+        Tape::new().with_half_matmuls(self.scaler.is_some())
+    }
+
+    /// One training step on `batch`; returns the loss and, under fp16-mixed, whether
+    /// the step was skipped for a non-finite gradient. Gradients are unscaled before
+    /// clipping, and the scale is updated after the step (torch.amp.GradScaler's order).
+    pub(super) fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
         if self.config.memory.optimizer_in_backward {
-            return self.train_step_in_backward(batch, lr);
+            return Ok((self.train_step_in_backward(batch, lr)?, false));
         }
         let loss = self.compute_gradients(batch)?;
-        if !loss.is_finite() {
+        let mut skipped = false;
+        if let Some(scaler) = &self.scaler {
+            skipped = scaler.unscale(&self.rt, &self.params)?;
+        } else if !loss.is_finite() {
             return Err(TrainError::NonFinite(loss as f32, self.step + 1));
         }
-        if self.config.train.grad_clip > 0.0 {
-            clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
+        if !skipped {
+            if self.config.train.grad_clip > 0.0 {
+                clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
+            }
+            self.opt.step(&self.rt, &self.params, lr)?;
         }
-        self.opt.step(&self.rt, &self.params, lr)?;
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(skipped);
+        }
         self.params.zero_grad();
-        Ok(loss)
+        Ok((loss, skipped))
+    }
+
+    /// One step that survives running out of memory: on an out-of-memory error the
+    /// cache is emptied and the step retried; if it fails again the micro-batch is
+    /// halved (the effective batch stays, through accumulation) until it fits.
+    /// Returns the loss, whether it was skipped, and what happened.
+    fn resilient_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool, Option<String>), TrainError> {
+        let mut events: Vec<String> = Vec::new();
+        let mut retried = false;
+        loop {
+            match self.train_step(batch, lr) {
+                Ok((loss, skipped)) => return Ok((loss, skipped, (!events.is_empty()).then(|| events.join("; ")))),
+                Err(TrainError::Kernel(KernelError::Alloc(AllocError::OutOfMemory(report)))) => {
+                    // No gradient of the failed attempt may leak into the retry.
+                    self.params.zero_grad();
+                    // Let the device finish what was recorded so the pages really go.
+                    let _ = self.rt.sync();
+                    let freed = self.rt.alloc.empty_cache();
+                    let micro = self.config.train.micro_batch_size.unwrap_or(batch.examples).min(batch.examples);
+                    if !retried {
+                        retried = true;
+                        events.push(format!(
+                            "out of memory; emptied the cache ({}) and retried",
+                            crate::memory::format_bytes(freed)
+                        ));
+                        tracing::warn!("step {}: {}", self.step + 1, events.last().expect("just pushed"));
+                        continue;
+                    }
+                    if micro <= 1 || self.config.memory.optimizer_in_backward {
+                        return Err(TrainError::OutOfMemory(report.to_string()));
+                    }
+                    let half = micro / 2;
+                    self.config.train.micro_batch_size = Some(half);
+                    events.push(format!("out of memory again; micro-batch halved from {micro} to {half}"));
+                    tracing::warn!("step {}: {}", self.step + 1, events.last().expect("just pushed"));
+                    retried = false;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// A step whose updates happen inside backward: each parameter is updated as soon as
     /// its gradient is final, and the gradient is freed at once.
     fn train_step_in_backward(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
-        let mut tape = Tape::new();
+        let mut tape = self.tape();
         let loss = self.loss(&mut tape, batch)?;
         self.opt.begin_step(&self.rt, self.params.list.len())?;
         let opt = &mut self.opt;
@@ -463,12 +588,27 @@ impl Trainer {
     }
 
     /// Loss (and accuracy, for classifiers) over the evaluation split, without gradients.
+    /// Out of memory halves the evaluation batch (after emptying the cache) until it fits.
     pub fn evaluate(&self) -> Result<EvalLog, TrainError> {
-        let n = self.eval.len();
-        let batch = match self.model {
+        let mut batch = match self.model {
             Model::Mlp(_) => EVAL_BATCH,
-            Model::Gpt(_) => self.config.train.batch_size,
+            Model::Gpt(_) => self.config.train.micro_batch_size.unwrap_or(self.config.train.batch_size),
         };
+        loop {
+            match self.evaluate_in(batch) {
+                Err(TrainError::Kernel(KernelError::Alloc(AllocError::OutOfMemory(_)))) if batch > 1 => {
+                    let _ = self.rt.sync();
+                    self.rt.alloc.empty_cache();
+                    batch /= 2;
+                    tracing::warn!("evaluation ran out of memory; evaluation batch halved to {batch}");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn evaluate_in(&self, batch: usize) -> Result<EvalLog, TrainError> {
+        let n = self.eval.len();
         let (mut loss_sum, mut count, mut correct) = (0.0f64, 0usize, 0usize);
         for start in (0..n).step_by(batch) {
             let mut b = HostBatch::default();
@@ -476,7 +616,7 @@ impl Trainer {
                 self.eval.push(i, &mut b);
                 b.examples += 1;
             }
-            let mut tape = Tape::no_grad();
+            let mut tape = Tape::no_grad().with_half_matmuls(self.scaler.is_some());
             let rows = b.targets.len();
             if let Model::Gpt(_) = self.model {
                 let loss = self.loss(&mut tape, &b)?;
@@ -542,6 +682,11 @@ impl Trainer {
             ("seed".to_string(), self.config.train.seed.to_string()),
             ("config".to_string(), toml::to_string(&self.config).unwrap_or_default()),
         ]);
+        let mut trainer = trainer;
+        if let Some(sc) = &self.scaler {
+            trainer.insert("loss_scale".into(), sc.scale.to_string());
+            trainer.insert("scaler_growth_tracker".into(), sc.growth_tracker.to_string());
+        }
         Ok(CheckpointData { model, optimizer, trainer })
     }
 
@@ -589,6 +734,17 @@ impl Trainer {
         self.epoch = get("epoch")?;
         self.index = get("batch_index")?;
         self.opt.step = get("optimizer_step")? as u32;
+        if let Some(sc) = &mut self.scaler {
+            // A checkpoint from an fp32 run starts the scaler fresh.
+            if let (Some(scale), Some(tracker)) = (data.trainer.get("loss_scale"), data.trainer.get("scaler_growth_tracker")) {
+                sc.scale = scale
+                    .parse()
+                    .map_err(|_| mismatch(format!("loss_scale '{scale}' is not a number")))?;
+                sc.growth_tracker = tracker
+                    .parse()
+                    .map_err(|_| mismatch(format!("scaler_growth_tracker '{tracker}' is not a number")))?;
+            }
+        }
         self.opt.state = (0..self.params.list.len()).map(|_| None).collect();
         let by_name: BTreeMap<&str, &HostTensor> = data.optimizer.iter().map(|t| (t.name.as_str(), t)).collect();
         for (i, p) in self.params.list.iter().enumerate() {
@@ -673,7 +829,11 @@ impl Trainer {
             let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
             self.rt.alloc.reset_peaks();
             let step_start = Instant::now();
-            let loss = self.train_step(&batch, lr)?;
+            let scale = self.scaler.as_ref().map(|s| s.scale as f64);
+            let (loss, skipped, event) = self.resilient_step(&batch, lr)?;
+            if let (Some(bar), Some(e)) = (&bar, &event) {
+                bar.println(format!("step {}: {e}", self.step + 1));
+            }
             let guard = self.rt.alloc.end_step();
             let step_s = step_start.elapsed().as_secs_f64();
             guard.map_err(|e| KernelError::Shape(e.to_string()))?;
@@ -693,6 +853,10 @@ impl Trainer {
                 step_ms: Some(step_s * 1e3),
                 samples_per_s: Some(batch.examples as f64 / step_s),
                 mem: Some(MemLog::of(&stats)),
+                scale,
+                skipped: self.scaler.as_ref().map(|_| skipped),
+                micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
+                event,
                 eval: None,
             })?;
             if let Some(bar) = &bar {
@@ -724,6 +888,10 @@ impl Trainer {
                     step_ms: None,
                     samples_per_s: None,
                     mem: None,
+                    scale: None,
+                    skipped: None,
+                    micro_batch: None,
+                    event: None,
                     eval: Some(e.clone()),
                 })?;
                 summary.last_eval = Some(e);

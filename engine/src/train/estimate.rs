@@ -1,0 +1,296 @@
+//! The memory estimate before running (`wgtrain estimate`) and the fit to a budget
+//! (`memory.fit`, `memory.checkpoint = "auto"`).
+//!
+//! The estimate is a dry run of two training steps through the trainer's own code path
+//! on a bookkeeping-only allocator (see `memory::allocator`'s dry mode): every tensor
+//! the real step would allocate is allocated, split, cached and freed in the same
+//! order, with the same page policy, but no device memory is touched and no kernel is
+//! recorded. Two steps, because the optimizer's state appears in the first step only
+//! after backward has freed the activations; from the second step on it lives through
+//! the whole step. The model states are also given by the formulas (ZeRO paper,
+//! section 3.1: parameters, gradients and optimizer states of Psi elements) as a check.
+//! Evaluation is not part of the estimate (it runs without gradients, under the peak).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::config::Config;
+use super::trainer::{Loaded, TrainError, Trainer, load_data, resolve_precision};
+use crate::data::HostBatch;
+use crate::device::Gpu;
+use crate::kernels::{KernelError, Runtime};
+use crate::memory::{AllocatorOptions, Category, MemoryCap};
+
+/// Model states from the formulas, in bytes.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ModelStates {
+    /// Parameter elements.
+    pub elements: u64,
+    /// 4 bytes per f32 master weight.
+    pub parameters: u64,
+    /// 4 bytes per f32 gradient.
+    pub gradients: u64,
+    /// AdamW: two f32 moments (8 bytes); SGD: one momentum buffer (4 bytes).
+    pub optimizer_state: u64,
+}
+
+/// What one step will need.
+#[derive(Clone, Debug, Serialize)]
+pub struct Estimate {
+    /// "fp32" or "fp16-mixed".
+    pub precision: String,
+    /// Examples per optimizer step.
+    pub batch_size: usize,
+    /// Examples per forward/backward.
+    pub micro_batch_size: usize,
+    /// GPT blocks: one in every N is recomputed in backward (0: none).
+    pub checkpoint_every: usize,
+    /// Peak bytes in live blocks during a step (torch.cuda.max_memory_allocated).
+    pub peak_bytes: u64,
+    /// Peak bytes in pages (torch.cuda.max_memory_reserved): what the device must hold.
+    pub peak_reserved_bytes: u64,
+    /// What the peak is made of: bytes per category at the moment of the peak.
+    pub by_category: BTreeMap<String, u64>,
+    /// Each category's own peak (they need not coincide).
+    pub category_peaks: BTreeMap<String, u64>,
+    /// The formulas' model states.
+    pub model_states: ModelStates,
+}
+
+impl Estimate {
+    /// A readable table.
+    pub fn table(&self) -> String {
+        use crate::memory::format_bytes;
+        let mut out = format!(
+            "estimate: {}, batch {} in micro-batches of {}, checkpointing {}\n",
+            self.precision,
+            self.batch_size,
+            self.micro_batch_size,
+            match self.checkpoint_every {
+                0 => "none".to_string(),
+                1 => "every layer".to_string(),
+                k => format!("one block in {k}"),
+            }
+        );
+        out += &format!("  {:<16} {:>12} {:>12}\n", "category", "at peak", "own peak");
+        for (name, bytes) in &self.by_category {
+            out += &format!(
+                "  {:<16} {:>12} {:>12}\n",
+                name,
+                format_bytes(*bytes),
+                format_bytes(self.category_peaks.get(name).copied().unwrap_or(0))
+            );
+        }
+        out += &format!("  {:<16} {:>12}\n", "peak allocated", format_bytes(self.peak_bytes));
+        out += &format!("  {:<16} {:>12}\n", "peak reserved", format_bytes(self.peak_reserved_bytes));
+        let m = &self.model_states;
+        out += &format!(
+            "  model states by formula: {} parameters -> {} weights + {} gradients + {} optimizer state",
+            m.elements,
+            format_bytes(m.parameters),
+            format_bytes(m.gradients),
+            format_bytes(m.optimizer_state)
+        );
+        out
+    }
+}
+
+/// A bookkeeping-only runtime on `gpu` (no cap: the estimate says what is needed).
+pub fn dry_runtime(gpu: Arc<Gpu>) -> Result<Arc<Runtime>, KernelError> {
+    Ok(Arc::new(Runtime::new(
+        gpu,
+        AllocatorOptions {
+            debug: Some(false),
+            cap: None,
+            dry: true,
+        },
+    )?))
+}
+
+/// The first `batch_size` training examples (the shapes of every step's batch).
+fn first_batch(data: &Loaded, batch_size: usize) -> HostBatch {
+    let mut b = HostBatch::default();
+    for i in 0..batch_size.min(data.0.len()) {
+        data.0.push(i, &mut b);
+        b.examples += 1;
+    }
+    b
+}
+
+/// Estimates one step of `config` on the dry runtime `rt` (reused across estimates so
+/// that pipelines compile once).
+pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<Estimate, TrainError> {
+    if !rt.alloc.dry() {
+        return Err(KernelError::Shape("the estimate needs a dry runtime".into()).into());
+    }
+    rt.alloc.empty_cache();
+    let batch = first_batch(data, config.train.batch_size);
+    let mut trainer = Trainer::assemble(config.clone(), rt.clone(), (data.0.clone(), data.1.clone(), data.2, data.3))?;
+    let mut best: Option<(u64, [u64; 7])> = None;
+    let mut reserved = 0u64;
+    let mut own = [0u64; 7];
+    for _ in 0..2 {
+        rt.alloc.reset_peaks();
+        trainer.train_step(&batch, config.train.lr)?;
+        let s = rt.alloc.stats();
+        if best.is_none_or(|(p, _)| s.allocated.peak > p) {
+            best = Some((s.allocated.peak, s.at_peak));
+        }
+        reserved = reserved.max(s.reserved.peak);
+        for (i, c) in s.by_category.iter().enumerate() {
+            own[i] = own[i].max(c.allocated.peak);
+        }
+    }
+    let (peak, at_peak) = best.expect("two steps ran");
+    let elements = trainer.params.numel() as u64;
+    let optimizer_per = if config.train.optimizer == "sgd" { 4 } else { 8 };
+    let micro = config
+        .train
+        .micro_batch_size
+        .unwrap_or(config.train.batch_size)
+        .min(config.train.batch_size);
+    let estimate = Estimate {
+        precision: config.memory.precision()?.name().into(),
+        batch_size: config.train.batch_size,
+        micro_batch_size: micro,
+        checkpoint_every: config.memory.checkpoint_every()?,
+        peak_bytes: peak,
+        peak_reserved_bytes: reserved,
+        by_category: Category::ALL.iter().map(|c| (c.name().to_string(), at_peak[c.index()])).collect(),
+        category_peaks: Category::ALL.iter().map(|c| (c.name().to_string(), own[c.index()])).collect(),
+        model_states: ModelStates {
+            elements,
+            parameters: 4 * elements,
+            gradients: 4 * elements,
+            optimizer_state: optimizer_per * elements,
+        },
+    };
+    drop(trainer);
+    rt.alloc.empty_cache();
+    Ok(estimate)
+}
+
+/// `wgtrain estimate`: loads the data, opens the adapter, applies the precision rule and
+/// any fit, and estimates the resulting run. Returns the notes of the plan too.
+pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<String>), TrainError> {
+    let data = load_data(&config)?;
+    let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
+    let (config, mut notes) = resolve_precision(config, &gpu)?;
+    let (config, fit_notes) = plan(config, &gpu, &data)?;
+    notes.extend(fit_notes);
+    let rt = dry_runtime(gpu)?;
+    Ok((estimate_on(&rt, &config, &data)?, notes))
+}
+
+/// The bound a plan must fit: `memory.budget`, else `memory.cap`, else 90% of the
+/// device's memory (for `checkpoint = "auto"` alone).
+fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError> {
+    let resolve = |text: &str, what: &str| -> Result<(u64, String), TrainError> {
+        let cap = MemoryCap::parse(text).map_err(KernelError::from)?;
+        Ok((
+            cap.resolve(gpu.caps.memory_bytes).map_err(KernelError::from)?,
+            format!("{what} {text}"),
+        ))
+    };
+    if let Some(b) = &config.memory.budget {
+        return Ok(Some(resolve(b, "memory.budget")?));
+    }
+    if let Some(c) = &config.memory.cap {
+        return Ok(Some(resolve(c, "memory.cap")?));
+    }
+    Ok(gpu
+        .caps
+        .memory_bytes
+        .map(|m| (m / 10 * 9, "90% of the device's memory".to_string())))
+}
+
+/// Checkpointing choices from least to most: none, then one block in 4, in 2, every one.
+fn checkpoint_choices(n_layer: usize) -> Vec<usize> {
+    let mut v = vec![0];
+    for k in [4, 2] {
+        if n_layer >= k {
+            v.push(k);
+        }
+    }
+    v.push(1);
+    v
+}
+
+fn checkpoint_name(k: usize) -> String {
+    match k {
+        0 => "none".into(),
+        1 => "every-layer".into(),
+        k => format!("every-k:{k}"),
+    }
+}
+
+/// Resolves `memory.fit` and `memory.checkpoint = "auto"`: tries micro-batches from the
+/// largest down (halving; the batch is kept through accumulation) and, for each, the
+/// least checkpointing first, and keeps the first whose estimated peak reserved memory
+/// fits the bound. Without fit the micro-batch is kept; with an explicit checkpoint
+/// setting, checkpointing is kept. Returns the config to run and what was chosen.
+pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config, Vec<String>), TrainError> {
+    let auto = config.memory.checkpoint_auto();
+    let fit = config.memory.fit;
+    if !fit && !auto {
+        return Ok((config, Vec::new()));
+    }
+    let Some((limit, what)) = bound(&config, gpu)? else {
+        return Err(super::config::ConfigError::Invalid(
+            "memory.checkpoint = \"auto\" needs memory.budget or memory.cap: this adapter does not report its memory size".into(),
+        )
+        .into());
+    };
+    let batch = config.train.batch_size;
+    let micro_now = config.train.micro_batch_size.unwrap_or(batch).min(batch);
+    let micros: Vec<usize> = if fit {
+        std::iter::successors(Some(batch), |&m| (m > 1).then_some(m / 2)).collect()
+    } else {
+        vec![micro_now]
+    };
+    let ckpts: Vec<usize> = if config.model.kind == "gpt" && (auto || config.memory.checkpoint.is_none()) {
+        checkpoint_choices(config.model.n_layer)
+    } else {
+        vec![config.memory.checkpoint_every()?]
+    };
+    let rt = dry_runtime(gpu.clone())?;
+    let mut tried = Vec::new();
+    for &micro in &micros {
+        for &k in &ckpts {
+            let mut candidate = config.clone();
+            candidate.train.micro_batch_size = (micro < batch).then_some(micro);
+            if candidate.model.kind == "gpt" {
+                candidate.memory.checkpoint = Some(checkpoint_name(k));
+            }
+            let e = estimate_on(&rt, &candidate, data)?;
+            tried.push(format!(
+                "micro-batch {micro}, checkpoint {}: {}",
+                checkpoint_name(k),
+                crate::memory::format_bytes(e.peak_reserved_bytes)
+            ));
+            if e.peak_reserved_bytes <= limit {
+                let note = format!(
+                    "fit to {what}: micro-batch {micro} of batch {batch}{}, checkpoint {}; estimated peak {} allocated, {} reserved",
+                    if micro < batch {
+                        format!(" ({} accumulation steps)", batch.div_ceil(micro))
+                    } else {
+                        String::new()
+                    },
+                    checkpoint_name(k),
+                    crate::memory::format_bytes(e.peak_bytes),
+                    crate::memory::format_bytes(e.peak_reserved_bytes)
+                );
+                config = candidate;
+                return Ok((config, vec![note]));
+            }
+        }
+    }
+    Err(super::config::ConfigError::Invalid(format!(
+        "nothing fits {what} ({}): {}",
+        crate::memory::format_bytes(limit),
+        tried.join("; ")
+    ))
+    .into())
+}

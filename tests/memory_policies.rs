@@ -1,0 +1,253 @@
+//! Memory policies end to end: the estimate against measured peaks for the example
+//! configs under each precision and checkpointing choice, fp16-mixed with its loss
+//! scaler wired into training, the fit to a budget, and the out-of-memory fallback.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use wgtrain_engine::train::estimate::{Estimate, estimate};
+use wgtrain_engine::train::{Config, RunOptions, Trainer};
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgtrain-mem-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/configs").join(name)
+}
+
+fn config(file: &str, sets: &[String]) -> Config {
+    Config::load(Some(&example(file)), sets).unwrap()
+}
+
+/// Trains `config` and returns its step log lines.
+fn train(config: Config, dir: &Path) -> (Trainer, Vec<Value>) {
+    let log = dir.join("log.jsonl");
+    std::fs::remove_file(&log)
+        .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+        .unwrap();
+    let mut trainer = Trainer::new(config, None).unwrap();
+    trainer
+        .run(&RunOptions {
+            log: Some(log.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    let lines = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("mem").is_some())
+        .collect();
+    (trainer, lines)
+}
+
+fn max_of(lines: &[Value], key: &str) -> u64 {
+    lines.iter().map(|l| l["mem"][key].as_u64().unwrap()).max().unwrap()
+}
+
+fn sets(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn estimate_of(c: &Config) -> Estimate {
+    estimate(c.clone(), None).unwrap().0
+}
+
+#[test]
+fn estimate_is_within_ten_percent_of_the_measured_peak() {
+    let dir = temp("estimate");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let mut cases: Vec<(&str, Vec<String>)> = Vec::new();
+    for precision in ["fp32", "fp16-mixed"] {
+        let p = format!("memory.precision=\"{precision}\"");
+        cases.push((
+            "fashion_mlp.toml",
+            sets(&["train.steps=2", "data.train_limit=512", "data.eval_limit=100", &p, &ckpt]),
+        ));
+        for checkpoint in ["none", "every-layer"] {
+            let c = format!("memory.checkpoint=\"{checkpoint}\"");
+            cases.push(("char_gpt.toml", sets(&["train.steps=2", "data.eval_limit=4", &p, &c, &ckpt])));
+        }
+    }
+    for (file, s) in cases {
+        let c = config(file, &s);
+        let e = estimate_of(&c);
+        let (trainer, lines) = train(c, &dir);
+        let measured = max_of(&lines, "peak");
+        let error = (e.peak_bytes as f64 - measured as f64).abs() / measured as f64;
+        eprintln!(
+            "{file} {s:?}: estimated {} measured {measured} ({:.2}%)",
+            e.peak_bytes,
+            100.0 * error
+        );
+        assert!(error <= 0.10, "{file} {s:?}: estimate {} vs measured {measured}", e.peak_bytes);
+        let reserved = max_of(&lines, "peak_reserved");
+        assert!(
+            (e.peak_reserved_bytes as f64 - reserved as f64).abs() <= 0.10 * reserved as f64,
+            "{file} {s:?}: reserved estimate {} vs measured {reserved}",
+            e.peak_reserved_bytes
+        );
+        // The dry run's model states agree with the formulas (up to block rounding).
+        let elements = trainer.params.numel() as u64;
+        assert_eq!(e.model_states.parameters, 4 * elements);
+        let own = |k: &str| e.category_peaks[k] as f64;
+        for (k, want) in [
+            ("parameter", 4 * elements),
+            ("gradient", 4 * elements),
+            ("optimizer_state", 8 * elements),
+        ] {
+            assert!(
+                own(k) >= want as f64 && own(k) <= want as f64 * 1.1 + 65536.0,
+                "{file} {s:?}: {k} peak {} vs formula {want}",
+                own(k)
+            );
+        }
+        // The peak's make-up adds up to the peak.
+        assert_eq!(e.by_category.values().sum::<u64>(), e.peak_bytes);
+    }
+}
+
+#[test]
+fn fp16_mixed_trains_like_fp32_and_logs_scale_and_skips() {
+    let dir = temp("fp16");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let base = ["train.steps=3", "data.eval_limit=4", ckpt.as_str()];
+    let run = |extra: &[&str]| {
+        let mut s = sets(&base);
+        s.extend(sets(extra));
+        train(config("char_gpt.toml", &s), &dir).1
+    };
+    let fp32 = run(&["memory.precision=\"fp32\""]);
+    let mixed = run(&["memory.precision=\"fp16-mixed\""]);
+    for (a, b) in fp32.iter().zip(&mixed) {
+        let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((la - lb).abs() < 0.01 * la, "step {}: fp32 loss {la} vs fp16-mixed {lb}", a["step"]);
+        assert!(a.get("scale").is_none() && a.get("skipped").is_none(), "fp32 lines carry no scale");
+        assert_eq!(b["scale"].as_f64(), Some(65536.0));
+        assert_eq!(b["skipped"].as_bool(), Some(false));
+    }
+    // A scale too large for f16 gradients: every step is skipped and backs off by 0.5,
+    // and the parameters do not move (the same batch-independent start each time).
+    let forced = run(&["memory.precision=\"fp16-mixed\"", "memory.init_scale=1e38"]);
+    let mut scale = 1e38f32 as f64;
+    for l in &forced {
+        assert_eq!(l["skipped"].as_bool(), Some(true), "{l}");
+        assert!((l["scale"].as_f64().unwrap() - scale).abs() <= 1e-6 * scale, "{l}");
+        scale = (scale as f32 * 0.5) as f64;
+    }
+}
+
+#[test]
+fn fp16_mixed_without_shader_f16_is_a_clear_error_or_the_asked_fallback() {
+    let dir = temp("nof16");
+    let bin = env!("CARGO_BIN_EXE_wgtrain");
+    let common = [
+        "train".to_string(),
+        example("char_gpt.toml").display().to_string(),
+        "--quiet".into(),
+        "--set".into(),
+        "train.steps=1".into(),
+        "--set".into(),
+        format!("checkpoint.dir=\"{}\"", dir.join("ck").display()),
+        "--set".into(),
+        "memory.precision=fp16-mixed".into(),
+    ];
+    let out = std::process::Command::new(bin)
+        .args(&common)
+        .env("WGTRAIN_WITHHOLD_FEATURES", "SHADER_F16")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("needs SHADER_F16") && err.contains("memory.fp32_fallback"), "{err}");
+    let out = std::process::Command::new(bin)
+        .args(&common)
+        .args(["--set", "memory.fp32_fallback=true"])
+        .env("WGTRAIN_WITHHOLD_FEATURES", "SHADER_F16")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("training in fp32"), "{err}");
+}
+
+#[test]
+fn fit_chooses_a_plan_whose_measured_peak_is_under_the_budget() {
+    let dir = temp("fit");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let base = sets(&["train.steps=2", "data.eval_limit=4", &ckpt, "model.block_size=128"]);
+    let plain = estimate_of(&config("char_gpt.toml", &base));
+    // Well under what the configured run needs: something must give.
+    let budget = plain.peak_reserved_bytes * 6 / 10;
+    let mut s = base.clone();
+    s.extend([format!("memory.budget=\"{budget}\""), "memory.fit=true".into()]);
+    let (chosen, notes) = estimate(config("char_gpt.toml", &s), None).unwrap();
+    assert!(notes.iter().any(|n| n.contains("fit to memory.budget")), "{notes:?}");
+    assert!(chosen.peak_reserved_bytes <= budget);
+    assert!(chosen.micro_batch_size < 32 || chosen.checkpoint_every > 0, "{chosen:?}");
+    let (trainer, lines) = train(config("char_gpt.toml", &s), &dir);
+    assert!(trainer.notes.iter().any(|n| n.contains("fit to memory.budget")));
+    assert!(max_of(&lines, "peak_reserved") <= budget);
+    assert!(
+        lines.iter().all(|l| l.get("event").is_none()),
+        "the plan ran without out-of-memory retries"
+    );
+    // A budget nothing fits is refused before training, with what was tried.
+    let mut tiny = base;
+    tiny.extend(["memory.budget=\"64KiB\"".to_string(), "memory.fit=true".into()]);
+    let err = Trainer::new(config("char_gpt.toml", &tiny), None).err().unwrap().to_string();
+    assert!(err.contains("nothing fits") && err.contains("micro-batch 1"), "{err}");
+}
+
+#[test]
+fn out_of_memory_retries_then_halves_the_micro_batch() {
+    let dir = temp("oom");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let base = sets(&[
+        "train.steps=2",
+        "train.batch_size=2048",
+        "model.hidden=[2048]",
+        "data.train_limit=4096",
+        "data.eval_limit=100",
+        &ckpt,
+    ]);
+    let with = |extra: &[String]| {
+        let mut s = base.clone();
+        s.extend(extra.iter().cloned());
+        config("fashion_mlp.toml", &s)
+    };
+    let full = estimate_of(&with(&[]));
+    let quarter = estimate_of(&with(&sets(&["train.micro_batch_size=512"])));
+    // Well under the whole batch's peak, with room for a quarter of it (reserved
+    // estimates are rounded to whole pages, so the cap is set from allocated bytes).
+    let cap = (quarter.peak_bytes + full.peak_bytes) / 2;
+    assert!(
+        full.peak_bytes > cap * 6 / 5 && quarter.peak_bytes < cap * 5 / 6,
+        "{} {} {cap}",
+        full.peak_bytes,
+        quarter.peak_bytes
+    );
+    let (_, capped) = train(with(&[format!("memory.cap=\"{cap}\"")]), &dir);
+    let event = capped[0]["event"].as_str().unwrap_or_default();
+    assert!(event.contains("retried") && event.contains("halved from 2048 to 1024"), "{event}");
+    // Step 2 holds the optimizer state through backward and may halve once more.
+    let micros: Vec<u64> = capped.iter().map(|l| l["micro_batch"].as_u64().unwrap()).collect();
+    assert!(micros[0] == 1024 && micros[1] <= micros[0], "{micros:?}");
+    if micros[1] < micros[0] {
+        assert!(capped[1]["event"].as_str().unwrap().contains("halved from 1024 to 512"));
+    } else {
+        assert!(capped[1].get("event").is_none());
+    }
+    let micro = micros[1];
+    assert!(max_of(&capped, "peak_reserved") <= cap);
+    // The halved run computes what an explicit micro-batch of that size computes.
+    let (_, explicit) = train(with(&[format!("train.micro_batch_size={micro}")]), &dir);
+    for (a, b) in capped.iter().zip(&explicit) {
+        let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((la - lb).abs() <= 1e-5 * la, "{la} vs {lb}");
+    }
+}
