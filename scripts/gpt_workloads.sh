@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs shared/ANCHORS.md's GPT workloads (char and gpt2) through `wgtrain train` in
-# fp32, with and without every-layer activation checkpointing, on random token files,
-# and prints step time and peak memory per run. Run on the GPU machine:
+# fp32 and fp16-mixed, with and without every-layer activation checkpointing, on random
+# token files, and prints step time, peak memory and `wgtrain estimate`'s prediction of
+# the peak per run. Run on the GPU machine:
 #   scripts/gpt_workloads.sh WGTRAIN_BINARY OUT_DIR
 set -euo pipefail
 bin=$1; out=$2; mkdir -p "$out/data"
@@ -14,23 +15,30 @@ for name, vocab in [("char", 65), ("gpt2", 50257)]:
     for split, n in [("train", 4_000_000), ("val", 200_000)]:
         rng.integers(0, vocab, n, dtype=np.uint16).tofile(f"{root}/{name}/{split}.bin")
 PY
-run() { # name vocab layers heads width seq batch checkpoint
-    local tag="$1-$8"
-    "$bin" train --quiet --adapter vulkan --log "$out/$tag.jsonl" \
-        --set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/$1\"" \
-        --set model.vocab_size=$2 --set model.n_layer=$3 --set model.n_head=$4 --set model.n_embd=$5 \
-        --set model.block_size=$6 --set train.batch_size=$7 --set train.steps=12 --set train.eval_every=1000 \
-        --set data.eval_limit=8 --set memory.checkpoint="\"$8\"" > "$out/$tag.txt" 2>&1 || { echo "$tag failed"; tail -3 "$out/$tag.txt"; return; }
-    python3 - "$out/$tag.jsonl" "$tag" <<'PY'
+run() { # name vocab layers heads width seq batch checkpoint precision
+    local tag="$1-$9-$8"
+    local sets=(--set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/$1\""
+        --set model.vocab_size=$2 --set model.n_layer=$3 --set model.n_head=$4 --set model.n_embd=$5
+        --set model.block_size=$6 --set train.batch_size=$7 --set train.steps=12 --set train.eval_every=1000
+        --set data.eval_limit=8 --set memory.checkpoint="\"$8\"" --set memory.precision="\"$9\"")
+    "$bin" estimate --adapter vulkan --json "${sets[@]}" > "$out/$tag.estimate.json" 2>/dev/null || { echo "$tag estimate failed"; return; }
+    "$bin" train --quiet --adapter vulkan --log "$out/$tag.jsonl" "${sets[@]}" > "$out/$tag.txt" 2>&1 || { echo "$tag failed"; tail -3 "$out/$tag.txt"; return; }
+    python3 - "$out/$tag.jsonl" "$tag" "$out/$tag.estimate.json" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"mem"' in l]
 later = steps[2:]
 ms = sorted(s["step_ms"] for s in later)[len(later) // 2]
-peak = max(s["mem"]["peak"] for s in later)
-print(json.dumps({"run": sys.argv[2], "median_step_ms": round(ms, 1), "peak_MiB": round(peak / 2**20), "loss_first": round(steps[0]["loss"], 3), "loss_last": round(steps[-1]["loss"], 3)}))
+peak = max(s["mem"]["peak"] for s in steps)
+est = json.load(open(sys.argv[3]))["peak_bytes"]
+print(json.dumps({"run": sys.argv[2], "median_step_ms": round(ms, 1), "peak_MiB": round(peak / 2**20),
+                  "estimate_MiB": round(est / 2**20), "estimate_error": round(est / peak - 1, 4),
+                  "skipped": sum(1 for s in steps if s.get("skipped")),
+                  "loss_first": round(steps[0]["loss"], 3), "loss_last": round(steps[-1]["loss"], 3)}))
 PY
 }
-run char 65 6 6 384 256 64 none
-run char 65 6 6 384 256 64 every-layer
-run gpt2 50257 12 12 768 1024 8 none
-run gpt2 50257 12 12 768 1024 8 every-layer
+for p in ${PRECISIONS:-fp32 fp16-mixed}; do
+    run char 65 6 6 384 256 64 none $p
+    run char 65 6 6 384 256 64 every-layer $p
+    run gpt2 50257 12 12 768 1024 8 none $p
+    run gpt2 50257 12 12 768 1024 8 every-layer $p
+done
