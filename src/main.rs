@@ -23,6 +23,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Train a model from a TOML config.
     Train(commands::train::TrainArgs),
+    /// Serve the dashboard over finished runs.
+    Dashboard(commands::dashboard::DashboardArgs),
     /// Predict a training step's peak memory by category without running it.
     Estimate(commands::estimate::EstimateArgs),
     /// One forward and backward of a transformers GPT-2 checkpoint (check against PyTorch).
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::Train(args) => commands::train::run(args),
         Command::Step(args) => commands::step::run(args),
         Command::Estimate(args) => commands::estimate::run(args),
+        Command::Dashboard(args) => commands::dashboard::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ pub mod autograd;
 pub mod bench;
 pub mod data;
 pub mod device;
+pub mod files;
 pub mod kernels;
 pub mod memory;
 pub mod nn;

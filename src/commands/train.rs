@@ -1,5 +1,7 @@
 //! `wgtrain train [CONFIG.toml] [--set section.key=value]... [--log FILE.jsonl]
-//! [--adapter N] [--resume DIR]`: trains as the config says; Ctrl-C saves and exits.
+//! [--adapter N] [--resume DIR] [--dashboard [ADDR]]`: trains as the config says;
+//! Ctrl-C saves and exits. With a log, the run's memory record is saved beside it
+//! (FILE.memory.json) for `wgtrain dashboard`; with --dashboard it is served live.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +11,8 @@ use clap::Args;
 
 use super::CliResult;
 use wgtrain_engine::train::{Config, RunOptions, Trainer};
+use wgtrain_web::recorder::{Recorder, record_path};
+use wgtrain_web::{Dashboard, Options as DashboardOptions};
 
 /// Arguments of `wgtrain train`.
 #[derive(Args)]
@@ -30,6 +34,16 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Serve the live dashboard at ADDR (default 127.0.0.1:8787; a non-loopback address
+    /// gets a token, printed once).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8787")]
+    dashboard: Option<std::net::SocketAddr>,
+    /// The dashboard's token (generated for non-loopback addresses when not given).
+    #[arg(long, requires = "dashboard")]
+    token: Option<String>,
+    /// Kernel timings for the dashboard's table (a `wgtrain bench --json` file).
+    #[arg(long, value_name = "FILE", requires = "dashboard")]
+    bench: Option<PathBuf>,
 }
 
 /// Trains.
@@ -55,14 +69,47 @@ pub fn run(args: TrainArgs) -> CliResult {
         trainer.params.numel(),
         trainer.total_steps()
     );
+    let recorder = (args.log.is_some() || args.dashboard.is_some()).then(|| {
+        let name = args
+            .log
+            .as_ref()
+            .and_then(|l| l.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .filter(|n| wgtrain_web::server::valid_run_name(n).is_ok())
+            .unwrap_or_else(|| "live".into());
+        Recorder::new(&name, args.log.as_deref().map(record_path))
+    });
+    let _dashboard = match args.dashboard {
+        Some(addr) => {
+            let bench = args.bench.as_deref().map(super::dashboard::read_bench).transpose()?;
+            let d = Dashboard::start(DashboardOptions {
+                addr,
+                token: args.token.clone(),
+                live: recorder.clone(),
+                runs_dir: None,
+                bench,
+            })?;
+            eprintln!("dashboard: {}", d.url());
+            Some(d)
+        }
+        None => None,
+    };
     let options = RunOptions {
         adapter: args.adapter,
         log: args.log,
         resume: args.resume,
         progress: !args.quiet,
         stop: Some(stop),
+        observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::observe::Observer>),
     };
-    let summary = trainer.run(&options)?;
+    let result = trainer.run(&options);
+    if result.is_err()
+        && let Some(r) = &recorder
+    {
+        // Save what was recorded: the run stopped with an error.
+        wgtrain_engine::train::observe::Observer::finish(r.as_ref());
+    }
+    let summary = result?;
     if let Some(e) = &summary.last_eval {
         let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
         let entropy = trainer

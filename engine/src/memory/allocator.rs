@@ -478,9 +478,24 @@ impl Allocator {
         self.shared.pool().snapshot()
     }
 
+    /// Pages and their blocks now (no events, no counters).
+    pub fn snapshot_pages(&self) -> Vec<super::snapshot::PageView> {
+        self.shared.pool().pages_view()
+    }
+
     /// Drops the event trace (after the dashboard has read it).
     pub fn clear_events(&self) {
         self.shared.pool().clear_events();
+    }
+
+    /// Takes the event trace (oldest first) and the count dropped since the last take.
+    pub fn take_events(&self) -> (Vec<super::snapshot::Event>, u64) {
+        self.shared.pool().take_events()
+    }
+
+    /// Microseconds on the events' clock.
+    pub fn now_us(&self) -> u64 {
+        self.shared.pool().now_us()
     }
 
     /// The step events are stamped with.

@@ -50,7 +50,7 @@ pub mod stats;
 
 pub use allocator::{Allocator, AllocatorOptions, Block, MemoryCap};
 pub use pool::{AllocError, Category, PoolKind};
-pub use snapshot::{Event, EventKind, MemorySnapshot};
+pub use snapshot::{BlockView, Event, EventKind, MemorySnapshot, PageView};
 pub use stats::{MemoryStats, Stat};
 
 /// Formats a byte count the way memory_summary() does (B, KiB, MiB, GiB).

@@ -722,8 +722,17 @@ impl<B: PageBackend> Pool<B> {
 
     /// Every page with its blocks, and the event trace.
     pub fn snapshot(&self) -> MemorySnapshot {
-        let pages = self
-            .pages
+        MemorySnapshot {
+            stats: self.stats(),
+            pages: self.pages_view(),
+            events: self.events.iter().cloned().collect(),
+            events_dropped: self.events_dropped,
+        }
+    }
+
+    /// Every page with its blocks.
+    pub fn pages_view(&self) -> Vec<PageView> {
+        self.pages
             .iter()
             .map(|(&id, page)| PageView {
                 id,
@@ -744,18 +753,24 @@ impl<B: PageBackend> Pool<B> {
                     })
                     .collect(),
             })
-            .collect();
-        MemorySnapshot {
-            stats: self.stats(),
-            pages,
-            events: self.events.iter().cloned().collect(),
-            events_dropped: self.events_dropped,
-        }
+            .collect()
     }
 
     /// Drops the trace's events (the dashboard drains them per step).
     pub fn clear_events(&mut self) {
         self.events.clear();
+    }
+
+    /// Takes the trace's events, oldest first, leaving it empty; also returns how many
+    /// were dropped for lack of room since the last take.
+    pub fn take_events(&mut self) -> (Vec<Event>, u64) {
+        let dropped = std::mem::take(&mut self.events_dropped);
+        (self.events.drain(..).collect(), dropped)
+    }
+
+    /// Microseconds since the pool was made (the events' clock).
+    pub fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 
     fn event_base(&self) -> Event {

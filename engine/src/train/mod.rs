@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod estimate;
 pub mod hf_step;
+pub mod observe;
 pub mod trainer;
 
 pub use config::Config;

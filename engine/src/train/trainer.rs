@@ -85,6 +85,8 @@ pub struct MemLog {
     pub cap: Option<u64>,
     /// Allocated bytes by category now.
     pub by_category: BTreeMap<String, u64>,
+    /// Allocated bytes by category at the step's peak (they add up to `peak`).
+    pub at_peak: BTreeMap<String, u64>,
     /// Inactive split bytes over reserved bytes.
     pub fragmentation: f64,
     /// Out-of-memory failures so far.
@@ -105,6 +107,7 @@ impl MemLog {
                 .iter()
                 .map(|c| (c.name().to_string(), s.category(*c).allocated.current))
                 .collect(),
+            at_peak: Category::ALL.iter().map(|c| (c.name().to_string(), s.at_peak[c.index()])).collect(),
             fragmentation: s.fragmentation(),
             num_ooms: s.num_ooms,
             num_alloc_retries: s.num_alloc_retries,
@@ -182,6 +185,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Set to stop after the current step (Ctrl-C); a checkpoint is saved if configured.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Told about every step with its memory timeline (the dashboard).
+    pub observer: Option<Arc<dyn super::observe::Observer>>,
 }
 
 /// What a finished run reports.
@@ -802,6 +807,19 @@ impl Trainer {
             drop_last: false,
         };
         let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
+        let observer = options.observer.clone();
+        if let Some(o) = &observer {
+            o.start(super::observe::RunInfo {
+                device: serde_json::to_value(&self.rt.gpu.report).unwrap_or_default(),
+                config: serde_json::to_value(&self.config).unwrap_or_default(),
+                parameters: self.params.numel() as u64,
+                total_steps: total,
+                notes: self.notes.clone(),
+                cap: self.rt.alloc.stats().cap,
+            });
+            // The first step's timeline starts from an empty trace.
+            self.rt.alloc.take_events();
+        }
         let bar = options.progress.then(|| {
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
@@ -828,6 +846,7 @@ impl Trainer {
             let Some(batch) = loader.next_batch() else { break };
             let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
             self.rt.alloc.reset_peaks();
+            let step_start_us = self.rt.alloc.now_us();
             let step_start = Instant::now();
             let scale = self.scaler.as_ref().map(|s| s.scale as f64);
             let (loss, skipped, event) = self.resilient_step(&batch, lr)?;
@@ -845,7 +864,7 @@ impl Trainer {
             };
             summary.losses.push(loss);
             let stats = self.rt.alloc.stats();
-            write(&StepLog {
+            let line = StepLog {
                 step: self.step,
                 epoch: batch.position.0,
                 loss: Some(loss),
@@ -858,7 +877,17 @@ impl Trainer {
                 micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
                 event,
                 eval: None,
-            })?;
+            };
+            write(&line)?;
+            if let Some(o) = &observer {
+                let end_us = self.rt.alloc.now_us();
+                let (events, dropped) = self.rt.alloc.take_events();
+                let pages = self.rt.alloc.snapshot_pages();
+                o.step(
+                    &line,
+                    super::observe::StepMemory::from_events(self.step, step_start_us, end_us, &events, dropped, pages),
+                );
+            }
             if let Some(bar) = &bar {
                 bar.set_position(self.step);
                 bar.set_message(format!(
@@ -880,7 +909,7 @@ impl Trainer {
                     let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
                     bar.println(format!("step {}: eval loss {:.4}{acc}", self.step, e.loss));
                 }
-                write(&StepLog {
+                let line = StepLog {
                     step: self.step,
                     epoch: batch.position.0,
                     loss: None,
@@ -893,7 +922,13 @@ impl Trainer {
                     micro_batch: None,
                     event: None,
                     eval: Some(e.clone()),
-                })?;
+                };
+                write(&line)?;
+                if let Some(o) = &observer {
+                    o.eval(&line);
+                    // Evaluation's allocations are not part of the next step's timeline.
+                    self.rt.alloc.take_events();
+                }
                 summary.last_eval = Some(e);
             }
             if let Some(dir) = &ckpt_dir
@@ -917,6 +952,9 @@ impl Trainer {
         }
         summary.steps = self.step;
         summary.seconds = started.elapsed().as_secs_f64();
+        if let Some(o) = &observer {
+            o.finish();
+        }
         Ok(summary)
     }
 }

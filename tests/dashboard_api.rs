@@ -1,0 +1,301 @@
+//! The dashboard's API over a real (short) training run: runs, records, timelines,
+//! exports (JSON and memory_viz pickle), the live stream, bad parameters, run names
+//! that try to leave the folder, the token rule, and the bounded live queue.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use wgtrain_engine::train::observe::Observer;
+use wgtrain_engine::train::{Config, RunOptions, Trainer};
+use wgtrain_web::recorder::{QUEUE, Recorder, record_path};
+use wgtrain_web::{Dashboard, Options};
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgtrain-dash-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// GET `path` over plain HTTP/1.1; returns (status, headers, body).
+fn get(addr: SocketAddr, path: &str, auth: Option<&str>) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = auth.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut body = raw[split + 4..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, head, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + n]);
+        b = &b[eol + 4 + n..];
+    }
+    out
+}
+
+fn json(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let (status, _, body) = get(addr, path, None);
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Trains a few MLP steps with a recorder; returns the log path and the recorder.
+fn short_run(dir: &std::path::Path, name: &str) -> (PathBuf, Arc<Recorder>) {
+    let log = dir.join(format!("{name}.jsonl"));
+    let config = Config::parse(
+        "",
+        &[
+            "model.hidden=[32]".into(),
+            "data.train_limit=256".into(),
+            "data.eval_limit=64".into(),
+            "train.batch_size=64".into(),
+            "train.steps=5".into(),
+        ],
+    )
+    .unwrap();
+    let rec = Recorder::new(name, Some(record_path(&log)));
+    let mut t = Trainer::new(config, None).unwrap();
+    t.run(&RunOptions {
+        log: Some(log.clone()),
+        observer: Some(rec.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    (log, rec)
+}
+
+#[test]
+fn api_serves_recorded_runs_and_refuses_bad_requests() {
+    let dir = temp("api");
+    let (log, _) = short_run(&dir, "mlp");
+    assert!(record_path(&log).is_file(), "the record is saved beside the log");
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        live: None,
+        runs_dir: Some(dir.clone()),
+        bench: None,
+    })
+    .unwrap();
+    assert!(d.token.is_none(), "loopback needs no token");
+    let (status, runs) = json(d.addr, "/api/runs");
+    assert_eq!(status, 200);
+    assert_eq!(runs[0]["name"], "mlp");
+
+    let (status, run) = json(d.addr, "/api/runs/mlp");
+    assert_eq!(status, 200);
+    let log_lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(run["lines"].as_array().unwrap(), &log_lines, "the record shows the log's lines");
+    assert_eq!(run["timeline_steps"], serde_json::json!([1, 2, 3, 4, 5]));
+    assert_eq!(run["info"]["parameters"].as_u64(), Some((784 * 32 + 32 + 32 * 10 + 10) as u64));
+
+    // A step's timeline: bands add up, at the peak instant, to the step's peak.
+    let (status, t) = json(d.addr, "/api/runs/mlp/timeline?step=3");
+    assert_eq!(status, 200);
+    let bands = t["bands"].as_array().unwrap();
+    assert!(bands.iter().any(|b| b["category"] == "activation"));
+    let mut edges: Vec<u64> = bands.iter().map(|b| b["start_us"].as_u64().unwrap()).collect();
+    edges.sort();
+    let live_at = |tm: u64| -> u64 {
+        bands
+            .iter()
+            .filter(|b| {
+                b["start_us"].as_u64().unwrap() <= tm && tm < b["end_us"].as_u64().unwrap().max(b["start_us"].as_u64().unwrap() + 1)
+            })
+            .map(|b| b["size"].as_u64().unwrap())
+            .sum()
+    };
+    let most = edges.iter().map(|&e| live_at(e)).max().unwrap();
+    let peak = log_lines[2]["mem"]["peak"].as_u64().unwrap();
+    // Events are stamped in microseconds: a free and an allocation in the same
+    // microsecond may be ordered either way, so the timeline may show a little less.
+    assert!(
+        most <= peak && most as f64 >= 0.9 * peak as f64,
+        "timeline peak {most} vs the log's {peak}"
+    );
+
+    // Exports.
+    let (status, head, body) = get(d.addr, "/api/runs/mlp/snapshot.json", None);
+    assert_eq!(status, 200);
+    assert!(head.contains("attachment"));
+    let snap: Value = serde_json::from_slice(&body).unwrap();
+    let pages = run["pages"].as_array().unwrap();
+    assert_eq!(snap["segments"].as_array().unwrap().len(), pages.len());
+    let (status, _, body) = get(d.addr, "/api/runs/mlp/snapshot.pickle?step=2", None);
+    assert_eq!(status, 200);
+    let pickled: serde_pickle::Value = serde_pickle::value_from_slice(&body, Default::default()).unwrap();
+    let text = format!("{pickled:?}");
+    for key in [
+        "segments",
+        "device_traces",
+        "total_size",
+        "blocks",
+        "active_allocated",
+        "free_completed",
+        "time_us",
+        "frames",
+    ] {
+        assert!(text.contains(key), "the pickle lacks {key}");
+    }
+
+    // Bad requests: reasons, not panics.
+    for (path, code, words) in [
+        ("/api/runs/mlp/timeline", 400, "missing the query parameter step"),
+        ("/api/runs/mlp/timeline?step=-1", 400, "non-negative integer"),
+        ("/api/runs/mlp/timeline?step=99", 404, "no timeline kept"),
+        ("/api/runs/..%2F..%2Fetc%2Fpasswd", 400, "not allowed"),
+        ("/api/runs/.hidden", 400, "not allowed"),
+        ("/api/runs/nope", 404, "no run named"),
+        ("/api/runs/mlp/stream", 400, "finished"),
+        ("/../../etc/passwd", 404, "no file"),
+        ("/pkg/../Cargo.toml", 404, "no file"),
+    ] {
+        let (status, _, body) = get(d.addr, path, None);
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, code, "{path}: {body}");
+        assert!(body.contains(words), "{path}: {body}");
+    }
+    // The app itself is served.
+    let (status, head, body) = get(d.addr, "/pkg/app_bg.wasm", None);
+    assert_eq!(status, 200);
+    assert!(head.contains("application/wasm") && body.starts_with(b"\0asm"));
+    let (status, _, body) = get(d.addr, "/", None);
+    assert!(status == 200 && String::from_utf8_lossy(&body).contains("/pkg/app.js"));
+
+    // A corrupt log is a clear error, not a crash.
+    std::fs::write(dir.join("broken.jsonl"), "{\"step\":1}\nnot json\n{\"step\":2}\n").unwrap();
+    let (status, v) = json(d.addr, "/api/runs/broken");
+    assert_eq!(status, 422);
+    assert!(v["error"].as_str().unwrap().contains("line 2"), "{v}");
+}
+
+#[test]
+fn non_loopback_addresses_require_the_token_on_every_request() {
+    let rec = Recorder::new("live", None);
+    let d = Dashboard::start(Options {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        token: None,
+        live: Some(rec),
+        runs_dir: None,
+        bench: None,
+    })
+    .unwrap();
+    let token = d.token.clone().expect("a token is generated");
+    assert_eq!(token.len(), 32);
+    assert!(d.url().contains(&format!("token={token}")));
+    let addr: SocketAddr = format!("127.0.0.1:{}", d.addr.port()).parse().unwrap();
+    for path in ["/", "/pkg/app_bg.wasm", "/api/runs", "/api/health"] {
+        assert_eq!(get(addr, path, None).0, 401, "{path} without a token");
+        assert_eq!(get(addr, &format!("{path}?token=wrong"), None).0, 401, "{path} with a wrong token");
+        assert_eq!(get(addr, &format!("{path}?token={token}"), None).0, 200, "{path} with the token");
+        assert_eq!(get(addr, path, Some(&token)).0, 200, "{path} with a bearer token");
+    }
+}
+
+#[test]
+fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
+    let dir = temp("live");
+    let rec = Recorder::new("live", None);
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        live: Some(rec.clone()),
+        runs_dir: None,
+        bench: None,
+    })
+    .unwrap();
+    // A client that reads the stream while a run trains.
+    let addr = d.addr;
+    let reader = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(s, "GET /api/runs/live/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut got = String::new();
+        let mut buf = [0u8; 65536];
+        while !got.contains("\"kind\":\"finished\"") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "stream closed early: {got}");
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        got
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let log = dir.join("live.jsonl");
+    let config = Config::parse(
+        "",
+        &[
+            "model.hidden=[16]".into(),
+            "data.train_limit=256".into(),
+            "data.eval_limit=32".into(),
+            "train.batch_size=64".into(),
+            "train.steps=4".into(),
+        ],
+    )
+    .unwrap();
+    Trainer::new(config, None)
+        .unwrap()
+        .run(&RunOptions {
+            log: Some(log),
+            observer: Some(rec.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    let got = reader.join().unwrap();
+    assert!(got.contains("text/event-stream"));
+    for step in 1..=4 {
+        assert!(got.contains(&format!("\"step\":{step},")), "step {step} missing from the stream");
+    }
+    assert!(got.contains("\"kind\":\"info\"") || got.contains("\"kind\":\"line\""));
+
+    // The queue is bounded: a subscriber that never reads loses the oldest frames,
+    // and publishing never waits for it.
+    let mut slow = rec.subscribe();
+    let line = wgtrain_engine::train::StepLog {
+        step: 0,
+        epoch: 0,
+        loss: None,
+        lr: None,
+        step_ms: None,
+        samples_per_s: None,
+        mem: None,
+        scale: None,
+        skipped: None,
+        micro_batch: None,
+        event: None,
+        eval: None,
+    };
+    let start = std::time::Instant::now();
+    for _ in 0..QUEUE + 100 {
+        rec.eval(&line);
+    }
+    assert!(start.elapsed() < Duration::from_secs(2));
+    match slow.try_recv() {
+        Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => assert_eq!(n, 100),
+        other => panic!("expected lost frames, got {other:?}"),
+    }
+}

@@ -1,0 +1,639 @@
+//! The dashboard app (Leptos, client-side rendered): reads a run from the server's API,
+//! follows a live run over server-sent events, and draws four views as SVG: memory per
+//! step (stacked by category at each step's peak), one step's allocation timeline, the
+//! allocator's pages, and training curves with device facts and kernel timings.
+
+use leptos::prelude::*;
+use serde_json::Value;
+use wasm_bindgen::JsCast;
+use wasm_bindgen::prelude::*;
+
+/// Categories in stacking order, with their colours.
+const CATEGORIES: [(&str, &str); 7] = [
+    ("parameter", "#4e79a7"),
+    ("gradient", "#f28e2b"),
+    ("optimizer_state", "#e15759"),
+    ("activation", "#76b7b2"),
+    ("temporary", "#59a14f"),
+    ("input", "#edc948"),
+    ("other", "#b07aa1"),
+];
+const FREE: &str = "#d9dce3";
+const W: f64 = 900.0;
+const H: f64 = 260.0;
+const PAD: f64 = 48.0;
+
+fn colour(category: &str) -> &'static str {
+    CATEGORIES.iter().find(|c| c.0 == category).map_or("#999", |c| c.1)
+}
+
+/// Bytes as the engine prints them (binary units).
+fn bytes(n: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{v:.0} B") } else { format!("{v:.2} {}", units[i]) }
+}
+
+/// The token in this page's address, to pass on to the API.
+fn token_query(first: bool) -> String {
+    let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
+    let token = web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get("token"));
+    match token {
+        Some(t) => format!("{}token={}", if first { "?" } else { "&" }, js_sys_encode(&t)),
+        None => String::new(),
+    }
+}
+
+fn js_sys_encode(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("%{:02X}", c as u32) })
+        .collect()
+}
+
+fn query_param(name: &str) -> Option<String> {
+    let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
+    web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get(name))
+}
+
+async fn get_json(url: &str) -> Result<Value, String> {
+    let resp = gloo_net::http::Request::get(url).send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(body["error"].as_str().unwrap_or("request failed").to_string());
+    }
+    Ok(body)
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+/// Step lines (those with memory) of a run.
+fn steps(lines: &[Value]) -> Vec<Value> {
+    lines.iter().filter(|l| l.get("mem").is_some()).cloned().collect()
+}
+
+#[wasm_bindgen(start)]
+pub fn start() {
+    leptos::mount::mount_to_body(App);
+}
+
+#[component]
+fn App() -> impl IntoView {
+    let run_name = RwSignal::new(None::<String>);
+    let run = RwSignal::new(Value::Null);
+    let lines = RwSignal::new(Vec::<Value>::new());
+    let timeline_steps = RwSignal::new(Vec::<u64>::new());
+    let live = RwSignal::new(false);
+    let dropped = RwSignal::new(0u64);
+    let error = RwSignal::new(None::<String>);
+    let runs = RwSignal::new(Vec::<Value>::new());
+
+    // Which run: ?run=NAME, else the live one, else the first.
+    leptos::task::spawn_local(async move {
+        match get_json(&format!("/api/runs{}", token_query(true))).await {
+            Ok(Value::Array(list)) => {
+                let wanted = query_param("run").or_else(|| {
+                    list.iter()
+                        .find(|r| r["live"].as_bool() == Some(true))
+                        .or(list.first())
+                        .and_then(|r| r["name"].as_str().map(str::to_string))
+                });
+                runs.set(list);
+                match wanted {
+                    Some(n) => run_name.set(Some(n)),
+                    None => error.set(Some("no runs to show".into())),
+                }
+            }
+            Ok(_) => error.set(Some("unexpected answer from /api/runs".into())),
+            Err(e) => error.set(Some(e)),
+        }
+    });
+
+    Effect::new(move |_| {
+        let Some(name) = run_name.get() else { return };
+        leptos::task::spawn_local(async move {
+            match get_json(&format!("/api/runs/{name}{}", token_query(true))).await {
+                Ok(v) => {
+                    lines.set(v["lines"].as_array().cloned().unwrap_or_default());
+                    timeline_steps.set(v["timeline_steps"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default());
+                    let is_live = v["live"].as_bool() == Some(true) && v["finished"].as_bool() != Some(true);
+                    live.set(is_live);
+                    run.set(v);
+                    if is_live {
+                        follow(&name, lines, timeline_steps, run, live, dropped);
+                    }
+                }
+                Err(e) => error.set(Some(e)),
+            }
+        });
+    });
+
+    let status = move || {
+        let n = steps(&lines.get()).len();
+        let state = if live.get() { "live" } else { "finished" };
+        format!("{n} steps · {state} · dropped frames {}", dropped.get())
+    };
+    let select_run = move |ev: web_sys::Event| {
+        if let Some(sel) = ev.target().and_then(|t| t.dyn_into::<web_sys::HtmlSelectElement>().ok()) {
+            run_name.set(Some(sel.value()));
+        }
+    };
+    view! {
+        <header>
+            <h1>"wgtrain"</h1>
+            <select id="run-select" on:change=select_run>
+                {move || runs.get().into_iter().map(|r| {
+                    let n = r["name"].as_str().unwrap_or("").to_string();
+                    let selected = run_name.get().as_deref() == Some(n.as_str());
+                    view! { <option value=n.clone() selected=selected>{n.clone()}</option> }
+                }).collect_view()}
+            </select>
+            <span class="status" id="status">{status}</span>
+        </header>
+        {move || error.get().map(|e| view! { <div class="error" id="error">{e}</div> })}
+        <main>
+            <MemoryView lines=lines run=run />
+            <TimelineView run_name=run_name steps=timeline_steps />
+            <AllocatorView lines=lines run=run />
+            <TrainingView lines=lines run=run />
+        </main>
+    }
+}
+
+/// Subscribes to the live stream of `name`.
+fn follow(name: &str, lines: RwSignal<Vec<Value>>, tsteps: RwSignal<Vec<u64>>, run: RwSignal<Value>, live: RwSignal<bool>, dropped: RwSignal<u64>) {
+    let Ok(source) = web_sys::EventSource::new(&format!("/api/runs/{name}/stream{}", token_query(true))) else {
+        return;
+    };
+    let known = lines.get_untracked().len();
+    let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
+        let Some(text) = ev.data().as_string() else { return };
+        let Ok(frame) = serde_json::from_str::<Value>(&text) else { return };
+        match frame["kind"].as_str() {
+            Some("line") => {
+                let line = frame["line"].clone();
+                if frame["pages"].is_array() {
+                    run.update(|r| r["pages"] = frame["pages"].clone());
+                }
+                lines.update(|l| {
+                    // Frames sent before the first read are already in it.
+                    if l.len() >= known && !l.contains(&line) {
+                        l.push(line.clone())
+                    }
+                });
+                if frame["timeline"].as_bool() == Some(true)
+                    && let Some(s) = line["step"].as_u64()
+                {
+                    tsteps.update(|t| {
+                        if !t.contains(&s) {
+                            t.push(s)
+                        }
+                    });
+                }
+            }
+            Some("info") => run.update(|r| r["info"] = frame["info"].clone()),
+            Some("finished") => live.set(false),
+            _ => {}
+        }
+    });
+    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    let on_dropped = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
+        let n: u64 = ev.data().as_string().and_then(|s| s.parse().ok()).unwrap_or(0);
+        dropped.update(|d| *d += n);
+    });
+    let _ = source.add_event_listener_with_callback("dropped", on_dropped.as_ref().unchecked_ref());
+    on_dropped.forget();
+}
+
+fn legend() -> impl IntoView {
+    view! {
+        <div class="legend">
+            {CATEGORIES.iter().map(|(n, c)| view! { <span style=format!("--c:{c}")>{*n}</span> }).collect_view()}
+        </div>
+    }
+}
+
+/// x position of point `i` of `n` across the plot.
+fn px(i: usize, n: usize) -> f64 {
+    if n <= 1 { PAD } else { PAD + (W - PAD - 10.0) * i as f64 / (n - 1) as f64 }
+}
+
+fn py(v: f64, max: f64) -> f64 {
+    H - 24.0 - (H - 40.0) * (v / max.max(1.0))
+}
+
+fn axis(max: f64, fmt: fn(f64) -> String) -> impl IntoView {
+    (0..=4)
+        .map(|i| {
+            let v = max * i as f64 / 4.0;
+            let y = py(v, max);
+            view! {
+                <line x1=PAD x2=W - 10.0 y1=y y2=y stroke="#e3e5ea" />
+                <text x=PAD - 4.0 y=y + 4.0 font-size="10" text-anchor="end">{fmt(v)}</text>
+            }
+        })
+        .collect_view()
+}
+
+fn short_bytes(v: f64) -> String {
+    let s = bytes(v);
+    s.replace(".00", "")
+}
+
+/// Memory per step: stacked by category at each step's peak, reserved as a line, the
+/// peak marked, the cap drawn; hovering shows the step's numbers.
+#[component]
+fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
+    let hover = RwSignal::new(None::<usize>);
+    let data = Memo::new(move |_| steps(&lines.get()));
+    let chart = move || {
+        let s = data.get();
+        let n = s.len();
+        if n == 0 {
+            return view! { <p>"waiting for the first step..."</p> }.into_any();
+        }
+        let parts = |l: &Value| -> Vec<f64> {
+            let m = &l["mem"];
+            let src = if m.get("at_peak").is_some() { &m["at_peak"] } else { &m["by_category"] };
+            CATEGORIES.iter().map(|(c, _)| f(&src[*c])).collect()
+        };
+        let peaks: Vec<f64> = s.iter().map(|l| f(&l["mem"]["peak"])).collect();
+        let reserved: Vec<f64> = s.iter().map(|l| f(&l["mem"]["peak_reserved"]).max(f(&l["mem"]["reserved"]))).collect();
+        let cap = s.last().and_then(|l| l["mem"]["cap"].as_f64()).or_else(|| run.get()["info"]["cap"].as_f64());
+        let top = reserved.iter().chain(&peaks).cloned().fold(0.0, f64::max);
+        let cap_shown = cap.filter(|&c| c <= 2.0 * top);
+        let max = top.max(cap_shown.unwrap_or(0.0)) * 1.08;
+        let mut below = vec![0.0; n];
+        let mut areas = Vec::new();
+        for (k, (name, col)) in CATEGORIES.iter().enumerate() {
+            let vals: Vec<f64> = s.iter().map(|l| parts(l)[k]).collect();
+            let mut d = String::new();
+            for i in 0..n {
+                d += &format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, px(i, n), py(below[i] + vals[i], max));
+            }
+            for i in (0..n).rev() {
+                d += &format!("L{:.1},{:.1} ", px(i, n), py(below[i], max));
+            }
+            d += "Z";
+            for i in 0..n {
+                below[i] += vals[i];
+            }
+            areas.push(view! { <path d=d fill=*col fill-opacity="0.85" data-category=*name /> });
+        }
+        let reserved_d: String = reserved
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, px(i, n), py(*r, max)))
+            .collect();
+        let (pi, pv) = peaks.iter().enumerate().fold((0, 0.0), |a, (i, &v)| if v > a.1 { (i, v) } else { a });
+        let peak_step = s[pi]["step"].as_u64().unwrap_or(0);
+        let on_move = move |ev: web_sys::MouseEvent| {
+            let Some(el) = ev.current_target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()) else { return };
+            let rect = el.get_bounding_client_rect();
+            let x = (ev.client_x() as f64 - rect.left()) / rect.width().max(1.0) * W;
+            let i = if n <= 1 { 0.0 } else { ((x - PAD) / (W - PAD - 10.0) * (n - 1) as f64).round() };
+            hover.set(Some(i.clamp(0.0, (n - 1) as f64) as usize));
+        };
+        view! {
+            <div class="facts">
+                <span id="peak-value" data-peak-bytes=pv.to_string()>"peak " <b>{bytes(pv)}</b> {format!(" at step {peak_step}")}</span>
+                <span>"reserved now " <b>{bytes(*reserved.last().unwrap_or(&0.0))}</b></span>
+                {cap.map(|c| view! { <span id="cap-value" data-cap-bytes=c.to_string()>"cap " <b>{bytes(c)}</b></span> })}
+            </div>
+            <svg id="memory-chart" viewBox=format!("0 0 {W} {H}") data-steps=n.to_string() on:mousemove=on_move on:mouseleave=move |_| hover.set(None)>
+                {axis(max, short_bytes)}
+                {areas}
+                <path d=reserved_d fill="none" stroke="#1d2330" stroke-width="1.5" stroke-dasharray="5,3" />
+                {cap_shown.map(|c| view! {
+                    <line x1=PAD x2=W - 10.0 y1=py(c, max) y2=py(c, max) stroke="#c0392b" stroke-width="1.5" />
+                    <text x=W - 12.0 y=py(c, max) - 4.0 font-size="11" text-anchor="end" fill="#c0392b">"cap"</text>
+                })}
+                <circle cx=px(pi, n) cy=py(pv, max) r="4" fill="#c0392b" />
+                <text x=px(pi, n) y=py(pv, max) - 8.0 font-size="11" text-anchor="middle">"peak"</text>
+                {move || hover.get().map(|i| view! { <line x1=px(i, n) x2=px(i, n) y1="16" y2=H - 24.0 stroke="#555" /> })}
+                <text x=W / 2.0 y=H - 4.0 font-size="11" text-anchor="middle">"step"</text>
+            </svg>
+            {legend()}
+            <div class="tip" id="memory-tip">{move || hover.get().and_then(|i| data.get().get(i).cloned()).map(|l| {
+                let m = &l["mem"];
+                let src = if m.get("at_peak").is_some() { &m["at_peak"] } else { &m["by_category"] };
+                let mut t = format!("step {}: peak {}, reserved {}\n", l["step"], bytes(f(&m["peak"])), bytes(f(&m["peak_reserved"])));
+                for (c, _) in CATEGORIES {
+                    t += &format!("{c} {}  ", bytes(f(&src[c])));
+                }
+                t
+            })}</div>
+        }
+        .into_any()
+    };
+    view! {
+        <section class="wide" id="memory">
+            <h2>"Memory per step (by category at each step's peak; dashed: reserved)"</h2>
+            {chart}
+        </section>
+    }
+}
+
+/// Inside one step: each block a band over time, stacked as memory_viz's Active Memory
+/// Timeline stacks them (a block sits on the blocks allocated before it).
+#[component]
+fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -> impl IntoView {
+    let chosen = RwSignal::new(None::<u64>);
+    let timeline = RwSignal::new(Value::Null);
+    let hover = RwSignal::new(String::new());
+    Effect::new(move |_| {
+        // Follow the latest step until the user picks one.
+        let latest = steps.get().iter().max().copied();
+        if chosen.get_untracked().is_none()
+            && let Some(s) = latest
+        {
+            chosen.set(Some(s));
+        }
+    });
+    Effect::new(move |_| {
+        let (Some(name), Some(step)) = (run_name.get(), chosen.get()) else { return };
+        leptos::task::spawn_local(async move {
+            if let Ok(v) = get_json(&format!("/api/runs/{name}/timeline?step={step}{}", token_query(false))).await {
+                timeline.set(v);
+            }
+        });
+    });
+    let pick = move |ev: web_sys::Event| {
+        if let Some(sel) = ev.target().and_then(|t| t.dyn_into::<web_sys::HtmlSelectElement>().ok()) {
+            chosen.set(sel.value().parse().ok());
+        }
+    };
+    let chart = move || {
+        let t = timeline.get();
+        let Some(bands) = t["bands"].as_array() else {
+            return view! { <p>"no step recorded yet"</p> }.into_any();
+        };
+        let duration = f(&t["duration_us"]).max(1.0);
+        let mut times: Vec<f64> = bands.iter().flat_map(|b| [f(&b["start_us"]), f(&b["end_us"])]).collect();
+        times.sort_by(f64::total_cmp);
+        times.dedup();
+        // Sweep: at each instant the live bands stack in allocation order.
+        let mut tops: Vec<Vec<(f64, f64)>> = vec![Vec::new(); bands.len()];
+        let mut max = 0.0f64;
+        for &tm in &times {
+            let mut y = 0.0;
+            for (i, b) in bands.iter().enumerate() {
+                if f(&b["start_us"]) <= tm && tm < f(&b["end_us"]).max(f(&b["start_us"]) + 1e-9) {
+                    tops[i].push((tm, y));
+                    y += f(&b["size"]);
+                }
+            }
+            max = max.max(y);
+        }
+        let max = max * 1.05;
+        let x = move |tm: f64| PAD + (W - PAD - 10.0) * tm / duration;
+        let polys = bands
+            .iter()
+            .zip(&tops)
+            .filter(|(_, pts)| !pts.is_empty())
+            .map(|(b, pts)| {
+                let size = f(&b["size"]);
+                let end = f(&b["end_us"]);
+                let mut upper = Vec::new();
+                let mut lower = Vec::new();
+                for (k, &(tm, y)) in pts.iter().enumerate() {
+                    let next = pts.get(k + 1).map_or(end, |p| p.0);
+                    lower.push(format!("{:.1},{:.1} {:.1},{:.1}", x(tm), py(y, max), x(next), py(y, max)));
+                    upper.push(format!("{:.1},{:.1} {:.1},{:.1}", x(next), py(y + size, max), x(tm), py(y + size, max)));
+                }
+                upper.reverse();
+                let points = format!("{} {}", lower.join(" "), upper.join(" "));
+                let cat = b["category"].as_str().unwrap_or("other").to_string();
+                let info = format!("{} · {} · {}", b["label"].as_str().unwrap_or(""), bytes(size), cat);
+                let info2 = info.clone();
+                view! {
+                    <polygon points=points fill=colour(&cat) stroke="#fff" stroke-width="0.3" on:mouseenter=move |_| hover.set(info2.clone())>
+                        <title>{info}</title>
+                    </polygon>
+                }
+            })
+            .collect_view();
+        let ooms = t["ooms"].as_array().map_or(0, |a| a.len());
+        view! {
+            <svg id="timeline-chart" viewBox=format!("0 0 {W} {H}") data-bands=bands.len().to_string()>
+                {axis(max, short_bytes)}
+                {polys}
+                <text x=W / 2.0 y=H - 4.0 font-size="11" text-anchor="middle">{format!("time in step ({:.1} ms)", duration / 1000.0)}</text>
+            </svg>
+            {legend()}
+            <div class="tip" id="timeline-tip">{move || hover.get()}</div>
+            {(ooms > 0).then(|| view! { <div class="events">{format!("{ooms} out-of-memory events in this step")}</div> })}
+        }
+        .into_any()
+    };
+    view! {
+        <section class="wide" id="timeline">
+            <h2>"Inside one step: allocation timeline"</h2>
+            <label>"step "
+                <select id="step-select" on:change=pick>
+                    {move || steps.get().into_iter().map(|s| {
+                        let selected = chosen.get() == Some(s);
+                        view! { <option value=s.to_string() selected=selected>{s.to_string()}</option> }
+                    }).collect_view()}
+                </select>
+            </label>
+            {chart}
+        </section>
+    }
+}
+
+/// The allocator now: each page a bar of its blocks (used by category, free in grey),
+/// fragmentation, the largest free block, out-of-memory events and retries.
+#[component]
+fn AllocatorView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
+    let name = move || run.get()["name"].as_str().unwrap_or("").to_string();
+    let body = move || {
+        let r = run.get();
+        let l = lines.get();
+        let last = steps(&l).last().cloned().unwrap_or(Value::Null);
+        // Live runs carry pages in the record only at load; the latest timeline has them too.
+        let pages = r["pages"].as_array().cloned().unwrap_or_default();
+        let largest = pages
+            .iter()
+            .flat_map(|p| p["blocks"].as_array().cloned().unwrap_or_default())
+            .filter(|b| b["allocated"].as_bool() != Some(true))
+            .map(|b| f(&b["size"]))
+            .fold(0.0, f64::max);
+        let events: Vec<String> = l
+            .iter()
+            .filter_map(|x| x["event"].as_str().map(|e| format!("step {}: {e}", x["step"])))
+            .collect();
+        let m = &last["mem"];
+        let rows = pages
+            .iter()
+            .map(|p| {
+                let size = f(&p["size"]).max(1.0);
+                let blocks = p["blocks"].as_array().cloned().unwrap_or_default();
+                let used: f64 = blocks.iter().filter(|b| b["allocated"].as_bool() == Some(true)).map(|b| f(&b["size"])).sum();
+                let cells = blocks
+                    .iter()
+                    .map(|b| {
+                        let live = b["allocated"].as_bool() == Some(true);
+                        let c = if live { colour(b["category"].as_str().unwrap_or("other")) } else { FREE };
+                        let title = if live {
+                            format!("{} · {} · {}", b["label"].as_str().unwrap_or(""), bytes(f(&b["size"])), b["category"].as_str().unwrap_or(""))
+                        } else {
+                            format!("free · {}", bytes(f(&b["size"])))
+                        };
+                        view! { <div style=format!("width:{:.3}%;background:{c}", 100.0 * f(&b["size"]) / size) title=title></div> }
+                    })
+                    .collect_view();
+                view! {
+                    <div class="pagelabel">{format!("page {} · {} · {} · {} blocks · {} used", p["id"], p["pool"].as_str().unwrap_or(""), bytes(size), blocks.len(), bytes(used))}</div>
+                    <div class="page">{cells}</div>
+                }
+            })
+            .collect_view();
+        view! {
+            <div class="facts">
+                <span>"pages " <b id="page-count">{pages.len()}</b></span>
+                <span>"fragmentation " <b>{format!("{:.1}%", 100.0 * f(&m["fragmentation"]))}</b></span>
+                <span>"largest free block " <b>{bytes(largest)}</b></span>
+                <span>"OOMs " <b>{m["num_ooms"].as_u64().unwrap_or(0)}</b></span>
+                <span>"retries " <b>{m["num_alloc_retries"].as_u64().unwrap_or(0)}</b></span>
+            </div>
+            {rows}
+            <div class="events">{events.join("\n")}</div>
+        }
+    };
+    view! {
+        <section id="allocator">
+            <h2>"Allocator pages"</h2>
+            <div>
+                <a class="export" href=move || format!("/api/runs/{}/snapshot.json{}", name(), token_query(true))>"export JSON"</a>
+                <a class="export" href=move || format!("/api/runs/{}/snapshot.pickle{}", name(), token_query(true))>"export memory_viz pickle"</a>
+            </div>
+            {body}
+        </section>
+    }
+}
+
+fn line_chart(id: &'static str, series: Vec<(Vec<(f64, f64)>, &'static str)>, fmt: fn(f64) -> String, marks: Vec<f64>) -> impl IntoView {
+    let xmax = series.iter().flat_map(|s| s.0.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let ymax = series.iter().flat_map(|s| s.0.iter().map(|p| p.1)).fold(0.0, f64::max) * 1.08;
+    let x = move |v: f64| PAD + (W - PAD - 10.0) * v / xmax;
+    let paths = series
+        .into_iter()
+        .map(|(pts, col)| {
+            let d: String = pts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, x(p.0), py(p.1, ymax)))
+                .collect();
+            let dots = pts
+                .iter()
+                .map(|p| view! { <circle cx=x(p.0) cy=py(p.1, ymax) r="2" fill=col /> })
+                .collect_view();
+            view! { <path d=d fill="none" stroke=col stroke-width="1.5" />{dots} }
+        })
+        .collect_view();
+    let marks = marks
+        .into_iter()
+        .map(|s| view! { <line x1=x(s) x2=x(s) y1="16" y2=H - 24.0 stroke="#c0392b" stroke-dasharray="2,2" /> })
+        .collect_view();
+    view! {
+        <svg id=id viewBox=format!("0 0 {W} {H}")>
+            {axis(ymax, fmt)}
+            {marks}
+            {paths}
+            <text x=W / 2.0 y=H - 4.0 font-size="11" text-anchor="middle">"step"</text>
+        </svg>
+    }
+}
+
+/// Loss and evaluation, step time and throughput, the loss scale and skipped steps,
+/// the device, and kernel timings.
+#[component]
+fn TrainingView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
+    let charts = move || {
+        let l = lines.get();
+        let s = steps(&l);
+        let pt = |key: &str| -> Vec<(f64, f64)> { s.iter().filter_map(|x| Some((f(&x["step"]), x[key].as_f64()?))).collect() };
+        let evals: Vec<(f64, f64)> = l.iter().filter_map(|x| Some((f(&x["step"]), x["eval"]["loss"].as_f64()?))).collect();
+        let skipped: Vec<f64> = s.iter().filter(|x| x["skipped"].as_bool() == Some(true)).map(|x| f(&x["step"])).collect();
+        let last = s.last().cloned().unwrap_or(Value::Null);
+        let last_eval = l.iter().rev().find(|x| x.get("eval").is_some()).cloned();
+        let scale = pt("scale");
+        let fmt_num: fn(f64) -> String = |v| format!("{v:.3}");
+        let fmt_ms: fn(f64) -> String = |v| format!("{v:.0} ms");
+        let fmt_scale: fn(f64) -> String = |v| format!("{v:.0}");
+        view! {
+            <div class="facts">
+                <span>"loss " <b id="last-loss" data-loss=last["loss"].to_string()>{format!("{:.4}", f(&last["loss"]))}</b></span>
+                {last_eval.map(|e| view! { <span>"eval loss " <b>{format!("{:.4}", f(&e["eval"]["loss"]))}</b>
+                    {e["eval"]["accuracy"].as_f64().map(|a| format!(" · accuracy {:.2}%", 100.0 * a))}</span> })}
+                <span>"step " <b>{format!("{:.1} ms", f(&last["step_ms"]))}</b></span>
+                <span>"throughput " <b>{format!("{:.0} samples/s", f(&last["samples_per_s"]))}</b></span>
+                {last["scale"].as_f64().map(|v| view! { <span>"loss scale " <b>{format!("{v}")}</b>{format!(" · skipped steps {}", skipped.len())}</span> })}
+            </div>
+            <div class="legend"><span style="--c:#4e79a7">"train loss"</span><span style="--c:#e15759">"eval loss"</span></div>
+            {line_chart("loss-chart", vec![(pt("loss"), "#4e79a7"), (evals, "#e15759")], fmt_num, skipped.clone())}
+            <div class="legend"><span style="--c:#59a14f">"step time"</span></div>
+            {line_chart("time-chart", vec![(pt("step_ms"), "#59a14f")], fmt_ms, Vec::new())}
+            {(!scale.is_empty()).then(|| view! {
+                <div class="legend"><span style="--c:#b07aa1">"loss scale (red: skipped steps)"</span></div>
+                {line_chart("scale-chart", vec![(scale.clone(), "#b07aa1")], fmt_scale, skipped.clone())}
+            })}
+        }
+    };
+    let device = move || {
+        let r = run.get();
+        let d = &r["info"]["device"];
+        let rows: Vec<(String, String)> = vec![
+            ("adapter".into(), d["name"].as_str().unwrap_or("?").to_string()),
+            ("backend".into(), d["backend"].as_str().unwrap_or("?").to_string()),
+            ("driver".into(), d["driver"].as_str().unwrap_or("").to_string()),
+            ("memory".into(), d["memory_bytes"].as_f64().map(bytes).unwrap_or_else(|| "not reported".into())),
+            ("features".into(), d["features"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default()),
+            ("parameters".into(), r["info"]["parameters"].to_string()),
+            ("notes".into(), r["info"]["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("; ")).unwrap_or_default()),
+        ];
+        let bench = r["bench"].as_array().cloned().unwrap_or_default();
+        view! {
+            <table id="device-table">
+                {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
+            </table>
+            <h2 style="margin-top:10px">"Kernel timings"</h2>
+            {if bench.is_empty() {
+                view! { <p>"none loaded: run `wgtrain bench --json FILE` and start the dashboard with --bench FILE"</p> }.into_any()
+            } else {
+                view! {
+                    <table id="kernel-table">
+                        <tr><th>"kernel"</th><th>"dtype"</th><th>"shape"</th><th class="num">"median"</th><th class="num">"GFLOP/s"</th><th class="num">"GB/s"</th></tr>
+                        {bench.into_iter().map(|b| view! {
+                            <tr>
+                                <td>{b["kernel"].as_str().unwrap_or("").to_string()}</td>
+                                <td>{b["dtype"].as_str().unwrap_or("").to_string()}</td>
+                                <td>{b["shape"].to_string()}</td>
+                                <td class="num">{format!("{:.1} us", f(&b["median_us"]))}</td>
+                                <td class="num">{b["gflops"].as_f64().map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
+                                <td class="num">{b["gbps"].as_f64().map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
+                            </tr>
+                        }).collect_view()}
+                    </table>
+                }.into_any()
+            }}
+        }
+    };
+    view! {
+        <section id="training">
+            <h2>"Training"</h2>
+            {charts}
+            <h2 style="margin-top:10px">"Device"</h2>
+            {device}
+        </section>
+    }
+}

@@ -1,0 +1,219 @@
+//! The run recorder: an [`Observer`] that keeps what the dashboard shows (log lines,
+//! the latest pages, the allocation timelines of a bounded set of steps) and fans each
+//! step out to live clients through a bounded broadcast queue. It never waits on a
+//! client: a client that falls behind loses frames, and those are counted.
+//!
+//! At the run's end the record is written beside the log (`NAME.memory.json`, whole or
+//! not at all) so `wgtrain dashboard --runs DIR` shows the same views later.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use wgtrain_engine::files::write_atomically;
+use wgtrain_engine::memory::PageView;
+use wgtrain_engine::train::StepLog;
+use wgtrain_engine::train::observe::{Observer, RunInfo, StepMemory};
+
+/// Timelines kept from the start of a run.
+pub const KEEP_FIRST: usize = 3;
+/// Timelines kept from the end of a run.
+pub const KEEP_LAST: usize = 20;
+/// Frames a live client may fall behind before it loses some.
+pub const QUEUE: usize = 256;
+
+/// What the dashboard knows of one run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run's facts (absent for a log without a record).
+    pub info: Option<RunInfo>,
+    /// Step and evaluation lines, as in the JSONL log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<serde_json::Value>,
+    /// Allocation timelines of the first and the latest steps.
+    pub timelines: BTreeMap<u64, StepMemory>,
+    /// Pages at the end of the latest step.
+    pub pages: Vec<PageView>,
+    /// Whether the run has ended.
+    pub finished: bool,
+}
+
+impl RunRecord {
+    fn keep_timeline(&mut self, memory: StepMemory) {
+        self.timelines.insert(memory.step, memory);
+        while self.timelines.len() > KEEP_FIRST + KEEP_LAST {
+            let drop = *self.timelines.keys().nth(KEEP_FIRST).expect("more than KEEP_FIRST");
+            self.timelines.remove(&drop);
+        }
+    }
+}
+
+/// One live update, as sent over server-sent events.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Frame {
+    /// The run started.
+    Info {
+        /// Its facts.
+        info: RunInfo,
+    },
+    /// A step or evaluation line (with the step's pages for steps).
+    Line {
+        /// The log line.
+        line: serde_json::Value,
+        /// Whether a timeline was kept for the step.
+        timeline: bool,
+        /// The allocator's pages after the step (steps only).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pages: Option<Vec<PageView>>,
+    },
+    /// The run ended.
+    Finished,
+}
+
+/// Records one run (see the module).
+pub struct Recorder {
+    name: String,
+    record: Mutex<RunRecord>,
+    tx: broadcast::Sender<Arc<String>>,
+    dropped: AtomicU64,
+    save_to: Option<PathBuf>,
+}
+
+impl Recorder {
+    /// A recorder for the run `name`, saving its record to `save_to` at the end.
+    pub fn new(name: &str, save_to: Option<PathBuf>) -> Arc<Recorder> {
+        let (tx, _) = broadcast::channel(QUEUE);
+        Arc::new(Recorder {
+            name: name.to_string(),
+            record: Mutex::new(RunRecord::default()),
+            tx,
+            dropped: AtomicU64::new(0),
+            save_to,
+        })
+    }
+
+    /// The run's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A copy of the record.
+    pub fn record(&self) -> RunRecord {
+        self.lock().clone()
+    }
+
+    /// Runs `f` on the record under its lock.
+    pub fn with<T>(&self, f: impl FnOnce(&RunRecord) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// A receiver of live frames (JSON text).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<String>> {
+        self.tx.subscribe()
+    }
+
+    /// Counts frames a slow client lost.
+    pub fn count_dropped(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Frames lost by slow clients so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunRecord> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, frame: &Frame) {
+        // No receivers is not an error: nobody is watching.
+        let _ = self.tx.send(Arc::new(serde_json::to_string(frame).expect("frames serialize")));
+    }
+
+    /// Writes the record (without the lines, which the log has) to `path` atomically.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let mut record = self.record();
+        record.lines.clear();
+        let text = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
+        write_atomically(path, &text)
+    }
+}
+
+impl Observer for Recorder {
+    fn start(&self, info: RunInfo) {
+        self.lock().info = Some(info.clone());
+        self.send(&Frame::Info { info });
+    }
+
+    fn step(&self, line: &StepLog, memory: StepMemory) {
+        let value = serde_json::to_value(line).expect("log lines serialize");
+        let pages = memory.pages.clone();
+        {
+            let mut r = self.lock();
+            r.lines.push(value.clone());
+            r.pages = memory.pages.clone();
+            r.keep_timeline(memory);
+        }
+        self.send(&Frame::Line {
+            line: value,
+            timeline: true,
+            pages: Some(pages),
+        });
+    }
+
+    fn eval(&self, line: &StepLog) {
+        let value = serde_json::to_value(line).expect("log lines serialize");
+        self.lock().lines.push(value.clone());
+        self.send(&Frame::Line {
+            line: value,
+            timeline: false,
+            pages: None,
+        });
+    }
+
+    fn finish(&self) {
+        self.lock().finished = true;
+        self.send(&Frame::Finished);
+        if let Some(path) = &self.save_to
+            && let Err(e) = self.save(path)
+        {
+            tracing::error!("could not save the run record {}: {e}", path.display());
+        }
+    }
+}
+
+/// The record file beside a JSONL log: `runs/x.jsonl` -> `runs/x.memory.json`.
+pub fn record_path(log: &Path) -> PathBuf {
+    log.with_extension("memory.json")
+}
+
+/// Loads a finished run: the log's lines and, if present, the record beside it.
+pub fn load_run(log: &Path) -> Result<RunRecord, String> {
+    let text = std::fs::read_to_string(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let mut lines = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<serde_json::Value>(l) {
+            Ok(v) => lines.push(v),
+            // A run killed mid-line leaves a partial last line: keep what is whole.
+            Err(e) if i + 1 == text.lines().count() => tracing::warn!("{}: last line is incomplete ({e})", log.display()),
+            Err(e) => return Err(format!("{} line {}: {e}", log.display(), i + 1)),
+        }
+    }
+    let mut record = match std::fs::read(record_path(log)) {
+        Ok(bytes) => serde_json::from_slice::<RunRecord>(&bytes).map_err(|e| format!("{}: {e}", record_path(log).display()))?,
+        Err(_) => RunRecord {
+            finished: true,
+            ..Default::default()
+        },
+    };
+    record.lines = lines;
+    Ok(record)
+}

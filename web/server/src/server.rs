@@ -1,0 +1,326 @@
+//! The HTTP side: the embedded app, the JSON API, live server-sent events, exports,
+//! and the safety rules (a token on every request when one is set, run names checked
+//! before any file is touched, 400 with a reason for bad parameters).
+//!
+//! Routes (all GET):
+//! * `/`, `/pkg/app.js`, `/pkg/app_bg.wasm`, `/style.css`: the app (embedded; nothing
+//!   is read from disk, so no path can leave the app's folder).
+//! * `/api/health`: `{"ok": true, "dropped_frames": N}`.
+//! * `/api/runs`: `[{"name", "live", "steps"}]`.
+//! * `/api/runs/{name}`: the run's record without timelines, plus `timeline_steps`.
+//! * `/api/runs/{name}/timeline?step=N`: one step's allocation timeline.
+//! * `/api/runs/{name}/stream`: server-sent events, one JSON frame per step (live runs).
+//! * `/api/runs/{name}/snapshot.json`, `/api/runs/{name}/snapshot.pickle`: exports.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+use crate::recorder::{Recorder, RunRecord, load_run};
+use crate::{assets, viz};
+
+/// What the server serves.
+pub struct Served {
+    /// The run being trained now, if any.
+    pub live: Option<Arc<Recorder>>,
+    /// A folder of finished runs (`NAME.jsonl` with an optional `NAME.memory.json`).
+    pub runs_dir: Option<PathBuf>,
+    /// Required on every request when set (`?token=` or `Authorization: Bearer`).
+    pub token: Option<String>,
+    /// Kernel timings to show (a `wgtrain bench --json` file's records).
+    pub bench: Option<Value>,
+}
+
+type Shared = Arc<Served>;
+
+/// An error answer with a reason.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(json!({"error": self.1}))).into_response()
+    }
+}
+
+fn bad(reason: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, reason.into())
+}
+
+/// Checks a run name: letters, digits, '.', '_' and '-', not starting with '.', at most
+/// 128 bytes. Anything else (a '/', "..", a NUL) is refused before touching a file.
+pub fn valid_run_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "run name {name:?} is not allowed: use letters, digits, '.', '_' and '-' (not starting with '.'), at most 128 bytes"
+        ))
+    }
+}
+
+enum Run {
+    Live(Arc<Recorder>),
+    Finished(Box<RunRecord>),
+}
+
+impl Run {
+    fn with<T>(&self, f: impl FnOnce(&RunRecord) -> T) -> T {
+        match self {
+            Run::Live(r) => r.with(f),
+            Run::Finished(r) => f(r),
+        }
+    }
+}
+
+fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
+    valid_run_name(name).map_err(bad)?;
+    if let Some(live) = &s.live
+        && live.name() == name
+    {
+        return Ok(Run::Live(live.clone()));
+    }
+    let not_found = || ApiError(StatusCode::NOT_FOUND, format!("no run named {name:?}"));
+    let dir = s.runs_dir.as_ref().ok_or_else(not_found)?;
+    let log = dir.join(format!("{name}.jsonl"));
+    if !log.is_file() {
+        return Err(not_found());
+    }
+    load_run(&log)
+        .map(|r| Run::Finished(Box::new(r)))
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))
+}
+
+fn list_runs(s: &Served) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(live) = &s.live {
+        let steps = live.with(|r| r.lines.iter().filter(|l| l.get("mem").is_some()).count());
+        out.push(json!({"name": live.name(), "live": true, "steps": steps}));
+    }
+    if let Some(dir) = &s.runs_dir
+        && let Ok(entries) = std::fs::read_dir(dir)
+    {
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_string))
+            .filter(|n| valid_run_name(n).is_ok() && s.live.as_ref().is_none_or(|l| l.name() != n))
+            .collect();
+        names.sort();
+        for n in names {
+            out.push(json!({"name": n, "live": false}));
+        }
+    }
+    out
+}
+
+async fn health(State(s): State<Shared>) -> impl IntoResponse {
+    let dropped = s.live.as_ref().map_or(0, |l| l.dropped());
+    axum::Json(json!({"ok": true, "dropped_frames": dropped}))
+}
+
+async fn runs(State(s): State<Shared>) -> impl IntoResponse {
+    axum::Json(Value::Array(list_runs(&s)))
+}
+
+async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    let run = find_run(&s, &name)?;
+    let live = matches!(run, Run::Live(_));
+    let body = run.with(|r| {
+        json!({
+            "name": name,
+            "live": live,
+            "finished": r.finished,
+            "info": r.info,
+            "lines": r.lines,
+            "pages": r.pages,
+            "timeline_steps": r.timelines.keys().collect::<Vec<_>>(),
+            "bench": s.bench,
+        })
+    });
+    Ok(axum::Json(body))
+}
+
+fn parse_step(q: &HashMap<String, String>) -> Result<u64, ApiError> {
+    let text = q
+        .get("step")
+        .ok_or_else(|| bad("missing the query parameter step (a step number)"))?;
+    text.parse::<u64>()
+        .map_err(|_| bad(format!("step must be a non-negative integer, got {text:?}")))
+}
+
+async fn timeline(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let step = parse_step(&q)?;
+    let run = find_run(&s, &name)?;
+    run.with(|r| match r.timelines.get(&step) {
+        Some(t) => Ok(axum::Json(json!(t))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no timeline kept for step {step}; kept: {:?}",
+                r.timelines.keys().collect::<Vec<_>>()
+            ),
+        )),
+    })
+}
+
+async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let Run::Live(rec) = find_run(&s, &name)? else {
+        return Err(bad(format!("run {name:?} is finished: read /api/runs/{name} instead of a stream")));
+    };
+    let counter = rec.clone();
+    let frames = BroadcastStream::new(rec.subscribe()).filter_map(move |item| match item {
+        Ok(text) => Some(Ok::<Event, std::convert::Infallible>(Event::default().data(text.as_str()))),
+        Err(BroadcastStreamRecvError::Lagged(n)) => {
+            counter.count_dropped(n);
+            Some(Ok(Event::default().event("dropped").data(n.to_string())))
+        }
+    });
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()).into_response())
+}
+
+fn export_of(run: &Run, q: &HashMap<String, String>) -> Result<viz::Snapshot, ApiError> {
+    let wanted = match q.get("step") {
+        Some(_) => Some(parse_step(q)?),
+        None => None,
+    };
+    run.with(|r| {
+        let steps: Vec<_> = match wanted {
+            Some(step) => vec![
+                r.timelines
+                    .get(&step)
+                    .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no timeline kept for step {step}")))?,
+            ],
+            None => r.timelines.values().last().into_iter().collect(),
+        };
+        Ok(viz::snapshot(&r.pages, &steps))
+    })
+}
+
+async fn snapshot_json(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let run = find_run(&s, &name)?;
+    let snap = export_of(&run, &q)?;
+    let mut resp = axum::Json(snap).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_str(&format!("attachment; filename=\"{name}.snapshot.json\"")).expect("checked name"),
+    );
+    Ok(resp)
+}
+
+async fn snapshot_pickle(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let run = find_run(&s, &name)?;
+    let bytes = viz::to_pickle(&export_of(&run, &q)?).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}.pickle\"")),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+fn asset(path: &str) -> Option<(&'static str, &'static [u8])> {
+    Some(match path {
+        "/" | "/index.html" => ("text/html; charset=utf-8", assets::INDEX_HTML.as_bytes()),
+        "/style.css" => ("text/css; charset=utf-8", assets::STYLE_CSS.as_bytes()),
+        "/pkg/app.js" => ("text/javascript; charset=utf-8", assets::APP_JS.as_bytes()),
+        "/pkg/app_bg.wasm" => ("application/wasm", assets::APP_WASM),
+        _ => return None,
+    })
+}
+
+async fn static_file(req: Request) -> Response {
+    match asset(req.uri().path()) {
+        Some((mime, bytes)) => ([(header::CONTENT_TYPE, mime)], bytes).into_response(),
+        None => ApiError(StatusCode::NOT_FOUND, format!("no file {}", req.uri().path())).into_response(),
+    }
+}
+
+/// Constant-time comparison (the token must not leak through timing).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn check_token(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(token) = &s.token {
+        let from_query = req
+            .uri()
+            .query()
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|kv| kv.strip_prefix("token="))
+            .map(str::to_string);
+        let from_header = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
+        let given = from_query.or(from_header);
+        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            return ApiError(
+                StatusCode::UNAUTHORIZED,
+                "this dashboard needs its token: open the address printed at start (with ?token=...)".into(),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The router over `served`.
+pub fn router(served: Served) -> Router {
+    let shared = Arc::new(served);
+    Router::new()
+        .route("/api/health", get(health))
+        .route("/api/runs", get(runs))
+        .route("/api/runs/{name}", get(run))
+        .route("/api/runs/{name}/timeline", get(timeline))
+        .route("/api/runs/{name}/stream", get(stream))
+        .route("/api/runs/{name}/snapshot.json", get(snapshot_json))
+        .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))
+        .fallback(static_file)
+        .layer(middleware::from_fn_with_state(shared.clone(), check_token))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(16 * 1024))
+        .layer(tower_http::set_header::SetResponseHeaderLayer::overriding(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        ))
+        .with_state(shared)
+}
+
+/// Whether `addr` only listens on this machine.
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
