@@ -3,6 +3,7 @@
 //! Ctrl-C saves and exits. With a log, the run's memory record is saved beside it
 //! (FILE.memory.json) for `wgtrain dashboard`; with --dashboard it is served live.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,12 +45,16 @@ pub struct TrainArgs {
     /// Kernel timings for the dashboard's table (a `wgtrain bench --json` file).
     #[arg(long, value_name = "FILE", requires = "dashboard")]
     bench: Option<PathBuf>,
+    /// Keep no memory record with the log (no timelines, no FILE.memory.json).
+    #[arg(long, conflicts_with = "dashboard")]
+    no_record: bool,
 }
 
 /// Trains.
 pub fn run(args: TrainArgs) -> CliResult {
     let config = Config::load(args.config.as_deref(), &args.set)?;
     let stop = Arc::new(AtomicBool::new(false));
+    let stop_serving = stop.clone();
     let flag = stop.clone();
     ctrlc::set_handler(move || {
         if flag.swap(true, Ordering::SeqCst) {
@@ -69,7 +74,7 @@ pub fn run(args: TrainArgs) -> CliResult {
         trainer.params.numel(),
         trainer.total_steps()
     );
-    let recorder = (args.log.is_some() || args.dashboard.is_some()).then(|| {
+    let recorder = ((args.log.is_some() && !args.no_record) || args.dashboard.is_some()).then(|| {
         let name = args
             .log
             .as_ref()
@@ -130,5 +135,15 @@ pub fn run(args: TrainArgs) -> CliResult {
             .unwrap_or_default()
     );
     println!("{}", trainer.rt.alloc.summary());
+    // A person watching keeps the finished run on screen until they are done.
+    if let Some(d) = &_dashboard
+        && std::io::stdin().is_terminal()
+        && !stop_serving.load(Ordering::SeqCst)
+    {
+        eprintln!("training finished; the dashboard stays at {} until Ctrl-C", d.url());
+        while !stop_serving.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
     Ok(())
 }

@@ -25,6 +25,13 @@ pub struct Band {
     /// Microseconds from the step's start when it was freed (the step's length if it
     /// outlived the step).
     pub end_us: u64,
+    /// The allocation's place among the step's allocator events (0: before the step);
+    /// memory_viz's timeline runs over this order rather than over wall time.
+    #[serde(default)]
+    pub start_seq: u64,
+    /// The free's place among the step's events (the event count if it outlived the step).
+    #[serde(default)]
+    pub end_seq: u64,
 }
 
 /// The memory story of one step.
@@ -34,6 +41,9 @@ pub struct StepMemory {
     pub step: u64,
     /// Length of the step in microseconds.
     pub duration_us: u64,
+    /// Allocator events in the step (allocations and frees, numbered from 1).
+    #[serde(default)]
+    pub events: u64,
     /// Every block live at some time in the step, in allocation order (blocks from
     /// before the step first).
     pub bands: Vec<Band>,
@@ -56,7 +66,15 @@ impl StepMemory {
         let mut earlier: Vec<Band> = Vec::new();
         let mut seen_in_step: std::collections::HashSet<u64> = Default::default();
         let mut ooms = Vec::new();
+        let count = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+            .count() as u64;
+        let mut seq = 0u64;
         for e in events {
+            if matches!(e.kind, EventKind::Alloc | EventKind::Free) {
+                seq += 1;
+            }
             let category = e.category.unwrap_or(Category::Other);
             match (e.kind, e.alloc) {
                 (EventKind::Alloc, Some(id)) => {
@@ -69,10 +87,15 @@ impl StepMemory {
                         requested: e.requested,
                         start_us: rel(e.time_us),
                         end_us: duration,
+                        start_seq: seq,
+                        end_seq: count + 1,
                     });
                 }
                 (EventKind::Free, Some(id)) => match open.remove(&id) {
-                    Some(i) => bands[i].end_us = rel(e.time_us),
+                    Some(i) => {
+                        bands[i].end_us = rel(e.time_us);
+                        bands[i].end_seq = seq;
+                    }
                     None => {
                         seen_in_step.insert(id);
                         earlier.push(Band {
@@ -82,6 +105,8 @@ impl StepMemory {
                             requested: e.requested,
                             start_us: 0,
                             end_us: rel(e.time_us),
+                            start_seq: 0,
+                            end_seq: seq,
                         })
                     }
                 },
@@ -102,6 +127,8 @@ impl StepMemory {
                         requested: b.requested,
                         start_us: 0,
                         end_us: duration,
+                        start_seq: 0,
+                        end_seq: count + 1,
                     });
                 }
             }
@@ -110,6 +137,7 @@ impl StepMemory {
         StepMemory {
             step,
             duration_us: duration,
+            events: count,
             bands: earlier,
             ooms,
             events_dropped,

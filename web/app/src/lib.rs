@@ -21,7 +21,7 @@ const CATEGORIES: [(&str, &str); 7] = [
 const FREE: &str = "#d9dce3";
 const W: f64 = 900.0;
 const H: f64 = 260.0;
-const PAD: f64 = 48.0;
+const PAD: f64 = 72.0;
 
 fn colour(category: &str) -> &'static str {
     CATEGORIES.iter().find(|c| c.0 == category).map_or("#999", |c| c.1)
@@ -347,27 +347,34 @@ fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoVie
 #[component]
 fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -> impl IntoView {
     let chosen = RwSignal::new(None::<u64>);
+    let picked = RwSignal::new(false);
     let timeline = RwSignal::new(Value::Null);
     let hover = RwSignal::new(String::new());
     Effect::new(move |_| {
         // Follow the latest step until the user picks one.
         let latest = steps.get().iter().max().copied();
-        if chosen.get_untracked().is_none()
-            && let Some(s) = latest
-        {
-            chosen.set(Some(s));
+        if !picked.get_untracked() && latest.is_some() && latest != chosen.get_untracked() {
+            chosen.set(latest);
         }
     });
+    // One fetch at a time: a fast run does not queue up requests.
+    let inflight = RwSignal::new(false);
     Effect::new(move |_| {
         let (Some(name), Some(step)) = (run_name.get(), chosen.get()) else { return };
+        if inflight.get_untracked() {
+            return;
+        }
+        inflight.set(true);
         leptos::task::spawn_local(async move {
             if let Ok(v) = get_json(&format!("/api/runs/{name}/timeline?step={step}{}", token_query(false))).await {
                 timeline.set(v);
             }
+            inflight.set(false);
         });
     });
     let pick = move |ev: web_sys::Event| {
         if let Some(sel) = ev.target().and_then(|t| t.dyn_into::<web_sys::HtmlSelectElement>().ok()) {
+            picked.set(true);
             chosen.set(sel.value().parse().ok());
         }
     };
@@ -376,8 +383,11 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
         let Some(bands) = t["bands"].as_array() else {
             return view! { <p>"no step recorded yet"</p> }.into_any();
         };
-        let duration = f(&t["duration_us"]).max(1.0);
-        let mut times: Vec<f64> = bands.iter().flat_map(|b| [f(&b["start_us"]), f(&b["end_us"])]).collect();
+        // The x axis is the step's allocator events in order, as in memory_viz: CPU time
+        // would crowd every allocation into the moment the launches were recorded.
+        let duration = f(&t["events"]) + 1.0;
+        let ms = f(&t["duration_us"]) / 1000.0;
+        let mut times: Vec<f64> = bands.iter().flat_map(|b| [f(&b["start_seq"]), f(&b["end_seq"])]).collect();
         times.sort_by(f64::total_cmp);
         times.dedup();
         // Sweep: at each instant the live bands stack in allocation order.
@@ -386,7 +396,7 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
         for &tm in &times {
             let mut y = 0.0;
             for (i, b) in bands.iter().enumerate() {
-                if f(&b["start_us"]) <= tm && tm < f(&b["end_us"]).max(f(&b["start_us"]) + 1e-9) {
+                if f(&b["start_seq"]) <= tm && tm < f(&b["end_seq"]) {
                     tops[i].push((tm, y));
                     y += f(&b["size"]);
                 }
@@ -401,7 +411,7 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
             .filter(|(_, pts)| !pts.is_empty())
             .map(|(b, pts)| {
                 let size = f(&b["size"]);
-                let end = f(&b["end_us"]);
+                let end = f(&b["end_seq"]);
                 let mut upper = Vec::new();
                 let mut lower = Vec::new();
                 for (k, &(tm, y)) in pts.iter().enumerate() {
@@ -426,7 +436,7 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
             <svg id="timeline-chart" viewBox=format!("0 0 {W} {H}") data-bands=bands.len().to_string()>
                 {axis(max, short_bytes)}
                 {polys}
-                <text x=W / 2.0 y=H - 4.0 font-size="11" text-anchor="middle">{format!("time in step ({:.1} ms)", duration / 1000.0)}</text>
+                <text x=W / 2.0 y=H - 4.0 font-size="11" text-anchor="middle">{format!("allocator events in the step ({} events, {ms:.1} ms)", duration - 1.0)}</text>
             </svg>
             {legend()}
             <div class="tip" id="timeline-tip">{move || hover.get()}</div>
@@ -477,7 +487,7 @@ fn AllocatorView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl Into
             .map(|p| {
                 let size = f(&p["size"]).max(1.0);
                 let blocks = p["blocks"].as_array().cloned().unwrap_or_default();
-                let used: f64 = blocks.iter().filter(|b| b["allocated"].as_bool() == Some(true)).map(|b| f(&b["size"])).sum();
+                let used: f64 = blocks.iter().filter(|b| b["allocated"].as_bool() == Some(true)).map(|b| f(&b["size"])).sum::<f64>() + 0.0;
                 let cells = blocks
                     .iter()
                     .map(|b| {

@@ -143,19 +143,26 @@ async fn runs(State(s): State<Shared>) -> impl IntoResponse {
 async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     let run = find_run(&s, &name)?;
     let live = matches!(run, Run::Live(_));
-    let body = run.with(|r| {
-        json!({
-            "name": name,
-            "live": live,
-            "finished": r.finished,
-            "info": r.info,
-            "lines": r.lines,
-            "pages": r.pages,
-            "timeline_steps": r.timelines.keys().collect::<Vec<_>>(),
-            "bench": s.bench,
-        })
+    // Copy under the lock, serialize outside it: the training thread takes the same lock.
+    let (finished, info, lines, pages, steps) = run.with(|r| {
+        (
+            r.finished,
+            r.info.clone(),
+            r.lines.clone(),
+            r.pages.clone(),
+            r.timelines.keys().copied().collect::<Vec<_>>(),
+        )
     });
-    Ok(axum::Json(body))
+    Ok(axum::Json(json!({
+        "name": name,
+        "live": live,
+        "finished": finished,
+        "info": info,
+        "lines": lines,
+        "pages": pages,
+        "timeline_steps": steps,
+        "bench": s.bench,
+    })))
 }
 
 fn parse_step(q: &HashMap<String, String>) -> Result<u64, ApiError> {
@@ -173,16 +180,19 @@ async fn timeline(
 ) -> Result<impl IntoResponse, ApiError> {
     let step = parse_step(&q)?;
     let run = find_run(&s, &name)?;
-    run.with(|r| match r.timelines.get(&step) {
-        Some(t) => Ok(axum::Json(json!(t))),
-        None => Err(ApiError(
+    let found = run.with(|r| {
+        r.timelines
+            .get(&step)
+            .cloned()
+            .ok_or_else(|| r.timelines.keys().copied().collect::<Vec<_>>())
+    });
+    match found {
+        Ok(t) => Ok(axum::Json(t)),
+        Err(kept) => Err(ApiError(
             StatusCode::NOT_FOUND,
-            format!(
-                "no timeline kept for step {step}; kept: {:?}",
-                r.timelines.keys().collect::<Vec<_>>()
-            ),
+            format!("no timeline kept for step {step}; kept: {kept:?}"),
         )),
-    })
+    }
 }
 
 async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -205,17 +215,17 @@ fn export_of(run: &Run, q: &HashMap<String, String>) -> Result<viz::Snapshot, Ap
         Some(_) => Some(parse_step(q)?),
         None => None,
     };
-    run.with(|r| {
-        let steps: Vec<_> = match wanted {
-            Some(step) => vec![
-                r.timelines
-                    .get(&step)
-                    .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no timeline kept for step {step}")))?,
-            ],
-            None => r.timelines.values().last().into_iter().collect(),
+    let (pages, step) = run.with(|r| {
+        let step = match wanted {
+            Some(step) => r.timelines.get(&step).cloned(),
+            None => r.timelines.values().last().cloned(),
         };
-        Ok(viz::snapshot(&r.pages, &steps))
-    })
+        (r.pages.clone(), step)
+    });
+    match (wanted, step) {
+        (Some(w), None) => Err(ApiError(StatusCode::NOT_FOUND, format!("no timeline kept for step {w}"))),
+        (_, step) => Ok(viz::snapshot(&pages, &step.iter().collect::<Vec<_>>())),
+    }
 }
 
 async fn snapshot_json(

@@ -109,21 +109,17 @@ pub fn snapshot(pages: &[PageView], steps: &[&StepMemory]) -> Snapshot {
     let mut trace = Vec::new();
     let (mut base_us, mut next_addr) = (0u64, 1u64 << 60);
     for s in steps {
-        let mut events: Vec<(u64, bool, u64, &wgtrain_engine::train::observe::Band)> = Vec::new();
+        // In the step's event order (ties: frees first, as a block is reused); a block
+        // that outlives the step is freed at its end so the next step starts clean.
+        let mut events: Vec<(u64, bool, u64, u64, &wgtrain_engine::train::observe::Band)> = Vec::new();
         for b in &s.bands {
             let addr = next_addr;
             next_addr += b.size.max(1);
-            events.push((b.start_us, true, addr, b));
-            if b.end_us < s.duration_us {
-                events.push((b.end_us, false, addr, b));
-            } else {
-                // Outlives the step: freed at its end so the next step starts clean.
-                events.push((s.duration_us, false, addr, b));
-            }
+            events.push((b.start_seq, true, b.start_us, addr, b));
+            events.push((b.end_seq, false, b.end_us.min(s.duration_us), addr, b));
         }
-        // Frees before allocations at the same instant, as a block is reused.
         events.sort_by_key(|e| (e.0, e.1));
-        for (t, alloc, addr, b) in events {
+        for (_, alloc, t, addr, b) in events {
             trace.push(TraceEntry {
                 action: if alloc { "alloc" } else { "free_completed" },
                 addr,

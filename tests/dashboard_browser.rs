@@ -1,0 +1,196 @@
+//! The dashboard in a real headless Chromium (Debian's `chromium`, which the README's
+//! test command installs): the page opens before training starts, follows the run
+//! live, and must show the run's real numbers (the peak equals the log's, the step
+//! count, the last loss, the pages). Screenshots of each view are saved under
+//! target/dashboard-screenshots (and WGTRAIN_SCREENSHOT_DIR when set, e.g. docs/).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
+use headless_chrome::{Browser, LaunchOptions};
+use serde_json::Value;
+use wgtrain_engine::train::{Config, RunOptions, Trainer};
+use wgtrain_web::recorder::{Recorder, record_path};
+use wgtrain_web::{Dashboard, Options};
+
+const STEPS: u64 = 40;
+
+fn chromium() -> PathBuf {
+    let candidates = [
+        std::env::var("CHROME").ok(),
+        Some("/usr/bin/chromium".into()),
+        Some("/usr/bin/chromium-browser".into()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .expect("Chromium is needed: apt-get install chromium chromium-driver (./quickstart.sh test installs it)")
+}
+
+fn number(v: &str) -> f64 {
+    v.trim().trim_matches('"').parse().unwrap_or_else(|_| panic!("not a number: {v:?}"))
+}
+
+#[test]
+fn browser_follows_a_live_run_and_shows_its_real_numbers() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-browser-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("browser.jsonl");
+    let rec = Recorder::new("browser", Some(record_path(&log)));
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        live: Some(rec.clone()),
+        runs_dir: None,
+        bench: Some(serde_json::json!([
+            {"kernel": "matmul_f32", "dtype": "f32", "shape": [64, 64, 64], "median_us": 12.5, "gflops": 42.0, "gbps": null}
+        ])),
+    })
+    .unwrap();
+
+    let browser = Browser::new(
+        LaunchOptions::default_builder()
+            .path(Some(chromium()))
+            .headless(true)
+            .sandbox(false)
+            .window_size(Some((1400, 4000)))
+            .idle_browser_timeout(Duration::from_secs(300))
+            .build()
+            .unwrap(),
+    )
+    .expect("Chromium starts");
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(180));
+    // The page opens before the first step: what it shows comes over the live stream.
+    tab.navigate_to(&d.url()).unwrap();
+    tab.wait_until_navigated().unwrap();
+    tab.wait_for_element("#memory").unwrap();
+
+    let config = Config::parse(
+        "",
+        &[
+            "model.hidden=[64]".into(),
+            "data.train_limit=2560".into(),
+            "data.eval_limit=200".into(),
+            "train.batch_size=64".into(),
+            format!("train.steps={STEPS}"),
+            "train.eval_every=10".into(),
+            "memory.cap=\"512MiB\"".into(),
+        ],
+    )
+    .unwrap();
+    let mut trainer = Trainer::new(config, None).unwrap();
+    trainer
+        .run(&RunOptions {
+            log: Some(log.clone()),
+            observer: Some(rec.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let steps: Vec<&Value> = lines.iter().filter(|l| l.get("mem").is_some()).collect();
+    assert_eq!(steps.len() as u64, STEPS);
+    let peak = steps.iter().map(|l| l["mem"]["peak"].as_u64().unwrap()).max().unwrap();
+    let last_loss = steps.last().unwrap()["loss"].as_f64().unwrap();
+
+    // Memory per step: every step arrived live, and the peak shown is the log's.
+    let chart = tab
+        .wait_for_element(&format!("#memory-chart[data-steps=\"{STEPS}\"]"))
+        .expect("the memory chart shows every step");
+    let shown_peak = tab
+        .find_element("#peak-value")
+        .unwrap()
+        .get_attribute_value("data-peak-bytes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&shown_peak), peak as f64, "peak shown vs the log's");
+    let text = tab.find_element("#peak-value").unwrap().get_inner_text().unwrap();
+    assert!(text.contains("peak") && text.contains("iB"), "{text}");
+    let cap = tab
+        .find_element("#cap-value")
+        .unwrap()
+        .get_attribute_value("data-cap-bytes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&cap), 512.0 * 1024.0 * 1024.0);
+    // Hover shows a step's numbers.
+    chart.move_mouse_over().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let tip = tab.find_element("#memory-tip").unwrap().get_inner_text().unwrap();
+    assert!(tip.contains("step") && tip.contains("parameter"), "hover tip: {tip:?}");
+
+    // Inside one step: a timeline with bands.
+    let tl = tab.wait_for_element("#timeline-chart").unwrap();
+    let bands = number(&tl.get_attribute_value("data-bands").unwrap().unwrap());
+    assert!(bands > 3.0, "{bands} bands");
+
+    // Allocator pages: as many as the recorder's last step saw.
+    let pages = rec.with(|r| r.pages.len());
+    let shown_pages = tab.find_element("#page-count").unwrap().get_inner_text().unwrap();
+    assert_eq!(number(&shown_pages) as usize, pages);
+
+    // Training: the last loss is the log's; the device table names the adapter.
+    let loss = tab
+        .find_element("#last-loss")
+        .unwrap()
+        .get_attribute_value("data-loss")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&loss), last_loss);
+    let device = tab.find_element("#device-table").unwrap().get_inner_text().unwrap();
+    assert!(device.contains(&trainer.rt.gpu.report.name), "{device}");
+    let kernels = tab.find_element("#kernel-table").unwrap().get_inner_text().unwrap();
+    assert!(kernels.contains("matmul_f32"), "{kernels}");
+    assert!(tab.find_element("#loss-chart").is_ok() && tab.find_element("#time-chart").is_ok());
+
+    // Screenshots of each view (of the live page, while its tab is in front).
+    let mut outs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots")];
+    if let Ok(extra) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
+        outs.push(PathBuf::from(extra));
+    }
+    for view in ["memory", "timeline", "allocator", "training"] {
+        let png = tab
+            .find_element(&format!("#{view}"))
+            .unwrap()
+            .capture_screenshot(CaptureScreenshotFormatOption::Png)
+            .unwrap();
+        assert!(png.len() > 1000 && png.starts_with(b"\x89PNG"));
+        for out in &outs {
+            std::fs::create_dir_all(out).unwrap();
+            std::fs::write(out.join(format!("dashboard-{view}.png")), &png).unwrap();
+        }
+    }
+
+    // The same run, finished, from its files (`wgtrain dashboard --runs`).
+    let finished = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        live: None,
+        runs_dir: Some(dir.clone()),
+        bench: None,
+    })
+    .unwrap();
+    let tab2 = browser.new_tab().unwrap();
+    tab2.set_default_timeout(Duration::from_secs(120));
+    tab2.navigate_to(&format!("{}?run=browser", finished.url())).unwrap();
+    tab2.wait_for_element(&format!("#memory-chart[data-steps=\"{STEPS}\"]")).unwrap();
+    let again = tab2
+        .find_element("#peak-value")
+        .unwrap()
+        .get_attribute_value("data-peak-bytes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&again), peak as f64);
+    let status = tab2.find_element("#status").unwrap().get_inner_text().unwrap();
+    assert!(status.contains("finished"), "{status}");
+    tab2.wait_for_element("#timeline-chart").unwrap();
+}
