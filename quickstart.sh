@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # wgtrain's quick start: `./quickstart.sh main` runs the main job (lists the GPUs, then
-# trains the Fashion-MNIST MLP), `./quickstart.sh test` runs every test. Both install
-# what a fresh Debian machine lacks first: a C linker, a Rust toolchain, Mesa's software
-# Vulkan driver when wgpu finds no GPU, and the datasets' Debian packages.
+# trains the Fashion-MNIST MLP with the live dashboard on), `./quickstart.sh test` runs
+# every test. Both install what a fresh Debian machine lacks first: a C linker, a Rust
+# toolchain with the wasm32 target (the dashboard's app is built from source), Mesa's
+# software Vulkan driver when wgpu finds no GPU, the datasets' Debian packages, and for
+# the tests Chromium (the dashboard's browser test).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -37,6 +39,15 @@ ensure_toolchain() {
             export PATH="$HOME/.cargo/bin:$PATH"
         fi
     fi
+    if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+        say "adding the wasm32-unknown-unknown target (the dashboard's app)"
+        rustup target add wasm32-unknown-unknown >&2
+    fi
+}
+
+# The dashboard's browser test drives Debian's Chromium.
+ensure_browser() {
+    command -v chromium >/dev/null || apt_install chromium chromium-driver
 }
 
 # wgpu needs a native adapter (Vulkan, Metal or DX12); without a GPU, Mesa's lavapipe.
@@ -68,10 +79,10 @@ case "${1:-}" in
         shift
         ./target/release/wgtrain devices
         mkdir -p runs
-        exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl "$@"
+        exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl --dashboard "$@"
         ;;
     test)
-        ensure_toolchain; build; ensure_adapter; ensure_datasets
+        ensure_toolchain; build; ensure_adapter; ensure_datasets; ensure_browser
         shift
         say "running every test"
         exec cargo test --release --locked --workspace "$@"
