@@ -50,6 +50,23 @@ pub fn linear(
     layout: WeightLayout,
     label: &str,
 ) -> Result<Var, KernelError> {
+    linear_as(tape, rt, x, w, b, layout, DType::F32, label)
+}
+
+/// [`linear`] writing its output in `out` (f16 under fp16-mixed when the consumer is
+/// attention or an activation, which keep f16 inputs anyway: half the bytes, no cast).
+/// Gradients stay f32.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_as(
+    tape: &mut Tape,
+    rt: &Runtime,
+    x: &Var,
+    w: &Var,
+    b: Option<&Var>,
+    layout: WeightLayout,
+    out: DType,
+    label: &str,
+) -> Result<Var, KernelError> {
     let mixed = tape.half_matmuls();
     let x2 = flatten2(&x.value)?;
     let (x2, w_used) = if mixed {
@@ -68,7 +85,7 @@ pub fn linear(
         bias: b.map(|b| &b.value),
         ..Default::default()
     };
-    let y2 = matmul(rt, &x2, &wt, DType::F32, &opts, Category::Activation, label)?;
+    let y2 = matmul(rt, &x2, &wt, out, &opts, Category::Activation, label)?;
     let mut shape = x.value.shape().to_vec();
     *shape.last_mut().expect("checked by flatten2") = y2.shape()[1];
     let y = y2.reshape(&shape)?;
@@ -132,10 +149,19 @@ fn x2_shape(x2: &Tensor, dy_shape: &[usize]) -> Vec<usize> {
     shape
 }
 
+/// An elementwise activation. Under fp16-mixed its input is kept in f16 and its output
+/// is f16 (the next linear reads f16 anyway, as autocast's activations are); the
+/// gradient is f32.
 fn unary(tape: &mut Tape, rt: &Runtime, x: &Var, fwd: MapOp, bwd: MapOp, label: &str) -> Result<Var, KernelError> {
-    let y = Tensor::empty(rt, x.value.shape(), DType::F32, Category::Activation, label)?;
+    let mixed = tape.half_matmuls();
+    let out = if mixed { DType::F16 } else { DType::F32 };
+    let y = Tensor::empty(rt, x.value.shape(), out, Category::Activation, label)?;
     map_into(rt, fwd, Some(&x.value), None, &y, 1.0, 0.0)?;
-    let saved = x.value.clone();
+    let saved = if mixed {
+        half(rt, &x.value, Category::Activation, &format!("{label}.x.f16"))?
+    } else {
+        x.value.clone()
+    };
     Ok(tape.record(
         y,
         &[x],
@@ -213,10 +239,17 @@ pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label
     ))
 }
 
-/// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C].
+/// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C]. Under
+/// fp16-mixed q, k, v, the probabilities and the output are f16 (the softmax computes
+/// in f32); the gradient is f32.
 pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &str) -> Result<Var, KernelError> {
-    let (y, saved) = attn::forward(rt, &qkv.value, nh, label)?;
-    let qkv_saved = qkv.value.clone();
+    let input = if tape.half_matmuls() {
+        half(rt, &qkv.value, Category::Activation, &format!("{label}.qkv.f16"))?
+    } else {
+        qkv.value.clone()
+    };
+    let (y, saved) = attn::forward(rt, &input, nh, label)?;
+    let qkv_saved = input;
     Ok(tape.record(
         y,
         &[qkv],

@@ -66,14 +66,14 @@ pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Te
     Ok((y, AttentionSaved { probs }))
 }
 
-/// dqkv [B, T, 3C] from dy [B, T, C].
+/// dqkv [B, T, 3C] (f32 whatever qkv's dtype) from dy [B, T, C].
 pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &AttentionSaved, dy: &Tensor, label: &str) -> Result<Tensor, KernelError> {
     let q = head_view(qkv, nh, 0)?;
     let k = head_view(qkv, nh, 1)?;
     let v = head_view(qkv, nh, 2)?;
     let [b, _, t, d] = q.shape().try_into().expect("head views are rank 4");
     let dy_h = heads_of(dy, nh)?;
-    let dqkv = Tensor::empty(rt, qkv.shape(), qkv.dtype(), Category::Temporary, label)?;
+    let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
     let (dq, dk, dv) = (head_view(&dqkv, nh, 0)?, head_view(&dqkv, nh, 1)?, head_view(&dqkv, nh, 2)?);
     // dV = P^T dY; dP = dY V^T; dS = softmax'(dP) / sqrt(D); dQ = dS K; dK = dS^T Q.
     matmul_into(rt, &saved.probs.transpose(2, 3)?, &dy_h, &dv, &MatmulOptions::default())?;

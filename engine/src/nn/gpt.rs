@@ -17,7 +17,7 @@ use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
 use crate::kernels::{KernelError, Runtime};
 use crate::memory::Category;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The fields of transformers' GPT2Config that the model uses.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -359,13 +359,15 @@ impl Gpt {
 fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]) -> Result<Var, KernelError> {
     let l = |n: &str| format!("h.{i}.{n}");
     let x = &v[0];
+    // Under fp16-mixed the projections feeding attention and GELU write f16.
+    let act = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
     let h = ops::layernorm(tape, rt, x, &v[1], &v[2], eps, &l("ln_1"))?;
-    let qkv = ops::linear(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, &l("qkv"))?;
+    let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("qkv"))?;
     let y = ops::attention(tape, rt, &qkv, nh, &l("atty"))?;
     let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attproj"))?;
     let x2 = ops::add(tape, rt, x, &a, &l("residual2"))?;
     let h = ops::layernorm(tape, rt, &x2, &v[7], &v[8], eps, &l("ln_2"))?;
-    let f = ops::linear(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, &l("fch"))?;
+    let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("fch"))?;
     let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
     let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("fcproj"))?;
     ops::add(tape, rt, &x2, &m, &l("residual3"))
