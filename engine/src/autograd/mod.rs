@@ -98,6 +98,7 @@ pub struct Tape {
     leaves: HashMap<VarId, usize>,
     grad_enabled: bool,
     half_matmuls: bool,
+    grad_prescale: f32,
 }
 
 impl Default for Tape {
@@ -159,7 +160,22 @@ impl Tape {
             leaves: HashMap::new(),
             grad_enabled: true,
             half_matmuls: false,
+            grad_prescale: 1.0,
         }
+    }
+
+    /// The gradient backward will be seeded with (the loss scale times any
+    /// accumulation weight). Ops that form gradients already in forward (the fused
+    /// language-model head) scale them by it *before* casting to f16, as PyTorch's
+    /// backward sees the scaled gradient, so small gradients do not underflow.
+    pub fn with_grad_prescale(mut self, scale: f32) -> Tape {
+        self.grad_prescale = scale;
+        self
+    }
+
+    /// See [`Tape::with_grad_prescale`].
+    pub fn grad_prescale(&self) -> f32 {
+        self.grad_prescale
     }
 
     /// This tape with fp16-mixed matmuls on or off (autocast): linear layers and the

@@ -336,6 +336,9 @@ pub fn lm_head_cross_entropy(
     }
     let grad = tape.grad_enabled();
     let scale = 1.0 / n_valid.max(1) as f32;
+    // Gradients are formed here, before backward: under fp16-mixed they carry the
+    // expected seed (the loss scale) already, or small ones would underflow in f16.
+    let pre = if tape.half_matmuls() { tape.grad_prescale() } else { 1.0 };
     let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
     let dh = if grad {
         Some(Tensor::empty(rt, &[n, c], DType::F32, Category::Temporary, &format!("{label}.dh"))?)
@@ -354,7 +357,9 @@ pub fn lm_head_cross_entropy(
     } else {
         None
     };
-    let chunk = row_chunk.max(1).min(n.max(1));
+    // A chunk of logits must also fit one binding (128 MiB on some adapters).
+    let fits = (rt.alloc.config().max_page / (v.max(1) as u64 * 4)).max(1) as usize;
+    let chunk = row_chunk.max(1).min(n.max(1)).min(fits);
     let logits = Tensor::empty(rt, &[chunk, v], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
     // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
     // two matmuls. Logits, the loss and the accumulation stay f32.
@@ -387,7 +392,7 @@ pub fn lm_head_cross_entropy(
         // The fused kernel takes whole tensors: this chunk's targets and losses are copied.
         let tc = targets.slice(0, start, rows)?.contiguous(rt)?;
         let loss_c = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "chunk losses")?;
-        ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale, 0..rows)?;
+        ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale * pre, 0..rows)?;
         crate::kernels::map::copy_into(rt, &loss_c, &losses.slice(0, start, rows)?)?;
         if let (Some(dh), Some(dw)) = (&dh, &dw) {
             let lc = match &grad_half {
@@ -420,8 +425,16 @@ pub fn lm_head_cross_entropy(
         &[h, w],
         Box::new(move |rt, g, _cats| {
             let (dh, dw) = (dh.expect("recorded with gradients"), dw.expect("recorded with gradients"));
-            map_into(rt, MapOp::Mul, Some(&dh), Some(g), &dh, 1.0, 1.0)?;
-            map_into(rt, MapOp::Mul, Some(&dw), Some(g), &dw, 1.0, 1.0)?;
+            // The stored gradients carry `pre` already: scale them by g / pre.
+            let g = if pre == 1.0 {
+                g.clone()
+            } else {
+                let gs = Tensor::empty(rt, g.shape(), DType::F32, Category::Temporary, "g/pre")?;
+                map_into(rt, MapOp::Scale, Some(g), None, &gs, 1.0 / pre, 0.0)?;
+                gs
+            };
+            map_into(rt, MapOp::Mul, Some(&dh), Some(&g), &dh, 1.0, 1.0)?;
+            map_into(rt, MapOp::Mul, Some(&dw), Some(&g), &dw, 1.0, 1.0)?;
             Ok(vec![Some(dh.reshape(&h_shape)?), Some(dw)])
         }),
     ))
