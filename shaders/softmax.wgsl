@@ -13,7 +13,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;   // forward: logits; backward: y
-@group(0) @binding(2) var<storage, read_write> dy: array<{{TX}}>;  // backward only
+@group(0) @binding(2) var<storage, read_write> dy: array<{{TD}}>;  // backward only
 @group(0) @binding(3) var<storage, read_write> y: array<{{TY}}>;   // forward: output; backward: dx
 
 const MODE: u32 = {{MODE}}u;

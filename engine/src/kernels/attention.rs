@@ -79,14 +79,9 @@ pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &AttentionSaved, d
     matmul_into(rt, &saved.probs.transpose(2, 3)?, &dy_h, &dv, &MatmulOptions::default())?;
     let dprobs = Tensor::empty(rt, &[b, nh, t, t], DType::F32, Category::Temporary, &format!("{label}.datt"))?;
     matmul_into(rt, &dy_h, &v.transpose(2, 3)?, &dprobs, &MatmulOptions::default())?;
-    let probs32 = if saved.probs.dtype() == DType::F32 {
-        saved.probs.clone()
-    } else {
-        saved.probs.cast(rt, DType::F32, Category::Temporary, "att f32")?
-    };
-    let dscores = Tensor::empty(rt, &[b, nh, t, t], DType::F32, Category::Temporary, &format!("{label}.dpreatt"))?;
-    softmax_backward_into(rt, &probs32, &dprobs, &dscores)?;
-    drop(dprobs);
+    // dS overwrites dP in place, read against the probabilities in their own dtype.
+    softmax_backward_into(rt, &saved.probs, &dprobs, &dprobs)?;
+    let dscores = dprobs;
     let scale = MatmulOptions {
         alpha: 1.0 / (d as f32).sqrt(),
         ..Default::default()

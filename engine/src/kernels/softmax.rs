@@ -28,11 +28,13 @@ struct Params {
     pad: u32,
 }
 
-/// The template values of one variant.
-pub fn variant(mode: SoftmaxMode, tx: DType, ty: DType) -> Vec<(&'static str, String)> {
+/// The template values of one variant: `tx` the input (backward: y), `td` backward's
+/// dy (forward binds x there, so `td` = `tx`), `ty` the output (backward: dx).
+pub fn variant(mode: SoftmaxMode, tx: DType, td: DType, ty: DType) -> Vec<(&'static str, String)> {
     vec![
-        ("ENABLE", enables(&[tx, ty])),
+        ("ENABLE", enables(&[tx, td, ty])),
         ("TX", tx.wgsl().into()),
+        ("TD", td.wgsl().into()),
         ("TY", ty.wgsl().into()),
         ("MODE", (mode as u32).to_string()),
     ]
@@ -63,7 +65,7 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
         0
     };
     let mode = if log { SoftmaxMode::LogSoftmax } else { SoftmaxMode::Softmax };
-    let kernel = rt.kernel("softmax", SOURCE, &variant(mode, x.dtype(), y.dtype()), 3)?;
+    let kernel = rt.kernel("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype()), 3)?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -73,18 +75,22 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, x, y], grid(rows as u32))
 }
 
-/// dx = y * (dy - sum(dy * y)) over the last dimension.
+/// dx = y * (dy - sum(dy * y)) over the last dimension, computing in f32 whatever the
+/// dtypes. `dx` may be `dy` itself (each element is read before it is written, by the
+/// same invocation), which saves a [.., T, T] buffer in attention's backward.
 pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor) -> Result<(), KernelError> {
     for (what, t) in [("softmax y", y), ("softmax dy", dy), ("softmax dx", dx)] {
         check_tensor(what, t, t.dtype())?;
         check_contiguous(what, t, y.shape())?;
     }
-    if dy.dtype() != y.dtype() {
-        return Err(KernelError::Shape("softmax backward: y and dy must share a dtype".into()));
-    }
-    require_f16(rt, &[y.dtype(), dx.dtype()])?;
+    require_f16(rt, &[y.dtype(), dy.dtype(), dx.dtype()])?;
     let (rows, cols) = rows_cols(y);
-    let kernel = rt.kernel("softmax", SOURCE, &variant(SoftmaxMode::Backward, y.dtype(), dx.dtype()), 3)?;
+    let kernel = rt.kernel(
+        "softmax",
+        SOURCE,
+        &variant(SoftmaxMode::Backward, y.dtype(), dy.dtype(), dx.dtype()),
+        3,
+    )?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,

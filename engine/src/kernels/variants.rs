@@ -65,12 +65,16 @@ pub fn all() -> Result<Vec<Variant>, KernelError> {
     for mode in [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward] {
         for tx in floats {
             for ty in floats {
-                push(
-                    &mut out,
-                    "softmax",
-                    include_str!("../../../shaders/softmax.wgsl"),
-                    super::softmax::variant(mode, tx, ty),
-                )?;
+                // dy's dtype varies in backward only (forward binds x as dy).
+                let tds: Vec<_> = if mode == SoftmaxMode::Backward { floats.to_vec() } else { vec![tx] };
+                for td in tds {
+                    push(
+                        &mut out,
+                        "softmax",
+                        include_str!("../../../shaders/softmax.wgsl"),
+                        super::softmax::variant(mode, tx, td, ty),
+                    )?;
+                }
             }
         }
     }
