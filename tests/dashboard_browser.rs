@@ -150,7 +150,9 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert!(device.contains(&trainer.rt.gpu.report.name), "{device}");
     let kernels = tab.find_element("#kernel-table").unwrap().get_inner_text().unwrap();
     assert!(kernels.contains("matmul_f32"), "{kernels}");
-    assert!(tab.find_element("#loss-chart").is_ok() && tab.find_element("#time-chart").is_ok());
+    for chart in ["#loss-chart", "#time-chart", "#throughput-chart"] {
+        assert!(tab.find_element(chart).is_ok(), "{chart} missing");
+    }
 
     // Screenshots of each view (of the live page, while its tab is in front).
     let mut outs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots")];

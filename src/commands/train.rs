@@ -61,7 +61,7 @@ pub fn run(args: TrainArgs) -> CliResult {
             eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\nCtrl-C: finishing this step, saving a checkpoint, then exiting (Ctrl-C again to quit now)");
+        eprintln!("\nCtrl-C: stopping (during training: after this step, saving a checkpoint if configured); Ctrl-C again to quit now");
     })?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
     for note in &trainer.notes {

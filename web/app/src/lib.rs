@@ -593,6 +593,8 @@ fn TrainingView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoV
             {line_chart("loss-chart", vec![(pt("loss"), "#4e79a7"), (evals, "#e15759")], fmt_num, skipped.clone())}
             <div class="legend"><span style="--c:#59a14f">"step time"</span></div>
             {line_chart("time-chart", vec![(pt("step_ms"), "#59a14f")], fmt_ms, Vec::new())}
+            <div class="legend"><span style="--c:#f28e2b">"throughput (samples/s)"</span></div>
+            {line_chart("throughput-chart", vec![(pt("samples_per_s"), "#f28e2b")], fmt_scale, Vec::new())}
             {(!scale.is_empty()).then(|| view! {
                 <div class="legend"><span style="--c:#b07aa1">"loss scale (red: skipped steps)"</span></div>
                 {line_chart("scale-chart", vec![(scale.clone(), "#b07aa1")], fmt_scale, skipped.clone())}
