@@ -17,10 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse()?,
-        token: None,
-        live: None,
         runs_dir: Some(PathBuf::from(runs)),
-        bench: None,
+        ..Default::default()
     })?;
     let browser = Browser::new(
         LaunchOptions::default_builder()

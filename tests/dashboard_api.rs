@@ -89,10 +89,8 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     assert!(record_path(&log).is_file(), "the record is saved beside the log");
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
-        token: None,
-        live: None,
         runs_dir: Some(dir.clone()),
-        bench: None,
+        ..Default::default()
     })
     .unwrap();
     assert!(d.token.is_none(), "loopback needs no token");
@@ -188,10 +186,8 @@ fn non_loopback_addresses_require_the_token_on_every_request() {
     let rec = Recorder::new("live", None);
     let d = Dashboard::start(Options {
         addr: "0.0.0.0:0".parse().unwrap(),
-        token: None,
         live: Some(rec),
-        runs_dir: None,
-        bench: None,
+        ..Default::default()
     })
     .unwrap();
     let token = d.token.clone().expect("a token is generated");
@@ -212,10 +208,8 @@ fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
     let rec = Recorder::new("live", None);
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
-        token: None,
         live: Some(rec.clone()),
-        runs_dir: None,
-        bench: None,
+        ..Default::default()
     })
     .unwrap();
     // A client that reads the stream while a run trains.
@@ -264,20 +258,7 @@ fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
     // The queue is bounded: a subscriber that never reads loses the oldest frames,
     // and publishing never waits for it.
     let mut slow = rec.subscribe();
-    let line = wgtrain_engine::train::StepLog {
-        step: 0,
-        epoch: 0,
-        loss: None,
-        lr: None,
-        step_ms: None,
-        samples_per_s: None,
-        mem: None,
-        scale: None,
-        skipped: None,
-        micro_batch: None,
-        event: None,
-        eval: None,
-    };
+    let line = wgtrain_engine::train::StepLog::default();
     let start = std::time::Instant::now();
     for _ in 0..QUEUE + 100 {
         rec.eval(&line);

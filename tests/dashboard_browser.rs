@@ -43,12 +43,11 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let rec = Recorder::new("browser", Some(record_path(&log)));
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
-        token: None,
         live: Some(rec.clone()),
-        runs_dir: None,
         bench: Some(serde_json::json!([
             {"kernel": "matmul_f32", "dtype": "f32", "shape": [64, 64, 64], "median_us": 12.5, "gflops": 42.0, "gbps": null}
         ])),
+        ..Default::default()
     })
     .unwrap();
 
@@ -175,10 +174,8 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     // The same run, finished, from its files (`wgtrain dashboard --runs`).
     let finished = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
-        token: None,
-        live: None,
         runs_dir: Some(dir.clone()),
-        bench: None,
+        ..Default::default()
     })
     .unwrap();
     let tab2 = browser.new_tab().unwrap();

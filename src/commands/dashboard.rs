@@ -44,9 +44,9 @@ pub fn run(args: DashboardArgs) -> CliResult {
     let d = Dashboard::start(Options {
         addr: args.addr,
         token: args.token,
-        live: None,
         runs_dir: Some(args.runs),
         bench,
+        ..Default::default()
     })?;
     println!("dashboard: {} (Ctrl-C to stop)", d.url());
     let (tx, rx) = std::sync::mpsc::channel();

@@ -91,8 +91,8 @@ pub fn run(args: TrainArgs) -> CliResult {
                 addr,
                 token: args.token.clone(),
                 live: recorder.clone(),
-                runs_dir: None,
                 bench,
+                ..Default::default()
             })?;
             eprintln!("dashboard: {}", d.url());
             Some(d)

@@ -112,26 +112,12 @@ pub fn linear_as(
             };
             let dx2 = matmul(rt, &dy_mm, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
             let dx = dx2.reshape(x2_shape(&x2, dy.shape()).as_slice())?;
-            let dw = match layout {
-                WeightLayout::OutIn => matmul(
-                    rt,
-                    &dy_mm.transpose(0, 1)?,
-                    &x2,
-                    DType::F32,
-                    &MatmulOptions::default(),
-                    cats[1],
-                    "dw",
-                )?,
-                WeightLayout::InOut => matmul(
-                    rt,
-                    &x2.transpose(0, 1)?,
-                    &dy_mm,
-                    DType::F32,
-                    &MatmulOptions::default(),
-                    cats[1],
-                    "dw",
-                )?,
+            // dW = dy^T x (OutIn) or x^T dy (InOut).
+            let (a, b) = match layout {
+                WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
+                WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
             };
+            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "dw")?;
             let mut out = vec![Some(dx), Some(dw)];
             if has_bias {
                 let ones = Tensor::full(rt, &[1, n], DType::F32, 1.0, Category::Temporary, "ones")?;

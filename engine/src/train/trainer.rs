@@ -135,7 +135,7 @@ pub enum Model {
 }
 
 /// One line of the JSONL log.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct StepLog {
     /// Steps done (1 after the first).
     pub step: u64,
@@ -913,16 +913,8 @@ impl Trainer {
                 let line = StepLog {
                     step: self.step,
                     epoch: batch.position.0,
-                    loss: None,
-                    lr: None,
-                    step_ms: None,
-                    samples_per_s: None,
-                    mem: None,
-                    scale: None,
-                    skipped: None,
-                    micro_batch: None,
-                    event: None,
                     eval: Some(e.clone()),
+                    ..Default::default()
                 };
                 write(&line)?;
                 if let Some(o) = &observer {

@@ -52,7 +52,7 @@ pub struct Dashboard {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// What to serve and where.
+/// What to serve and where (default: nothing, on 127.0.0.1:8787).
 pub struct Options {
     /// The address to listen on (port 0 picks a free one).
     pub addr: SocketAddr,
@@ -64,6 +64,18 @@ pub struct Options {
     pub runs_dir: Option<PathBuf>,
     /// Kernel timings to show.
     pub bench: Option<serde_json::Value>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8787)),
+            token: None,
+            live: None,
+            runs_dir: None,
+            bench: None,
+        }
+    }
 }
 
 fn generate_token() -> String {
