@@ -49,6 +49,9 @@ pub fn run(args: BenchArgs) -> CliResult {
             },
         )?;
         records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
+        if wanted("launch_overhead") {
+            records.extend(bench::launch::run_all(&rt)?);
+        }
     }
     if wanted("alloc") {
         records.extend(bench::alloc::run_all(&gpu, args.quick)?.into_iter().filter(|r| wanted(&r.kernel)));

@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod launch;
 
 use serde::{Deserialize, Serialize};
 
