@@ -1,6 +1,7 @@
 //! Gradient accumulation: gradients accumulated over micro-batches equal the whole
 //! batch's within f32 tolerance, for the MLP on Fashion-MNIST and for a GPT on text.
 
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::data::fashion_mnist::{DEFAULT_PATH, FashionMnist};
 use wgtrain_engine::data::{Dataset, HostBatch};
 use wgtrain_engine::kernels::tolerance::compare;

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Rng, finish, runtime, upload};
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::ops::{self, WeightLayout};
 use wgtrain_engine::autograd::{Params, Tape, Var};
 use wgtrain_engine::kernels::tolerance::compare;

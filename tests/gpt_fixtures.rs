@@ -7,6 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::Params;
 use wgtrain_engine::kernels::tolerance::compare;
 use wgtrain_engine::nn::Gpt;

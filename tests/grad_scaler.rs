@@ -5,6 +5,7 @@
 mod common;
 
 use common::{finish, runtime, upload};
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::ops::{self, WeightLayout};
 use wgtrain_engine::autograd::{Params, Tape};
 use wgtrain_engine::kernels::optim::AdamW;

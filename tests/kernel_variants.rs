@@ -32,6 +32,6 @@ fn every_variant_renders_and_validates() {
 
 #[test]
 fn a_missing_template_value_is_an_error() {
-    let err = wgtrain_engine::kernels::render("t", "fn f() -> {{T}} {}", &[]).unwrap_err();
+    let err = wgtrain_engine::runtime::render("t", "fn f() -> {{T}} {}", &[]).unwrap_err();
     assert!(err.to_string().contains("{{T}}"), "{err}");
 }

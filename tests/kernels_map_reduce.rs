@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Rng, assert_close, finish, rounded, runtime, upload};
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::map::{MapOp, map_into};
 use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last};
 use wgtrain_engine::kernels::softmax::{softmax_backward_into, softmax_into};

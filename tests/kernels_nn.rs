@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
 use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, check_finite, sgd_step};
 use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};

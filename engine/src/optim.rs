@@ -2,11 +2,13 @@
 //! global-norm gradient clipping, and the warmup + cosine learning-rate schedule.
 //! Each step is one fused kernel per parameter (kernels::optim).
 
+use crate::kernels::TensorOps;
 use crate::autograd::Params;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -56,7 +58,7 @@ impl Optimizer {
     /// One step with learning rate `lr` over every parameter that has a gradient. All
     /// memory the step needs is allocated before any parameter changes, so a step that
     /// runs out of memory leaves parameters and state as they were (and can be retried).
-    pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), KernelError> {
+    pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), Error> {
         if self.state.len() < params.list.len() {
             self.state.resize_with(params.list.len(), || None);
         }
@@ -74,7 +76,7 @@ impl Optimizer {
 
     /// Starts a step: counts it and makes room for `n_params` states. A step is one
     /// `begin_step` and an [`Optimizer::update_param`] per parameter with a gradient.
-    pub fn begin_step(&mut self, rt: &Runtime, n_params: usize) -> Result<(), KernelError> {
+    pub fn begin_step(&mut self, rt: &Runtime, n_params: usize) -> Result<(), Error> {
         if self.state.len() < n_params {
             self.state.resize_with(n_params, || None);
         }
@@ -88,7 +90,7 @@ impl Optimizer {
     }
 
     /// Makes parameter `i`'s state (zeros) if it has none; returns whether it was made.
-    fn ensure_state(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param) -> Result<bool, KernelError> {
+    fn ensure_state(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param) -> Result<bool, Error> {
         if self.state[i].is_some() {
             return Ok(false);
         }
@@ -104,7 +106,7 @@ impl Optimizer {
     }
 
     /// Updates parameter `i` from its gradient (nothing if it has none).
-    pub fn update_param(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param, lr: f32) -> Result<(), KernelError> {
+    pub fn update_param(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param, lr: f32) -> Result<(), Error> {
         let Some(grad) = &p.grad else { return Ok(()) };
         self.ensure_state(rt, i, p)?;
         // SGD's first use of a buffer copies the gradient into it (PyTorch).
@@ -126,7 +128,7 @@ impl Optimizer {
 
 /// The global L2 norm of every gradient; if it exceeds `max_norm`, scales the gradients
 /// by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm.
-pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f32, KernelError> {
+pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f32, Error> {
     let mut total = 0.0f64;
     for p in &params.list {
         let Some(g) = &p.grad else { continue };

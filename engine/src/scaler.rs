@@ -10,10 +10,12 @@
 //!   (2000) consecutive clean steps it is multiplied by `growth_factor` (2.0).
 //! * The initial scale is 2^16 = 65536.
 
+use crate::kernels::TensorOps;
 use crate::autograd::Params;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::check_finite;
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -56,7 +58,7 @@ impl Default for GradScaler {
 impl GradScaler {
     /// Divides every gradient by the scale; returns true if any was inf or NaN (the
     /// step must then be skipped).
-    pub fn unscale(&self, rt: &Runtime, params: &Params) -> Result<bool, KernelError> {
+    pub fn unscale(&self, rt: &Runtime, params: &Params) -> Result<bool, Error> {
         let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
         fill(rt, &found, 0.0)?;
         let inv = 1.0 / self.scale;

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::tolerance::{compare, tolerance};
 use wgtrain_engine::memory::AllocatorOptions;
 use wgtrain_engine::{Category, DType, Gpu, Runtime, Tensor};

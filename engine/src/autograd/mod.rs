@@ -14,8 +14,10 @@ pub mod ops;
 
 use std::collections::HashMap;
 
+use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
@@ -34,7 +36,7 @@ pub struct Var {
 /// A node's backward: given the gradient of its output and the category each input's
 /// gradient should be allocated in (gradient for parameters, temporary otherwise),
 /// returns one gradient per input (None where an input needs none).
-pub type BackwardFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category]) -> Result<Vec<Option<Tensor>>, KernelError>>;
+pub type BackwardFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category]) -> Result<Vec<Option<Tensor>>, Error>>;
 
 struct Node {
     output: VarId,
@@ -43,7 +45,7 @@ struct Node {
 }
 
 /// Called with a parameter whose gradient is final (optimizer-in-backward).
-pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), KernelError> + 'a;
+pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), Error> + 'a;
 
 /// A named trainable tensor and its gradient.
 pub struct Param {
@@ -109,16 +111,12 @@ impl Default for Tape {
 
 /// Adds `g` into `slot` (taking `g` on first use). In place only when nobody else holds
 /// the slot's block (an op may hand one gradient to several inputs).
-fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Category, label: &str) -> Result<(), KernelError> {
+fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Category, label: &str) -> Result<(), Error> {
     match slot.take() {
         None => *slot = Some(g),
         Some(existing) => {
             if g.shape() != existing.shape() {
-                return Err(KernelError::Shape(format!(
-                    "gradient {:?} for a value of shape {:?}",
-                    g.shape(),
-                    existing.shape()
-                )));
+                return Err(Error::shape("gradient accumulation", format!("{:?}", existing.shape()), format!("{:?}", g.shape())));
             }
             let target = if existing.is_unique() {
                 existing.clone()
@@ -133,12 +131,9 @@ fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Cate
 }
 
 /// The gradient that starts backward from a one-element loss: `seed` (1, or a loss scale).
-fn loss_seed(rt: &Runtime, loss: &Var, seed: f32) -> Result<(VarId, Tensor), KernelError> {
+fn loss_seed(rt: &Runtime, loss: &Var, seed: f32) -> Result<(VarId, Tensor), Error> {
     if loss.value.numel() != 1 {
-        return Err(KernelError::Shape(format!(
-            "backward from a non-scalar of shape {:?}",
-            loss.value.shape()
-        )));
+        return Err(Error::shape("backward", "a scalar loss", format!("{:?}", loss.value.shape())));
     }
     let t = Tensor::full(
         rt,
@@ -243,12 +238,12 @@ impl Tape {
 
     /// Backpropagates from `loss` (a one-element tensor, seeded with 1) and accumulates
     /// parameter gradients into `params`. Consumes the tape.
-    pub fn backward(self, rt: &Runtime, loss: &Var, params: &mut Params) -> Result<(), KernelError> {
+    pub fn backward(self, rt: &Runtime, loss: &Var, params: &mut Params) -> Result<(), Error> {
         self.backward_with(rt, loss, 1.0, params)
     }
 
     /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
-    pub fn backward_with(self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), KernelError> {
+    pub fn backward_with(self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), Error> {
         self.run_backward(rt, vec![loss_seed(rt, loss, seed)?], Some(params))?;
         Ok(())
     }
@@ -263,7 +258,7 @@ impl Tape {
         seed: f32,
         params: &mut Params,
         on_complete: &mut ParamHook<'_>,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), Error> {
         self.run_backward_hooked(rt, vec![loss_seed(rt, loss, seed)?], Some(params), Some(on_complete))?;
         Ok(())
     }
@@ -272,9 +267,9 @@ impl Tape {
     /// gradients of `wanted` values (None where nothing flowed). Parameters brought onto
     /// this tape must not be used: the caller owns the gradients (activation
     /// checkpointing recomputes a segment this way).
-    pub fn gradients_of(self, rt: &Runtime, output: &Var, grad: Tensor, wanted: &[&Var]) -> Result<Vec<Option<Tensor>>, KernelError> {
+    pub fn gradients_of(self, rt: &Runtime, output: &Var, grad: Tensor, wanted: &[&Var]) -> Result<Vec<Option<Tensor>>, Error> {
         if !self.leaves.is_empty() {
-            return Err(KernelError::Shape("gradients_of on a tape with parameter leaves".into()));
+            return Err(Error::invalid("gradients_of", "the tape has parameter leaves"));
         }
         let mut grads = self.run_backward(rt, vec![(output.id, grad)], None)?;
         Ok(wanted.iter().map(|v| grads.remove(&v.id)).collect())
@@ -285,7 +280,7 @@ impl Tape {
         rt: &Runtime,
         seeds: Vec<(VarId, Tensor)>,
         params: Option<&mut Params>,
-    ) -> Result<HashMap<VarId, Tensor>, KernelError> {
+    ) -> Result<HashMap<VarId, Tensor>, Error> {
         self.run_backward_hooked(rt, seeds, params, None)
     }
 
@@ -295,7 +290,7 @@ impl Tape {
         seeds: Vec<(VarId, Tensor)>,
         mut params: Option<&mut Params>,
         mut on_complete: Option<&mut ParamHook<'_>>,
-    ) -> Result<HashMap<VarId, Tensor>, KernelError> {
+    ) -> Result<HashMap<VarId, Tensor>, Error> {
         // Uses of each parameter still ahead, so a hook fires once its gradient is final.
         let mut pending: HashMap<usize, usize> = HashMap::new();
         if on_complete.is_some() {
@@ -372,7 +367,7 @@ impl Tape {
         rt: &Runtime,
         params: &mut Params,
         hook: &mut ParamHook<'_>,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), Error> {
         let left = pending.get_mut(&index).expect("counted before the walk");
         *left -= 1;
         if *left == 0 {

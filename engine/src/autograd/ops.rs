@@ -2,10 +2,13 @@
 //! only what it needs. Forward and backward of an op sit side by side, as in llm.c.
 
 use super::{Tape, Var};
+use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
-use crate::kernels::{KernelError, Runtime, attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
+use crate::error::Error;
+use crate::kernels::{attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -18,16 +21,16 @@ pub enum WeightLayout {
     InOut,
 }
 
-fn flatten2(t: &Tensor) -> Result<Tensor, KernelError> {
+fn flatten2(t: &Tensor) -> Result<Tensor, Error> {
     let last = *t
         .shape()
         .last()
-        .ok_or_else(|| KernelError::Shape("a scalar where a matrix was expected".into()))?;
+        .ok_or_else(|| Error::shape("rows", "a tensor of rank >= 1", "a scalar"))?;
     t.reshape(&[t.numel() / last.max(1), last])
 }
 
 /// An f16 copy of `t` for a matmul under fp16-mixed (`t` itself when already f16).
-fn half(rt: &Runtime, t: &Tensor, category: Category, label: &str) -> Result<Tensor, KernelError> {
+fn half(rt: &Runtime, t: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
     if t.dtype() == DType::F16 {
         return Ok(t.clone());
     }
@@ -49,7 +52,7 @@ pub fn linear(
     b: Option<&Var>,
     layout: WeightLayout,
     label: &str,
-) -> Result<Var, KernelError> {
+) -> Result<Var, Error> {
     linear_as(tape, rt, x, w, b, layout, DType::F32, label)
 }
 
@@ -66,7 +69,7 @@ pub fn linear_as(
     layout: WeightLayout,
     out: DType,
     label: &str,
-) -> Result<Var, KernelError> {
+) -> Result<Var, Error> {
     let mixed = tape.half_matmuls();
     let x2 = flatten2(&x.value)?;
     let (x2, w_used) = if mixed {
@@ -138,7 +141,7 @@ fn x2_shape(x2: &Tensor, dy_shape: &[usize]) -> Vec<usize> {
 /// An elementwise activation. Under fp16-mixed its input is kept in f16 and its output
 /// is f16 (the next linear reads f16 anyway, as autocast's activations are); the
 /// gradient is f32.
-fn unary(tape: &mut Tape, rt: &Runtime, x: &Var, fwd: MapOp, bwd: MapOp, label: &str) -> Result<Var, KernelError> {
+fn unary(tape: &mut Tape, rt: &Runtime, x: &Var, fwd: MapOp, bwd: MapOp, label: &str) -> Result<Var, Error> {
     let mixed = tape.half_matmuls();
     let out = if mixed { DType::F16 } else { DType::F32 };
     let y = Tensor::empty(rt, x.value.shape(), out, Category::Activation, label)?;
@@ -160,17 +163,17 @@ fn unary(tape: &mut Tape, rt: &Runtime, x: &Var, fwd: MapOp, bwd: MapOp, label: 
 }
 
 /// max(x, 0).
-pub fn relu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, KernelError> {
+pub fn relu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, Error> {
     unary(tape, rt, x, MapOp::Relu, MapOp::ReluBackward, label)
 }
 
 /// GPT-2's gelu (tanh approximation, transformers' gelu_new).
-pub fn gelu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, KernelError> {
+pub fn gelu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, Error> {
     unary(tape, rt, x, MapOp::Gelu, MapOp::GeluBackward, label)
 }
 
 /// a + b, with b broadcast to a's shape.
-pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, KernelError> {
+pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, Error> {
     let y = Tensor::empty(rt, a.value.shape(), DType::F32, Category::Activation, label)?;
     map_into(rt, MapOp::Add, Some(&a.value), Some(&b.value), &y, 1.0, 1.0)?;
     let (a_shape, b_shape) = (a.value.shape().to_vec(), b.value.shape().to_vec());
@@ -193,7 +196,7 @@ pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Resu
 }
 
 /// LayerNorm over the last dimension with f32 weight and bias.
-pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, label: &str) -> Result<Var, KernelError> {
+pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, label: &str) -> Result<Var, Error> {
     let (y, saved) = ln::forward(rt, &x.value, &w.value, &b.value, eps, label)?;
     let (xs, ws) = (x.value.clone(), w.value.clone());
     Ok(tape.record(
@@ -211,7 +214,7 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
 }
 
 /// Rows of `table` picked by `ids` (i32): shape ids.shape + [C].
-pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label: &str) -> Result<Var, KernelError> {
+pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label: &str) -> Result<Var, Error> {
     let y = emb::gather(rt, ids, &table.value, label)?;
     let (ids, shape) = (ids.clone(), table.value.shape().to_vec());
     Ok(tape.record(
@@ -228,7 +231,7 @@ pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label
 /// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C]. Under
 /// fp16-mixed q, k, v, the probabilities and the output are f16 (the softmax computes
 /// in f32); the gradient is f32.
-pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &str) -> Result<Var, KernelError> {
+pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &str) -> Result<Var, Error> {
     let input = if tape.half_matmuls() {
         half(rt, &qkv.value, Category::Activation, &format!("{label}.qkv.f16"))?
     } else {
@@ -257,7 +260,7 @@ pub fn cross_entropy_mean(
     n_valid: usize,
     row_chunk: usize,
     label: &str,
-) -> Result<Var, KernelError> {
+) -> Result<Var, Error> {
     let lg = flatten2(&logits.value)?;
     let n = lg.shape()[0];
     let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
@@ -308,17 +311,16 @@ pub fn lm_head_cross_entropy(
     (targets, n_valid): (&Tensor, usize),
     row_chunk: usize,
     label: &str,
-) -> Result<Var, KernelError> {
+) -> Result<Var, Error> {
     let h2 = flatten2(&h.value)?;
     let [n, c] = [h2.shape()[0], h2.shape()[1]];
     let v = w.value.shape()[0];
     if w.value.shape() != [v, c] || targets.shape() != [n] {
-        return Err(KernelError::Shape(format!(
-            "lm head: h {:?}, W {:?}, targets {:?}",
-            h.value.shape(),
-            w.value.shape(),
-            targets.shape()
-        )));
+        return Err(Error::shape(
+            "lm head",
+            "h [N, C], W [V, C], targets [N]",
+            format!("h {:?}, W {:?}, targets {:?}", h.value.shape(), w.value.shape(), targets.shape()),
+        ));
     }
     let grad = tape.grad_enabled();
     let scale = 1.0 / n_valid.max(1) as f32;
@@ -427,14 +429,14 @@ pub fn lm_head_cross_entropy(
 }
 
 /// A recomputable piece of a model: runs on its input values and returns its output.
-pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, KernelError>>;
+pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, Error>>;
 
 /// A segment recomputed in backward (activation checkpointing, as
 /// torch.utils.checkpoint): `f` runs on `inputs` without recording, so none of its
 /// internals stay alive; the output is recorded as one node whose backward runs `f`
 /// again on a fresh tape and backpropagates through it. `f` must be deterministic (the
 /// engine has no dropout, so there is no RNG state to replay).
-pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, KernelError> {
+pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, Error> {
     let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
     let mixed = tape.half_matmuls();
     let out = {

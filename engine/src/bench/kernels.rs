@@ -4,13 +4,16 @@
 //! repeats after at least 300 ms of warm-up.
 
 use super::{BenchRecord, median};
+use crate::kernels::TensorOps;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
 use crate::kernels::tolerance::{compare, tensor_core_tolerance, tolerance};
-use crate::kernels::{KernelError, Runtime, attention, layernorm};
+use crate::error::Error;
+use crate::kernels::{attention, layernorm};
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -40,7 +43,7 @@ impl Rng {
     }
 }
 
-fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, KernelError> {
+fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, Error> {
     match dtype {
         DType::F16 => Tensor::from_f32_as_f16(rt, data, shape, Category::Input, "bench"),
         _ => Tensor::from_f32(rt, data, shape, Category::Input, "bench"),
@@ -55,7 +58,7 @@ fn stored(x: f32, dtype: DType) -> f64 {
     }
 }
 
-fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<f64, Error> {
     // Warm up for a while, not a count: an idle GPU needs time to raise its clocks.
     let start = std::time::Instant::now();
     let mut runs = 0;
@@ -98,7 +101,7 @@ fn record(
     }
 }
 
-fn copy(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+fn copy(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(1);
     let data = rng.vec(n, -1.0, 1.0);
     let x = upload(rt, &data, &[n], DType::F32)?;
@@ -111,7 +114,7 @@ fn copy(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
     Ok(record("copy", DType::F32, &[n], us, 0.0, 8.0 * n as f64, &got, &want, (0.0, 0.0)))
 }
 
-fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(2);
     let (a, b) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[n], DType::F32)?, upload(rt, &b, &[n], DType::F32)?);
@@ -134,7 +137,7 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
     ))
 }
 
-fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, tiled_only: bool) -> Result<BenchRecord, KernelError> {
+fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, tiled_only: bool) -> Result<BenchRecord, Error> {
     let mut rng = Rng(3);
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
@@ -165,7 +168,7 @@ fn softmax_rows(rows: &[f64]) -> Vec<f64> {
     rows.iter().map(|x| (x - m).exp() / s).collect()
 }
 
-fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, KernelError> {
+fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(4);
     let data = rng.vec(rows * cols, -20.0, 20.0);
     let x = upload(rt, &data, &[rows, cols], DType::F32)?;
@@ -192,7 +195,7 @@ fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Kernel
     ))
 }
 
-fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, KernelError> {
+fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(5);
     let data = rng.vec(rows * cols, -3.0, 3.0);
     let w = rng.vec(cols, 0.5, 1.5);
@@ -228,7 +231,7 @@ fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, 
     ))
 }
 
-fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord, KernelError> {
+fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(6);
     let data = rng.vec(rows * vocab, -10.0, 10.0);
     let targets: Vec<i32> = (0..rows).map(|_| rng.index(vocab) as i32).collect();
@@ -267,7 +270,7 @@ fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord,
     ))
 }
 
-fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Result<BenchRecord, KernelError> {
+fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(7);
     let c = nh * d;
     let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
@@ -305,7 +308,7 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
     ))
 }
 
-fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
+fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(8);
     let (p0, g) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
     let param = upload(rt, &p0, &[n], DType::F32)?;
@@ -371,7 +374,7 @@ fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, KernelError> {
 }
 
 /// Every kernel benchmark whose name passes `wanted`; `quick` uses small shapes.
-pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchRecord>, KernelError> {
+pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchRecord>, Error> {
     let mut out = Vec::new();
     let q = |small: usize, big: usize| if quick { small } else { big };
     if wanted("copy") {

@@ -7,9 +7,11 @@
 use std::time::Instant;
 
 use super::{BenchRecord, median};
+use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -18,7 +20,7 @@ const LAUNCHES: usize = 512;
 /// Timed batches; the median is reported.
 const REPEATS: usize = 15;
 
-fn host_us_per_launch(rt: &Runtime, mut launch: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+fn host_us_per_launch(rt: &Runtime, mut launch: impl FnMut() -> Result<(), Error>) -> Result<f64, Error> {
     for _ in 0..LAUNCHES {
         launch()?; // warm: compile the variant, fill the caches
     }
@@ -51,7 +53,7 @@ fn row(kernel: &str, dtype: DType, shape: &[usize], us: f64) -> BenchRecord {
 }
 
 /// Host microseconds per launch of a 1024-element add and of a 64^3 matmul.
-pub fn run_all(rt: &Runtime) -> Result<Vec<BenchRecord>, KernelError> {
+pub fn run_all(rt: &Runtime) -> Result<Vec<BenchRecord>, Error> {
     let n = 1024;
     let a = Tensor::full(rt, &[n], DType::F32, 1.0, Category::Input, "bench.a")?;
     let b = Tensor::full(rt, &[n], DType::F32, 2.0, Category::Input, "bench.b")?;

@@ -8,18 +8,19 @@
 
 use super::matmul::{MatmulOptions, matmul_into};
 use super::softmax::{softmax_backward_into, softmax_into};
-use super::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
 /// Q, K or V of qkv [B, T, 3C] as a [B, NH, T, D] view (which = 0, 1, 2).
-pub fn head_view(qkv: &Tensor, nh: usize, which: usize) -> Result<Tensor, KernelError> {
+pub fn head_view(qkv: &Tensor, nh: usize, which: usize) -> Result<Tensor, Error> {
     let [b, t, c3] = qkv.shape() else {
-        return Err(KernelError::Shape(format!("qkv must be [B, T, 3C], got {:?}", qkv.shape())));
+        return Err(Error::shape("attention qkv", "[B, T, 3C]", format!("{:?}", qkv.shape())));
     };
     let (b, t, c3) = (*b, *t, *c3);
     if c3 % 3 != 0 || (c3 / 3) % nh != 0 || !qkv.is_contiguous() {
-        return Err(KernelError::Shape(format!("qkv {:?} cannot split into {nh} heads", qkv.shape())));
+        return Err(Error::shape("attention qkv", format!("a contiguous [B, T, 3C] with C divisible by {nh} heads"), format!("{:?}", qkv.shape())));
     }
     let c = c3 / 3;
     let d = c / nh;
@@ -27,13 +28,13 @@ pub fn head_view(qkv: &Tensor, nh: usize, which: usize) -> Result<Tensor, Kernel
 }
 
 /// [B, T, C] (contiguous) as a [B, NH, T, D] view.
-pub fn heads_of(y: &Tensor, nh: usize) -> Result<Tensor, KernelError> {
+pub fn heads_of(y: &Tensor, nh: usize) -> Result<Tensor, Error> {
     let [b, t, c] = y.shape() else {
-        return Err(KernelError::Shape(format!("expected [B, T, C], got {:?}", y.shape())));
+        return Err(Error::shape("attention heads", "[B, T, C]", format!("{:?}", y.shape())));
     };
     let (b, t, c) = (*b, *t, *c);
     if c % nh != 0 || !y.is_contiguous() {
-        return Err(KernelError::Shape(format!("{:?} cannot split into {nh} heads", y.shape())));
+        return Err(Error::shape("attention heads", format!("a contiguous [B, T, C] with C divisible by {nh} heads"), format!("{:?}", y.shape())));
     }
     let d = c / nh;
     y.as_strided(&[b, nh, t, d], &[t * c, d, c, 1], y.offset())
@@ -46,7 +47,7 @@ pub struct AttentionSaved {
 }
 
 /// Y [B, T, C] = causal attention of qkv [B, T, 3C] with `nh` heads.
-pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Tensor, AttentionSaved), KernelError> {
+pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Tensor, AttentionSaved), Error> {
     let q = head_view(qkv, nh, 0)?;
     let k = head_view(qkv, nh, 1)?;
     let v = head_view(qkv, nh, 2)?;
@@ -67,7 +68,7 @@ pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Te
 }
 
 /// dqkv [B, T, 3C] (f32 whatever qkv's dtype) from dy [B, T, C].
-pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &AttentionSaved, dy: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &AttentionSaved, dy: &Tensor, label: &str) -> Result<Tensor, Error> {
     let q = head_view(qkv, nh, 0)?;
     let k = head_view(qkv, nh, 1)?;
     let v = head_view(qkv, nh, 2)?;

@@ -3,7 +3,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/cross_entropy.wgsl");
@@ -42,13 +44,10 @@ pub fn cross_entropy_rows(
     dlogits: Option<&Tensor>,
     grad_scale: f32,
     rows: std::ops::Range<usize>,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     check_tensor("cross_entropy logits", logits, logits.dtype())?;
     let [n, v] = logits.shape() else {
-        return Err(KernelError::Shape(format!(
-            "cross_entropy logits must be [N, V], got {:?}",
-            logits.shape()
-        )));
+        return Err(Error::shape("cross_entropy logits", "[N, V]", format!("{:?}", logits.shape())));
     };
     let (n, v) = (*n, *v);
     check_contiguous("cross_entropy logits", logits, &[n, v])?;
@@ -61,13 +60,13 @@ pub fn cross_entropy_rows(
         check_contiguous("cross_entropy dlogits", d, &[n, v])?;
     }
     if rows.end > n || rows.start > rows.end {
-        return Err(KernelError::Shape(format!("rows {rows:?} of {n}")));
+        return Err(Error::shape("cross_entropy rows", format!("a range inside {n} rows"), format!("{rows:?}")));
     }
     require_f16(rt, &[logits.dtype()])?;
     if logits.offset() != 0 || targets.offset() != 0 || losses.offset() != 0 || dlogits.is_some_and(|d| d.offset() != 0) {
-        return Err(KernelError::Shape("cross_entropy takes whole tensors (offset 0)".into()));
+        return Err(Error::shape("cross_entropy", "whole tensors (offset 0)", "a view at an offset"));
     }
-    let kernel = rt.kernel("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some()), 4)?;
+    let kernel = rt.kernel(KernelKey::new("cross_entropy", &[logits.dtype() as u32, u32::from(dlogits.is_some())]), 4, || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some())))?;
     let params = Params {
         rows: rows.len() as u32,
         cols: v as u32,

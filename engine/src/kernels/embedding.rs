@@ -2,7 +2,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -26,31 +28,28 @@ pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), KernelError> {
+fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), Error> {
     check_tensor("embedding ids", ids, DType::I32)?;
     check_contiguous("embedding ids", ids, ids.shape())?;
     check_tensor("embedding table", table, table.dtype())?;
     let [v, c] = table.shape() else {
-        return Err(KernelError::Shape(format!(
-            "embedding table must be [V, C], got {:?}",
-            table.shape()
-        )));
+        return Err(Error::shape("embedding table", "[V, C]", format!("{:?}", table.shape())));
     };
     check_contiguous("embedding table", table, &[*v, *c])?;
     if ids.offset() != 0 || table.offset() != 0 {
-        return Err(KernelError::Shape("embedding takes whole tensors (offset 0)".into()));
+        return Err(Error::shape("embedding", "whole tensors (offset 0)", "a view at an offset"));
     }
     Ok((ids.numel(), *v, *c))
 }
 
 /// out[.., :] = table[ids[..], :]; shape ids.shape + [C].
-pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result<Tensor, Error> {
     let (n, v, c) = check(ids, table)?;
     require_f16(rt, &[table.dtype()])?;
     let mut shape = ids.shape().to_vec();
     shape.push(c);
     let out = Tensor::empty(rt, &shape, table.dtype(), Category::Activation, label)?;
-    let kernel = rt.kernel("embedding", SOURCE, &variant(0, table.dtype()), 3)?;
+    let kernel = rt.kernel(KernelKey::new("embedding", &[0, table.dtype() as u32]), 3, || render("embedding", SOURCE, &variant(0, table.dtype())))?;
     let params = Params {
         tokens: n as u32,
         cols: c as u32,
@@ -67,15 +66,15 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
 }
 
 /// dtable[ids[i], :] += dout[i, :], in token order.
-pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -> Result<(), KernelError> {
+pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -> Result<(), Error> {
     let (n, v, c) = check(ids, dtable)?;
     check_tensor("embedding dout", dout, dtable.dtype())?;
     check_contiguous("embedding dout", dout, &[ids.shape(), &[c]].concat())?;
     if dout.offset() != 0 {
-        return Err(KernelError::Shape("embedding dout must be a whole tensor".into()));
+        return Err(Error::shape("embedding dout", "a whole tensor (offset 0)", format!("offset {}", dout.offset())));
     }
     require_f16(rt, &[dtable.dtype()])?;
-    let kernel = rt.kernel("embedding", SOURCE, &variant(1, dtable.dtype()), 3)?;
+    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || render("embedding", SOURCE, &variant(1, dtable.dtype())))?;
     let params = Params {
         tokens: n as u32,
         cols: c as u32,

@@ -3,7 +3,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -38,33 +40,33 @@ pub struct LayerNormSaved {
     pub rstd: Tensor,
 }
 
-fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), KernelError> {
+fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), Error> {
     check_tensor("layernorm x", x, x.dtype())?;
     check_contiguous("layernorm x", x, x.shape())?;
     let cols = x
         .shape()
         .last()
         .copied()
-        .ok_or_else(|| KernelError::Shape("layernorm of a scalar".into()))?;
+        .ok_or_else(|| Error::shape("layernorm", "rank >= 1", "a scalar"))?;
     check_tensor("layernorm weight", w, DType::F32)?;
     check_contiguous("layernorm weight", w, &[cols])?;
     Ok((x.numel().checked_div(cols).unwrap_or(0), cols))
 }
 
 /// y = layernorm(x) * w + b over the last dimension.
-pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), KernelError> {
+pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
     let (rows, cols) = check(x, w)?;
     check_tensor("layernorm bias", b, DType::F32)?;
     check_contiguous("layernorm bias", b, &[cols])?;
     if x.dtype() != DType::F32 {
         // The bias binding shares the activation type; keep the parameters f32.
-        return Err(KernelError::Shape("layernorm forward takes f32 activations".into()));
+        return Err(Error::shape("layernorm forward", "f32 activations", x.dtype()));
     }
     require_f16(rt, &[x.dtype()])?;
     let y = Tensor::empty(rt, x.shape(), x.dtype(), Category::Activation, label)?;
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
-    let kernel = rt.kernel("layernorm", SOURCE, &variant(0, x.dtype()), 8)?;
+    let kernel = rt.kernel(KernelKey::new("layernorm", &[0, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(0, x.dtype())))?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -89,7 +91,7 @@ pub fn backward(
     dy: &Tensor,
     (dw, db): (&Tensor, &Tensor),
     label: &str,
-) -> Result<Tensor, KernelError> {
+) -> Result<Tensor, Error> {
     let (rows, cols) = check(x, w)?;
     check_tensor("layernorm dy", dy, x.dtype())?;
     check_contiguous("layernorm dy", dy, x.shape())?;
@@ -109,7 +111,7 @@ pub fn backward(
         eps: 0.0,
         pad: 0,
     };
-    let k1 = rt.kernel("layernorm", SOURCE, &variant(1, x.dtype()), 8)?;
+    let k1 = rt.kernel(KernelKey::new("layernorm", &[1, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(1, x.dtype())))?;
     rt.launch(
         &k1,
         bytemuck::bytes_of(&params),
@@ -120,21 +122,18 @@ pub fn backward(
     // then the chunks summed in order.
     let chunks = rows.div_ceil(ROW_CHUNK).max(1);
     if chunks > 65535 {
-        return Err(KernelError::Shape(format!(
-            "layernorm over {rows} rows (at most {})",
-            65535 * ROW_CHUNK
-        )));
+        return Err(Error::shape("layernorm backward", format!("at most {} rows", 65535 * ROW_CHUNK), rows));
     }
     let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
     let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
-    let k2 = rt.kernel("layernorm", SOURCE, &variant(2, x.dtype()), 8)?;
+    let k2 = rt.kernel(KernelKey::new("layernorm", &[2, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(2, x.dtype())))?;
     rt.launch(
         &k2,
         bytemuck::bytes_of(&params),
         &[x, w, dy, &dx, &saved.mean, &saved.rstd, &pw, &pb],
         [cols.div_ceil(256) as u32, chunks as u32, 1],
     )?;
-    let k3 = rt.kernel("layernorm", SOURCE, &variant(3, x.dtype()), 8)?;
+    let k3 = rt.kernel(KernelKey::new("layernorm", &[3, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(3, x.dtype())))?;
     rt.launch(
         &k3,
         bytemuck::bytes_of(&params),

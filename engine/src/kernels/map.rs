@@ -4,7 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_tensor, enables, grid, require_f16};
+use super::common::{check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/map.wgsl");
@@ -176,17 +178,17 @@ pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&
 }
 
 /// Broadcast strides of `t` against the 4-d output shape `out4` (right-aligned).
-fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], KernelError> {
+fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], Error> {
     let rank = t.shape().len();
     if rank > out.len() {
-        return Err(KernelError::Shape(format!("{what}: {:?} does not broadcast to {out:?}", t.shape())));
+        return Err(Error::shape(what, format!("a shape that broadcasts to {out:?}"), format!("{:?}", t.shape())));
     }
     let mut strides = [0u32; 4];
     let lead = 4 - out.len();
     for (k, (&d, &s)) in t.shape().iter().zip(t.strides()).enumerate() {
         let od = out[out.len() - rank + k];
         if d != od && d != 1 {
-            return Err(KernelError::Shape(format!("{what}: {:?} does not broadcast to {out:?}", t.shape())));
+            return Err(Error::shape(what, format!("a shape that broadcasts to {out:?}"), format!("{:?}", t.shape())));
         }
         strides[lead + out.len() - rank + k] = if d == 1 { 0 } else { s as u32 };
     }
@@ -202,18 +204,18 @@ pub fn map_into(
     out: &Tensor,
     alpha: f32,
     beta: f32,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     let shape = out.shape();
     if shape.len() > 4 {
-        return Err(KernelError::Shape(format!("map over rank {} (at most 4)", shape.len())));
+        return Err(Error::shape("map", "rank at most 4", format!("{shape:?}")));
     }
     if !out.is_contiguous() {
-        return Err(KernelError::Shape("map output must be contiguous".into()));
+        return Err(Error::shape("map output", "a contiguous tensor", format!("{:?} strides {:?}", out.shape(), out.strides())));
     }
     let inputs = [a, b];
     for (k, t) in inputs.iter().enumerate() {
         if (k < op.arity()) != t.is_some() {
-            return Err(KernelError::Shape(format!("{op:?} takes {} inputs", op.arity())));
+            return Err(Error::invalid(format!("map {op:?}"), format!("takes {} inputs", op.arity())));
         }
     }
     check_tensor("map out", out, out.dtype())?;
@@ -251,7 +253,7 @@ pub fn map_into(
         beta,
         pad: [0; 2],
     };
-    let kernel = rt.kernel("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32), 3)?;
+    let kernel = rt.kernel(KernelKey::new("map", &[op as u32, a.dtype() as u32, b.dtype() as u32, out.dtype() as u32, lanes as u32]), 3, || render("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32)))?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -261,21 +263,21 @@ pub fn map_into(
 }
 
 /// A new contiguous tensor: op(a, b) with the shape `out_shape`.
-pub fn map(rt: &Runtime, op: MapOp, a: &Tensor, b: Option<&Tensor>, out_shape: &[usize], label: &str) -> Result<Tensor, KernelError> {
+pub fn map(rt: &Runtime, op: MapOp, a: &Tensor, b: Option<&Tensor>, out_shape: &[usize], label: &str) -> Result<Tensor, Error> {
     let out = Tensor::empty(rt, out_shape, a.dtype(), a.block().category(), label)?;
     map_into(rt, op, Some(a), b, &out, 1.0, 1.0)?;
     Ok(out)
 }
 
 /// Fills `t` (contiguous) with `value`.
-pub fn fill(rt: &Runtime, t: &Tensor, value: f32) -> Result<(), KernelError> {
+pub fn fill(rt: &Runtime, t: &Tensor, value: f32) -> Result<(), Error> {
     map_into(rt, MapOp::Fill, None, None, t, value, 0.0)
 }
 
 /// Copies (and casts) `src`, any strides, into `dst`, contiguous of the same shape.
-pub fn copy_into(rt: &Runtime, src: &Tensor, dst: &Tensor) -> Result<(), KernelError> {
+pub fn copy_into(rt: &Runtime, src: &Tensor, dst: &Tensor) -> Result<(), Error> {
     if src.shape() != dst.shape() {
-        return Err(KernelError::Shape(format!("copy {:?} into {:?}", src.shape(), dst.shape())));
+        return Err(Error::shape("copy", format!("{:?} (the destination)", dst.shape()), format!("{:?}", src.shape())));
     }
     map_into(rt, MapOp::Copy, Some(src), None, dst, 1.0, 0.0)
 }

@@ -6,7 +6,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{ACTIVATIONS, KernelError, Runtime, check_tensor, enables, require_f16};
+use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, render};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -218,34 +220,22 @@ fn batch_dims(t: &Tensor) -> ([usize; 2], [usize; 2]) {
 }
 
 /// Shape of the product of a [.., M, K] and b [.., K, N] (batch dims broadcast).
-pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, KernelError> {
+pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, Error> {
     let (ra, rb) = (a.shape().len(), b.shape().len());
     if !(2..=4).contains(&ra) || !(2..=4).contains(&rb) {
-        return Err(KernelError::Shape(format!(
-            "matmul of {:?} and {:?}: ranks 2 to 4",
-            a.shape(),
-            b.shape()
-        )));
+        return Err(Error::shape("matmul", "operands of rank 2 to 4", format!("{:?} and {:?}", a.shape(), b.shape())));
     }
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
     if k != k2 {
-        return Err(KernelError::Shape(format!(
-            "matmul of {:?} and {:?}: inner dims {k} != {k2}",
-            a.shape(),
-            b.shape()
-        )));
+        return Err(Error::shape("matmul", "equal inner dimensions", format!("{:?} and {:?}", a.shape(), b.shape())));
     }
     let (da, _) = batch_dims(a);
     let (db, _) = batch_dims(b);
     let mut batch = Vec::new();
     for i in 0..2 {
         if da[i] != db[i] && da[i] != 1 && db[i] != 1 {
-            return Err(KernelError::Shape(format!(
-                "matmul batch dims of {:?} and {:?} do not broadcast",
-                a.shape(),
-                b.shape()
-            )));
+            return Err(Error::shape("matmul", "batch dimensions that broadcast", format!("{:?} and {:?}", a.shape(), b.shape())));
         }
         batch.push(da[i].max(db[i]));
     }
@@ -256,22 +246,22 @@ pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, KernelError> {
 }
 
 /// c = act(alpha * a @ b + bias + beta * c); c's rows must be contiguous.
-pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions) -> Result<(), KernelError> {
+pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions) -> Result<(), Error> {
     let shape = output_shape(a, b)?;
     if c.shape() != shape.as_slice() {
-        return Err(KernelError::Shape(format!("matmul output is {:?}, expected {shape:?}", c.shape())));
+        return Err(Error::shape("matmul output", format!("{shape:?}"), format!("{:?}", c.shape())));
     }
     check_tensor("matmul a", a, a.dtype())?;
     check_tensor("matmul b", b, b.dtype())?;
     check_tensor("matmul c", c, c.dtype())?;
     for (what, t) in [("a", a), ("b", b), ("c", c)] {
         if !t.dtype().is_float() {
-            return Err(KernelError::Shape(format!("matmul {what} must be f32 or f16")));
+            return Err(Error::shape(format!("matmul {what}"), "f32 or f16", t.dtype()));
         }
     }
     let rc = c.shape().len();
     if c.strides()[rc - 1] != 1 && c.shape()[rc - 1] > 1 {
-        return Err(KernelError::Shape("matmul output rows must be contiguous".into()));
+        return Err(Error::shape("matmul output", "contiguous rows", format!("strides {:?}", c.strides())));
     }
     require_f16(rt, &[a.dtype(), b.dtype(), c.dtype()])?;
     let (ra, rb) = (a.shape().len(), b.shape().len());
@@ -282,10 +272,7 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     if let Some(bias) = opts.bias {
         check_tensor("matmul bias", bias, DType::F32)?;
         if bias.shape() != [n] || bias.strides() != [1] {
-            return Err(KernelError::Shape(format!(
-                "matmul bias must be a contiguous [{n}], got {:?}",
-                bias.shape()
-            )));
+            return Err(Error::shape("matmul bias", format!("a contiguous [{n}]"), format!("{:?}", bias.shape())));
         }
     }
     let batches = dc[0] * dc[1];
@@ -293,7 +280,7 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
         return Ok(());
     }
     if batches > 65535 {
-        return Err(KernelError::Shape(format!("matmul over {batches} batches (at most 65535)")));
+        return Err(Error::shape("matmul", "at most 65535 batches", batches));
     }
     let params = Params {
         m: m as u32,
@@ -329,12 +316,7 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     let tile = 16 * tm;
     let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
-    let kernel = rt.kernel(
-        "matmul",
-        SOURCE,
-        &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b),
-        4,
-    )?;
+    let kernel = rt.kernel(KernelKey::new("matmul", &[a.dtype() as u32, b.dtype() as u32, c.dtype() as u32, tm as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)]), 4, || render("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b)))?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -352,7 +334,7 @@ pub fn matmul(
     opts: &MatmulOptions,
     category: Category,
     label: &str,
-) -> Result<Tensor, KernelError> {
+) -> Result<Tensor, Error> {
     let shape = output_shape(a, b)?;
     let c = Tensor::empty(rt, &shape, dtype, category, label)?;
     matmul_into(rt, a, b, &c, opts)?;

@@ -2,7 +2,9 @@
 //! f16 A and B when the adapter grants 16x16x16 f16 -> f32 and subgroups of 32.
 
 use super::matmul::{Activation, MatmulOptions, Params};
-use super::{ACTIVATIONS, KernelError, Runtime};
+use super::common::ACTIVATIONS;
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
@@ -100,10 +102,10 @@ pub(super) fn launch(
     c: &Tensor,
     opts: &MatmulOptions,
     batches: u32,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     let vec_a = super::matmul::vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = super::matmul::vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
-    let kernel = rt.kernel("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b), 4)?;
+    let kernel = rt.kernel(KernelKey::new("matmul_coop", &[c.dtype() as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)]), 4, || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b)))?;
     let bias = opts.bias.unwrap_or(c);
     rt.launch(
         &kernel,

@@ -4,7 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_contiguous, check_tensor, grid};
+use super::common::{check_contiguous, check_tensor};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/optim.wgsl");
@@ -82,24 +84,24 @@ pub struct OptimState<'a> {
     pub v: &'a Tensor,
 }
 
-fn check(s: &OptimState, found: &Tensor) -> Result<usize, KernelError> {
+fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
     let n = s.param.numel();
     for (what, t) in [("param", s.param), ("grad", s.grad), ("m", s.m), ("v", s.v)] {
         check_tensor(what, t, DType::F32)?;
         check_contiguous(what, t, s.param.shape())?;
         if t.offset() != 0 {
-            return Err(KernelError::Shape(format!("optimizer {what} must be a whole tensor")));
+            return Err(Error::shape(format!("optimizer {what}"), "a whole tensor (offset 0)", format!("offset {}", t.offset())));
         }
     }
     check_tensor("found_inf", found, DType::U32)?;
     if found.numel() < 1 || found.offset() != 0 {
-        return Err(KernelError::Shape("found_inf must be a whole u32 tensor".into()));
+        return Err(Error::shape("found_inf", "a whole u32 tensor of at least 1 element", format!("{:?} at offset {}", found.shape(), found.offset())));
     }
     Ok(n)
 }
 
 /// Sets found[0] to 1 when any grad * inv_scale is not finite (found is not cleared).
-pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), KernelError> {
+pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), Error> {
     let s = OptimState {
         param: grad,
         grad,
@@ -107,7 +109,7 @@ pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor)
         v: grad,
     };
     let n = check(&s, found)?;
-    let kernel = rt.kernel("optim", SOURCE, &variant(0), 5)?;
+    let kernel = rt.kernel(KernelKey::new("optim", &[0]), 5, || render("optim", SOURCE, &variant(0)))?;
     let params = Params {
         n: n as u32,
         inv_scale,
@@ -131,7 +133,7 @@ pub fn adamw_step(
     inv_scale: f32,
     found: &Tensor,
     skip_if_found: bool,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     let n = check(s, found)?;
     let bc1 = 1.0 - h.betas.0.powi(step as i32);
     let bc2 = 1.0 - h.betas.1.powi(step as i32);
@@ -149,7 +151,7 @@ pub fn adamw_step(
         bias_correction2_sqrt: bc2.sqrt(),
         inv_scale,
     };
-    let kernel = rt.kernel("optim", SOURCE, &variant(1), 5)?;
+    let kernel = rt.kernel(KernelKey::new("optim", &[1]), 5, || render("optim", SOURCE, &variant(1)))?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -167,10 +169,10 @@ pub fn sgd_step(
     inv_scale: f32,
     found: &Tensor,
     skip_if_found: bool,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     let n = check(s, found)?;
     if h.momentum == 0.0 && h.nesterov {
-        return Err(KernelError::Shape("nesterov momentum requires a momentum".into()));
+        return Err(Error::invalid("sgd", "nesterov momentum requires a momentum"));
     }
     let params = Params {
         n: n as u32,
@@ -184,7 +186,7 @@ pub fn sgd_step(
         inv_scale,
         ..Default::default()
     };
-    let kernel = rt.kernel("optim", SOURCE, &variant(2), 5)?;
+    let kernel = rt.kernel(KernelKey::new("optim", &[2]), 5, || render("optim", SOURCE, &variant(2)))?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),

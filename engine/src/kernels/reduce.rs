@@ -3,7 +3,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_tensor, enables, grid, require_f16};
+use super::common::{check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -56,7 +58,7 @@ fn launch(
     (rows, cols, total): (usize, usize, usize),
     scale: f32,
     out: &Tensor,
-) -> Result<(), KernelError> {
+) -> Result<(), Error> {
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -65,19 +67,16 @@ fn launch(
         scale,
         pad: [0; 3],
     };
-    let kernel = rt.kernel("reduce", SOURCE, &variant(op, x.dtype()), 2)?;
+    let kernel = rt.kernel(KernelKey::new("reduce", &[op as u32, x.dtype() as u32]), 2, || render("reduce", SOURCE, &variant(op, x.dtype())))?;
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, out], grid(rows as u32))
 }
 
 /// Reduces over the last dimension: [.., C] -> [..] (f32).
-pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, Error> {
     check_tensor("reduce x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     if !x.is_contiguous() || x.shape().is_empty() {
-        return Err(KernelError::Shape(format!(
-            "reduce_last needs a contiguous tensor of rank >= 1, got {:?}",
-            x.shape()
-        )));
+        return Err(Error::shape("reduce_last", "a contiguous tensor of rank >= 1", format!("{:?} strides {:?}", x.shape(), x.strides())));
     }
     let cols = *x.shape().last().unwrap();
     let rows = x.numel() / cols.max(1);
@@ -95,11 +94,11 @@ pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Resul
 }
 
 /// Reduces every element to one f32 (shape [1]), in two passes.
-pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, KernelError> {
+pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result<Tensor, Error> {
     check_tensor("reduce x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     if !x.is_contiguous() {
-        return Err(KernelError::Shape("reduce_all needs a contiguous tensor".into()));
+        return Err(Error::shape("reduce_all", "a contiguous tensor", format!("{:?} strides {:?}", x.shape(), x.strides())));
     }
     let n = x.numel();
     let out = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;

@@ -3,7 +3,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{KernelError, Runtime, check_contiguous, check_tensor, enables, grid, require_f16};
+use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/softmax.wgsl");
@@ -48,7 +50,7 @@ fn rows_cols(t: &Tensor) -> (usize, usize) {
 /// Softmax or log-softmax of `x` into `y` (same shape, contiguous). With `causal`, row
 /// r sees columns j <= r % T where T is the second-to-last dimension (attention's
 /// [.., T, T] scores).
-pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: bool) -> Result<(), KernelError> {
+pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: bool) -> Result<(), Error> {
     check_tensor("softmax x", x, x.dtype())?;
     check_tensor("softmax y", y, y.dtype())?;
     check_contiguous("softmax x", x, x.shape())?;
@@ -58,14 +60,14 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
     let period = if causal {
         let rank = x.shape().len();
         if rank < 2 {
-            return Err(KernelError::Shape("a causal softmax needs [.., T, T]".into()));
+            return Err(Error::shape("causal softmax", "[.., T, T]", format!("{:?}", x.shape())));
         }
         x.shape()[rank - 2] as u32
     } else {
         0
     };
     let mode = if log { SoftmaxMode::LogSoftmax } else { SoftmaxMode::Softmax };
-    let kernel = rt.kernel("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype()), 3)?;
+    let kernel = rt.kernel(KernelKey::new("softmax", &[mode as u32, x.dtype() as u32, x.dtype() as u32, y.dtype() as u32]), 3, || render("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype())))?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -78,19 +80,14 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
 /// dx = y * (dy - sum(dy * y)) over the last dimension, computing in f32 whatever the
 /// dtypes. `dx` may be `dy` itself (each element is read before it is written, by the
 /// same invocation), which saves a [.., T, T] buffer in attention's backward.
-pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor) -> Result<(), KernelError> {
+pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor) -> Result<(), Error> {
     for (what, t) in [("softmax y", y), ("softmax dy", dy), ("softmax dx", dx)] {
         check_tensor(what, t, t.dtype())?;
         check_contiguous(what, t, y.shape())?;
     }
     require_f16(rt, &[y.dtype(), dy.dtype(), dx.dtype()])?;
     let (rows, cols) = rows_cols(y);
-    let kernel = rt.kernel(
-        "softmax",
-        SOURCE,
-        &variant(SoftmaxMode::Backward, y.dtype(), dy.dtype(), dx.dtype()),
-        3,
-    )?;
+    let kernel = rt.kernel(KernelKey::new("softmax", &[SoftmaxMode::Backward as u32, y.dtype() as u32, dy.dtype() as u32, dx.dtype() as u32]), 3, || render("softmax", SOURCE, &variant(SoftmaxMode::Backward, y.dtype(), dy.dtype(), dx.dtype())))?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,

@@ -5,7 +5,8 @@ use super::map::MapOp;
 use super::matmul::Activation;
 use super::reduce::ReduceOp;
 use super::softmax::SoftmaxMode;
-use super::{KernelError, render};
+use crate::error::Error;
+use crate::runtime::render;
 use crate::tensor::DType;
 
 /// A rendered variant: kernel name, template values, WGSL.
@@ -18,7 +19,7 @@ pub struct Variant {
     pub wgsl: String,
 }
 
-fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&'static str, String)>) -> Result<(), KernelError> {
+fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&'static str, String)>) -> Result<(), Error> {
     let wgsl = render(name, source, &values)?;
     out.push(Variant {
         name,
@@ -29,7 +30,7 @@ fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&
 }
 
 /// Renders every variant.
-pub fn all() -> Result<Vec<Variant>, KernelError> {
+pub fn all() -> Result<Vec<Variant>, Error> {
     let mut out = Vec::new();
     let floats = [DType::F32, DType::F16];
     for op in MapOp::ALL {

@@ -11,7 +11,8 @@
 //! Dry mode (`AllocatorOptions::dry`, used by the memory estimate): the pool does all
 //! its bookkeeping (pages, splits, caps, stats, events) exactly as it would, but pages
 //! are not created on the device: every block points into one tiny placeholder buffer,
-//! writes are dropped and reads return zeros. The runtime records no launches then.
+//! and the block I/O chosen at construction ([`DryIo`] instead of [`QueueIo`]) drops
+//! writes and reads zeros. The runtime records no launches then (`runtime::record`).
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -60,6 +61,36 @@ impl PageBackend for WgpuPages {
         // Dropped, not destroyed: launches recorded but not yet submitted may still
         // name the page; wgpu frees the memory once no command uses it.
         drop(page);
+    }
+}
+
+/// Moves bytes between the host and blocks; chosen when the allocator is made.
+trait BlockIo: Send + Sync {
+    /// Queues a write of `data` at `offset` of `buffer`.
+    fn write(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]);
+    /// Reads `size` bytes at `offset` of `buffer`.
+    fn read(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, DeviceError>;
+}
+
+/// Block I/O through the device's queue.
+struct QueueIo(Arc<Gpu>);
+
+impl BlockIo for QueueIo {
+    fn write(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.0.queue.write_buffer(buffer, offset, data);
+    }
+    fn read(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, DeviceError> {
+        self.0.read_bytes(buffer, offset, size)
+    }
+}
+
+/// Block I/O of the dry run: writes are dropped, reads are zeros.
+struct DryIo;
+
+impl BlockIo for DryIo {
+    fn write(&self, _: &wgpu::Buffer, _: u64, _: &[u8]) {}
+    fn read(&self, _: &wgpu::Buffer, _: u64, size: u64) -> Result<Vec<u8>, DeviceError> {
+        Ok(vec![0; size as usize])
     }
 }
 
@@ -184,7 +215,7 @@ struct Shared {
     gpu: Arc<Gpu>,
     pool: Mutex<Pool<WgpuPages>>,
     debug: bool,
-    dry: bool,
+    io: Box<dyn BlockIo>,
     violations: Mutex<Vec<GuardViolation>>,
 }
 
@@ -301,9 +332,6 @@ impl Block {
 
     /// Writes `data` at `byte_offset` inside the block's request.
     pub fn write(&self, byte_offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        if self.shared.dry {
-            return Ok(());
-        }
         let end = byte_offset + data.len() as u64;
         if end > self.placement.requested.next_multiple_of(4) || !byte_offset.is_multiple_of(4) || !data.len().is_multiple_of(4) {
             return Err(DeviceError::Validation(format!(
@@ -312,21 +340,15 @@ impl Block {
                 self.placement.requested
             )));
         }
-        self.shared
-            .gpu
-            .queue
-            .write_buffer(&self.buffer, self.placement.offset + byte_offset, data);
+        self.shared.io.write(&self.buffer, self.placement.offset + byte_offset, data);
         Ok(())
     }
 
     /// Reads the requested bytes back (rounded up to 4).
     pub fn read(&self) -> Result<Vec<u8>, DeviceError> {
-        if self.shared.dry {
-            return Ok(vec![0; self.placement.requested.next_multiple_of(4) as usize]);
-        }
         self.shared
-            .gpu
-            .read_bytes(&self.buffer, self.placement.offset, self.placement.requested.next_multiple_of(4))
+            .io
+            .read(&self.buffer, self.placement.offset, self.placement.requested.next_multiple_of(4))
     }
 }
 
@@ -386,12 +408,13 @@ impl Allocator {
         if let Some(cap) = options.cap {
             pool.set_cap(Some(cap.resolve(gpu.caps.memory_bytes)?));
         }
+        let io: Box<dyn BlockIo> = if options.dry { Box::new(DryIo) } else { Box::new(QueueIo(gpu.clone())) };
         Ok(Allocator {
             shared: Arc::new(Shared {
                 gpu,
                 pool: Mutex::new(pool),
                 debug,
-                dry: options.dry,
+                io,
                 violations: Mutex::new(Vec::new()),
             }),
         })
@@ -400,11 +423,6 @@ impl Allocator {
     /// The device this allocator serves.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.shared.gpu
-    }
-
-    /// Whether this is a dry (bookkeeping-only) allocator.
-    pub fn dry(&self) -> bool {
-        self.shared.dry
     }
 
     /// Whether guard bytes are on.

@@ -48,7 +48,7 @@ pub mod pool;
 pub mod snapshot;
 pub mod stats;
 
-pub use allocator::{Allocator, AllocatorOptions, Block, MemoryCap};
+pub use allocator::{Allocator, AllocatorOptions, Block, GuardError, GuardViolation, MemoryCap};
 pub use pool::{AllocError, Category, PoolKind};
 pub use snapshot::{BlockView, Event, EventKind, MemorySnapshot, PageView};
 pub use stats::{MemoryStats, Stat};

@@ -13,9 +13,11 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::Init;
+use crate::kernels::TensorOps;
 use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
@@ -62,8 +64,8 @@ fn default_activation() -> String {
 
 impl GptConfig {
     /// Checks what the engine implements.
-    pub fn validate(&self) -> Result<(), KernelError> {
-        let bad = |m: String| Err(KernelError::Shape(m));
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::invalid("GPT config", m));
         if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
@@ -151,15 +153,15 @@ pub fn parameter_shapes(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
 
 impl Gpt {
     /// Registers parameters from `values` (name -> tensor), which must hold every one.
-    pub fn from_tensors(config: GptConfig, params: &mut Params, mut values: BTreeMap<String, Tensor>) -> Result<Gpt, KernelError> {
+    pub fn from_tensors(config: GptConfig, params: &mut Params, mut values: BTreeMap<String, Tensor>) -> Result<Gpt, Error> {
         config.validate()?;
         let mut index = BTreeMap::new();
         for (name, shape) in parameter_shapes(&config) {
             let t = values
                 .remove(&name)
-                .ok_or_else(|| KernelError::Shape(format!("missing parameter {name}")))?;
+                .ok_or_else(|| Error::invalid("GPT parameters", format!("missing parameter {name}")))?;
             if t.shape() != shape.as_slice() {
-                return Err(KernelError::Shape(format!("{name} is {:?}, expected {shape:?}", t.shape())));
+                return Err(Error::shape(&name, format!("{shape:?}"), format!("{:?}", t.shape())));
             }
             index.insert(name.clone(), params.add(&name, t));
         }
@@ -193,7 +195,7 @@ impl Gpt {
     /// A freshly initialised model as GPT2LMHeadModel initialises one: normal(0, 0.02)
     /// weights, zero biases, unit LayerNorm weights, c_proj weights scaled by
     /// 1/sqrt(2 L).
-    pub fn new(rt: &Runtime, config: GptConfig, params: &mut Params, init: &mut Init) -> Result<Gpt, KernelError> {
+    pub fn new(rt: &Runtime, config: GptConfig, params: &mut Params, init: &mut Init) -> Result<Gpt, Error> {
         config.validate()?;
         let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
         let mut values = BTreeMap::new();
@@ -213,15 +215,15 @@ impl Gpt {
     }
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
-    pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, KernelError> {
+    pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, Error> {
         let read = |name: &str| {
-            std::fs::read(dir.join(name)).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", dir.join(name).display())))
+            std::fs::read(dir.join(name)).map_err(|e| Error::io(&dir.join(name), e))
         };
         let config: GptConfig = serde_json::from_slice(&read("config.json")?)
-            .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("config.json").display())))?;
+            .map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let bytes = read("model.safetensors")?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join("model.safetensors").display())))?;
+            .map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         let mut values = BTreeMap::new();
         for (name, view) in st.tensors() {
@@ -244,7 +246,7 @@ impl Gpt {
                     .iter()
                     .map(|h| h.to_f32())
                     .collect(),
-                other => return Err(KernelError::Shape(format!("{name} has dtype {other:?}; expected F32, F16 or BF16"))),
+                other => return Err(Error::format(&dir.join("model.safetensors"), format!("{name} has dtype {other:?}; expected F32, F16 or BF16"))),
             };
             values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
         }
@@ -252,8 +254,8 @@ impl Gpt {
     }
 
     /// Writes config.json and model.safetensors in transformers' layout (head tied).
-    pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), KernelError> {
-        std::fs::create_dir_all(dir).map_err(|e| KernelError::Shape(format!("{}: {e}", dir.display())))?;
+    pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut config = serde_json::to_value(&self.config).expect("config serializes");
         config["model_type"] = "gpt2".into();
         config["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
@@ -273,20 +275,20 @@ impl Gpt {
             })
             .collect();
         let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-        let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| KernelError::Shape(e.to_string()))?;
+        let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
         let write = |name: &str, bytes: &[u8]| {
             let tmp = dir.join(format!(".{name}.tmp"));
             std::fs::write(&tmp, bytes)
                 .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
                 .and_then(|_| std::fs::rename(&tmp, dir.join(name)))
-                .map_err(|e| KernelError::Shape(format!("{}: {e}", dir.join(name).display())))
+                .map_err(|e| Error::io(&dir.join(name), e))
         };
         write("model.safetensors", &bytes)?;
         write("config.json", serde_json::to_string_pretty(&config).expect("json").as_bytes())
     }
 
     /// Logits [B, T, V] of token ids [B, T] (i32).
-    pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, KernelError> {
+    pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
         let (h, wte) = self.trunk(tape, rt, params, ids)?;
         // The head is tied: logits = h wte^T.
         ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")
@@ -304,22 +306,23 @@ impl Gpt {
         ids: &Tensor,
         targets: (&Tensor, usize),
         row_chunk: usize,
-    ) -> Result<Var, KernelError> {
+    ) -> Result<Var, Error> {
         let (h, wte) = self.trunk(tape, rt, params, ids)?;
         ops::lm_head_cross_entropy(tape, rt, &h, &wte, targets, row_chunk, "loss")
     }
 
     /// The final hidden states [B, T, C] (after ln_f) and the wte leaf (the tied head).
-    fn trunk(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<(Var, Var), KernelError> {
+    fn trunk(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<(Var, Var), Error> {
         let [b, t] = ids.shape() else {
-            return Err(KernelError::Shape(format!("input ids must be [B, T], got {:?}", ids.shape())));
+            return Err(Error::shape("GPT input ids", "[B, T]", format!("{:?}", ids.shape())));
         };
         let (b, t) = (*b, *t);
         if t > self.config.n_positions {
-            return Err(KernelError::Shape(format!(
-                "sequence length {t} exceeds n_positions {}",
-                self.config.n_positions
-            )));
+            return Err(Error::shape(
+                "GPT input ids",
+                format!("a sequence length of at most n_positions {}", self.config.n_positions),
+                t,
+            ));
         }
         let c = &self.config;
         let p = |tape: &mut Tape, i: usize| tape.param(params, i);
@@ -356,7 +359,7 @@ impl Gpt {
 
 /// One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). `v` holds x and the
 /// block's 12 parameters in state-dict order.
-fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]) -> Result<Var, KernelError> {
+fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]) -> Result<Var, Error> {
     let l = |n: &str| format!("h.{i}.{n}");
     let x = &v[0];
     // Under fp16-mixed the projections feeding attention and GELU write f16.

@@ -4,7 +4,8 @@
 use super::Init;
 use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
 /// Layer sizes and parameter indices.
@@ -17,11 +18,9 @@ pub struct Mlp {
 impl Mlp {
     /// Registers the parameters in `params`, initialised like torch.nn.Linear
     /// (uniform in +-1/sqrt(fan_in) for weight and bias).
-    pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, KernelError> {
+    pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, Error> {
         if sizes.len() < 2 || sizes.contains(&0) {
-            return Err(KernelError::Shape(format!(
-                "an MLP needs at least an input and an output width, all non-zero; got {sizes:?}"
-            )));
+            return Err(Error::shape("MLP widths", "an input and an output width, all non-zero", format!("{sizes:?}")));
         }
         let mut layers = Vec::new();
         for (i, w) in sizes.windows(2).enumerate() {
@@ -40,7 +39,7 @@ impl Mlp {
     }
 
     /// Logits [N, classes] of inputs [N, features].
-    pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, x: Tensor) -> Result<Var, KernelError> {
+    pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, x: Tensor) -> Result<Var, Error> {
         let mut h = tape.constant(x);
         for (i, &(w, b)) in self.layers.iter().enumerate() {
             let (wv, bv) = (tape.param(params, w), tape.param(params, b));

@@ -11,7 +11,9 @@ use rand::Rng as _;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::kernels::{KernelError, Runtime};
+use crate::kernels::TensorOps;
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
@@ -29,7 +31,7 @@ impl Init {
     }
 
     /// A parameter tensor of `shape` with values uniform in [-bound, bound).
-    pub fn uniform(&mut self, rt: &Runtime, shape: &[usize], bound: f32, name: &str) -> Result<Tensor, KernelError> {
+    pub fn uniform(&mut self, rt: &Runtime, shape: &[usize], bound: f32, name: &str) -> Result<Tensor, Error> {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| self.rng.random_range(-bound..bound.max(f32::MIN_POSITIVE)))
@@ -38,7 +40,7 @@ impl Init {
     }
 
     /// A parameter tensor of `shape` with values normal(0, std).
-    pub fn normal(&mut self, rt: &Runtime, shape: &[usize], std: f32, name: &str) -> Result<Tensor, KernelError> {
+    pub fn normal(&mut self, rt: &Runtime, shape: &[usize], std: f32, name: &str) -> Result<Tensor, Error> {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| {
@@ -52,7 +54,7 @@ impl Init {
     }
 
     /// A parameter tensor filled with `value`.
-    pub fn constant(&mut self, rt: &Runtime, shape: &[usize], value: f32, name: &str) -> Result<Tensor, KernelError> {
+    pub fn constant(&mut self, rt: &Runtime, shape: &[usize], value: f32, name: &str) -> Result<Tensor, Error> {
         Tensor::full(rt, shape, crate::tensor::DType::F32, value, Category::Parameter, name)
     }
 }

@@ -1,8 +1,10 @@
 //! Tensors: an allocator block, a shape, strides (in elements), an element offset and a
 //! dtype. Views (reshape, transpose, slice) share the block without copying when the
-//! strides allow; `contiguous` copies through the strided-copy kernel otherwise.
+//! strides allow. What needs a kernel (fill, contiguous copies, casts, reading back a
+//! strided view) is `kernels::TensorOps`.
 //!
-//! May call: `memory` (blocks), `kernels` (copies and casts). Called by: ops, models.
+//! May call: `memory` (blocks), `runtime` (allocation, host writes and reads), `error`.
+//! Called by: the kernel layer, ops, models.
 
 pub mod dtype;
 
@@ -10,8 +12,9 @@ use std::sync::Arc;
 
 pub use dtype::DType;
 
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
 use crate::memory::{Block, Category};
+use crate::runtime::{Bound, Runtime};
 
 /// A view of device memory.
 #[derive(Clone, Debug)]
@@ -39,7 +42,7 @@ pub fn numel(shape: &[usize]) -> usize {
 
 impl Tensor {
     /// An uninitialised contiguous tensor.
-    pub fn empty(rt: &Runtime, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
+    pub fn empty(rt: &Runtime, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, Error> {
         let bytes = (numel(shape) * dtype.size()) as u64;
         if rt.alloc.debug() {
             // The guard fill is a queue write: it must not overtake recorded launches
@@ -56,26 +59,19 @@ impl Tensor {
         })
     }
 
-    /// A contiguous tensor filled with `value`.
-    pub fn full(rt: &Runtime, shape: &[usize], dtype: DType, value: f32, category: Category, label: &str) -> Result<Tensor, KernelError> {
-        let t = Tensor::empty(rt, shape, dtype, category, label)?;
-        crate::kernels::map::fill(rt, &t, value)?;
-        Ok(t)
-    }
-
     /// Uploads f32 data.
-    pub fn from_f32(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+    pub fn from_f32(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, Error> {
         Self::upload(rt, bytemuck::cast_slice(data), data.len(), shape, DType::F32, category, label)
     }
 
     /// Uploads f32 data converted to f16.
-    pub fn from_f32_as_f16(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+    pub fn from_f32_as_f16(rt: &Runtime, data: &[f32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, Error> {
         let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
         Self::upload(rt, bytemuck::cast_slice(&halves), data.len(), shape, DType::F16, category, label)
     }
 
     /// Uploads i32 data (token ids, targets).
-    pub fn from_i32(rt: &Runtime, data: &[i32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, KernelError> {
+    pub fn from_i32(rt: &Runtime, data: &[i32], shape: &[usize], category: Category, label: &str) -> Result<Tensor, Error> {
         Self::upload(rt, bytemuck::cast_slice(data), data.len(), shape, DType::I32, category, label)
     }
 
@@ -87,36 +83,33 @@ impl Tensor {
         dtype: DType,
         category: Category,
         label: &str,
-    ) -> Result<Tensor, KernelError> {
+    ) -> Result<Tensor, Error> {
         if numel(shape) != len {
-            return Err(KernelError::Shape(format!("{len} values do not fill shape {shape:?}")));
+            return Err(Error::shape("upload", format!("{} values for shape {shape:?}", numel(shape)), format!("{len} values")));
         }
         let t = Tensor::empty(rt, shape, dtype, category, label)?;
-        // Queue writes land before every launch of the next submission, including those
-        // recorded earlier: submit those first, or they would see this data too soon.
-        rt.flush();
+        // `Runtime::write` submits what is recorded first: queue writes land before
+        // every launch of the next submission, including those recorded earlier.
         if bytes.len().is_multiple_of(4) {
-            t.block.write(0, bytes)?;
+            rt.write(&t.block, 0, bytes)?;
         } else {
             let mut padded = bytes.to_vec();
             padded.resize(bytes.len().next_multiple_of(4), 0);
-            t.block.write(0, &padded)?;
+            rt.write(&t.block, 0, &padded)?;
         }
         Ok(t)
     }
 
-    /// Reads the tensor back as f32 (any dtype, any strides).
-    pub fn to_f32_vec(&self, rt: &Runtime) -> Result<Vec<f32>, KernelError> {
-        let t = if self.is_contiguous() && self.offset == 0 {
-            self.clone()
-        } else {
-            self.contiguous(rt)?
-        };
-        rt.flush();
-        let bytes = t.block.read()?;
-        let n = t.numel();
+    /// Reads a contiguous tensor at offset 0 back as f32 (any dtype); strided views are
+    /// read through `kernels::TensorOps::to_f32_vec`, which copies them first.
+    pub fn read_f32(&self, rt: &Runtime) -> Result<Vec<f32>, Error> {
+        if !self.is_contiguous() || self.offset != 0 {
+            return Err(Error::shape("read_f32", "a contiguous tensor at offset 0", format!("view {:?} strides {:?} offset {}", self.shape, self.strides, self.offset)));
+        }
+        let bytes = rt.read(&self.block)?;
+        let n = self.numel();
         // A copy into typed vectors: the byte buffer carries no alignment guarantee.
-        Ok(match t.dtype {
+        Ok(match self.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..n].to_vec(),
             DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)[..n]
                 .iter()
@@ -191,15 +184,16 @@ impl Tensor {
     }
 
     /// The same elements in a new shape; the view must be contiguous.
-    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, KernelError> {
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, Error> {
         if numel(shape) != self.numel() {
-            return Err(KernelError::Shape(format!("cannot reshape {:?} to {shape:?}", self.shape)));
+            return Err(Error::shape("reshape", format!("{} elements for {shape:?}", numel(shape)), format!("{:?} ({} elements)", self.shape, self.numel())));
         }
         if !self.is_contiguous() {
-            return Err(KernelError::Shape(format!(
-                "reshape of a non-contiguous view {:?} (call contiguous first)",
-                self.shape
-            )));
+            return Err(Error::shape(
+                "reshape",
+                "a contiguous view (call contiguous first)",
+                format!("{:?} with strides {:?}", self.shape, self.strides),
+            ));
         }
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -209,10 +203,10 @@ impl Tensor {
     }
 
     /// Swaps two dimensions (no copy).
-    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor, KernelError> {
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor, Error> {
         let rank = self.shape.len();
         if a >= rank || b >= rank {
-            return Err(KernelError::Shape(format!("transpose({a}, {b}) of a rank-{rank} tensor")));
+            return Err(Error::shape(format!("transpose({a}, {b})"), format!("rank above {}", a.max(b)), format!("rank {rank}")));
         }
         let mut t = self.clone();
         t.shape.swap(a, b);
@@ -221,13 +215,13 @@ impl Tensor {
     }
 
     /// `len` elements of dimension `dim` from `start` (no copy).
-    pub fn slice(&self, dim: usize, start: usize, len: usize) -> Result<Tensor, KernelError> {
+    pub fn slice(&self, dim: usize, start: usize, len: usize) -> Result<Tensor, Error> {
         if dim >= self.shape.len() || start + len > self.shape[dim] {
-            return Err(KernelError::Shape(format!(
-                "slice {start}..{} of dim {dim} of {:?}",
-                start + len,
-                self.shape
-            )));
+            return Err(Error::shape(
+                format!("slice {start}..{} of dim {dim}", start + len),
+                "a range inside the dimension",
+                format!("{:?}", self.shape),
+            ));
         }
         let mut t = self.clone();
         t.offset += start * self.strides[dim];
@@ -237,11 +231,9 @@ impl Tensor {
 
     /// A view with explicit shape, strides and element offset over the same block;
     /// refused if it would reach past the block.
-    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor, KernelError> {
+    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor, Error> {
         if shape.len() != strides.len() {
-            return Err(KernelError::Shape(format!(
-                "shape {shape:?} and strides {strides:?} differ in rank"
-            )));
+            return Err(Error::shape("as_strided", format!("strides of rank {}", shape.len()), format!("{strides:?}")));
         }
         let t = Tensor {
             shape: shape.to_vec(),
@@ -250,25 +242,20 @@ impl Tensor {
             ..self.clone()
         };
         if t.extent() > t.capacity() {
-            return Err(KernelError::Shape(format!(
-                "view {shape:?} strides {strides:?} offset {offset} reaches past a {}-element block",
-                t.capacity()
-            )));
+            return Err(Error::shape(
+                "as_strided",
+                format!("a view inside its {}-element block", t.capacity()),
+                format!("view {shape:?} strides {strides:?} offset {offset} reaching element {}", t.extent()),
+            ));
         }
         Ok(t)
     }
 
-    /// A contiguous copy (or this view, if it already is one).
-    pub fn contiguous(&self, rt: &Runtime) -> Result<Tensor, KernelError> {
-        let out = Tensor::empty(rt, &self.shape, self.dtype, self.block.category(), "contiguous")?;
-        crate::kernels::map::copy_into(rt, self, &out)?;
-        Ok(out)
-    }
 
-    /// A contiguous copy converted to `dtype`.
-    pub fn cast(&self, rt: &Runtime, dtype: DType, category: Category, label: &str) -> Result<Tensor, KernelError> {
-        let out = Tensor::empty(rt, &self.shape, dtype, category, label)?;
-        crate::kernels::map::copy_into(rt, self, &out)?;
-        Ok(out)
+}
+
+impl Bound for Tensor {
+    fn block(&self) -> &Block {
+        &self.block
     }
 }

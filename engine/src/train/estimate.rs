@@ -20,7 +20,8 @@ use super::config::Config;
 use super::trainer::{Loaded, TrainError, Trainer, load_data, resolve_precision};
 use crate::data::HostBatch;
 use crate::device::Gpu;
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::{AllocatorOptions, Category, MemoryCap};
 
 /// Model states from the formulas, in bytes.
@@ -98,7 +99,7 @@ impl Estimate {
 }
 
 /// A bookkeeping-only runtime on `gpu` (no cap: the estimate says what is needed).
-pub fn dry_runtime(gpu: Arc<Gpu>) -> Result<Arc<Runtime>, KernelError> {
+pub fn dry_runtime(gpu: Arc<Gpu>) -> Result<Arc<Runtime>, Error> {
     Ok(Arc::new(Runtime::new(
         gpu,
         AllocatorOptions {
@@ -122,8 +123,8 @@ fn first_batch(data: &Loaded, batch_size: usize) -> HostBatch {
 /// Estimates one step of `config` on the dry runtime `rt` (reused across estimates so
 /// that pipelines compile once).
 pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<Estimate, TrainError> {
-    if !rt.alloc.dry() {
-        return Err(KernelError::Shape("the estimate needs a dry runtime".into()).into());
+    if rt.runs_kernels() {
+        return Err(Error::invalid("estimate", "needs a dry runtime").into());
     }
     rt.alloc.empty_cache();
     let batch = first_batch(data, config.train.batch_size);
@@ -176,7 +177,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
 /// any fit, and estimates the resulting run. Returns the notes of the plan too.
 pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<String>), TrainError> {
     let data = load_data(&config)?;
-    let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
+    let gpu = Arc::new(Gpu::open(adapter).map_err(Error::from)?);
     let (config, mut notes) = resolve_precision(config, &gpu)?;
     let (config, fit_notes) = plan(config, &gpu, &data)?;
     notes.extend(fit_notes);
@@ -188,9 +189,9 @@ pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<
 /// device's memory (for `checkpoint = "auto"` alone).
 fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError> {
     let resolve = |text: &str, what: &str| -> Result<(u64, String), TrainError> {
-        let cap = MemoryCap::parse(text).map_err(KernelError::from)?;
+        let cap = MemoryCap::parse(text).map_err(Error::from)?;
         Ok((
-            cap.resolve(gpu.caps.memory_bytes).map_err(KernelError::from)?,
+            cap.resolve(gpu.caps.memory_bytes).map_err(Error::from)?,
             format!("{what} {text}"),
         ))
     };

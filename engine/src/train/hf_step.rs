@@ -7,9 +7,11 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
+use crate::kernels::TensorOps;
 use crate::autograd::{Params, Tape};
 use crate::kernels::cross_entropy::IGNORE_INDEX;
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::Category;
 use crate::nn::gpt::{Gpt, shifted_targets};
 use crate::tensor::Tensor;
@@ -25,8 +27,8 @@ pub struct HfStep {
     pub grads: Vec<(String, Vec<usize>, Vec<f32>)>,
 }
 
-fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Result<(Vec<i32>, Vec<usize>), KernelError> {
-    let bad = |m: String| KernelError::Shape(format!("{}: {m}", file.display()));
+fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Result<(Vec<i32>, Vec<usize>), Error> {
+    let bad = |m: String| Error::format(file, m);
     let view = st.tensor(name).map_err(|_| bad(format!("no tensor '{name}'")))?;
     let values: Vec<i64> = match view.dtype() {
         Dtype::I64 => bytemuck::pod_collect_to_vec(view.data()),
@@ -47,30 +49,28 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
 }
 
 /// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
-pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, KernelError> {
+pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, Error> {
     let mut params = Params::default();
     let model = Gpt::from_hf_dir(rt, hf_dir, &mut params)?;
     if model.config.has_dropout() {
-        return Err(KernelError::Shape(format!(
-            "{}: dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
-            hf_dir.join("config.json").display()
-        )));
+        return Err(Error::format(
+            &hf_dir.join("config.json"),
+            "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
+        ));
     }
-    let bytes = std::fs::read(batch_file).map_err(|e| KernelError::Shape(format!("cannot read {}: {e}", batch_file.display())))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| KernelError::Shape(format!("{}: {e}", batch_file.display())))?;
+    let bytes = std::fs::read(batch_file).map_err(|e| Error::io(batch_file, e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
     let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
     if shape != lshape {
-        return Err(KernelError::Shape(format!("input_ids {shape:?} and labels {lshape:?} differ")));
+        return Err(Error::format(batch_file, format!("input_ids {shape:?} and labels {lshape:?} differ")));
     }
     let v = model.config.vocab_size as i32;
     if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= v) {
-        return Err(KernelError::Shape(format!("input id {bad} is outside the vocabulary of {v}")));
+        return Err(Error::format(batch_file, format!("input id {bad} is outside the vocabulary of {v}")));
     }
     if let Some(bad) = labels.iter().find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= v)) {
-        return Err(KernelError::Shape(format!(
-            "label {bad} is outside the vocabulary of {v} (and not -100)"
-        )));
+        return Err(Error::format(batch_file, format!("label {bad} is outside the vocabulary of {v} (and not -100)")));
     }
     let (b, t) = (shape[0], shape[1]);
     let targets = shifted_targets(&labels, b, t);
@@ -93,7 +93,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
 }
 
 /// Writes gradients to a safetensors file (temp name, fsync, rename).
-pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), KernelError> {
+pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), Error> {
     let views: Vec<(String, TensorView<'_>)> = grads
         .iter()
         .map(|(n, s, d)| {
@@ -103,11 +103,11 @@ pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Res
             )
         })
         .collect();
-    let bytes = safetensors::serialize(views, None).map_err(|e| KernelError::Shape(e.to_string()))?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(path, e))?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("grads")));
     std::fs::write(&tmp, &bytes)
         .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| KernelError::Shape(format!("{}: {e}", path.display())))
+        .map_err(|e| Error::io(path, e))
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
 use super::config::{Config, Precision};
+use crate::kernels::TensorOps;
 use crate::autograd::{Params, Tape, ops};
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::text::{self, CharCorpus};
@@ -21,7 +22,8 @@ use crate::data::tokens::TokenFile;
 use crate::data::{BatchOrder, DataError, Dataset, HostBatch, Loader, batches_per_epoch};
 use crate::device::Gpu;
 use crate::kernels::optim::{AdamW, Sgd};
-use crate::kernels::{KernelError, Runtime};
+use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::memory::{AllocError, AllocatorOptions, Category, MemoryCap, MemoryStats};
 use crate::nn::{Gpt, GptConfig, Init, Mlp};
 use crate::optim::{Optimizer, Rule, clip_grad_norm, lr_at};
@@ -45,7 +47,7 @@ pub enum TrainError {
     Data(#[from] DataError),
     /// Kernels, device or memory.
     #[error(transparent)]
-    Kernel(#[from] KernelError),
+    Kernel(#[from] Error),
     /// Checkpoints.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -347,13 +349,13 @@ impl Trainer {
     pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         // Data first: a missing dataset should not wait for the GPU.
         let data = load_data(&config)?;
-        let gpu = Arc::new(Gpu::open(adapter).map_err(KernelError::from)?);
+        let gpu = Arc::new(Gpu::open(adapter).map_err(Error::from)?);
         let (config, mut notes) = resolve_precision(config, &gpu)?;
         let (config, fit_notes) = super::estimate::plan(config, &gpu, &data)?;
         notes.extend(fit_notes);
         let limit = config.memory.cap.as_ref().or(config.memory.budget.as_ref());
         let cap = match limit {
-            Some(text) => Some(MemoryCap::parse(text).map_err(KernelError::from)?),
+            Some(text) => Some(MemoryCap::parse(text).map_err(Error::from)?),
             None => None,
         };
         let rt = Arc::new(Runtime::new(
@@ -442,7 +444,7 @@ impl Trainer {
     }
 
     /// Logits [N, classes] and targets [N] of a batch, on a tape.
-    fn forward(&self, tape: &mut Tape, b: &HostBatch) -> Result<(crate::autograd::Var, Tensor), KernelError> {
+    fn forward(&self, tape: &mut Tape, b: &HostBatch) -> Result<(crate::autograd::Var, Tensor), Error> {
         let y = Tensor::from_i32(&self.rt, &b.targets, &[b.targets.len()], Category::Input, "batch.targets")?;
         let logits = match &self.model {
             Model::Mlp(mlp) => {
@@ -466,7 +468,7 @@ impl Trainer {
 
     /// The mean loss of a batch on a tape. A GPT goes through the fused head +
     /// cross-entropy (never the whole logits); the MLP through logits and the fused loss.
-    fn loss(&self, tape: &mut Tape, b: &HostBatch) -> Result<crate::autograd::Var, KernelError> {
+    fn loss(&self, tape: &mut Tape, b: &HostBatch) -> Result<crate::autograd::Var, Error> {
         let rows = b.targets.len();
         if let Model::Gpt(gpt) = &self.model {
             let y = Tensor::from_i32(&self.rt, &b.targets, &[rows], Category::Input, "batch.targets")?;
@@ -543,7 +545,7 @@ impl Trainer {
         loop {
             match self.train_step(batch, lr) {
                 Ok((loss, skipped)) => return Ok((loss, skipped, (!events.is_empty()).then(|| events.join("; ")))),
-                Err(TrainError::Kernel(KernelError::Alloc(AllocError::OutOfMemory(report)))) => {
+                Err(TrainError::Kernel(Error::Alloc(AllocError::OutOfMemory(report)))) => {
                     // No gradient of the failed attempt may leak into the retry.
                     self.params.zero_grad();
                     // Let the device finish what was recorded so the pages really go.
@@ -580,7 +582,7 @@ impl Trainer {
         let loss = self.loss(&mut tape, batch)?;
         self.opt.begin_step(&self.rt, self.params.list.len())?;
         let opt = &mut self.opt;
-        let mut apply = |rt: &Runtime, i: usize, p: &mut crate::autograd::Param| -> Result<(), KernelError> {
+        let mut apply = |rt: &Runtime, i: usize, p: &mut crate::autograd::Param| -> Result<(), Error> {
             opt.update_param(rt, i, p, lr)?;
             p.grad = None;
             Ok(())
@@ -602,7 +604,7 @@ impl Trainer {
         };
         loop {
             match self.evaluate_in(batch) {
-                Err(TrainError::Kernel(KernelError::Alloc(AllocError::OutOfMemory(_)))) if batch > 1 => {
+                Err(TrainError::Kernel(Error::Alloc(AllocError::OutOfMemory(_)))) if batch > 1 => {
                     let _ = self.rt.sync();
                     self.rt.alloc.empty_cache();
                     batch /= 2;
@@ -856,7 +858,7 @@ impl Trainer {
             }
             let guard = self.rt.alloc.end_step();
             let step_s = step_start.elapsed().as_secs_f64();
-            guard.map_err(|e| KernelError::Shape(e.to_string()))?;
+            guard.map_err(Error::from)?;
             self.step += 1;
             (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch {
                 (batch.position.0 + 1, 0)

@@ -1,0 +1,156 @@
+//! Compiled kernel variants: WGSL templates rendered into variants ([`render`]), and the
+//! pipeline cache keyed by a typed [`KernelKey`]. A launch looks its variant up by key;
+//! the WGSL is rendered and compiled only on a miss, so a launch formats no strings.
+//!
+//! Binding layout of every kernel: `@binding(0)` is a uniform `Params` struct read at a
+//! dynamic offset of the parameter ring (see `record`); `@binding(1..)` are the tensors,
+//! all `storage, read_write` (see `memory`'s binding scheme).
+//!
+//! May call: `device`, `error`. Called by: `runtime::launch`, the kernel layer.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+use crate::device::Gpu;
+use crate::error::Error;
+
+/// Bytes of one launch's parameters (the uniform slot, and the dynamic offset step).
+pub const PARAM_SLOT: u64 = 256;
+/// Most tensors one kernel binds.
+pub const MAX_STORAGE_BINDINGS: usize = 8;
+
+/// Which variant of which kernel family: the family's name and up to eight numbers that
+/// the family derives from its variant's choices (element types, tile, epilogue, ...).
+/// Two launches with equal keys run the same pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    /// The kernel family (its WGSL file's name).
+    pub family: &'static str,
+    /// The variant's choices, as numbers (unused trailing entries are 0).
+    pub variant: [u32; 8],
+}
+
+impl KernelKey {
+    /// The key of `family` with `choices` (at most eight).
+    pub fn new(family: &'static str, choices: &[u32]) -> KernelKey {
+        let mut variant = [0; 8];
+        variant[..choices.len()].copy_from_slice(choices);
+        KernelKey { family, variant }
+    }
+}
+
+/// Fills `{{KEY}}` placeholders of `source`; a placeholder left over is an error.
+pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<String, Error> {
+    let mut out = source.to_string();
+    for (key, value) in values {
+        out = out.replace(&format!("{{{{{key}}}}}"), value);
+    }
+    if let Some(start) = out.find("{{") {
+        let end = out[start..].find("}}").map_or(out.len(), |e| start + e + 2);
+        return Err(Error::Template {
+            kernel: name.into(),
+            placeholder: out[start..end].to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// A compiled variant.
+pub struct Kernel {
+    pub(super) pipeline: wgpu::ComputePipeline,
+    pub(super) layout: Arc<wgpu::BindGroupLayout>,
+    pub(super) storage_bindings: usize,
+}
+
+impl Kernel {
+    /// Tensors the kernel binds.
+    pub fn storage_bindings(&self) -> usize {
+        self.storage_bindings
+    }
+}
+
+/// Pipelines by key and bind group layouts by tensor count.
+#[derive(Default)]
+pub struct PipelineCache {
+    kernels: Mutex<HashMap<KernelKey, Arc<Kernel>>>,
+    layouts: Mutex<HashMap<usize, Arc<wgpu::BindGroupLayout>>>,
+}
+
+impl PipelineCache {
+    fn layout(&self, gpu: &Gpu, storage: usize) -> Arc<wgpu::BindGroupLayout> {
+        let mut layouts = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        layouts
+            .entry(storage)
+            .or_insert_with(|| {
+                let uniform = wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: NonZeroU64::new(PARAM_SLOT),
+                    },
+                    count: None,
+                };
+                let storage_entry = |i: usize| wgpu::BindGroupLayoutEntry {
+                    binding: 1 + i as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                };
+                let entries: Vec<_> = std::iter::once(uniform).chain((0..storage).map(storage_entry)).collect();
+                Arc::new(gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("wgtrain kernel layout"),
+                    entries: &entries,
+                }))
+            })
+            .clone()
+    }
+
+    /// The compiled variant `key` binding `storage` tensors; `wgsl` renders its source
+    /// and is called only when the variant is not cached yet.
+    pub fn get(
+        &self,
+        gpu: &Gpu,
+        key: KernelKey,
+        storage: usize,
+        wgsl: impl FnOnce() -> Result<String, Error>,
+    ) -> Result<Arc<Kernel>, Error> {
+        if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(k.clone());
+        }
+        if storage > MAX_STORAGE_BINDINGS {
+            return Err(Error::invalid(key.family, format!("{storage} storage bindings, at most {MAX_STORAGE_BINDINGS}")));
+        }
+        let name = key.family;
+        let module = gpu.create_module(name, &wgsl()?)?;
+        let layout = self.layout(gpu, storage);
+        let pipeline_layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(name),
+            bind_group_layouts: &[Some(&*layout)],
+            immediate_size: 0,
+        });
+        let pipeline = gpu.scoped(wgpu::ErrorFilter::Validation, || {
+            gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })?;
+        let kernel = Arc::new(Kernel {
+            pipeline,
+            layout,
+            storage_bindings: storage,
+        });
+        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
+        Ok(kernel)
+    }
+}

@@ -1,0 +1,169 @@
+//! The runtime: the device, its allocator, the pipeline cache and the recorder that
+//! every launch goes through. The only place that records and submits GPU work.
+//!
+//! Ordering: launches are recorded into one encoder and submitted at a flush, while
+//! queue writes (uploads, guard fills) land at the start of the *next* submission,
+//! before launches recorded earlier. A freed block can be reused at once, so every host
+//! write and read goes through [`Runtime::write`] and [`Runtime::read`], which submit
+//! what is recorded first; the test
+//! `uploads_into_a_reused_block_do_not_overtake_pending_launches` pins this down.
+//!
+//! Launches are checked on the host (shader modules have no runtime bounds checks):
+//! the kernel layer checks what each kernel indexes; here the binding count and the
+//! parameter size are checked against the kernel.
+//!
+//! May call: `device`, `memory`, `error`, `runtime::{cache, record}`. Called by:
+//! `tensor`, the kernel layer, bench.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, PipelineCache};
+use super::record::{DeviceRecorder, DryRecorder, Elapsed, Recorder};
+use crate::device::Gpu;
+use crate::error::Error;
+use crate::memory::{Allocator, AllocatorOptions, Block};
+
+/// The most workgroups along one dispatch dimension.
+pub const MAX_GROUPS_X: u32 = 65535;
+
+/// Splits `groups` workgroups into an (x, y) grid within the per-dimension limit;
+/// kernels recover the linear index as `wid.x + wid.y * num_workgroups.x`.
+pub fn grid(groups: u32) -> [u32; 3] {
+    if groups <= MAX_GROUPS_X {
+        [groups.max(1), 1, 1]
+    } else {
+        [MAX_GROUPS_X, groups.div_ceil(MAX_GROUPS_X), 1]
+    }
+}
+
+/// What a launch binds: anything that lives in an allocator block (a tensor).
+pub trait Bound {
+    /// The block bound whole (at its offset, with its size).
+    fn block(&self) -> &Block;
+}
+
+/// The device, its allocator and the kernel machinery: what every op takes.
+pub struct Runtime {
+    /// The device.
+    pub gpu: Arc<Gpu>,
+    /// The allocator every tensor lives in.
+    pub alloc: Allocator,
+    cache: PipelineCache,
+    recorder: Mutex<Box<dyn Recorder>>,
+    timestamps: bool,
+}
+
+impl Runtime {
+    /// A runtime on `gpu` with a fresh allocator. With `options.dry` it is the memory
+    /// estimate's dry run: the allocator keeps its books only and launches are dropped.
+    pub fn new(gpu: Arc<Gpu>, options: AllocatorOptions) -> Result<Runtime, Error> {
+        let dry = options.dry;
+        let alloc = Allocator::new(gpu.clone(), options)?;
+        let recorder: Box<dyn Recorder> = if dry {
+            Box::new(DryRecorder)
+        } else {
+            Box::new(DeviceRecorder::new(gpu.clone()))
+        };
+        Ok(Runtime {
+            timestamps: gpu.caps.timestamps && !dry,
+            gpu,
+            alloc,
+            cache: PipelineCache::default(),
+            recorder: Mutex::new(recorder),
+        })
+    }
+
+    /// Opens the adapter `selector` names with an allocator configured from the
+    /// environment (`WGTRAIN_ALLOC_DEBUG`).
+    pub fn open(selector: Option<&str>) -> Result<Runtime, Error> {
+        let gpu = Arc::new(Gpu::open(selector)?);
+        Runtime::new(gpu, AllocatorOptions::default())
+    }
+
+    fn recorder(&self) -> MutexGuard<'_, Box<dyn Recorder>> {
+        self.recorder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether launches really run (false for the estimate's dry run).
+    pub fn runs_kernels(&self) -> bool {
+        self.recorder().runs()
+    }
+
+    /// The compiled variant `key` binding `storage` tensors; `wgsl` renders its source
+    /// and is called only on the first use of the variant.
+    pub fn kernel(&self, key: KernelKey, storage: usize, wgsl: impl FnOnce() -> Result<String, Error>) -> Result<Arc<Kernel>, Error> {
+        self.cache.get(&self.gpu, key, storage, wgsl)
+    }
+
+    /// Records one launch: `params` into the next ring slot, the blocks of `blocks`
+    /// bound whole at bindings 1.., `groups` workgroups.
+    pub fn launch<T: Bound>(&self, kernel: &Kernel, params: &[u8], blocks: &[&T], groups: [u32; 3]) -> Result<(), Error> {
+        if blocks.len() != kernel.storage_bindings || blocks.is_empty() || params.len() as u64 > PARAM_SLOT {
+            return Err(Error::invalid(
+                "launch",
+                format!(
+                    "{} tensors and {} parameter bytes for a kernel of {} bindings and {PARAM_SLOT} parameter bytes",
+                    blocks.len(),
+                    params.len(),
+                    kernel.storage_bindings
+                ),
+            ));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let bindings: [wgpu::BufferBinding<'_>; MAX_STORAGE_BINDINGS] = std::array::from_fn(|i| blocks[i.min(blocks.len() - 1)].block().binding());
+        self.recorder().record(kernel, params, &bindings[..blocks.len()], groups);
+        Ok(())
+    }
+
+    /// Submits what has been recorded.
+    pub fn flush(&self) {
+        self.recorder().submit();
+    }
+
+    /// Submits and waits for the device to finish.
+    pub fn sync(&self) -> Result<(), Error> {
+        let mut recorder = self.recorder();
+        recorder.submit();
+        recorder.wait()
+    }
+
+    /// Writes `bytes` (a multiple of 4) at `byte_offset` of `block`, after what is
+    /// recorded (see the module's ordering).
+    pub fn write(&self, block: &Block, byte_offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.flush();
+        Ok(block.write(byte_offset, bytes)?)
+    }
+
+    /// Reads `block`'s requested bytes back, after what is recorded.
+    pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
+        self.flush();
+        Ok(block.read()?)
+    }
+
+    /// Whether GPU timestamps are available for [`Runtime::time`].
+    pub fn has_timestamps(&self) -> bool {
+        self.timestamps
+    }
+
+    /// Runs `f` (which records launches) and returns the seconds it took: GPU
+    /// timestamps from the first launch's start to the last one's end when granted,
+    /// else wall clock around the submission and wait; 0 on the dry run.
+    pub fn time(&self, f: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
+        self.sync()?;
+        let start = std::time::Instant::now();
+        self.recorder().begin_timing();
+        let result = f();
+        let elapsed = self.recorder().end_timing();
+        result?;
+        Ok(match elapsed? {
+            Elapsed::Gpu(seconds) => seconds,
+            Elapsed::Wall => {
+                self.sync()?;
+                start.elapsed().as_secs_f64()
+            }
+            Elapsed::Nothing => 0.0,
+        })
+    }
+}

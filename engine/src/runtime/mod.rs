@@ -1,0 +1,14 @@
+//! The runtime layer: the only place that records and submits GPU work. `cache` holds
+//! compiled kernel variants under typed keys (WGSL rendered only on a miss), `record`
+//! is where launches go (a command encoder on the device, or nowhere for the estimate's
+//! dry run, chosen at construction), `launch` the [`Runtime`] every op takes.
+//!
+//! May call: `device`, `memory`, `error`. Called by: `tensor`, `kernels`, and above.
+
+pub mod cache;
+pub mod launch;
+pub mod record;
+
+pub use cache::{Kernel, KernelKey, PARAM_SLOT, render};
+pub use launch::{Bound, MAX_GROUPS_X, Runtime, grid};
+pub use record::RING_SLOTS;

@@ -1,0 +1,232 @@
+//! Where launches go, chosen when the runtime is made: [`DeviceRecorder`] records them
+//! into one command encoder and submits at a flush; [`DryRecorder`] (the memory
+//! estimate's dry run) drops them, so nothing is recorded and no device memory is
+//! touched.
+//!
+//! The parameter ring: each launch's parameters take the next [`PARAM_SLOT`]-byte slot of
+//! a host copy of the ring; the used part of the ring is written to the device once per
+//! submission, just before it (a queue write lands before the submission that follows
+//! it). After [`RING_SLOTS`] launches the encoder is submitted and the ring starts over.
+//!
+//! Timestamps: while timing is on, each launch's compute pass writes the shared query
+//! set (the first launch its beginning, every launch its end); this is the seam where
+//! per-launch timestamps go.
+//!
+//! May call: `device`, `error`, `runtime::cache`. Called by: `runtime::launch`.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use super::cache::{Kernel, MAX_STORAGE_BINDINGS, PARAM_SLOT};
+use crate::device::{DeviceError, Gpu};
+use crate::error::Error;
+
+/// Launches recorded before the encoder is submitted and the ring reused.
+pub const RING_SLOTS: u64 = 1024;
+
+/// What timing a span of launches gave.
+pub enum Elapsed {
+    /// GPU timestamps: seconds from the first launch's start to the last one's end.
+    Gpu(f64),
+    /// No timestamps: the caller times the span on the wall clock.
+    Wall,
+    /// Nothing ran (dry run).
+    Nothing,
+}
+
+/// Receives the launches of a runtime (see the module).
+pub trait Recorder: Send {
+    /// Records one launch of `kernel` with `params` and these block bindings.
+    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3]);
+    /// Submits what has been recorded.
+    fn submit(&mut self);
+    /// Waits for the device to finish what was submitted.
+    fn wait(&mut self) -> Result<(), Error>;
+    /// Starts timing the launches recorded from now on.
+    fn begin_timing(&mut self);
+    /// Stops timing, submits, waits, and says how long the timed launches took.
+    fn end_timing(&mut self) -> Result<Elapsed, Error>;
+    /// Whether launches really run (false for the dry run).
+    fn runs(&self) -> bool;
+}
+
+/// Records into a command encoder on the device.
+pub struct DeviceRecorder {
+    gpu: Arc<Gpu>,
+    params: wgpu::Buffer,
+    staged: Vec<u8>,
+    encoder: Option<wgpu::CommandEncoder>,
+    slot: u64,
+    queries: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
+    timing: Option<bool>,
+}
+
+impl DeviceRecorder {
+    /// A recorder on `gpu` with its parameter ring and (when granted) timestamp queries.
+    pub fn new(gpu: Arc<Gpu>) -> DeviceRecorder {
+        let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgtrain launch params"),
+            size: PARAM_SLOT * RING_SLOTS,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let queries = gpu.caps.timestamps.then(|| {
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("wgtrain timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgtrain timing resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let read = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgtrain timing read"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (set, resolve, read)
+        });
+        DeviceRecorder {
+            gpu,
+            params,
+            staged: vec![0; (PARAM_SLOT * RING_SLOTS) as usize],
+            encoder: None,
+            slot: 0,
+            queries,
+            timing: None,
+        }
+    }
+
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        let device = &self.gpu.device;
+        self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+    }
+}
+
+impl Recorder for DeviceRecorder {
+    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3]) {
+        if self.slot == RING_SLOTS {
+            self.submit();
+        }
+        let slot = self.slot;
+        self.slot += 1;
+        let at = (slot * PARAM_SLOT) as usize;
+        self.staged[at..at + params.len()].copy_from_slice(params);
+        let ring = wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params,
+                offset: 0,
+                size: NonZeroU64::new(PARAM_SLOT),
+            }),
+        };
+        // No allocation: the entries live on the stack (unused ones are never read).
+        let entries: [wgpu::BindGroupEntry; MAX_STORAGE_BINDINGS + 1] = std::array::from_fn(|i| match i {
+            0 => ring.clone(),
+            i if i <= bindings.len() => wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(bindings[i - 1].clone()),
+            },
+            _ => ring.clone(),
+        });
+        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.layout,
+            entries: &entries[..1 + bindings.len()],
+        });
+        let timestamp_writes = match (&mut self.timing, &self.queries) {
+            (Some(first), Some((set, _, _))) => Some(wgpu::ComputePassTimestampWrites {
+                query_set: set,
+                beginning_of_pass_write_index: std::mem::replace(first, false).then_some(0),
+                end_of_pass_write_index: Some(1),
+            }),
+            _ => None,
+        };
+        // The query set is borrowed by the pass descriptor; take the encoder apart from self.
+        let device = &self.gpu.device;
+        let encoder = self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes,
+        });
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &bind, &[(slot * PARAM_SLOT) as u32]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    fn submit(&mut self) {
+        if let Some(encoder) = self.encoder.take() {
+            if self.slot > 0 {
+                let used = (self.slot * PARAM_SLOT) as usize;
+                self.gpu.queue.write_buffer(&self.params, 0, &self.staged[..used]);
+            }
+            self.gpu.queue.submit([encoder.finish()]);
+        }
+        self.slot = 0;
+    }
+
+    fn wait(&mut self) -> Result<(), Error> {
+        Ok(self.gpu.wait()?)
+    }
+
+    fn begin_timing(&mut self) {
+        self.timing = self.queries.is_some().then_some(true);
+    }
+
+    fn end_timing(&mut self) -> Result<Elapsed, Error> {
+        self.timing = None;
+        let Some((set, resolve, read)) = &self.queries else {
+            return Ok(Elapsed::Wall);
+        };
+        let (set, resolve, read) = (set.clone(), resolve.clone(), read.clone());
+        let encoder = self.encoder();
+        encoder.resolve_query_set(&set, 0..2, &resolve, 0);
+        encoder.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
+        self.submit();
+        let (tx, rx) = std::sync::mpsc::channel();
+        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu.wait()?;
+        rx.recv()
+            .map_err(|e| DeviceError::Readback(e.to_string()))?
+            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+        let ticks: [u64; 2] = {
+            let view = read
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| DeviceError::Readback(e.to_string()))?;
+            let v: &[u64] = bytemuck::cast_slice(&view);
+            [v[0], v[1]]
+        };
+        read.unmap();
+        let period = self.gpu.queue.get_timestamp_period() as f64;
+        Ok(Elapsed::Gpu(ticks[1].saturating_sub(ticks[0]) as f64 * period * 1e-9))
+    }
+
+    fn runs(&self) -> bool {
+        true
+    }
+}
+
+/// Drops every launch: the dry run of the memory estimate.
+pub struct DryRecorder;
+
+impl Recorder for DryRecorder {
+    fn record(&mut self, _: &Kernel, _: &[u8], _: &[wgpu::BufferBinding<'_>], _: [u32; 3]) {}
+    fn submit(&mut self) {}
+    fn wait(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn begin_timing(&mut self) {}
+    fn end_timing(&mut self) -> Result<Elapsed, Error> {
+        Ok(Elapsed::Nothing)
+    }
+    fn runs(&self) -> bool {
+        false
+    }
+}
