@@ -23,21 +23,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> dlogits: array<{{T}}>;
 
 const WG: u32 = 256u;
-var<workgroup> red: array<f32, WG>;
-
-fn reduce(lid: u32, v: f32, is_max: bool) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            if is_max { red[lid] = max(red[lid], red[lid + s]); } else { red[lid] += red[lid + s]; }
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+{{WORKGROUP_REDUCE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -50,10 +36,10 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let valid = tgt != p.ignore_index && tgt >= 0 && u32(tgt) < p.cols;
     var m = -3.4028235e38;
     for (var j = lid; j < p.cols; j += WG) { m = max(m, f32(logits[base + j])); }
-    let row_max = reduce(lid, m, true);
+    let row_max = workgroup_max(lid, m);
     var s = 0.0;
     for (var j = lid; j < p.cols; j += WG) { s += exp(f32(logits[base + j]) - row_max); }
-    let total = reduce(lid, s, false);
+    let total = workgroup_sum(lid, s);
     if lid == 0u {
         var loss = 0.0;
         if valid { loss = log(total) + row_max - f32(logits[base + u32(tgt)]); }

@@ -29,24 +29,7 @@ struct Params {
 const MODE: u32 = {{MODE}}u;
 const WG: u32 = 256u;
 const ROW_CHUNK: u32 = 64u;
-var<workgroup> red: array<f32, WG>;
-var<workgroup> red2: array<f32, WG>;
-
-fn reduce2(lid: u32, a: f32, b: f32) -> vec2<f32> {
-    red[lid] = a;
-    red2[lid] = b;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-            red2[lid] += red2[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<f32>(red[0], red2[0]);
-    workgroupBarrier();
-    return r;
-}
+{{WORKGROUP_REDUCE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -90,13 +73,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if MODE == 0u {
         var s = 0.0;
         for (var j = lid; j < p.cols; j += WG) { s += f32(x[base + j]); }
-        let mu = reduce2(lid, s, 0.0).x / n;
+        let mu = workgroup_sum2(lid, s, 0.0).x / n;
         var v = 0.0;
         for (var j = lid; j < p.cols; j += WG) {
             let d = f32(x[base + j]) - mu;
             v += d * d;
         }
-        let r = inverseSqrt(reduce2(lid, v, 0.0).x / n + p.eps);
+        let r = inverseSqrt(workgroup_sum2(lid, v, 0.0).x / n + p.eps);
         for (var j = lid; j < p.cols; j += WG) {
             y_or_dx[base + j] = {{T}}((f32(x[base + j]) - mu) * r * w[j] + f32(b_or_dy[j]));
         }
@@ -115,7 +98,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         sg += g;
         sgx += g * (f32(x[base + j]) - mu) * r;
     }
-    let sums = reduce2(lid, sg, sgx) / n;
+    let sums = workgroup_sum2(lid, sg, sgx) / n;
     for (var j = lid; j < p.cols; j += WG) {
         let g = f32(b_or_dy[base + j]) * w[j];
         let xhat = (f32(x[base + j]) - mu) * r;

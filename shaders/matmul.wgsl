@@ -7,8 +7,8 @@
 // Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v), and
 // the register code generated for TM by the host (ACC_DECL, INNER, STORE): named
 // registers instead of indexed private arrays, which drivers may spill to memory;
-// and the tile loads (TYPE_A/LOAD_A, TYPE_B/LOAD_B): scalar for any strides, vec4
-// where a row is contiguous and offsets and strides are multiples of 4.
+// and the tile loads (TYPE_A and the VEC_A block, TYPE_B and VEC_B): scalar for any
+// strides, vec4 where a row is contiguous and offsets and strides are multiples of 4.
 {{ENABLE}}
 
 {{MATMUL_COMMON}}
@@ -45,8 +45,57 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let tid = lid.y * 16u + lid.x;
 {{ACC_DECL}}
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-{{LOAD_A}}
-{{LOAD_B}}
+//#if VEC_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / 4u;
+            let kq = e % 4u;
+            let gm = row0 + mm;
+            let gk = k0 + kq * 4u;
+            var v = vec4<f32>(0.0);
+            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + mm;
+                a_tile[t / 4u][t % 4u] = v[j];
+            }
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / BK;
+            let kk = e % BK;
+            let gm = row0 + mm;
+            let gk = k0 + kk;
+            var v = 0.0;
+            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            let t = kk * BM + mm;
+            a_tile[t / 4u][t % 4u] = v;
+        }
+//#endif
+//#if VEC_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / (BM / 4u);
+            let nq = e % (BM / 4u);
+            let gk = k0 + kk;
+            let gn = col0 + nq * 4u;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
+            b_tile[kk * (BM / 4u) + nq] = v;
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / BM;
+            let nn = e % BM;
+            let gk = k0 + kk;
+            let gn = col0 + nn;
+            var v = 0.0;
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            let t = kk * BM + nn;
+            b_tile[t / 4u][t % 4u] = v;
+        }
+//#endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,

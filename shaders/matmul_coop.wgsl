@@ -4,7 +4,8 @@
 // (s / 2) * 32 .. +32 and columns (s % 2) * 64 .. +64 as 2 x 4 fragments of 16 x 16.
 // K steps by 32 through workgroup memory. Fragments go out through a 16 x 16 staging
 // area per subgroup, where the epilogue runs with bounds checks.
-// Template: TC (output type), ACT, and the tile loads (TYPE_A/LOAD_A, TYPE_B/LOAD_B):
+// Template: TC (output type), ACT, and the tile loads (TYPE_A and the VEC_A block,
+// TYPE_B and VEC_B):
 // scalar f16 loads for any strides, or vec4<f16> loads when a row is contiguous and
 // every offset and row stride is a multiple of 4. The host picks this variant only where the adapter
 // grants 16x16x16 f16 -> f32 and subgroups of exactly 32.
@@ -59,8 +60,60 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-{{LOAD_A}}
-{{LOAD_B}}
+//#if VEC_A
+        for (var l = 0u; l < 4u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / 8u;
+            let kq = e % 8u;
+            let gm = row0 + mm;
+            let gk = k0 + kq * 4u;
+            var v = vec4<f16>(0.0);
+            if gm < p.m && gk < p.k { v = lhs[(a_base + gm * p.a_rs + gk) / 4u]; }
+            let t = mm * BK + kq * 4u;
+            a_tile[t] = v.x;
+            a_tile[t + 1u] = v.y;
+            a_tile[t + 2u] = v.z;
+            a_tile[t + 3u] = v.w;
+        }
+//#else
+        for (var l = 0u; l < 16u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / BK;
+            let kk = e % BK;
+            let gm = row0 + mm;
+            let gk = k0 + kk;
+            var v = f16(0.0);
+            if gm < p.m && gk < p.k { v = lhs[a_base + gm * p.a_rs + gk * p.a_cs]; }
+            a_tile[mm * BK + kk] = v;
+        }
+//#endif
+//#if VEC_B
+        for (var l = 0u; l < 4u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / 32u;
+            let nq = e % 32u;
+            let gk = k0 + kk;
+            let gn = col0 + nq * 4u;
+            var v = vec4<f16>(0.0);
+            if gk < p.k && gn < p.n { v = rhs[(b_base + gk * p.b_rs + gn) / 4u]; }
+            let t = kk * BM + nq * 4u;
+            b_tile[t] = v.x;
+            b_tile[t + 1u] = v.y;
+            b_tile[t + 2u] = v.z;
+            b_tile[t + 3u] = v.w;
+        }
+//#else
+        for (var l = 0u; l < 16u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / BM;
+            let nn = e % BM;
+            let gk = k0 + kk;
+            let gn = col0 + nn;
+            var v = f16(0.0);
+            if gk < p.k && gn < p.n { v = rhs[b_base + gk * p.b_rs + gn * p.b_cs]; }
+            b_tile[kk * BM + nn] = v;
+        }
+//#endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a_stride = BK;

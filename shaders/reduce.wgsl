@@ -18,7 +18,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 const WG: u32 = 256u;
-var<workgroup> partial: array<f32, WG>;
+{{WORKGROUP_REDUCE}}
 
 fn combine(a: f32, b: f32) -> f32 {
     return {{COMBINE}};
@@ -34,15 +34,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var j = start + lid.x; j < end; j += WG) {
         acc = combine(acc, f32(x[p.x_offset + j]));
     }
-    partial[lid.x] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid.x < s {
-            partial[lid.x] = combine(partial[lid.x], partial[lid.x + s]);
-        }
-        workgroupBarrier();
-    }
+    let total = {{WORKGROUP_OP}}(lid.x, acc);
     if lid.x == 0u {
-        out[row] = partial[0] * p.scale;
+        out[row] = total * p.scale;
     }
 }

@@ -18,31 +18,7 @@ struct Params {
 
 const MODE: u32 = {{MODE}}u;
 const WG: u32 = 256u;
-var<workgroup> red: array<f32, WG>;
-
-fn reduce_max(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s { red[lid] = max(red[lid], red[lid + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s { red[lid] = red[lid] + red[lid + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+{{WORKGROUP_REDUCE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -55,7 +31,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         for (var j = lid; j < p.cols; j += WG) {
             dot += f32(dy[base + j]) * f32(x[base + j]);
         }
-        let total = reduce_sum(lid, dot);
+        let total = workgroup_sum(lid, dot);
         for (var j = lid; j < p.cols; j += WG) {
             let yj = f32(x[base + j]);
             y[base + j] = {{TY}}(yj * (f32(dy[base + j]) - total));
@@ -68,12 +44,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     for (var j = lid; j < visible; j += WG) {
         m = max(m, f32(x[base + j]));
     }
-    let row_max = reduce_max(lid, m);
+    let row_max = workgroup_max(lid, m);
     var s = 0.0;
     for (var j = lid; j < visible; j += WG) {
         s += exp(f32(x[base + j]) - row_max);
     }
-    let total = reduce_sum(lid, s);
+    let total = workgroup_sum(lid, s);
     let log_total = log(total);
     for (var j = lid; j < p.cols; j += WG) {
         let z = f32(x[base + j]) - row_max;

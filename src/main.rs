@@ -1,5 +1,7 @@
 //! The `wgtrain` command line: parses arguments and hands each subcommand to
 //! `commands/`.
+//!
+//! May call: `commands`. Called by: the shell.
 
 mod commands;
 

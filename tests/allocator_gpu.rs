@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock};
 use alloc_model::{Model, Subject, op_strategy};
 use proptest::prelude::*;
 use wgtrain_engine::Gpu;
+use wgtrain_engine::memory::EventKind;
 use wgtrain_engine::memory::pool::{Placement, PoolConfig};
-use wgtrain_engine::memory::snapshot::EventKind;
 use wgtrain_engine::memory::{AllocError, Allocator, AllocatorOptions, Block, Category, MemoryCap, MemorySnapshot, MemoryStats};
 
 fn gpu() -> Arc<Gpu> {

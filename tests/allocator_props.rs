@@ -10,7 +10,8 @@ use std::rc::Rc;
 
 use alloc_model::{Model, Op, Subject, op_strategy};
 use proptest::prelude::*;
-use wgtrain_engine::memory::pool::{BackendOom, PageBackend, Placement, Pool, PoolConfig};
+use wgtrain_engine::memory::oom::BackendOom;
+use wgtrain_engine::memory::pool::{PageBackend, Placement, Pool, PoolConfig};
 use wgtrain_engine::memory::{AllocError, Category, MemorySnapshot, MemoryStats};
 
 /// Pages are plain numbers; creation fails past `capacity` bytes, as a device would.

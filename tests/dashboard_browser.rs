@@ -44,9 +44,12 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
         live: Some(rec.clone()),
-        bench: Some(serde_json::json!([
-            {"kernel": "matmul_f32", "dtype": "f32", "shape": [64, 64, 64], "median_us": 12.5, "gflops": 42.0, "gbps": null}
-        ])),
+        bench: Some(
+            serde_json::from_value(serde_json::json!([
+                {"kernel": "matmul_f32", "dtype": "f32", "shape": [64, 64, 64], "median_us": 12.5, "gflops": 42.0, "gbps": null}
+            ]))
+            .unwrap(),
+        ),
         ..Default::default()
     })
     .unwrap();

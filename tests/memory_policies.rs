@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use wgtrain_engine::TensorOps;
-use wgtrain_engine::train::estimate::{Estimate, estimate};
+use wgtrain_engine::train::plan::{Estimate, estimate};
 use wgtrain_engine::train::{Config, RunOptions, Trainer};
 
 fn temp(name: &str) -> PathBuf {

@@ -3,8 +3,8 @@
 mod common;
 
 use common::{finish, runtime, upload};
-use wgtrain_engine::TensorOps;
 use wgtrain_engine::DType;
+use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::Params;
 use wgtrain_engine::optim::{clip_grad_norm, lr_at};
 

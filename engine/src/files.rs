@@ -1,4 +1,6 @@
 //! Writing files safely: whole or not at all.
+//!
+//! May call: nothing of the engine.
 
 /// Writes `text` to `path` whole or not at all: a temporary name, fsync, rename.
 pub fn write_atomically(path: &std::path::Path, text: &[u8]) -> std::io::Result<()> {

@@ -1,7 +1,12 @@
-//! wgtrain's engine. The data path reads from the tree:
-//! `tensor` (views over blocks) -> `kernels` (WGSL launches) -> `memory` (the paged
-//! allocator every tensor lives in) -> `device` (adapters, features, typed errors).
-//! `bench` measures kernels and the allocator.
+//! wgtrain's engine. The data path reads from the tree, each layer calling only those
+//! below it: `train` (config, build, step, plan, run) -> `nn` (MLP, GPT) -> `autograd`
+//! (tape, ops) -> `kernels` (WGSL launches, host checks) -> `tensor` (views over blocks)
+//! -> `runtime` (the only place that records and submits GPU work) -> `memory` (the
+//! paged allocator every tensor lives in) -> `device` (adapters, features, typed errors).
+//! Beside them: `error` (the engine's error), `data` (host datasets and the loader),
+//! `optim` and `scaler` (optimizer and loss scaler over parameters), `files`, `bench`.
+//! The types the dashboard reads come from `wgtrain_protocol`. `tests/architecture.rs`
+//! checks that no two modules, and no two files of a folder, import each other.
 
 pub mod autograd;
 pub mod bench;
@@ -21,6 +26,6 @@ pub mod train;
 pub use device::{DeviceError, Gpu};
 pub use error::Error;
 pub use kernels::TensorOps;
-pub use runtime::Runtime;
 pub use memory::{AllocError, Allocator, Block, Category};
+pub use runtime::Runtime;
 pub use tensor::{DType, Tensor};

@@ -1,15 +1,17 @@
 //! Optimizers over [`Params`] with PyTorch's semantics (AdamW, SGD with momentum),
 //! global-norm gradient clipping, and the warmup + cosine learning-rate schedule.
 //! Each step is one fused kernel per parameter (kernels::optim).
+//!
+//! May call: `autograd`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
-use crate::kernels::TensorOps;
 use crate::autograd::Params;
+use crate::error::Error;
+use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
-use crate::error::Error;
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// Which update rule.

@@ -9,14 +9,16 @@
 //!   `backoff_factor` (0.5) and the clean-step count restarts; after `growth_interval`
 //!   (2000) consecutive clean steps it is multiplied by `growth_factor` (2.0).
 //! * The initial scale is 2^16 = 65536.
+//!
+//! May call: `autograd`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
-use crate::kernels::TensorOps;
 use crate::autograd::Params;
+use crate::error::Error;
+use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::check_finite;
-use crate::error::Error;
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// torch.amp.GradScaler's default initial scale.

@@ -1,5 +1,7 @@
 //! `wgtrain bench [--quick] [--filter NAME] [--adapter N] [--json FILE]`: runs the
 //! benchmarks, prints a table, and writes the records as JSON.
+//!
+//! May call: `wgtrain_engine` (bench, runtime, device), `commands`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! `wgtrain dashboard --runs DIR [--addr ADDR] [--token T] [--bench FILE]`: serves the
 //! dashboard over finished runs (each `NAME.jsonl` log with its `NAME.memory.json`).
+//!
+//! May call: `wgtrain_web`, `wgtrain_engine::bench`, `commands`.
 
 use std::path::{Path, PathBuf};
 
@@ -26,13 +28,13 @@ pub struct DashboardArgs {
 }
 
 /// Reads a `wgtrain bench --json` file (a JSON array of kernel records).
-pub fn read_bench(path: &Path) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+pub fn read_bench(path: &Path) -> Result<Vec<wgtrain_engine::bench::BenchRecord>, Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
     if !v.is_array() {
         return Err(format!("{} is not a `wgtrain bench --json` file (a JSON array)", path.display()).into());
     }
-    Ok(v)
+    serde_json::from_value(v).map_err(|e| format!("{} is not a `wgtrain bench --json` file: {e}", path.display()).into())
 }
 
 /// Serves until Ctrl-C.

@@ -1,4 +1,6 @@
 //! `wgtrain devices [--json]`: every adapter with the facts kernels choose by.
+//!
+//! May call: `wgtrain_engine::device`, `commands`.
 
 use clap::Args;
 

@@ -1,5 +1,7 @@
 //! `wgtrain estimate [CONFIG.toml] [--set section.key=value]... [--json]`: the peak
 //! memory of a training step by category, from a dry run that allocates nothing.
+//!
+//! May call: `wgtrain_engine::train`, `commands`.
 
 use std::path::PathBuf;
 
@@ -7,7 +9,7 @@ use clap::Args;
 
 use super::CliResult;
 use wgtrain_engine::train::Config;
-use wgtrain_engine::train::estimate::estimate;
+use wgtrain_engine::train::plan::estimate;
 
 /// Arguments of `wgtrain estimate`.
 #[derive(Args)]

@@ -1,4 +1,6 @@
 //! One file per subcommand; each turns its arguments into engine calls and prints.
+//!
+//! May call: its command files. Called by: `main`.
 
 pub mod bench;
 pub mod dashboard;

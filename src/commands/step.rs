@@ -1,6 +1,8 @@
 //! `wgtrain step --hf-dir DIR --batch FILE.safetensors [--dump-grads OUT] [--json]`:
 //! one f32 forward and backward of a transformers GPT-2 checkpoint, to check the
 //! engine against PyTorch.
+//!
+//! May call: `wgtrain_engine` (runtime, train::hf_step, nn), `commands`.
 
 use std::path::PathBuf;
 

@@ -2,6 +2,8 @@
 //! [--adapter N] [--resume DIR] [--dashboard [ADDR]]`: trains as the config says;
 //! Ctrl-C saves and exits. With a log, the run's memory record is saved beside it
 //! (FILE.memory.json) for `wgtrain dashboard`; with --dashboard it is served live.
+//!
+//! May call: `wgtrain_engine::train`, `wgtrain_web`, `commands::dashboard`, `commands`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -100,19 +102,18 @@ pub fn run(args: TrainArgs) -> CliResult {
         None => None,
     };
     let options = RunOptions {
-        adapter: args.adapter,
         log: args.log,
         resume: args.resume,
         progress: !args.quiet,
         stop: Some(stop),
-        observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::observe::Observer>),
+        observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
     };
     let result = trainer.run(&options);
     if result.is_err()
         && let Some(r) = &recorder
     {
         // Save what was recorded: the run stopped with an error.
-        wgtrain_engine::train::observe::Observer::finish(r.as_ref());
+        wgtrain_engine::train::Observer::finish(r.as_ref());
     }
     let summary = result?;
     if let Some(e) = &summary.last_eval {

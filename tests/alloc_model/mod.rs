@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use wgtrain_engine::memory::pool::{Placement, PoolConfig, PoolKind, SMALL_REQUEST};
+use wgtrain_engine::memory::PoolKind;
+use wgtrain_engine::memory::pool::{Placement, PoolConfig, SMALL_REQUEST};
 use wgtrain_engine::memory::{AllocError, Category, MemorySnapshot, MemoryStats};
 
 /// One step of a random sequence.

@@ -13,7 +13,15 @@ fn main() {
         .canonicalize()
         .expect("web/app exists beside web/server");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for f in ["src", "Cargo.toml", "Cargo.lock", "index.html", "style.css"] {
+    for f in [
+        "src",
+        "Cargo.toml",
+        "Cargo.lock",
+        "index.html",
+        "style.css",
+        "../protocol/src",
+        "../protocol/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", app.join(f).display());
     }
     let target_dir = manifest_dir.join("../../target/web-app");

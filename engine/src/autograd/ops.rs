@@ -1,15 +1,17 @@
 //! Differentiable ops: each runs its forward kernels, and records a backward that owns
 //! only what it needs. Forward and backward of an op sit side by side, as in llm.c.
+//!
+//! May call: `autograd::tape`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
-use super::{Tape, Var};
+use super::tape::{Tape, Var};
+use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
-use crate::error::Error;
 use crate::kernels::{attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// How a linear layer stores its weight.
@@ -44,15 +46,7 @@ fn half(rt: &Runtime, t: &Tensor, category: Category, label: &str) -> Result<Ten
 /// copies are what backward keeps (half the bytes of the f32 input), and every matmul
 /// (forward, dx, dW) reads f16 and accumulates and writes f32, as torch.autocast's
 /// linear with f32 master weights; the bias and its gradient stay f32.
-pub fn linear(
-    tape: &mut Tape,
-    rt: &Runtime,
-    x: &Var,
-    w: &Var,
-    b: Option<&Var>,
-    layout: WeightLayout,
-    label: &str,
-) -> Result<Var, Error> {
+pub fn linear(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, layout: WeightLayout, label: &str) -> Result<Var, Error> {
     linear_as(tape, rt, x, w, b, layout, DType::F32, label)
 }
 

@@ -2,13 +2,15 @@
 //! versus allocated bytes after the allocation pattern of GPT training steps (llm.c's
 //! tensor list: parameters, AdamW state, saved activations, backward temporaries,
 //! gradients freed by zero_grad).
+//!
+//! May call: `bench::record`, `memory`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
 
-use super::{BenchRecord, median};
+use super::record::{BenchRecord, median};
 use crate::Gpu;
 use crate::memory::{AllocError, Allocator, AllocatorOptions, Block, Category};
 

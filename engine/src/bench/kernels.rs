@@ -2,8 +2,11 @@
 //! CPU reference on sampled rows or elements (the whole output where it is small), then
 //! times the launch (GPU timestamps when granted, else wall clock) as the median of
 //! repeats after at least 300 ms of warm-up.
+//!
+//! May call: `bench::record`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
-use super::{BenchRecord, median};
+use super::record::{BenchRecord, median};
+use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
@@ -11,10 +14,9 @@ use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
 use crate::kernels::tolerance::{compare, tensor_core_tolerance, tolerance};
-use crate::error::Error;
 use crate::kernels::{attention, layernorm};
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 const WARMUP: usize = 2;

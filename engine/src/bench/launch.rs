@@ -3,16 +3,18 @@
 //! kernel so small that the GPU's share does not matter. Launches are recorded in
 //! batches smaller than the parameter ring, so no submission falls inside the timed
 //! part; the GPU runs them after each timed batch, untimed.
+//!
+//! May call: `bench::record`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
 use std::time::Instant;
 
-use super::{BenchRecord, median};
+use super::record::{BenchRecord, median};
+use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
-use crate::error::Error;
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// Launches recorded per timed batch (below the ring's 1024 slots).

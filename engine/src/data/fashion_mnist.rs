@@ -2,11 +2,13 @@
 //! (/usr/share/datasets/fashion-mnist): 60,000 training and 10,000 test images of
 //! 28 x 28, ten classes. Pixels are scaled to [0, 1] and normalised with the training
 //! set's mean and standard deviation.
+//!
+//! May call: `data::loader`.
 
 use std::io::Read;
 use std::path::Path;
 
-use super::{DataError, Dataset, HostBatch};
+use super::loader::{DataError, Dataset, HostBatch};
 
 /// Where Debian installs the files.
 pub const DEFAULT_PATH: &str = "/usr/share/datasets/fashion-mnist";

@@ -1,10 +1,12 @@
 //! Character-level text: any file or folder of text files (default: Debian's
 //! `fortunes` package under /usr/share/games/fortunes), a vocabulary of the characters
 //! seen, and windows of T + 1 characters (inputs and next-character targets).
+//!
+//! May call: `data::loader`.
 
 use std::path::Path;
 
-use super::{DataError, Dataset, HostBatch};
+use super::loader::{DataError, Dataset, HostBatch};
 
 /// Where Debian's fortunes package puts its text.
 pub const DEFAULT_PATH: &str = "/usr/share/games/fortunes";

@@ -1,9 +1,11 @@
 //! nanoGPT-style token files: a flat array of little-endian u16 token ids
 //! (train.bin, val.bin), read through memmap, cut into windows of T + 1 tokens.
+//!
+//! May call: `data::loader`.
 
 use std::path::Path;
 
-use super::{DataError, Dataset, HostBatch};
+use super::loader::{DataError, Dataset, HostBatch};
 
 /// A memory-mapped token file.
 pub struct TokenFile {

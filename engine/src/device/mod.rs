@@ -163,7 +163,7 @@ pub fn list_adapters() -> Vec<AdapterReport> {
     enumerate_adapters()
         .iter()
         .enumerate()
-        .map(|(i, a)| AdapterReport::of(i, a))
+        .map(|(i, a)| report::adapter_report(i, a))
         .collect()
 }
 
@@ -183,7 +183,7 @@ fn preference(report: &AdapterReport) -> (u32, u32) {
 /// Picks an adapter: `selector` is an index, a backend name or part of the adapter's
 /// name (case-insensitive); without one, the most capable (discrete GPU first, GL last).
 pub fn choose_adapter(adapters: &[wgpu::Adapter], selector: Option<&str>) -> Result<usize, DeviceError> {
-    let reports: Vec<AdapterReport> = adapters.iter().enumerate().map(|(i, a)| AdapterReport::of(i, a)).collect();
+    let reports: Vec<AdapterReport> = adapters.iter().enumerate().map(|(i, a)| report::adapter_report(i, a)).collect();
     if reports.is_empty() {
         return Err(DeviceError::NoAdapter);
     }
@@ -229,7 +229,7 @@ impl Gpu {
     /// Opens a device on `adapter` with its full limits and the engine's features (less
     /// any named in `WGTRAIN_WITHHOLD_FEATURES`).
     pub fn open_adapter(index: usize, adapter: wgpu::Adapter) -> Result<Gpu, DeviceError> {
-        let report = AdapterReport::of(index, &adapter);
+        let report = report::adapter_report(index, &adapter);
         let granted = adapter.features() & report::engine_features() & !withheld_features();
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {

@@ -1,7 +1,10 @@
 //! What an adapter is and can do: the facts `wgtrain devices` prints and kernels read
-//! to choose their variant.
+//! to choose their variant. The report types are the dashboard protocol's; this file
+//! fills them from wgpu.
+//!
+//! May call: wgpu, `wgtrain_protocol`.
 
-use serde::{Deserialize, Serialize};
+pub use wgtrain_protocol::{AdapterReport, CoopMatrixConfig, LimitsReport};
 
 /// The features the engine uses, by the names `wgtrain devices` prints.
 pub const ENGINE_FEATURES: [(&str, wgpu::Features); 5] = [
@@ -17,46 +20,15 @@ pub fn engine_features() -> wgpu::Features {
     ENGINE_FEATURES.iter().fold(wgpu::Features::empty(), |acc, (_, f)| acc | *f)
 }
 
-/// The limits that matter to the engine.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LimitsReport {
-    /// Largest buffer.
-    pub max_buffer_size: u64,
-    /// Largest range one storage binding may see.
-    pub max_storage_buffer_binding_size: u64,
-    /// Alignment of storage binding offsets.
-    pub min_storage_buffer_offset_alignment: u32,
-    /// Bytes of workgroup memory.
-    pub max_compute_workgroup_storage_size: u32,
-    /// Invocations in one workgroup.
-    pub max_compute_invocations_per_workgroup: u32,
-}
-
-impl From<&wgpu::Limits> for LimitsReport {
-    fn from(l: &wgpu::Limits) -> Self {
-        LimitsReport {
-            max_buffer_size: l.max_buffer_size,
-            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
-            min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
-            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
-            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
-        }
+/// The limits the engine reads, from wgpu's.
+pub fn limits_report(l: &wgpu::Limits) -> LimitsReport {
+    LimitsReport {
+        max_buffer_size: l.max_buffer_size,
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+        min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+        max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
     }
-}
-
-/// One cooperative matrix configuration: C[m x n] += A[m x k] * B[k x n].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CoopMatrixConfig {
-    /// Rows of A and C.
-    pub m: u32,
-    /// Columns of B and C.
-    pub n: u32,
-    /// Columns of A, rows of B.
-    pub k: u32,
-    /// Scalar type of A and B ("f16", "f32", "i32", "u32").
-    pub ab: String,
-    /// Scalar type of C and the result.
-    pub cr: String,
 }
 
 fn scalar_name(t: wgpu::CooperativeScalarType) -> &'static str {
@@ -66,29 +38,6 @@ fn scalar_name(t: wgpu::CooperativeScalarType) -> &'static str {
         wgpu::CooperativeScalarType::I32 => "i32",
         wgpu::CooperativeScalarType::U32 => "u32",
     }
-}
-
-/// Everything `wgtrain devices` says of one adapter.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdapterReport {
-    /// Position in the enumeration (what `--adapter N` takes).
-    pub index: usize,
-    /// "vulkan", "metal", "dx12", "gl" or "webgpu".
-    pub backend: String,
-    /// The adapter's name.
-    pub name: String,
-    /// "discrete_gpu", "integrated_gpu", "virtual_gpu", "cpu" or "other".
-    pub device_type: String,
-    /// Driver name and version.
-    pub driver: String,
-    /// Which of [`ENGINE_FEATURES`] the adapter offers.
-    pub features: Vec<String>,
-    /// Limits the engine reads.
-    pub limits: LimitsReport,
-    /// Cooperative matrix configurations (empty without the feature).
-    pub cooperative_matrix: Vec<CoopMatrixConfig>,
-    /// Device-local memory in bytes where the backend tells it (Vulkan), else null.
-    pub memory_bytes: Option<u64>,
 }
 
 /// The lowercase name of a backend ("vulkan", "metal", "dx12", "gl", "webgpu").
@@ -107,48 +56,46 @@ pub fn device_type_name(t: wgpu::DeviceType) -> &'static str {
     }
 }
 
-impl AdapterReport {
-    /// Reads an adapter's facts.
-    pub fn of(index: usize, adapter: &wgpu::Adapter) -> Self {
-        let info = adapter.get_info();
-        let features = adapter.features();
-        let limits = adapter.limits();
-        let cooperative_matrix = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-            adapter
-                .cooperative_matrix_properties()
-                .into_iter()
-                .map(|p| CoopMatrixConfig {
-                    m: p.m_size,
-                    n: p.n_size,
-                    k: p.k_size,
-                    ab: scalar_name(p.ab_type).into(),
-                    cr: scalar_name(p.cr_type).into(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let driver = [info.driver.as_str(), info.driver_info.as_str()]
+/// Reads an adapter's facts.
+pub fn adapter_report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
+    let info = adapter.get_info();
+    let features = adapter.features();
+    let limits = adapter.limits();
+    let cooperative_matrix = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        adapter
+            .cooperative_matrix_properties()
+            .into_iter()
+            .map(|p| CoopMatrixConfig {
+                m: p.m_size,
+                n: p.n_size,
+                k: p.k_size,
+                ab: scalar_name(p.ab_type).into(),
+                cr: scalar_name(p.cr_type).into(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let driver = [info.driver.as_str(), info.driver_info.as_str()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    AdapterReport {
+        index,
+        backend: backend_name(info.backend),
+        name: info.name.clone(),
+        device_type: device_type_name(info.device_type).into(),
+        driver,
+        features: ENGINE_FEATURES
             .iter()
-            .filter(|s| !s.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join(" ");
-        AdapterReport {
-            index,
-            backend: backend_name(info.backend),
-            name: info.name.clone(),
-            device_type: device_type_name(info.device_type).into(),
-            driver,
-            features: ENGINE_FEATURES
-                .iter()
-                .filter(|(_, f)| features.contains(*f))
-                .map(|(n, _)| n.to_string())
-                .collect(),
-            limits: LimitsReport::from(&limits),
-            cooperative_matrix,
-            memory_bytes: device_local_bytes(adapter),
-        }
+            .filter(|(_, f)| features.contains(*f))
+            .map(|(n, _)| n.to_string())
+            .collect(),
+        limits: limits_report(&limits),
+        cooperative_matrix,
+        memory_bytes: device_local_bytes(adapter),
     }
 }
 

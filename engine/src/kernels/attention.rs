@@ -5,12 +5,15 @@
 //!
 //! Q, K and V are read in place from the fused projection qkv [B, T, 3C] through
 //! strided views, and Y is written straight into [B, T, C] layout.
+//!
+//! May call: `error`, `kernels::matmul`, `kernels::softmax`, `memory`, `runtime`,
+//! `tensor`.
 
 use super::matmul::{MatmulOptions, matmul_into};
 use super::softmax::{softmax_backward_into, softmax_into};
 use crate::error::Error;
-use crate::runtime::Runtime;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// Q, K or V of qkv [B, T, 3C] as a [B, NH, T, D] view (which = 0, 1, 2).
@@ -20,7 +23,11 @@ pub fn head_view(qkv: &Tensor, nh: usize, which: usize) -> Result<Tensor, Error>
     };
     let (b, t, c3) = (*b, *t, *c3);
     if c3 % 3 != 0 || (c3 / 3) % nh != 0 || !qkv.is_contiguous() {
-        return Err(Error::shape("attention qkv", format!("a contiguous [B, T, 3C] with C divisible by {nh} heads"), format!("{:?}", qkv.shape())));
+        return Err(Error::shape(
+            "attention qkv",
+            format!("a contiguous [B, T, 3C] with C divisible by {nh} heads"),
+            format!("{:?}", qkv.shape()),
+        ));
     }
     let c = c3 / 3;
     let d = c / nh;
@@ -34,7 +41,11 @@ pub fn heads_of(y: &Tensor, nh: usize) -> Result<Tensor, Error> {
     };
     let (b, t, c) = (*b, *t, *c);
     if c % nh != 0 || !y.is_contiguous() {
-        return Err(Error::shape("attention heads", format!("a contiguous [B, T, C] with C divisible by {nh} heads"), format!("{:?}", y.shape())));
+        return Err(Error::shape(
+            "attention heads",
+            format!("a contiguous [B, T, C] with C divisible by {nh} heads"),
+            format!("{:?}", y.shape()),
+        ));
     }
     let d = c / nh;
     y.as_strided(&[b, nh, t, d], &[t * c, d, c, 1], y.offset())

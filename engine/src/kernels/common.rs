@@ -11,6 +11,9 @@ use crate::tensor::{DType, Tensor};
 
 /// Activation functions shared by kernels (pasted at `{{ACTIVATIONS}}`).
 pub const ACTIVATIONS: &str = include_str!("../../../shaders/activations.wgsl");
+/// Workgroup tree reductions (sum, max, paired sum) shared by the row kernels (pasted
+/// at `{{WORKGROUP_REDUCE}}`; the kernel declares `WG`).
+pub const WORKGROUP_REDUCE: &str = include_str!("../../../shaders/workgroup_reduce.wgsl");
 
 /// Checks on the host that `t` holds `dtype` and that every element it addresses lies
 /// inside its block: what the unchecked shader would otherwise overrun.
@@ -32,7 +35,11 @@ pub fn check_tensor(what: &str, t: &Tensor, dtype: DType) -> Result<(), Error> {
         ));
     }
     if t.numel() > u32::MAX as usize || t.capacity() > u32::MAX as usize {
-        return Err(Error::shape(what, "at most 2^32 elements", format!("{} elements", t.capacity().max(t.numel()))));
+        return Err(Error::shape(
+            what,
+            "at most 2^32 elements",
+            format!("{} elements", t.capacity().max(t.numel())),
+        ));
     }
     Ok(())
 }

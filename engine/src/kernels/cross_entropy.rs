@@ -1,9 +1,11 @@
 //! Fused cross-entropy forward and backward over row chunks
 //! (shaders/cross_entropy.wgsl), with PyTorch's ignore_index (-100) and mean reduction.
+//!
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
@@ -26,6 +28,7 @@ struct Params {
 /// The template values of one variant.
 pub fn variant(dtype: DType, backward: bool) -> Vec<(&'static str, String)> {
     vec![
+        ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().into()),
         ("BACKWARD", backward.to_string()),
@@ -60,13 +63,21 @@ pub fn cross_entropy_rows(
         check_contiguous("cross_entropy dlogits", d, &[n, v])?;
     }
     if rows.end > n || rows.start > rows.end {
-        return Err(Error::shape("cross_entropy rows", format!("a range inside {n} rows"), format!("{rows:?}")));
+        return Err(Error::shape(
+            "cross_entropy rows",
+            format!("a range inside {n} rows"),
+            format!("{rows:?}"),
+        ));
     }
     require_f16(rt, &[logits.dtype()])?;
     if logits.offset() != 0 || targets.offset() != 0 || losses.offset() != 0 || dlogits.is_some_and(|d| d.offset() != 0) {
         return Err(Error::shape("cross_entropy", "whole tensors (offset 0)", "a view at an offset"));
     }
-    let kernel = rt.kernel(KernelKey::new("cross_entropy", &[logits.dtype() as u32, u32::from(dlogits.is_some())]), 4, || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some())))?;
+    let kernel = rt.kernel(
+        KernelKey::new("cross_entropy", &[logits.dtype() as u32, u32::from(dlogits.is_some())]),
+        4,
+        || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some())),
+    )?;
     let params = Params {
         rows: rows.len() as u32,
         cols: v as u32,

@@ -1,11 +1,13 @@
 //! Embedding gather and its deterministic scatter-add backward (shaders/embedding.wgsl).
+//!
+//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::common::{check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/embedding.wgsl");
@@ -49,7 +51,9 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
     let mut shape = ids.shape().to_vec();
     shape.push(c);
     let out = Tensor::empty(rt, &shape, table.dtype(), Category::Activation, label)?;
-    let kernel = rt.kernel(KernelKey::new("embedding", &[0, table.dtype() as u32]), 3, || render("embedding", SOURCE, &variant(0, table.dtype())))?;
+    let kernel = rt.kernel(KernelKey::new("embedding", &[0, table.dtype() as u32]), 3, || {
+        render("embedding", SOURCE, &variant(0, table.dtype()))
+    })?;
     let params = Params {
         tokens: n as u32,
         cols: c as u32,
@@ -71,10 +75,16 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
     check_tensor("embedding dout", dout, dtable.dtype())?;
     check_contiguous("embedding dout", dout, &[ids.shape(), &[c]].concat())?;
     if dout.offset() != 0 {
-        return Err(Error::shape("embedding dout", "a whole tensor (offset 0)", format!("offset {}", dout.offset())));
+        return Err(Error::shape(
+            "embedding dout",
+            "a whole tensor (offset 0)",
+            format!("offset {}", dout.offset()),
+        ));
     }
     require_f16(rt, &[dtable.dtype()])?;
-    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || render("embedding", SOURCE, &variant(1, dtable.dtype())))?;
+    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || {
+        render("embedding", SOURCE, &variant(1, dtable.dtype()))
+    })?;
     let params = Params {
         tokens: n as u32,
         cols: c as u32,

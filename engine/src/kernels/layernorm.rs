@@ -1,12 +1,14 @@
 //! LayerNorm forward (saving mean and rstd) and backward (shaders/layernorm.wgsl).
 //! Weights, biases and statistics are f32; activations f32 or f16.
+//!
+//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
@@ -26,6 +28,7 @@ struct Params {
 /// partials, 3 weight-grad sums).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
     vec![
+        ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().into()),
         ("MODE", mode.to_string()),
@@ -66,7 +69,9 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     let y = Tensor::empty(rt, x.shape(), x.dtype(), Category::Activation, label)?;
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
-    let kernel = rt.kernel(KernelKey::new("layernorm", &[0, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(0, x.dtype())))?;
+    let kernel = rt.kernel(KernelKey::new("layernorm", &[0, x.dtype() as u32]), 8, || {
+        render("layernorm", SOURCE, &variant(0, x.dtype()))
+    })?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -111,7 +116,9 @@ pub fn backward(
         eps: 0.0,
         pad: 0,
     };
-    let k1 = rt.kernel(KernelKey::new("layernorm", &[1, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(1, x.dtype())))?;
+    let k1 = rt.kernel(KernelKey::new("layernorm", &[1, x.dtype() as u32]), 8, || {
+        render("layernorm", SOURCE, &variant(1, x.dtype()))
+    })?;
     rt.launch(
         &k1,
         bytemuck::bytes_of(&params),
@@ -122,18 +129,26 @@ pub fn backward(
     // then the chunks summed in order.
     let chunks = rows.div_ceil(ROW_CHUNK).max(1);
     if chunks > 65535 {
-        return Err(Error::shape("layernorm backward", format!("at most {} rows", 65535 * ROW_CHUNK), rows));
+        return Err(Error::shape(
+            "layernorm backward",
+            format!("at most {} rows", 65535 * ROW_CHUNK),
+            rows,
+        ));
     }
     let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
     let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
-    let k2 = rt.kernel(KernelKey::new("layernorm", &[2, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(2, x.dtype())))?;
+    let k2 = rt.kernel(KernelKey::new("layernorm", &[2, x.dtype() as u32]), 8, || {
+        render("layernorm", SOURCE, &variant(2, x.dtype()))
+    })?;
     rt.launch(
         &k2,
         bytemuck::bytes_of(&params),
         &[x, w, dy, &dx, &saved.mean, &saved.rstd, &pw, &pb],
         [cols.div_ceil(256) as u32, chunks as u32, 1],
     )?;
-    let k3 = rt.kernel(KernelKey::new("layernorm", &[3, x.dtype() as u32]), 8, || render("layernorm", SOURCE, &variant(3, x.dtype())))?;
+    let k3 = rt.kernel(KernelKey::new("layernorm", &[3, x.dtype() as u32]), 8, || {
+        render("layernorm", SOURCE, &variant(3, x.dtype()))
+    })?;
     rt.launch(
         &k3,
         bytemuck::bytes_of(&params),

@@ -1,6 +1,8 @@
 //! Elementwise kernels (shaders/map.wgsl): arithmetic with broadcasting, unary math,
 //! activations and their backward forms, casts, fill and strided copies, from one
 //! template. Contiguous same-shape launches use the vec4 variant.
+//!
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -171,7 +173,7 @@ pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&
         ("LOAD_A", load("a", "xa", ia, op.arity() >= 1)),
         ("LOAD_B", load("b", "xb", ib, op.arity() >= 2)),
         ("EXPR", op.expr().to_string()),
-        ("ACTIVATIONS", super::ACTIVATIONS.to_string()),
+        ("ACTIVATIONS", super::common::ACTIVATIONS.to_string()),
     ]
     .into_iter()
     .collect()
@@ -181,14 +183,22 @@ pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&
 fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], Error> {
     let rank = t.shape().len();
     if rank > out.len() {
-        return Err(Error::shape(what, format!("a shape that broadcasts to {out:?}"), format!("{:?}", t.shape())));
+        return Err(Error::shape(
+            what,
+            format!("a shape that broadcasts to {out:?}"),
+            format!("{:?}", t.shape()),
+        ));
     }
     let mut strides = [0u32; 4];
     let lead = 4 - out.len();
     for (k, (&d, &s)) in t.shape().iter().zip(t.strides()).enumerate() {
         let od = out[out.len() - rank + k];
         if d != od && d != 1 {
-            return Err(Error::shape(what, format!("a shape that broadcasts to {out:?}"), format!("{:?}", t.shape())));
+            return Err(Error::shape(
+                what,
+                format!("a shape that broadcasts to {out:?}"),
+                format!("{:?}", t.shape()),
+            ));
         }
         strides[lead + out.len() - rank + k] = if d == 1 { 0 } else { s as u32 };
     }
@@ -196,21 +206,17 @@ fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], 
 }
 
 /// out = op(a, b, alpha, beta), broadcasting a and b to out's shape (out contiguous).
-pub fn map_into(
-    rt: &Runtime,
-    op: MapOp,
-    a: Option<&Tensor>,
-    b: Option<&Tensor>,
-    out: &Tensor,
-    alpha: f32,
-    beta: f32,
-) -> Result<(), Error> {
+pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>, out: &Tensor, alpha: f32, beta: f32) -> Result<(), Error> {
     let shape = out.shape();
     if shape.len() > 4 {
         return Err(Error::shape("map", "rank at most 4", format!("{shape:?}")));
     }
     if !out.is_contiguous() {
-        return Err(Error::shape("map output", "a contiguous tensor", format!("{:?} strides {:?}", out.shape(), out.strides())));
+        return Err(Error::shape(
+            "map output",
+            "a contiguous tensor",
+            format!("{:?} strides {:?}", out.shape(), out.strides()),
+        ));
     }
     let inputs = [a, b];
     for (k, t) in inputs.iter().enumerate() {
@@ -253,7 +259,14 @@ pub fn map_into(
         beta,
         pad: [0; 2],
     };
-    let kernel = rt.kernel(KernelKey::new("map", &[op as u32, a.dtype() as u32, b.dtype() as u32, out.dtype() as u32, lanes as u32]), 3, || render("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32)))?;
+    let kernel = rt.kernel(
+        KernelKey::new(
+            "map",
+            &[op as u32, a.dtype() as u32, b.dtype() as u32, out.dtype() as u32, lanes as u32],
+        ),
+        3,
+        || render("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32)),
+    )?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -277,7 +290,11 @@ pub fn fill(rt: &Runtime, t: &Tensor, value: f32) -> Result<(), Error> {
 /// Copies (and casts) `src`, any strides, into `dst`, contiguous of the same shape.
 pub fn copy_into(rt: &Runtime, src: &Tensor, dst: &Tensor) -> Result<(), Error> {
     if src.shape() != dst.shape() {
-        return Err(Error::shape("copy", format!("{:?} (the destination)", dst.shape()), format!("{:?}", src.shape())));
+        return Err(Error::shape(
+            "copy",
+            format!("{:?} (the destination)", dst.shape()),
+            format!("{:?}", src.shape()),
+        ));
     }
     map_into(rt, MapOp::Copy, Some(src), None, dst, 1.0, 0.0)
 }

@@ -3,96 +3,19 @@
 //! accumulation, and a bias + activation epilogue. The cooperative-matrix path
 //! (shaders/matmul_coop.wgsl) is chosen for f16 inputs when the adapter grants
 //! 16x16x16 f16 -> f32 configurations.
-
-use bytemuck::{Pod, Zeroable};
+//!
+//! May call: `error`, `kernels::common`, `kernels::matmul_coop`,
+//! `kernels::matmul_params`, `memory`, `runtime`, `tensor`.
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
+pub use super::matmul_params::{Activation, MatmulOptions};
+use super::matmul_params::{COMMON, Params, vec4_loads};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, render};
 use crate::memory::Category;
+use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
-/// Parameters, output bindings and epilogue shared with the cooperative kernel.
-pub(crate) const COMMON: &str = include_str!("../../../shaders/matmul_common.wgsl");
-
-/// The epilogue's activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Activation {
-    /// None.
-    #[default]
-    Identity,
-    /// max(v, 0)
-    Relu,
-    /// GPT-2's gelu.
-    Gelu,
-}
-
-impl Activation {
-    /// The epilogue's WGSL expression in terms of `v`.
-    pub(crate) fn expr(self) -> &'static str {
-        match self {
-            Activation::Identity => "v",
-            Activation::Relu => "max(v, 0.0)",
-            Activation::Gelu => "gelu(v)",
-        }
-    }
-}
-
-/// Scale, accumulation and epilogue of a matmul.
-#[derive(Clone, Copy, Debug)]
-pub struct MatmulOptions<'a> {
-    /// C = alpha * A @ B + ...
-    pub alpha: f32,
-    /// ... + beta * C (0 overwrites C).
-    pub beta: f32,
-    /// A row vector [N] (f32) added to every row.
-    pub bias: Option<&'a Tensor>,
-    /// Applied last.
-    pub activation: Activation,
-    /// Use the tiled kernel even where the cooperative one would be chosen.
-    pub tiled_only: bool,
-}
-
-impl Default for MatmulOptions<'_> {
-    fn default() -> Self {
-        MatmulOptions {
-            alpha: 1.0,
-            beta: 0.0,
-            bias: None,
-            activation: Activation::Identity,
-            tiled_only: false,
-        }
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Default)]
-pub(crate) struct Params {
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    pub batch1: u32,
-    pub a_off: u32,
-    pub a_rs: u32,
-    pub a_cs: u32,
-    pub a_bs0: u32,
-    pub a_bs1: u32,
-    pub b_off: u32,
-    pub b_rs: u32,
-    pub b_cs: u32,
-    pub b_bs0: u32,
-    pub b_bs1: u32,
-    pub c_off: u32,
-    pub c_rs: u32,
-    pub c_bs0: u32,
-    pub c_bs1: u32,
-    pub bias_off: u32,
-    pub has_bias: u32,
-    pub alpha: f32,
-    pub beta: f32,
-    pub pad: [u32; 2],
-}
 
 /// The register code of a TM x TM thread tile: accumulators `acc{r}_{q}` (row r,
 /// column vec4 q), the rank-1 update per k, and the stores.
@@ -127,61 +50,6 @@ fn register_code(tm: u32) -> (String, String, String) {
     (decl, inner, store)
 }
 
-const LOAD_A_SCALAR: &str = "        for (var l = 0u; l < BM * BK / 256u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / BK;
-            let kk = e % BK;
-            let gm = row0 + mm;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
-            let t = kk * BM + mm;
-            a_tile[t / 4u][t % 4u] = v;
-        }";
-
-const LOAD_A_VEC: &str = "        for (var l = 0u; l < BM / 64u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / 4u;
-            let kq = e % 4u;
-            let gm = row0 + mm;
-            let gk = k0 + kq * 4u;
-            var v = vec4<f32>(0.0);
-            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
-            for (var j = 0u; j < 4u; j++) {
-                let t = (kq * 4u + j) * BM + mm;
-                a_tile[t / 4u][t % 4u] = v[j];
-            }
-        }";
-
-const LOAD_B_SCALAR: &str = "        for (var l = 0u; l < BM * BK / 256u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / BM;
-            let nn = e % BM;
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            var v = 0.0;
-            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
-            let t = kk * BM + nn;
-            b_tile[t / 4u][t % 4u] = v;
-        }";
-
-const LOAD_B_VEC: &str = "        for (var l = 0u; l < BM / 64u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / (BM / 4u);
-            let nq = e % (BM / 4u);
-            let gk = k0 + kk;
-            let gn = col0 + nq * 4u;
-            var v = vec4<f32>(0.0);
-            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
-            b_tile[kk * (BM / 4u) + nq] = v;
-        }";
-
-/// Whether a row-contiguous operand can be loaded as vec4: unit column stride, and
-/// the offset, row stride, batch strides and row length multiples of 4.
-pub fn vec4_loads(off: u32, rs: u32, cs: u32, bs: [u32; 2], cols: u32) -> bool {
-    cs == 1 && [off, rs, bs[0], bs[1], cols].iter().all(|v| v % 4 == 0)
-}
-
 /// The template values of the tiled variant; `vec_a` / `vec_b` pick vec4 loads.
 #[allow(clippy::too_many_arguments)]
 pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
@@ -191,8 +59,8 @@ pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, vec_a:
         ("MATMUL_COMMON", COMMON.into()),
         ("TYPE_A", ty(ta, vec_a)),
         ("TYPE_B", ty(tb, vec_b)),
-        ("LOAD_A", if vec_a { LOAD_A_VEC } else { LOAD_A_SCALAR }.into()),
-        ("LOAD_B", if vec_b { LOAD_B_VEC } else { LOAD_B_SCALAR }.into()),
+        ("VEC_A", vec_a.to_string()),
+        ("VEC_B", vec_b.to_string()),
         ("ACC_DECL", decl),
         ("INNER", inner),
         ("STORE", store),
@@ -223,19 +91,31 @@ fn batch_dims(t: &Tensor) -> ([usize; 2], [usize; 2]) {
 pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, Error> {
     let (ra, rb) = (a.shape().len(), b.shape().len());
     if !(2..=4).contains(&ra) || !(2..=4).contains(&rb) {
-        return Err(Error::shape("matmul", "operands of rank 2 to 4", format!("{:?} and {:?}", a.shape(), b.shape())));
+        return Err(Error::shape(
+            "matmul",
+            "operands of rank 2 to 4",
+            format!("{:?} and {:?}", a.shape(), b.shape()),
+        ));
     }
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
     if k != k2 {
-        return Err(Error::shape("matmul", "equal inner dimensions", format!("{:?} and {:?}", a.shape(), b.shape())));
+        return Err(Error::shape(
+            "matmul",
+            "equal inner dimensions",
+            format!("{:?} and {:?}", a.shape(), b.shape()),
+        ));
     }
     let (da, _) = batch_dims(a);
     let (db, _) = batch_dims(b);
     let mut batch = Vec::new();
     for i in 0..2 {
         if da[i] != db[i] && da[i] != 1 && db[i] != 1 {
-            return Err(Error::shape("matmul", "batch dimensions that broadcast", format!("{:?} and {:?}", a.shape(), b.shape())));
+            return Err(Error::shape(
+                "matmul",
+                "batch dimensions that broadcast",
+                format!("{:?} and {:?}", a.shape(), b.shape()),
+            ));
         }
         batch.push(da[i].max(db[i]));
     }
@@ -261,7 +141,11 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     }
     let rc = c.shape().len();
     if c.strides()[rc - 1] != 1 && c.shape()[rc - 1] > 1 {
-        return Err(Error::shape("matmul output", "contiguous rows", format!("strides {:?}", c.strides())));
+        return Err(Error::shape(
+            "matmul output",
+            "contiguous rows",
+            format!("strides {:?}", c.strides()),
+        ));
     }
     require_f16(rt, &[a.dtype(), b.dtype(), c.dtype()])?;
     let (ra, rb) = (a.shape().len(), b.shape().len());
@@ -272,7 +156,11 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     if let Some(bias) = opts.bias {
         check_tensor("matmul bias", bias, DType::F32)?;
         if bias.shape() != [n] || bias.strides() != [1] {
-            return Err(Error::shape("matmul bias", format!("a contiguous [{n}]"), format!("{:?}", bias.shape())));
+            return Err(Error::shape(
+                "matmul bias",
+                format!("a contiguous [{n}]"),
+                format!("{:?}", bias.shape()),
+            ));
         }
     }
     let batches = dc[0] * dc[1];
@@ -316,7 +204,28 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
     let tile = 16 * tm;
     let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
-    let kernel = rt.kernel(KernelKey::new("matmul", &[a.dtype() as u32, b.dtype() as u32, c.dtype() as u32, tm as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)]), 4, || render("matmul", SOURCE, &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b)))?;
+    let kernel = rt.kernel(
+        KernelKey::new(
+            "matmul",
+            &[
+                a.dtype() as u32,
+                b.dtype() as u32,
+                c.dtype() as u32,
+                tm as u32,
+                opts.activation as u32,
+                u32::from(vec_a),
+                u32::from(vec_b),
+            ],
+        ),
+        4,
+        || {
+            render(
+                "matmul",
+                SOURCE,
+                &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b),
+            )
+        },
+    )?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),

@@ -1,8 +1,10 @@
 //! The cooperative-matrix (tensor core) matmul (shaders/matmul_coop.wgsl): chosen for
 //! f16 A and B when the adapter grants 16x16x16 f16 -> f32 and subgroups of 32.
+//!
+//! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
-use super::matmul::{Activation, MatmulOptions, Params};
 use super::common::ACTIVATIONS;
+use super::matmul_params::{Activation, COMMON, MatmulOptions, Params, vec4_loads};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
@@ -11,70 +13,18 @@ const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 /// Rows and columns of C per workgroup.
 const TILE: usize = 128;
 
-const LOAD_A_SCALAR: &str = "        for (var l = 0u; l < 16u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / BK;
-            let kk = e % BK;
-            let gm = row0 + mm;
-            let gk = k0 + kk;
-            var v = f16(0.0);
-            if gm < p.m && gk < p.k { v = lhs[a_base + gm * p.a_rs + gk * p.a_cs]; }
-            a_tile[mm * BK + kk] = v;
-        }";
-
-const LOAD_A_VEC: &str = "        for (var l = 0u; l < 4u; l++) {
-            let e = tid + l * 256u;
-            let mm = e / 8u;
-            let kq = e % 8u;
-            let gm = row0 + mm;
-            let gk = k0 + kq * 4u;
-            var v = vec4<f16>(0.0);
-            if gm < p.m && gk < p.k { v = lhs[(a_base + gm * p.a_rs + gk) / 4u]; }
-            let t = mm * BK + kq * 4u;
-            a_tile[t] = v.x;
-            a_tile[t + 1u] = v.y;
-            a_tile[t + 2u] = v.z;
-            a_tile[t + 3u] = v.w;
-        }";
-
-const LOAD_B_SCALAR: &str = "        for (var l = 0u; l < 16u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / BM;
-            let nn = e % BM;
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            var v = f16(0.0);
-            if gk < p.k && gn < p.n { v = rhs[b_base + gk * p.b_rs + gn * p.b_cs]; }
-            b_tile[kk * BM + nn] = v;
-        }";
-
-const LOAD_B_VEC: &str = "        for (var l = 0u; l < 4u; l++) {
-            let e = tid + l * 256u;
-            let kk = e / 32u;
-            let nq = e % 32u;
-            let gk = k0 + kk;
-            let gn = col0 + nq * 4u;
-            var v = vec4<f16>(0.0);
-            if gk < p.k && gn < p.n { v = rhs[(b_base + gk * p.b_rs + gn) / 4u]; }
-            let t = kk * BM + nq * 4u;
-            b_tile[t] = v.x;
-            b_tile[t + 1u] = v.y;
-            b_tile[t + 2u] = v.z;
-            b_tile[t + 3u] = v.w;
-        }";
-
 /// The template values of one variant; `vec_a` / `vec_b` pick vec4 loads.
 pub fn variant(tc: DType, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
     let ty = |vec: bool| if vec { "vec4<f16>" } else { "f16" };
     vec![
-        ("MATMUL_COMMON", super::matmul::COMMON.into()),
+        ("MATMUL_COMMON", COMMON.into()),
         ("TC", tc.wgsl().into()),
         ("ACT", act.expr().into()),
         ("ACTIVATIONS", ACTIVATIONS.into()),
         ("TYPE_A", ty(vec_a).into()),
         ("TYPE_B", ty(vec_b).into()),
-        ("LOAD_A", if vec_a { LOAD_A_VEC } else { LOAD_A_SCALAR }.into()),
-        ("LOAD_B", if vec_b { LOAD_B_VEC } else { LOAD_B_SCALAR }.into()),
+        ("VEC_A", vec_a.to_string()),
+        ("VEC_B", vec_b.to_string()),
     ]
 }
 
@@ -103,9 +53,16 @@ pub(super) fn launch(
     opts: &MatmulOptions,
     batches: u32,
 ) -> Result<(), Error> {
-    let vec_a = super::matmul::vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
-    let vec_b = super::matmul::vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
-    let kernel = rt.kernel(KernelKey::new("matmul_coop", &[c.dtype() as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)]), 4, || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b)))?;
+    let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
+    let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
+    let kernel = rt.kernel(
+        KernelKey::new(
+            "matmul_coop",
+            &[c.dtype() as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)],
+        ),
+        4,
+        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b)),
+    )?;
     let bias = opts.bias.unwrap_or(c);
     rt.launch(
         &kernel,

@@ -18,6 +18,7 @@ pub mod layernorm;
 pub mod map;
 pub mod matmul;
 pub mod matmul_coop;
+pub mod matmul_params;
 pub mod optim;
 pub mod reduce;
 pub mod softmax;

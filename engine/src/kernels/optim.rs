@@ -1,6 +1,8 @@
 //! Fused optimizer kernels (shaders/optim.wgsl): AdamW and SGD with momentum in one
 //! pass over f32 master weights, with an optional gradient unscale and the non-finite
 //! check that lets a loss scaler skip a step.
+//!
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -90,12 +92,20 @@ fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
         check_tensor(what, t, DType::F32)?;
         check_contiguous(what, t, s.param.shape())?;
         if t.offset() != 0 {
-            return Err(Error::shape(format!("optimizer {what}"), "a whole tensor (offset 0)", format!("offset {}", t.offset())));
+            return Err(Error::shape(
+                format!("optimizer {what}"),
+                "a whole tensor (offset 0)",
+                format!("offset {}", t.offset()),
+            ));
         }
     }
     check_tensor("found_inf", found, DType::U32)?;
     if found.numel() < 1 || found.offset() != 0 {
-        return Err(Error::shape("found_inf", "a whole u32 tensor of at least 1 element", format!("{:?} at offset {}", found.shape(), found.offset())));
+        return Err(Error::shape(
+            "found_inf",
+            "a whole u32 tensor of at least 1 element",
+            format!("{:?} at offset {}", found.shape(), found.offset()),
+        ));
     }
     Ok(n)
 }

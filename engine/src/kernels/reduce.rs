@@ -1,12 +1,14 @@
 //! Reductions (shaders/reduce.wgsl) over the last dimension and over everything: sum,
 //! mean, max, accumulating in f32. Results are f32.
+//!
+//! May call: `error`, `kernels::common`, `kernels::map`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{check_tensor, enables, require_f16};
+use super::common::{WORKGROUP_REDUCE, check_tensor, enables, require_f16};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::memory::Category;
+use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/reduce.wgsl");
@@ -37,15 +39,17 @@ struct Params {
 
 /// The template values of one variant.
 pub fn variant(op: ReduceOp, dtype: DType) -> Vec<(&'static str, String)> {
-    let (combine, identity) = match op {
-        ReduceOp::Max => ("max(a, b)", "-3.4028235e38"),
-        _ => ("a + b", "0.0"),
+    let (combine, identity, workgroup_op) = match op {
+        ReduceOp::Max => ("max(a, b)", "-3.4028235e38", "workgroup_max"),
+        _ => ("a + b", "0.0", "workgroup_sum"),
     };
     vec![
+        ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().to_string()),
         ("COMBINE", combine.to_string()),
         ("IDENTITY", identity.to_string()),
+        ("WORKGROUP_OP", workgroup_op.to_string()),
     ]
 }
 
@@ -67,7 +71,9 @@ fn launch(
         scale,
         pad: [0; 3],
     };
-    let kernel = rt.kernel(KernelKey::new("reduce", &[op as u32, x.dtype() as u32]), 2, || render("reduce", SOURCE, &variant(op, x.dtype())))?;
+    let kernel = rt.kernel(KernelKey::new("reduce", &[op as u32, x.dtype() as u32]), 2, || {
+        render("reduce", SOURCE, &variant(op, x.dtype()))
+    })?;
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, out], grid(rows as u32))
 }
 
@@ -76,7 +82,11 @@ pub fn reduce_last(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Resul
     check_tensor("reduce x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     if !x.is_contiguous() || x.shape().is_empty() {
-        return Err(Error::shape("reduce_last", "a contiguous tensor of rank >= 1", format!("{:?} strides {:?}", x.shape(), x.strides())));
+        return Err(Error::shape(
+            "reduce_last",
+            "a contiguous tensor of rank >= 1",
+            format!("{:?} strides {:?}", x.shape(), x.strides()),
+        ));
     }
     let cols = *x.shape().last().unwrap();
     let rows = x.numel() / cols.max(1);
@@ -98,7 +108,11 @@ pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result
     check_tensor("reduce x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     if !x.is_contiguous() {
-        return Err(Error::shape("reduce_all", "a contiguous tensor", format!("{:?} strides {:?}", x.shape(), x.strides())));
+        return Err(Error::shape(
+            "reduce_all",
+            "a contiguous tensor",
+            format!("{:?} strides {:?}", x.shape(), x.strides()),
+        ));
     }
     let n = x.numel();
     let out = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;

@@ -1,9 +1,11 @@
 //! Softmax, log-softmax (optionally causal) and softmax's backward over the last
 //! dimension (shaders/softmax.wgsl).
+//!
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
@@ -34,6 +36,7 @@ struct Params {
 /// dy (forward binds x there, so `td` = `tx`), `ty` the output (backward: dx).
 pub fn variant(mode: SoftmaxMode, tx: DType, td: DType, ty: DType) -> Vec<(&'static str, String)> {
     vec![
+        ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[tx, td, ty])),
         ("TX", tx.wgsl().into()),
         ("TD", td.wgsl().into()),
@@ -67,7 +70,11 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
         0
     };
     let mode = if log { SoftmaxMode::LogSoftmax } else { SoftmaxMode::Softmax };
-    let kernel = rt.kernel(KernelKey::new("softmax", &[mode as u32, x.dtype() as u32, x.dtype() as u32, y.dtype() as u32]), 3, || render("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype())))?;
+    let kernel = rt.kernel(
+        KernelKey::new("softmax", &[mode as u32, x.dtype() as u32, x.dtype() as u32, y.dtype() as u32]),
+        3,
+        || render("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype())),
+    )?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -87,7 +94,20 @@ pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor)
     }
     require_f16(rt, &[y.dtype(), dy.dtype(), dx.dtype()])?;
     let (rows, cols) = rows_cols(y);
-    let kernel = rt.kernel(KernelKey::new("softmax", &[SoftmaxMode::Backward as u32, y.dtype() as u32, dy.dtype() as u32, dx.dtype() as u32]), 3, || render("softmax", SOURCE, &variant(SoftmaxMode::Backward, y.dtype(), dy.dtype(), dx.dtype())))?;
+    let kernel = rt.kernel(
+        KernelKey::new(
+            "softmax",
+            &[SoftmaxMode::Backward as u32, y.dtype() as u32, dy.dtype() as u32, dx.dtype() as u32],
+        ),
+        3,
+        || {
+            render(
+                "softmax",
+                SOURCE,
+                &variant(SoftmaxMode::Backward, y.dtype(), dy.dtype(), dx.dtype()),
+            )
+        },
+    )?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,

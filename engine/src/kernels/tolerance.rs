@@ -2,6 +2,8 @@
 //! against reference x when |r - x| <= atol + rtol * |x|. f32 kernels accumulate in f32,
 //! so long reductions (matmul's K, a row's sum) get `atol` scaled by sqrt(length).
 //! f16 tolerances cover rounding inputs and outputs to f16 (11-bit significand).
+//!
+//! May call: `tensor`.
 
 use crate::tensor::DType;
 

@@ -1,5 +1,9 @@
 //! Every template variant the runtime can ask for, rendered, so that one test can
 //! validate them all with naga (`tests/kernel_variants.rs`) without a GPU.
+//!
+//! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
+//! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
+//! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::map::MapOp;
 use super::matmul::Activation;

@@ -13,12 +13,17 @@
 //! are not created on the device: every block points into one tiny placeholder buffer,
 //! and the block I/O chosen at construction ([`DryIo`] instead of [`QueueIo`]) drops
 //! writes and reads zeros. The runtime records no launches then (`runtime::record`).
+//!
+//! May call: `device`, `memory::oom`, `memory::pool`, `memory::snapshot`,
+//! `memory::stats`, `wgtrain_protocol`.
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::format_bytes;
-use super::pool::{AllocError, AllocId, BackendOom, Category, PageBackend, PageId, Placement, Pool, PoolConfig};
+use wgtrain_protocol::{AllocId, Category, PageId, format_bytes};
+
+use super::oom::{AllocError, BackendOom};
+use super::pool::{PageBackend, Placement, Pool, PoolConfig};
 use super::snapshot::MemorySnapshot;
 use super::stats::MemoryStats;
 use crate::device::{DeviceError, Gpu};
@@ -408,7 +413,11 @@ impl Allocator {
         if let Some(cap) = options.cap {
             pool.set_cap(Some(cap.resolve(gpu.caps.memory_bytes)?));
         }
-        let io: Box<dyn BlockIo> = if options.dry { Box::new(DryIo) } else { Box::new(QueueIo(gpu.clone())) };
+        let io: Box<dyn BlockIo> = if options.dry {
+            Box::new(DryIo)
+        } else {
+            Box::new(QueueIo(gpu.clone()))
+        };
         Ok(Allocator {
             shared: Arc::new(Shared {
                 gpu,
@@ -472,7 +481,7 @@ impl Allocator {
     }
 
     /// The pool's sizing (block rounding, largest page, guard bytes).
-    pub fn config(&self) -> super::pool::PoolConfig {
+    pub fn config(&self) -> PoolConfig {
         self.shared.pool().config()
     }
 
@@ -497,7 +506,7 @@ impl Allocator {
     }
 
     /// Pages and their blocks now (no events, no counters).
-    pub fn snapshot_pages(&self) -> Vec<super::snapshot::PageView> {
+    pub fn snapshot_pages(&self) -> Vec<wgtrain_protocol::PageView> {
         self.shared.pool().pages_view()
     }
 
@@ -507,7 +516,7 @@ impl Allocator {
     }
 
     /// Takes the event trace (oldest first) and the count dropped since the last take.
-    pub fn take_events(&self) -> (Vec<super::snapshot::Event>, u64) {
+    pub fn take_events(&self) -> (Vec<wgtrain_protocol::Event>, u64) {
         self.shared.pool().take_events()
     }
 

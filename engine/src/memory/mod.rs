@@ -39,32 +39,25 @@
 //! `two_blocks_of_one_page_meet_in_one_dispatch` checks this on the real device.
 //!
 //! # Layout of this module
-//! `pool` is the host-side bookkeeping (no GPU calls; property-tested against a model),
-//! `stats` the counters, `snapshot` the page map and event trace, `allocator` the wgpu
-//! side: pages as buffers, the OOM error scope, RAII blocks and guard bytes.
+//! `pool` is the host-side bookkeeping (no GPU calls; property-tested against a model)
+//! and `pool_report` what it reports (stats, snapshot, invariants), `oom` the
+//! out-of-memory error and report, `stats` the counters, `snapshot` the page map and
+//! event trace, `allocator` the wgpu side: pages as buffers, the OOM error scope, RAII
+//! blocks and guard bytes. Categories, page and event views and byte formatting are
+//! the dashboard protocol's (`wgtrain_protocol`), re-exported here.
+//!
+//! May call: `device`, `wgtrain_protocol`. Called by: `runtime`, `tensor` and above.
 
 pub mod allocator;
+pub mod oom;
 pub mod pool;
+pub mod pool_report;
 pub mod snapshot;
 pub mod stats;
 
 pub use allocator::{Allocator, AllocatorOptions, Block, GuardError, GuardViolation, MemoryCap};
-pub use pool::{AllocError, Category, PoolKind};
-pub use snapshot::{BlockView, Event, EventKind, MemorySnapshot, PageView};
+pub use oom::{AllocError, OomReport};
+pub use pool::PoolConfig;
+pub use snapshot::MemorySnapshot;
 pub use stats::{MemoryStats, Stat};
-
-/// Formats a byte count the way memory_summary() does (B, KiB, MiB, GiB).
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
-}
+pub use wgtrain_protocol::{AllocId, BlockView, Category, Event, EventKind, PageId, PageView, PoolKind, format_bytes};

@@ -4,16 +4,16 @@
 //! Nothing here touches the GPU: pages are created and destroyed through a
 //! [`PageBackend`], which the wgpu allocator implements with buffers. That keeps this
 //! file small enough to property-test against a model (tests/allocator_props.rs).
+//!
+//! May call: `memory::oom`, `memory::stats`, `wgtrain_protocol`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::fmt;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use wgtrain_protocol::{AllocId, Category, Event, EventKind, PageId, PoolKind};
 
-use super::format_bytes;
-use super::snapshot::{BlockView, Event, EventKind, MemorySnapshot, PageView};
-use super::stats::{CategoryStats, MemoryStats};
+use super::oom::{AllocError, BackendOom, OomReport};
+use super::stats::MemoryStats;
 
 /// Granularity of blocks in bytes (PyTorch rounds to 512; WebGPU's default storage
 /// offset alignment is 256, so 256 keeps every block bindable at its offset).
@@ -31,85 +31,6 @@ pub const DEDICATED_ROUND: u64 = 2 << 20;
 /// How many events the trace keeps before dropping the oldest.
 pub const EVENT_CAPACITY: usize = 1 << 20;
 
-/// What an allocation holds; stats are kept per category.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    /// Model weights (and f32 master weights).
-    Parameter,
-    /// Gradients of parameters.
-    Gradient,
-    /// Optimizer moments, momentum buffers.
-    OptimizerState,
-    /// Activations saved for backward.
-    Activation,
-    /// Short-lived scratch inside one op.
-    Temporary,
-    /// Input batches.
-    Input,
-    /// Anything else.
-    Other,
-}
-
-impl Category {
-    /// Every category, in the order charts stack them.
-    pub const ALL: [Category; 7] = [
-        Category::Parameter,
-        Category::Gradient,
-        Category::OptimizerState,
-        Category::Activation,
-        Category::Temporary,
-        Category::Input,
-        Category::Other,
-    ];
-
-    /// The snake_case name used in logs and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Parameter => "parameter",
-            Category::Gradient => "gradient",
-            Category::OptimizerState => "optimizer_state",
-            Category::Activation => "activation",
-            Category::Temporary => "temporary",
-            Category::Input => "input",
-            Category::Other => "other",
-        }
-    }
-
-    /// Index into per-category arrays.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for Category {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Which pool a page belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolKind {
-    /// Pages of [`SMALL_PAGE`] bytes for requests up to [`SMALL_REQUEST`].
-    Small,
-    /// Shared [`LARGE_PAGE`] pages and dedicated pages.
-    Large,
-}
-
-/// Identifies a page for the lifetime of the allocator.
-pub type PageId = u64;
-/// Identifies a live allocation.
-pub type AllocId = u64;
-
-/// Why the backend could not create a page.
-#[derive(Debug, Clone)]
-pub struct BackendOom {
-    /// The backend's own words.
-    pub reason: String,
-}
-
 /// Creates and destroys pages; the wgpu allocator implements it with buffers.
 pub trait PageBackend {
     /// A page's device resource.
@@ -120,112 +41,28 @@ pub trait PageBackend {
     fn destroy_page(&mut self, page: Self::Page);
 }
 
-/// An allocation failure.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum AllocError {
-    /// The device or the cap could not hold the request, even after freeing the cache.
-    #[error("{0}")]
-    OutOfMemory(Box<OomReport>),
-    /// The request is larger than one binding may see on this adapter.
-    #[error(
-        "cannot allocate {} for '{label}': larger than the largest bindable buffer on this adapter ({})",
-        format_bytes(*requested),
-        format_bytes(*max_page)
-    )]
-    TooLarge {
-        /// Bytes asked for.
-        requested: u64,
-        /// The largest page this adapter allows.
-        max_page: u64,
-        /// The allocation's label.
-        label: String,
-    },
-    /// The cap asked for cannot be set.
-    #[error("invalid memory cap: {0}")]
-    InvalidCap(String),
-}
-
-/// Everything the out-of-memory message says, kept as numbers for callers.
-#[derive(Debug, Clone, Serialize)]
-pub struct OomReport {
-    /// Bytes asked for.
-    pub requested: u64,
-    /// The allocation's category.
-    pub category: Category,
-    /// The allocation's label.
-    pub label: String,
-    /// Bytes in live blocks.
-    pub allocated: u64,
-    /// Bytes in pages.
-    pub reserved: u64,
-    /// Reserved but not allocated.
-    pub free_in_cache: u64,
-    /// The largest free block.
-    pub largest_free_block: u64,
-    /// The cap, if any.
-    pub cap: Option<u64>,
-    /// The device's memory, if known.
-    pub device_memory: Option<u64>,
-    /// What the backend said, if the device refused (rather than the cap).
-    pub backend_reason: Option<String>,
-}
-
-impl fmt::Display for OomReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "out of memory: tried to allocate {} ({} '{}'). {} allocated, {} reserved in total, \
-             {} free in cache (largest free block {}; {:.1}% of reserved is fragmented)",
-            format_bytes(self.requested),
-            self.category,
-            self.label,
-            format_bytes(self.allocated),
-            format_bytes(self.reserved),
-            format_bytes(self.free_in_cache),
-            format_bytes(self.largest_free_block),
-            if self.reserved == 0 {
-                0.0
-            } else {
-                100.0 * self.free_in_cache as f64 / self.reserved as f64
-            },
-        )?;
-        match self.cap {
-            Some(cap) => write!(f, ", cap {}", format_bytes(cap))?,
-            None => write!(f, ", no cap")?,
-        }
-        if let Some(mem) = self.device_memory {
-            write!(f, ", device memory {}", format_bytes(mem))?;
-        }
-        match &self.backend_reason {
-            Some(reason) => write!(f, ". The device refused a new page: {reason}")?,
-            None => write!(f, ". The cap refused a new page")?,
-        }
-        write!(f, ". Lower the batch size, enable activation checkpointing, or raise the cap.")
-    }
+#[derive(Debug, Clone)]
+pub(super) struct LiveInfo {
+    pub(super) id: AllocId,
+    pub(super) requested: u64,
+    pub(super) category: Category,
+    pub(super) label: String,
 }
 
 #[derive(Debug, Clone)]
-struct LiveInfo {
-    id: AllocId,
-    requested: u64,
-    category: Category,
-    label: String,
+pub(super) struct BlockState {
+    pub(super) size: u64,
+    pub(super) live: Option<LiveInfo>,
 }
 
-#[derive(Debug, Clone)]
-struct BlockState {
-    size: u64,
-    live: Option<LiveInfo>,
-}
-
-struct Page<P> {
-    size: u64,
-    pool: PoolKind,
-    dedicated: bool,
-    raw: P,
+pub(super) struct Page<P> {
+    pub(super) size: u64,
+    pub(super) pool: PoolKind,
+    pub(super) dedicated: bool,
+    pub(super) raw: P,
     /// Blocks by offset; they tile `[0, size)` exactly.
-    blocks: BTreeMap<u64, BlockState>,
-    live_blocks: usize,
+    pub(super) blocks: BTreeMap<u64, BlockState>,
+    pub(super) live_blocks: usize,
 }
 
 /// Where a live allocation sits.
@@ -269,24 +106,24 @@ impl PoolConfig {
 
 /// The allocator's bookkeeping over a page backend.
 pub struct Pool<B: PageBackend> {
-    backend: B,
-    config: PoolConfig,
-    pages: BTreeMap<PageId, Page<B::Page>>,
+    pub(super) backend: B,
+    pub(super) config: PoolConfig,
+    pub(super) pages: BTreeMap<PageId, Page<B::Page>>,
     /// Free blocks per pool, ordered by (size, page, offset) for best fit.
-    free: [BTreeSet<(u64, PageId, u64)>; 2],
-    live: HashMap<AllocId, (PageId, u64)>,
-    next_page: PageId,
-    next_alloc: AllocId,
-    cap: Option<u64>,
-    device_memory: Option<u64>,
-    stats: MemoryStats,
-    events: VecDeque<Event>,
-    events_dropped: u64,
-    step: u64,
-    epoch: Instant,
+    pub(super) free: [BTreeSet<(u64, PageId, u64)>; 2],
+    pub(super) live: HashMap<AllocId, (PageId, u64)>,
+    pub(super) next_page: PageId,
+    pub(super) next_alloc: AllocId,
+    pub(super) cap: Option<u64>,
+    pub(super) device_memory: Option<u64>,
+    pub(super) stats: MemoryStats,
+    pub(super) events: VecDeque<Event>,
+    pub(super) events_dropped: u64,
+    pub(super) step: u64,
+    pub(super) epoch: Instant,
 }
 
-fn pool_index(kind: PoolKind) -> usize {
+pub(super) fn pool_index(kind: PoolKind) -> usize {
     match kind {
         PoolKind::Small => 0,
         PoolKind::Large => 1,
@@ -680,82 +517,6 @@ impl<B: PageBackend> Pool<B> {
         Some((info.category, info.label.clone()))
     }
 
-    /// Counters, with the derived figures (inactive split bytes, largest free block).
-    pub fn stats(&self) -> MemoryStats {
-        let mut stats = self.stats.clone();
-        let mut inactive_split = 0;
-        let mut inactive_split_blocks = 0;
-        for page in self.pages.values() {
-            if page.live_blocks > 0 {
-                for block in page.blocks.values().filter(|b| b.live.is_none()) {
-                    inactive_split += block.size;
-                    inactive_split_blocks += 1;
-                }
-            }
-        }
-        stats.inactive_split_bytes = inactive_split;
-        stats.inactive_split_blocks = inactive_split_blocks;
-        stats.largest_free_block = self.largest_free_block();
-        stats.cap = self.cap;
-        stats.device_memory = self.device_memory;
-        stats.step = self.step;
-        stats
-    }
-
-    fn largest_free_block(&self) -> u64 {
-        self.free
-            .iter()
-            .filter_map(|set| set.last().map(|&(size, _, _)| size))
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Per-category counters.
-    pub fn category_stats(&self, category: Category) -> CategoryStats {
-        self.stats.by_category[category.index()]
-    }
-
-    /// Sets every peak to its current value (torch.cuda.reset_peak_memory_stats).
-    pub fn reset_peaks(&mut self) {
-        self.stats.reset_peaks();
-    }
-
-    /// Every page with its blocks, and the event trace.
-    pub fn snapshot(&self) -> MemorySnapshot {
-        MemorySnapshot {
-            stats: self.stats(),
-            pages: self.pages_view(),
-            events: self.events.iter().cloned().collect(),
-            events_dropped: self.events_dropped,
-        }
-    }
-
-    /// Every page with its blocks.
-    pub fn pages_view(&self) -> Vec<PageView> {
-        self.pages
-            .iter()
-            .map(|(&id, page)| PageView {
-                id,
-                size: page.size,
-                pool: page.pool,
-                dedicated: page.dedicated,
-                blocks: page
-                    .blocks
-                    .iter()
-                    .map(|(&offset, block)| BlockView {
-                        offset,
-                        size: block.size,
-                        allocated: block.live.is_some(),
-                        requested: block.live.as_ref().map_or(0, |l| l.requested),
-                        category: block.live.as_ref().map(|l| l.category),
-                        label: block.live.as_ref().map(|l| l.label.clone()),
-                        alloc: block.live.as_ref().map(|l| l.id),
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
-
     /// Drops the trace's events (the dashboard drains them per step).
     pub fn clear_events(&mut self) {
         self.events.clear();
@@ -809,78 +570,6 @@ impl<B: PageBackend> Pool<B> {
             device_memory: self.device_memory,
             backend_reason,
         }
-    }
-
-    /// Checks that blocks tile pages, free blocks are coalesced and listed, and the
-    /// counters agree with the pages. Tests call it after every operation.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut free_listed = 0usize;
-        let mut allocated = 0;
-        let mut requested = 0;
-        let mut reserved = 0;
-        let mut live = 0usize;
-        for (&id, page) in &self.pages {
-            reserved += page.size;
-            let mut cursor = 0;
-            let mut prev_free = false;
-            let mut page_live = 0;
-            for (&offset, block) in &page.blocks {
-                if offset != cursor {
-                    return Err(format!("page {id}: gap or overlap at {offset} (expected {cursor})"));
-                }
-                if offset % self.config.round != 0 || block.size == 0 {
-                    return Err(format!("page {id}: misaligned or empty block at {offset}"));
-                }
-                cursor += block.size;
-                match &block.live {
-                    Some(info) => {
-                        prev_free = false;
-                        page_live += 1;
-                        allocated += block.size;
-                        requested += info.requested;
-                        if self.live.get(&info.id) != Some(&(id, offset)) {
-                            return Err(format!("page {id}: block at {offset} not in live map"));
-                        }
-                    }
-                    None => {
-                        if prev_free {
-                            return Err(format!("page {id}: free blocks not coalesced at {offset}"));
-                        }
-                        prev_free = true;
-                        free_listed += 1;
-                        if !self.free[pool_index(page.pool)].contains(&(block.size, id, offset)) {
-                            return Err(format!("page {id}: free block at {offset} not listed"));
-                        }
-                    }
-                }
-            }
-            if cursor != page.size {
-                return Err(format!("page {id}: blocks cover {cursor} of {} bytes", page.size));
-            }
-            if page_live != page.live_blocks {
-                return Err(format!("page {id}: live count {} != {page_live}", page.live_blocks));
-            }
-            live += page_live;
-        }
-        if free_listed != self.free[0].len() + self.free[1].len() {
-            return Err("free sets list blocks that are not free".into());
-        }
-        if live != self.live.len() {
-            return Err("live map disagrees with pages".into());
-        }
-        let s = &self.stats;
-        if s.allocated.current != allocated
-            || s.requested.current != requested
-            || s.reserved.current != reserved
-            || s.blocks.current != live as u64
-            || s.pages.current != self.pages.len() as u64
-        {
-            return Err(format!(
-                "counters disagree with pages: allocated {} vs {allocated}, requested {} vs {requested}, reserved {} vs {reserved}",
-                s.allocated.current, s.requested.current, s.reserved.current
-            ));
-        }
-        Ok(())
     }
 }
 

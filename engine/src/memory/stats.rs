@@ -1,12 +1,13 @@
 //! Allocator counters in the manner of torch.cuda.memory_stats, kept per category too,
 //! and the readable summary in the manner of torch.cuda.memory_summary().
+//!
+//! May call: `wgtrain_protocol`.
 
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::format_bytes;
-use super::pool::Category;
+use wgtrain_protocol::{Category, format_bytes};
 
 /// A current value and its peak (PyTorch's `.current` / `.peak`, plus the running
 /// totals `.allocated` / `.freed`).

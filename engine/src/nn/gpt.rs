@@ -5,6 +5,8 @@
 //! `transformer.ln_f`; the head is tied to wte; gelu_new; attention scaled by
 //! 1/sqrt(head_dim). A model.safetensors and config.json written by save_pretrained
 //! load unchanged, and [`Gpt::save_hf`] writes files transformers loads back.
+//!
+//! May call: `autograd`, `error`, `kernels`, `memory`, `nn::init`, `runtime`, `tensor`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,13 +14,13 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::Init;
-use crate::kernels::TensorOps;
+use super::init::Init;
 use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
 use crate::error::Error;
-use crate::runtime::Runtime;
+use crate::kernels::TensorOps;
 use crate::memory::Category;
+use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// The fields of transformers' GPT2Config that the model uses.
@@ -216,14 +218,10 @@ impl Gpt {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, Error> {
-        let read = |name: &str| {
-            std::fs::read(dir.join(name)).map_err(|e| Error::io(&dir.join(name), e))
-        };
-        let config: GptConfig = serde_json::from_slice(&read("config.json")?)
-            .map_err(|e| Error::format(&dir.join("config.json"), e))?;
+        let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| Error::io(&dir.join(name), e));
+        let config: GptConfig = serde_json::from_slice(&read("config.json")?).map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let bytes = read("model.safetensors")?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         let mut values = BTreeMap::new();
         for (name, view) in st.tensors() {
@@ -246,7 +244,12 @@ impl Gpt {
                     .iter()
                     .map(|h| h.to_f32())
                     .collect(),
-                other => return Err(Error::format(&dir.join("model.safetensors"), format!("{name} has dtype {other:?}; expected F32, F16 or BF16"))),
+                other => {
+                    return Err(Error::format(
+                        &dir.join("model.safetensors"),
+                        format!("{name} has dtype {other:?}; expected F32, F16 or BF16"),
+                    ));
+                }
             };
             values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
         }

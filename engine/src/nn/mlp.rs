@@ -1,7 +1,9 @@
 //! An MLP classifier: Linear -> ReLU -> ... -> Linear, with torch.nn.Linear's layout,
 //! names (`layers.{i}.weight`, `layers.{i}.bias`) and default initialisation.
+//!
+//! May call: `autograd`, `error`, `nn::init`, `runtime`, `tensor`.
 
-use super::Init;
+use super::init::Init;
 use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
 use crate::error::Error;
@@ -20,7 +22,11 @@ impl Mlp {
     /// (uniform in +-1/sqrt(fan_in) for weight and bias).
     pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, Error> {
         if sizes.len() < 2 || sizes.contains(&0) {
-            return Err(Error::shape("MLP widths", "an input and an output width, all non-zero", format!("{sizes:?}")));
+            return Err(Error::shape(
+                "MLP widths",
+                "an input and an output width, all non-zero",
+                format!("{sizes:?}"),
+            ));
         }
         let mut layers = Vec::new();
         for (i, w) in sizes.windows(2).enumerate() {

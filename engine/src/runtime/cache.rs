@@ -40,9 +40,47 @@ impl KernelKey {
     }
 }
 
-/// Fills `{{KEY}}` placeholders of `source`; a placeholder left over is an error.
+/// Keeps or drops the lines between `//#if KEY`, `//#else` and `//#endif` (whole
+/// lines, nestable) by whether `KEY`'s value is `true`: variants of a kernel that differ
+/// in a block of code (vec4 or scalar tile loads) stay in one WGSL source.
+fn select_blocks(name: &str, source: &str, values: &[(&str, String)]) -> Result<String, Error> {
+    let template = |placeholder: String| Error::Template {
+        kernel: name.into(),
+        placeholder,
+    };
+    let mut out = String::with_capacity(source.len());
+    // One entry per open block: (keeping this branch, keeping the enclosing code).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let keeping = |stack: &[(bool, bool)]| stack.last().is_none_or(|&(this, outer)| this && outer);
+    for line in source.lines() {
+        let directive = line.trim();
+        if let Some(key) = directive.strip_prefix("//#if ") {
+            let value = values
+                .iter()
+                .find(|(k, _)| *k == key.trim())
+                .ok_or_else(|| template(format!("//#if {key}")))?;
+            let outer = keeping(&stack);
+            stack.push((value.1 == "true", outer));
+        } else if directive == "//#else" {
+            let top = stack.last_mut().ok_or_else(|| template("//#else".into()))?;
+            top.0 = !top.0;
+        } else if directive == "//#endif" {
+            stack.pop().ok_or_else(|| template("//#endif".into()))?;
+        } else if keeping(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !stack.is_empty() {
+        return Err(template("//#if without //#endif".into()));
+    }
+    Ok(out)
+}
+
+/// Renders a variant of a kernel template: selects its `//#if KEY` blocks, then fills
+/// its `{{KEY}}` placeholders; a placeholder left over is an error.
 pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<String, Error> {
-    let mut out = source.to_string();
+    let mut out = select_blocks(name, source, values)?;
     for (key, value) in values {
         out = out.replace(&format!("{{{{{key}}}}}"), value);
     }
@@ -125,7 +163,10 @@ impl PipelineCache {
             return Ok(k.clone());
         }
         if storage > MAX_STORAGE_BINDINGS {
-            return Err(Error::invalid(key.family, format!("{storage} storage bindings, at most {MAX_STORAGE_BINDINGS}")));
+            return Err(Error::invalid(
+                key.family,
+                format!("{storage} storage bindings, at most {MAX_STORAGE_BINDINGS}"),
+            ));
         }
         let name = key.family;
         let module = gpu.create_module(name, &wgsl()?)?;

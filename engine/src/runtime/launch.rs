@@ -112,7 +112,8 @@ impl Runtime {
         if groups.contains(&0) {
             return Ok(());
         }
-        let bindings: [wgpu::BufferBinding<'_>; MAX_STORAGE_BINDINGS] = std::array::from_fn(|i| blocks[i.min(blocks.len() - 1)].block().binding());
+        let bindings: [wgpu::BufferBinding<'_>; MAX_STORAGE_BINDINGS] =
+            std::array::from_fn(|i| blocks[i.min(blocks.len() - 1)].block().binding());
         self.recorder().record(kernel, params, &bindings[..blocks.len()], groups);
         Ok(())
     }

@@ -12,7 +12,7 @@
 //! set (the first launch its beginning, every launch its end); this is the seam where
 //! per-launch timestamps go.
 //!
-//! May call: `device`, `error`, `runtime::cache`. Called by: `runtime::launch`.
+//! May call: `device`, `error`, `runtime::cache`.
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -103,7 +103,8 @@ impl DeviceRecorder {
 
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
         let device = &self.gpu.device;
-        self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+        self.encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()))
     }
 }
 
@@ -148,7 +149,9 @@ impl Recorder for DeviceRecorder {
         };
         // The query set is borrowed by the pass descriptor; take the encoder apart from self.
         let device = &self.gpu.device;
-        let encoder = self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+        let encoder = self
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: None,
             timestamp_writes,

@@ -1,4 +1,6 @@
 //! Element types of tensors and their WGSL names.
+//!
+//! May call: nothing of the engine.
 
 use serde::{Deserialize, Serialize};
 

@@ -85,7 +85,11 @@ impl Tensor {
         label: &str,
     ) -> Result<Tensor, Error> {
         if numel(shape) != len {
-            return Err(Error::shape("upload", format!("{} values for shape {shape:?}", numel(shape)), format!("{len} values")));
+            return Err(Error::shape(
+                "upload",
+                format!("{} values for shape {shape:?}", numel(shape)),
+                format!("{len} values"),
+            ));
         }
         let t = Tensor::empty(rt, shape, dtype, category, label)?;
         // `Runtime::write` submits what is recorded first: queue writes land before
@@ -104,7 +108,11 @@ impl Tensor {
     /// read through `kernels::TensorOps::to_f32_vec`, which copies them first.
     pub fn read_f32(&self, rt: &Runtime) -> Result<Vec<f32>, Error> {
         if !self.is_contiguous() || self.offset != 0 {
-            return Err(Error::shape("read_f32", "a contiguous tensor at offset 0", format!("view {:?} strides {:?} offset {}", self.shape, self.strides, self.offset)));
+            return Err(Error::shape(
+                "read_f32",
+                "a contiguous tensor at offset 0",
+                format!("view {:?} strides {:?} offset {}", self.shape, self.strides, self.offset),
+            ));
         }
         let bytes = rt.read(&self.block)?;
         let n = self.numel();
@@ -186,7 +194,11 @@ impl Tensor {
     /// The same elements in a new shape; the view must be contiguous.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, Error> {
         if numel(shape) != self.numel() {
-            return Err(Error::shape("reshape", format!("{} elements for {shape:?}", numel(shape)), format!("{:?} ({} elements)", self.shape, self.numel())));
+            return Err(Error::shape(
+                "reshape",
+                format!("{} elements for {shape:?}", numel(shape)),
+                format!("{:?} ({} elements)", self.shape, self.numel()),
+            ));
         }
         if !self.is_contiguous() {
             return Err(Error::shape(
@@ -206,7 +218,11 @@ impl Tensor {
     pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor, Error> {
         let rank = self.shape.len();
         if a >= rank || b >= rank {
-            return Err(Error::shape(format!("transpose({a}, {b})"), format!("rank above {}", a.max(b)), format!("rank {rank}")));
+            return Err(Error::shape(
+                format!("transpose({a}, {b})"),
+                format!("rank above {}", a.max(b)),
+                format!("rank {rank}"),
+            ));
         }
         let mut t = self.clone();
         t.shape.swap(a, b);
@@ -233,7 +249,11 @@ impl Tensor {
     /// refused if it would reach past the block.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor, Error> {
         if shape.len() != strides.len() {
-            return Err(Error::shape("as_strided", format!("strides of rank {}", shape.len()), format!("{strides:?}")));
+            return Err(Error::shape(
+                "as_strided",
+                format!("strides of rank {}", shape.len()),
+                format!("{strides:?}"),
+            ));
         }
         let t = Tensor {
             shape: shape.to_vec(),
@@ -250,8 +270,6 @@ impl Tensor {
         }
         Ok(t)
     }
-
-
 }
 
 impl Bound for Tensor {

@@ -6,6 +6,8 @@
 //! place and fsynced, and only then `latest` is replaced (temp, fsync, rename): a crash
 //! at any point leaves the previous checkpoint whole and `latest` pointing at it. A load
 //! verifies every hash before parsing anything, and refuses a mismatch naming the file.
+//!
+//! May call: nothing of the engine.
 
 use std::collections::BTreeMap;
 use std::io::Write;

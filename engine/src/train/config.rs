@@ -1,6 +1,8 @@
 //! The training configuration: a TOML file with [model], [data], [train], [memory] and
 //! [checkpoint] sections, overridable with `--set section.key=value`. Unknown keys are
 //! errors, so a typo never trains silently with a default.
+//!
+//! May call: nothing of the engine.
 
 use serde::{Deserialize, Serialize};
 

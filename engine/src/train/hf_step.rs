@@ -2,18 +2,20 @@
 //! loss exactly as GPT2LMHeadModel(input_ids, labels=labels).loss defines it, and every
 //! parameter's gradient under its transformers name (the tied wte gradient includes
 //! the head's share). `wgtrain step` prints and dumps these to compare with PyTorch.
+//!
+//! May call: `autograd`, `error`, `kernels`, `memory`, `nn`, `runtime`, `tensor`.
 
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::kernels::TensorOps;
 use crate::autograd::{Params, Tape};
-use crate::kernels::cross_entropy::IGNORE_INDEX;
 use crate::error::Error;
-use crate::runtime::Runtime;
+use crate::kernels::TensorOps;
+use crate::kernels::cross_entropy::IGNORE_INDEX;
 use crate::memory::Category;
 use crate::nn::gpt::{Gpt, shifted_targets};
+use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
 /// Rows of logits the fused head + cross-entropy holds at a time.
@@ -63,14 +65,23 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
     let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
     if shape != lshape {
-        return Err(Error::format(batch_file, format!("input_ids {shape:?} and labels {lshape:?} differ")));
+        return Err(Error::format(
+            batch_file,
+            format!("input_ids {shape:?} and labels {lshape:?} differ"),
+        ));
     }
     let v = model.config.vocab_size as i32;
     if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= v) {
-        return Err(Error::format(batch_file, format!("input id {bad} is outside the vocabulary of {v}")));
+        return Err(Error::format(
+            batch_file,
+            format!("input id {bad} is outside the vocabulary of {v}"),
+        ));
     }
     if let Some(bad) = labels.iter().find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= v)) {
-        return Err(Error::format(batch_file, format!("label {bad} is outside the vocabulary of {v} (and not -100)")));
+        return Err(Error::format(
+            batch_file,
+            format!("label {bad} is outside the vocabulary of {v} (and not -100)"),
+        ));
     }
     let (b, t) = (shape[0], shape[1]);
     let targets = shifted_targets(&labels, b, t);

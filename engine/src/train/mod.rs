@@ -1,12 +1,37 @@
-//! Training: the configuration, the step loop with its per-step JSONL log, evaluation,
-//! and checkpoints. The CLI's `wgtrain train` is a thin wrapper over [`Trainer`].
+//! Training, one job per file: `config` (the TOML config and its checks), `build` (data,
+//! precision, model, optimizer rule, scaler), `model` (the `Trainable` trait the MLP and
+//! the GPT implement), `trainer` (the state), `step` (one optimizer step and
+//! out-of-memory recovery), `eval`, `state` and `checkpoint` (what a checkpoint holds,
+//! and its files), `plan` (the estimate and the fit to a budget: depends on `build` and
+//! `step`, never on `run`), `open` (a trainer from a config, on a runtime of its own or
+//! one handed in), `run` (the loop), `observe` (its observers: `log` the JSONL writer,
+//! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
+//! of a transformers checkpoint, for `wgtrain step`).
+//!
+//! May call: everything below it in the engine, and `wgtrain_protocol` (the log and
+//! memory records the dashboard reads). Called by: the CLI, the dashboard, tests.
 
+pub mod build;
 pub mod checkpoint;
 pub mod config;
-pub mod estimate;
+pub mod error;
+pub mod eval;
 pub mod hf_step;
+pub mod log;
+pub mod model;
 pub mod observe;
+pub mod open;
+pub mod plan;
+pub mod progress;
+pub mod run;
+pub mod state;
+pub mod step;
 pub mod trainer;
 
 pub use config::Config;
-pub use trainer::{RunOptions, RunSummary, StepLog, TrainError, Trainer};
+pub use error::TrainError;
+pub use log::{EvalLog, MemLog, StepLog};
+pub use model::Trainable;
+pub use observe::Observer;
+pub use run::{RunOptions, RunSummary};
+pub use trainer::Trainer;

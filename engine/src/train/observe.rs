@@ -1,176 +1,33 @@
-//! What a running trainer tells an observer (the dashboard's recorder): the run's facts
-//! at the start, each step's log line with the step's allocation timeline and the pages
-//! at its end, and each evaluation. Observers must return quickly: they run on the
-//! training thread between steps.
+//! What a running trainer tells its observers: the run's facts at the start, each
+//! step's log line (with the step's allocation timeline and pages, for observers that
+//! want memory), each evaluation, and the end. The JSONL log writer (`log`), the
+//! progress bar (`progress`) and the dashboard's recorder are observers. Observers run
+//! on the training thread between steps and must return quickly; an error from one
+//! (the log's disk is full) stops the run.
+//!
+//! May call: `wgtrain_protocol`, `train::error`. Called by: `train::run`, the dashboard.
 
-use std::collections::HashMap;
+use wgtrain_protocol::{RunInfo, StepLog, StepMemory};
 
-use serde::{Deserialize, Serialize};
-
-use crate::memory::{Category, Event, EventKind, PageView};
-
-/// One block's life inside one step, as memory_viz's Active Memory Timeline draws it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Band {
-    /// The tensor's label.
-    pub label: String,
-    /// Its category.
-    pub category: Category,
-    /// Bytes of the block.
-    pub size: u64,
-    /// Bytes asked for.
-    pub requested: u64,
-    /// Microseconds from the step's start when it was allocated (0: before the step).
-    pub start_us: u64,
-    /// Microseconds from the step's start when it was freed (the step's length if it
-    /// outlived the step).
-    pub end_us: u64,
-    /// The allocation's place among the step's allocator events (0: before the step);
-    /// memory_viz's timeline runs over this order rather than over wall time.
-    #[serde(default)]
-    pub start_seq: u64,
-    /// The free's place among the step's events (the event count if it outlived the step).
-    #[serde(default)]
-    pub end_seq: u64,
-}
-
-/// The memory story of one step.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepMemory {
-    /// The step (1 after the first).
-    pub step: u64,
-    /// Length of the step in microseconds.
-    pub duration_us: u64,
-    /// Allocator events in the step (allocations and frees, numbered from 1).
-    #[serde(default)]
-    pub events: u64,
-    /// Every block live at some time in the step, in allocation order (blocks from
-    /// before the step first).
-    pub bands: Vec<Band>,
-    /// Out-of-memory events in the step: (microseconds from the start, bytes asked, label).
-    pub ooms: Vec<(u64, u64, String)>,
-    /// Events the allocator's trace dropped (the timeline is then incomplete).
-    pub events_dropped: u64,
-    /// Pages and their blocks at the step's end.
-    pub pages: Vec<PageView>,
-}
-
-impl StepMemory {
-    /// Builds a step's timeline from the allocator's events of the step (`start_us` and
-    /// `end_us` on the events' clock) and the pages at its end.
-    pub fn from_events(step: u64, start_us: u64, end_us: u64, events: &[Event], events_dropped: u64, pages: Vec<PageView>) -> StepMemory {
-        let rel = |t: u64| t.saturating_sub(start_us);
-        let duration = rel(end_us);
-        let mut bands: Vec<Band> = Vec::new();
-        let mut open: HashMap<u64, usize> = HashMap::new();
-        let mut earlier: Vec<Band> = Vec::new();
-        let mut seen_in_step: std::collections::HashSet<u64> = Default::default();
-        let mut ooms = Vec::new();
-        let count = events
-            .iter()
-            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
-            .count() as u64;
-        let mut seq = 0u64;
-        for e in events {
-            if matches!(e.kind, EventKind::Alloc | EventKind::Free) {
-                seq += 1;
-            }
-            let category = e.category.unwrap_or(Category::Other);
-            match (e.kind, e.alloc) {
-                (EventKind::Alloc, Some(id)) => {
-                    open.insert(id, bands.len());
-                    seen_in_step.insert(id);
-                    bands.push(Band {
-                        label: e.label.clone(),
-                        category,
-                        size: e.size,
-                        requested: e.requested,
-                        start_us: rel(e.time_us),
-                        end_us: duration,
-                        start_seq: seq,
-                        end_seq: count + 1,
-                    });
-                }
-                (EventKind::Free, Some(id)) => match open.remove(&id) {
-                    Some(i) => {
-                        bands[i].end_us = rel(e.time_us);
-                        bands[i].end_seq = seq;
-                    }
-                    None => {
-                        seen_in_step.insert(id);
-                        earlier.push(Band {
-                            label: e.label.clone(),
-                            category,
-                            size: e.size,
-                            requested: e.requested,
-                            start_us: 0,
-                            end_us: rel(e.time_us),
-                            start_seq: 0,
-                            end_seq: seq,
-                        })
-                    }
-                },
-                (EventKind::Oom, _) => ooms.push((rel(e.time_us), e.size, e.label.clone())),
-                _ => {}
-            }
-        }
-        // Blocks that lived through the whole step (parameters, optimizer state, ...).
-        for page in &pages {
-            for b in &page.blocks {
-                if let (true, Some(id)) = (b.allocated, b.alloc)
-                    && !seen_in_step.contains(&id)
-                {
-                    earlier.push(Band {
-                        label: b.label.clone().unwrap_or_default(),
-                        category: b.category.unwrap_or(Category::Other),
-                        size: b.size,
-                        requested: b.requested,
-                        start_us: 0,
-                        end_us: duration,
-                        start_seq: 0,
-                        end_seq: count + 1,
-                    });
-                }
-            }
-        }
-        earlier.extend(bands);
-        StepMemory {
-            step,
-            duration_us: duration,
-            events: count,
-            bands: earlier,
-            ooms,
-            events_dropped,
-            pages,
-        }
-    }
-}
-
-/// Facts about a run, sent once at its start.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RunInfo {
-    /// The adapter's report (name, backend, features, limits).
-    pub device: serde_json::Value,
-    /// The configuration as run (after fit).
-    pub config: serde_json::Value,
-    /// Parameter elements.
-    pub parameters: u64,
-    /// Steps the run will take.
-    pub total_steps: u64,
-    /// What fit and fallbacks decided.
-    pub notes: Vec<String>,
-    /// The cap or budget on reserved bytes.
-    pub cap: Option<u64>,
-}
+use super::error::TrainError;
 
 /// Receives a run's progress (see the module).
 pub trait Observer: Send + Sync {
     /// The run starts.
-    fn start(&self, info: RunInfo);
-    /// A step finished: its log line and its memory.
-    fn step(&self, line: &super::StepLog, memory: StepMemory);
+    fn start(&self, _info: &RunInfo) -> Result<(), TrainError> {
+        Ok(())
+    }
+    /// Whether [`Observer::step`] wants the step's memory timeline (building it costs
+    /// a walk over the step's allocator events).
+    fn wants_memory(&self) -> bool {
+        false
+    }
+    /// A step finished: its log line, and its memory when some observer wants it.
+    fn step(&self, line: &StepLog, memory: Option<&StepMemory>) -> Result<(), TrainError>;
     /// An evaluation finished (its log line).
-    fn eval(&self, line: &super::StepLog);
+    fn eval(&self, _line: &StepLog) -> Result<(), TrainError> {
+        Ok(())
+    }
     /// The run ended (normally, interrupted or with an error).
     fn finish(&self) {}
 }

@@ -1,42 +1,25 @@
 //! The dashboard app (Leptos, client-side rendered): reads a run from the server's API,
 //! follows a live run over server-sent events, and draws four views as SVG: memory per
 //! step (stacked by category at each step's peak), one step's allocation timeline, the
-//! allocator's pages, and training curves with device facts and kernel timings.
+//! allocator's pages, and training curves with device facts and kernel timings. The
+//! data it reads are the protocol's types (`wgtrain_protocol`), the same the trainer
+//! and the server write.
+//!
+//! May call: `wgtrain_protocol`, leptos, web-sys, gloo-net. Called by: the browser.
 
 use leptos::prelude::*;
-use serde_json::Value;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
+use wgtrain_protocol::{Category, Frame, RunEntry, RunView, StepLog, StepMemory, format_bytes, short_bytes};
 
-/// Categories in stacking order, with their colours.
-const CATEGORIES: [(&str, &str); 7] = [
-    ("parameter", "#4e79a7"),
-    ("gradient", "#f28e2b"),
-    ("optimizer_state", "#e15759"),
-    ("activation", "#76b7b2"),
-    ("temporary", "#59a14f"),
-    ("input", "#edc948"),
-    ("other", "#b07aa1"),
-];
 const FREE: &str = "#d9dce3";
 const W: f64 = 900.0;
 const H: f64 = 260.0;
 const PAD: f64 = 72.0;
 
-fn colour(category: &str) -> &'static str {
-    CATEGORIES.iter().find(|c| c.0 == category).map_or("#999", |c| c.1)
-}
-
-/// Bytes as the engine prints them (binary units).
+/// Bytes as the engine prints them (binary units), from a chart value.
 fn bytes(n: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 { format!("{v:.0} B") } else { format!("{v:.2} {}", units[i]) }
+    format_bytes(n.max(0.0).round() as u64)
 }
 
 /// The token in this page's address, to pass on to the API.
@@ -51,7 +34,13 @@ fn token_query(first: bool) -> String {
 
 fn js_sys_encode(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("%{:02X}", c as u32) })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_string()
+            } else {
+                format!("%{:02X}", c as u32)
+            }
+        })
         .collect()
 }
 
@@ -60,23 +49,25 @@ fn query_param(name: &str) -> Option<String> {
     web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get(name))
 }
 
-async fn get_json(url: &str) -> Result<Value, String> {
-    let resp = gloo_net::http::Request::get(url).send().await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
-    if status != 200 {
-        return Err(body["error"].as_str().unwrap_or("request failed").to_string());
-    }
-    Ok(body)
+/// The server's error body.
+#[derive(serde::Deserialize)]
+struct ApiError {
+    error: String,
 }
 
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or(0.0)
+async fn get_json<T: serde::de::DeserializeOwned>(url: &str) -> Result<T, String> {
+    let resp = gloo_net::http::Request::get(url).send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(serde_json::from_str::<ApiError>(&text).map_or_else(|_| "request failed".to_string(), |e| e.error));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("unexpected answer from {url}: {e}"))
 }
 
 /// Step lines (those with memory) of a run.
-fn steps(lines: &[Value]) -> Vec<Value> {
-    lines.iter().filter(|l| l.get("mem").is_some()).cloned().collect()
+fn steps(lines: &[StepLog]) -> Vec<StepLog> {
+    lines.iter().filter(|l| l.is_step()).cloned().collect()
 }
 
 #[wasm_bindgen(start)]
@@ -87,31 +78,25 @@ pub fn start() {
 #[component]
 fn App() -> impl IntoView {
     let run_name = RwSignal::new(None::<String>);
-    let run = RwSignal::new(Value::Null);
-    let lines = RwSignal::new(Vec::<Value>::new());
+    let run = RwSignal::new(RunView::default());
+    let lines = RwSignal::new(Vec::<StepLog>::new());
     let timeline_steps = RwSignal::new(Vec::<u64>::new());
     let live = RwSignal::new(false);
     let dropped = RwSignal::new(0u64);
     let error = RwSignal::new(None::<String>);
-    let runs = RwSignal::new(Vec::<Value>::new());
+    let runs = RwSignal::new(Vec::<RunEntry>::new());
 
     // Which run: ?run=NAME, else the live one, else the first.
     leptos::task::spawn_local(async move {
-        match get_json(&format!("/api/runs{}", token_query(true))).await {
-            Ok(Value::Array(list)) => {
-                let wanted = query_param("run").or_else(|| {
-                    list.iter()
-                        .find(|r| r["live"].as_bool() == Some(true))
-                        .or(list.first())
-                        .and_then(|r| r["name"].as_str().map(str::to_string))
-                });
+        match get_json::<Vec<RunEntry>>(&format!("/api/runs{}", token_query(true))).await {
+            Ok(list) => {
+                let wanted = query_param("run").or_else(|| list.iter().find(|r| r.live).or(list.first()).map(|r| r.name.clone()));
                 runs.set(list);
                 match wanted {
                     Some(n) => run_name.set(Some(n)),
                     None => error.set(Some("no runs to show".into())),
                 }
             }
-            Ok(_) => error.set(Some("unexpected answer from /api/runs".into())),
             Err(e) => error.set(Some(e)),
         }
     });
@@ -119,11 +104,11 @@ fn App() -> impl IntoView {
     Effect::new(move |_| {
         let Some(name) = run_name.get() else { return };
         leptos::task::spawn_local(async move {
-            match get_json(&format!("/api/runs/{name}{}", token_query(true))).await {
+            match get_json::<RunView>(&format!("/api/runs/{name}{}", token_query(true))).await {
                 Ok(v) => {
-                    lines.set(v["lines"].as_array().cloned().unwrap_or_default());
-                    timeline_steps.set(v["timeline_steps"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default());
-                    let is_live = v["live"].as_bool() == Some(true) && v["finished"].as_bool() != Some(true);
+                    lines.set(v.lines.clone());
+                    timeline_steps.set(v.timeline_steps.clone());
+                    let is_live = v.live && !v.finished;
                     live.set(is_live);
                     run.set(v);
                     if is_live {
@@ -150,7 +135,7 @@ fn App() -> impl IntoView {
             <h1>"wgtrain"</h1>
             <select id="run-select" on:change=select_run>
                 {move || runs.get().into_iter().map(|r| {
-                    let n = r["name"].as_str().unwrap_or("").to_string();
+                    let n = r.name;
                     let selected = run_name.get().as_deref() == Some(n.as_str());
                     view! { <option value=n.clone() selected=selected>{n.clone()}</option> }
                 }).collect_view()}
@@ -168,39 +153,43 @@ fn App() -> impl IntoView {
 }
 
 /// Subscribes to the live stream of `name`.
-fn follow(name: &str, lines: RwSignal<Vec<Value>>, tsteps: RwSignal<Vec<u64>>, run: RwSignal<Value>, live: RwSignal<bool>, dropped: RwSignal<u64>) {
+fn follow(
+    name: &str,
+    lines: RwSignal<Vec<StepLog>>,
+    tsteps: RwSignal<Vec<u64>>,
+    run: RwSignal<RunView>,
+    live: RwSignal<bool>,
+    dropped: RwSignal<u64>,
+) {
     let Ok(source) = web_sys::EventSource::new(&format!("/api/runs/{name}/stream{}", token_query(true))) else {
         return;
     };
     let known = lines.get_untracked().len();
     let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
         let Some(text) = ev.data().as_string() else { return };
-        let Ok(frame) = serde_json::from_str::<Value>(&text) else { return };
-        match frame["kind"].as_str() {
-            Some("line") => {
-                let line = frame["line"].clone();
-                if frame["pages"].is_array() {
-                    run.update(|r| r["pages"] = frame["pages"].clone());
+        let Ok(frame) = serde_json::from_str::<Frame>(&text) else { return };
+        match frame {
+            Frame::Line { line, timeline, pages } => {
+                if let Some(pages) = pages {
+                    run.update(|r| r.pages = pages);
                 }
+                let step = line.step;
                 lines.update(|l| {
                     // Frames sent before the first read are already in it.
                     if l.len() >= known && !l.contains(&line) {
-                        l.push(line.clone())
+                        l.push(line)
                     }
                 });
-                if frame["timeline"].as_bool() == Some(true)
-                    && let Some(s) = line["step"].as_u64()
-                {
+                if timeline {
                     tsteps.update(|t| {
-                        if !t.contains(&s) {
-                            t.push(s)
+                        if !t.contains(&step) {
+                            t.push(step)
                         }
                     });
                 }
             }
-            Some("info") => run.update(|r| r["info"] = frame["info"].clone()),
-            Some("finished") => live.set(false),
-            _ => {}
+            Frame::Info { info } => run.update(|r| r.info = Some(info)),
+            Frame::Finished => live.set(false),
         }
     });
     source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -216,14 +205,18 @@ fn follow(name: &str, lines: RwSignal<Vec<Value>>, tsteps: RwSignal<Vec<u64>>, r
 fn legend() -> impl IntoView {
     view! {
         <div class="legend">
-            {CATEGORIES.iter().map(|(n, c)| view! { <span style=format!("--c:{c}")>{*n}</span> }).collect_view()}
+            {Category::ALL.iter().map(|c| view! { <span style=format!("--c:{}", c.colour())>{c.name()}</span> }).collect_view()}
         </div>
     }
 }
 
 /// x position of point `i` of `n` across the plot.
 fn px(i: usize, n: usize) -> f64 {
-    if n <= 1 { PAD } else { PAD + (W - PAD - 10.0) * i as f64 / (n - 1) as f64 }
+    if n <= 1 {
+        PAD
+    } else {
+        PAD + (W - PAD - 10.0) * i as f64 / (n - 1) as f64
+    }
 }
 
 fn py(v: f64, max: f64) -> f64 {
@@ -243,15 +236,10 @@ fn axis(max: f64, fmt: fn(f64) -> String) -> impl IntoView {
         .collect_view()
 }
 
-fn short_bytes(v: f64) -> String {
-    let s = bytes(v);
-    s.replace(".00", "")
-}
-
 /// Memory per step: stacked by category at each step's peak, reserved as a line, the
 /// peak marked, the cap drawn; hovering shows the step's numbers.
 #[component]
-fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
+fn MemoryView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl IntoView {
     let hover = RwSignal::new(None::<usize>);
     let data = Memo::new(move |_| steps(&lines.get()));
     let chart = move || {
@@ -260,24 +248,37 @@ fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoVie
         if n == 0 {
             return view! { <p>"waiting for the first step..."</p> }.into_any();
         }
-        let parts = |l: &Value| -> Vec<f64> {
-            let m = &l["mem"];
-            let src = if m.get("at_peak").is_some() { &m["at_peak"] } else { &m["by_category"] };
-            CATEGORIES.iter().map(|(c, _)| f(&src[*c])).collect()
+        let parts = |l: &StepLog| -> Vec<f64> {
+            let by = l.mem.as_ref().map(|m| m.peak_by_category());
+            Category::ALL
+                .iter()
+                .map(|c| by.and_then(|b| b.get(c.name())).copied().unwrap_or(0) as f64)
+                .collect()
         };
-        let peaks: Vec<f64> = s.iter().map(|l| f(&l["mem"]["peak"])).collect();
-        let reserved: Vec<f64> = s.iter().map(|l| f(&l["mem"]["peak_reserved"]).max(f(&l["mem"]["reserved"]))).collect();
-        let cap = s.last().and_then(|l| l["mem"]["cap"].as_f64()).or_else(|| run.get()["info"]["cap"].as_f64());
+        let mem = |l: &StepLog| l.mem.clone().unwrap_or_default();
+        let peaks: Vec<f64> = s.iter().map(|l| mem(l).peak as f64).collect();
+        let reserved: Vec<f64> = s.iter().map(|l| (mem(l).peak_reserved.max(mem(l).reserved)) as f64).collect();
+        let cap = s
+            .last()
+            .and_then(|l| mem(l).cap)
+            .or_else(|| run.get().info.and_then(|i| i.cap))
+            .map(|c| c as f64);
         let top = reserved.iter().chain(&peaks).cloned().fold(0.0, f64::max);
         let cap_shown = cap.filter(|&c| c <= 2.0 * top);
         let max = top.max(cap_shown.unwrap_or(0.0)) * 1.08;
         let mut below = vec![0.0; n];
         let mut areas = Vec::new();
-        for (k, (name, col)) in CATEGORIES.iter().enumerate() {
+        for (k, category) in Category::ALL.iter().enumerate() {
+            let (name, col) = (category.name(), category.colour());
             let vals: Vec<f64> = s.iter().map(|l| parts(l)[k]).collect();
             let mut d = String::new();
             for i in 0..n {
-                d += &format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, px(i, n), py(below[i] + vals[i], max));
+                d += &format!(
+                    "{}{:.1},{:.1} ",
+                    if i == 0 { "M" } else { "L" },
+                    px(i, n),
+                    py(below[i] + vals[i], max)
+                );
             }
             for i in (0..n).rev() {
                 d += &format!("L{:.1},{:.1} ", px(i, n), py(below[i], max));
@@ -286,20 +287,29 @@ fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoVie
             for i in 0..n {
                 below[i] += vals[i];
             }
-            areas.push(view! { <path d=d fill=*col fill-opacity="0.85" data-category=*name /> });
+            areas.push(view! { <path d=d fill=col fill-opacity="0.85" data-category=name /> });
         }
         let reserved_d: String = reserved
             .iter()
             .enumerate()
             .map(|(i, r)| format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, px(i, n), py(*r, max)))
             .collect();
-        let (pi, pv) = peaks.iter().enumerate().fold((0, 0.0), |a, (i, &v)| if v > a.1 { (i, v) } else { a });
-        let peak_step = s[pi]["step"].as_u64().unwrap_or(0);
+        let (pi, pv) = peaks
+            .iter()
+            .enumerate()
+            .fold((0, 0.0), |a, (i, &v)| if v > a.1 { (i, v) } else { a });
+        let peak_step = s[pi].step;
         let on_move = move |ev: web_sys::MouseEvent| {
-            let Some(el) = ev.current_target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()) else { return };
+            let Some(el) = ev.current_target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()) else {
+                return;
+            };
             let rect = el.get_bounding_client_rect();
             let x = (ev.client_x() as f64 - rect.left()) / rect.width().max(1.0) * W;
-            let i = if n <= 1 { 0.0 } else { ((x - PAD) / (W - PAD - 10.0) * (n - 1) as f64).round() };
+            let i = if n <= 1 {
+                0.0
+            } else {
+                ((x - PAD) / (W - PAD - 10.0) * (n - 1) as f64).round()
+            };
             hover.set(Some(i.clamp(0.0, (n - 1) as f64) as usize));
         };
         view! {
@@ -323,11 +333,11 @@ fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoVie
             </svg>
             {legend()}
             <div class="tip" id="memory-tip">{move || hover.get().and_then(|i| data.get().get(i).cloned()).map(|l| {
-                let m = &l["mem"];
-                let src = if m.get("at_peak").is_some() { &m["at_peak"] } else { &m["by_category"] };
-                let mut t = format!("step {}: peak {}, reserved {}\n", l["step"], bytes(f(&m["peak"])), bytes(f(&m["peak_reserved"])));
-                for (c, _) in CATEGORIES {
-                    t += &format!("{c} {}  ", bytes(f(&src[c])));
+                let m = l.mem.unwrap_or_default();
+                let by = m.peak_by_category();
+                let mut t = format!("step {}: peak {}, reserved {}\n", l.step, format_bytes(m.peak), format_bytes(m.peak_reserved));
+                for c in Category::ALL {
+                    t += &format!("{c} {}  ", format_bytes(by.get(c.name()).copied().unwrap_or(0)));
                 }
                 t
             })}</div>
@@ -348,7 +358,7 @@ fn MemoryView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoVie
 fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -> impl IntoView {
     let chosen = RwSignal::new(None::<u64>);
     let picked = RwSignal::new(false);
-    let timeline = RwSignal::new(Value::Null);
+    let timeline = RwSignal::new(None::<StepMemory>);
     let hover = RwSignal::new(String::new());
     Effect::new(move |_| {
         // Follow the latest step until the user picks one.
@@ -360,14 +370,16 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
     // One fetch at a time: a fast run does not queue up requests.
     let inflight = RwSignal::new(false);
     Effect::new(move |_| {
-        let (Some(name), Some(step)) = (run_name.get(), chosen.get()) else { return };
+        let (Some(name), Some(step)) = (run_name.get(), chosen.get()) else {
+            return;
+        };
         if inflight.get_untracked() {
             return;
         }
         inflight.set(true);
         leptos::task::spawn_local(async move {
-            if let Ok(v) = get_json(&format!("/api/runs/{name}/timeline?step={step}{}", token_query(false))).await {
-                timeline.set(v);
+            if let Ok(v) = get_json::<StepMemory>(&format!("/api/runs/{name}/timeline?step={step}{}", token_query(false))).await {
+                timeline.set(Some(v));
             }
             inflight.set(false);
         });
@@ -379,15 +391,15 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
         }
     };
     let chart = move || {
-        let t = timeline.get();
-        let Some(bands) = t["bands"].as_array() else {
+        let Some(t) = timeline.get() else {
             return view! { <p>"no step recorded yet"</p> }.into_any();
         };
+        let bands = &t.bands;
         // The x axis is the step's allocator events in order, as in memory_viz: CPU time
         // would crowd every allocation into the moment the launches were recorded.
-        let duration = f(&t["events"]) + 1.0;
-        let ms = f(&t["duration_us"]) / 1000.0;
-        let mut times: Vec<f64> = bands.iter().flat_map(|b| [f(&b["start_seq"]), f(&b["end_seq"])]).collect();
+        let duration = t.events as f64 + 1.0;
+        let ms = t.duration_us as f64 / 1000.0;
+        let mut times: Vec<f64> = bands.iter().flat_map(|b| [b.start_seq as f64, b.end_seq as f64]).collect();
         times.sort_by(f64::total_cmp);
         times.dedup();
         // Sweep: at each instant the live bands stack in allocation order.
@@ -396,9 +408,9 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
         for &tm in &times {
             let mut y = 0.0;
             for (i, b) in bands.iter().enumerate() {
-                if f(&b["start_seq"]) <= tm && tm < f(&b["end_seq"]) {
+                if b.start_seq as f64 <= tm && tm < b.end_seq as f64 {
                     tops[i].push((tm, y));
-                    y += f(&b["size"]);
+                    y += b.size as f64;
                 }
             }
             max = max.max(y);
@@ -410,8 +422,8 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
             .zip(&tops)
             .filter(|(_, pts)| !pts.is_empty())
             .map(|(b, pts)| {
-                let size = f(&b["size"]);
-                let end = f(&b["end_seq"]);
+                let size = b.size as f64;
+                let end = b.end_seq as f64;
                 let mut upper = Vec::new();
                 let mut lower = Vec::new();
                 for (k, &(tm, y)) in pts.iter().enumerate() {
@@ -421,17 +433,17 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
                 }
                 upper.reverse();
                 let points = format!("{} {}", lower.join(" "), upper.join(" "));
-                let cat = b["category"].as_str().unwrap_or("other").to_string();
-                let info = format!("{} · {} · {}", b["label"].as_str().unwrap_or(""), bytes(size), cat);
+                let cat = b.category;
+                let info = format!("{} · {} · {}", b.label, format_bytes(b.size), cat);
                 let info2 = info.clone();
                 view! {
-                    <polygon points=points fill=colour(&cat) stroke="#fff" stroke-width="0.3" on:mouseenter=move |_| hover.set(info2.clone())>
+                    <polygon points=points fill=cat.colour() stroke="#fff" stroke-width="0.3" on:mouseenter=move |_| hover.set(info2.clone())>
                         <title>{info}</title>
                     </polygon>
                 }
             })
             .collect_view();
-        let ooms = t["ooms"].as_array().map_or(0, |a| a.len());
+        let ooms = t.ooms.len();
         view! {
             <svg id="timeline-chart" viewBox=format!("0 0 {W} {H}") data-bands=bands.len().to_string()>
                 {axis(max, short_bytes)}
@@ -463,46 +475,46 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
 /// The allocator now: each page a bar of its blocks (used by category, free in grey),
 /// fragmentation, the largest free block, out-of-memory events and retries.
 #[component]
-fn AllocatorView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
-    let name = move || run.get()["name"].as_str().unwrap_or("").to_string();
+fn AllocatorView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl IntoView {
+    let name = move || run.get().name;
     let body = move || {
         let r = run.get();
         let l = lines.get();
-        let last = steps(&l).last().cloned().unwrap_or(Value::Null);
+        let m = steps(&l).last().and_then(|s| s.mem.clone()).unwrap_or_default();
         // Live runs carry pages in the record only at load; the latest timeline has them too.
-        let pages = r["pages"].as_array().cloned().unwrap_or_default();
+        let pages = r.pages;
         let largest = pages
             .iter()
-            .flat_map(|p| p["blocks"].as_array().cloned().unwrap_or_default())
-            .filter(|b| b["allocated"].as_bool() != Some(true))
-            .map(|b| f(&b["size"]))
-            .fold(0.0, f64::max);
+            .flat_map(|p| p.blocks.iter())
+            .filter(|b| !b.allocated)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0);
         let events: Vec<String> = l
             .iter()
-            .filter_map(|x| x["event"].as_str().map(|e| format!("step {}: {e}", x["step"])))
+            .filter_map(|x| x.event.as_ref().map(|e| format!("step {}: {e}", x.step)))
             .collect();
-        let m = &last["mem"];
         let rows = pages
             .iter()
             .map(|p| {
-                let size = f(&p["size"]).max(1.0);
-                let blocks = p["blocks"].as_array().cloned().unwrap_or_default();
-                let used: f64 = blocks.iter().filter(|b| b["allocated"].as_bool() == Some(true)).map(|b| f(&b["size"])).sum::<f64>() + 0.0;
+                let size = (p.size as f64).max(1.0);
+                let blocks = &p.blocks;
+                let used: u64 = blocks.iter().filter(|b| b.allocated).map(|b| b.size).sum();
                 let cells = blocks
                     .iter()
                     .map(|b| {
-                        let live = b["allocated"].as_bool() == Some(true);
-                        let c = if live { colour(b["category"].as_str().unwrap_or("other")) } else { FREE };
-                        let title = if live {
-                            format!("{} · {} · {}", b["label"].as_str().unwrap_or(""), bytes(f(&b["size"])), b["category"].as_str().unwrap_or(""))
+                        let category = b.category.unwrap_or(Category::Other);
+                        let c = if b.allocated { category.colour() } else { FREE };
+                        let title = if b.allocated {
+                            format!("{} · {} · {}", b.label.as_deref().unwrap_or(""), format_bytes(b.size), category)
                         } else {
-                            format!("free · {}", bytes(f(&b["size"])))
+                            format!("free · {}", format_bytes(b.size))
                         };
-                        view! { <div style=format!("width:{:.3}%;background:{c}", 100.0 * f(&b["size"]) / size) title=title></div> }
+                        view! { <div style=format!("width:{:.3}%;background:{c}", 100.0 * b.size as f64 / size) title=title></div> }
                     })
                     .collect_view();
                 view! {
-                    <div class="pagelabel">{format!("page {} · {} · {} · {} blocks · {} used", p["id"], p["pool"].as_str().unwrap_or(""), bytes(size), blocks.len(), bytes(used))}</div>
+                    <div class="pagelabel">{format!("page {} · {} · {} · {} blocks · {} used", p.id, p.pool.name(), format_bytes(p.size), blocks.len(), format_bytes(used))}</div>
                     <div class="page">{cells}</div>
                 }
             })
@@ -510,10 +522,10 @@ fn AllocatorView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl Into
         view! {
             <div class="facts">
                 <span>"pages " <b id="page-count">{pages.len()}</b></span>
-                <span>"fragmentation " <b>{format!("{:.1}%", 100.0 * f(&m["fragmentation"]))}</b></span>
-                <span>"largest free block " <b>{bytes(largest)}</b></span>
-                <span>"OOMs " <b>{m["num_ooms"].as_u64().unwrap_or(0)}</b></span>
-                <span>"retries " <b>{m["num_alloc_retries"].as_u64().unwrap_or(0)}</b></span>
+                <span>"fragmentation " <b>{format!("{:.1}%", 100.0 * m.fragmentation)}</b></span>
+                <span>"largest free block " <b>{format_bytes(largest)}</b></span>
+                <span>"OOMs " <b>{m.num_ooms}</b></span>
+                <span>"retries " <b>{m.num_alloc_retries}</b></span>
             </div>
             {rows}
             <div class="events">{events.join("\n")}</div>
@@ -567,34 +579,35 @@ fn line_chart(id: &'static str, series: Vec<(Vec<(f64, f64)>, &'static str)>, fm
 /// Loss and evaluation, step time and throughput, the loss scale and skipped steps,
 /// the device, and kernel timings.
 #[component]
-fn TrainingView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoView {
+fn TrainingView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl IntoView {
     let charts = move || {
         let l = lines.get();
         let s = steps(&l);
-        let pt = |key: &str| -> Vec<(f64, f64)> { s.iter().filter_map(|x| Some((f(&x["step"]), x[key].as_f64()?))).collect() };
-        let evals: Vec<(f64, f64)> = l.iter().filter_map(|x| Some((f(&x["step"]), x["eval"]["loss"].as_f64()?))).collect();
-        let skipped: Vec<f64> = s.iter().filter(|x| x["skipped"].as_bool() == Some(true)).map(|x| f(&x["step"])).collect();
-        let last = s.last().cloned().unwrap_or(Value::Null);
-        let last_eval = l.iter().rev().find(|x| x.get("eval").is_some()).cloned();
-        let scale = pt("scale");
+        let pt =
+            |value: fn(&StepLog) -> Option<f64>| -> Vec<(f64, f64)> { s.iter().filter_map(|x| Some((x.step as f64, value(x)?))).collect() };
+        let evals: Vec<(f64, f64)> = l.iter().filter_map(|x| Some((x.step as f64, x.eval.as_ref()?.loss))).collect();
+        let skipped: Vec<f64> = s.iter().filter(|x| x.skipped == Some(true)).map(|x| x.step as f64).collect();
+        let last = s.last().cloned().unwrap_or_default();
+        let last_eval = l.iter().rev().find_map(|x| x.eval.clone());
+        let scale = pt(|x| x.scale);
         let fmt_num: fn(f64) -> String = |v| format!("{v:.3}");
         let fmt_ms: fn(f64) -> String = |v| format!("{v:.0} ms");
         let fmt_scale: fn(f64) -> String = |v| format!("{v:.0}");
         view! {
             <div class="facts">
-                <span>"loss " <b id="last-loss" data-loss=last["loss"].to_string()>{format!("{:.4}", f(&last["loss"]))}</b></span>
-                {last_eval.map(|e| view! { <span>"eval loss " <b>{format!("{:.4}", f(&e["eval"]["loss"]))}</b>
-                    {e["eval"]["accuracy"].as_f64().map(|a| format!(" · accuracy {:.2}%", 100.0 * a))}</span> })}
-                <span>"step " <b>{format!("{:.1} ms", f(&last["step_ms"]))}</b></span>
-                <span>"throughput " <b>{format!("{:.0} samples/s", f(&last["samples_per_s"]))}</b></span>
-                {last["scale"].as_f64().map(|v| view! { <span>"loss scale " <b>{format!("{v}")}</b>{format!(" · skipped steps {}", skipped.len())}</span> })}
+                <span>"loss " <b id="last-loss" data-loss=last.loss.map(|v| v.to_string()).unwrap_or_default()>{format!("{:.4}", last.loss.unwrap_or(0.0))}</b></span>
+                {last_eval.map(|e| view! { <span>"eval loss " <b>{format!("{:.4}", e.loss)}</b>
+                    {e.accuracy.map(|a| format!(" · accuracy {:.2}%", 100.0 * a))}</span> })}
+                <span>"step " <b>{format!("{:.1} ms", last.step_ms.unwrap_or(0.0))}</b></span>
+                <span>"throughput " <b>{format!("{:.0} samples/s", last.samples_per_s.unwrap_or(0.0))}</b></span>
+                {last.scale.map(|v| view! { <span>"loss scale " <b>{format!("{v}")}</b>{format!(" · skipped steps {}", skipped.len())}</span> })}
             </div>
             <div class="legend"><span style="--c:#4e79a7">"train loss"</span><span style="--c:#e15759">"eval loss"</span></div>
-            {line_chart("loss-chart", vec![(pt("loss"), "#4e79a7"), (evals, "#e15759")], fmt_num, skipped.clone())}
+            {line_chart("loss-chart", vec![(pt(|x| x.loss), "#4e79a7"), (evals, "#e15759")], fmt_num, skipped.clone())}
             <div class="legend"><span style="--c:#59a14f">"step time"</span></div>
-            {line_chart("time-chart", vec![(pt("step_ms"), "#59a14f")], fmt_ms, Vec::new())}
+            {line_chart("time-chart", vec![(pt(|x| x.step_ms), "#59a14f")], fmt_ms, Vec::new())}
             <div class="legend"><span style="--c:#f28e2b">"throughput (samples/s)"</span></div>
-            {line_chart("throughput-chart", vec![(pt("samples_per_s"), "#f28e2b")], fmt_scale, Vec::new())}
+            {line_chart("throughput-chart", vec![(pt(|x| x.samples_per_s), "#f28e2b")], fmt_scale, Vec::new())}
             {(!scale.is_empty()).then(|| view! {
                 <div class="legend"><span style="--c:#b07aa1">"loss scale (red: skipped steps)"</span></div>
                 {line_chart("scale-chart", vec![(scale.clone(), "#b07aa1")], fmt_scale, skipped.clone())}
@@ -603,17 +616,25 @@ fn TrainingView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoV
     };
     let device = move || {
         let r = run.get();
-        let d = &r["info"]["device"];
-        let rows: Vec<(String, String)> = vec![
-            ("adapter".into(), d["name"].as_str().unwrap_or("?").to_string()),
-            ("backend".into(), d["backend"].as_str().unwrap_or("?").to_string()),
-            ("driver".into(), d["driver"].as_str().unwrap_or("").to_string()),
-            ("memory".into(), d["memory_bytes"].as_f64().map(bytes).unwrap_or_else(|| "not reported".into())),
-            ("features".into(), d["features"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default()),
-            ("parameters".into(), r["info"]["parameters"].to_string()),
-            ("notes".into(), r["info"]["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("; ")).unwrap_or_default()),
-        ];
-        let bench = r["bench"].as_array().cloned().unwrap_or_default();
+        let rows: Vec<(String, String)> = match &r.info {
+            Some(info) => {
+                let d = &info.device;
+                vec![
+                    ("adapter".into(), d.name.clone()),
+                    ("backend".into(), d.backend.clone()),
+                    ("driver".into(), d.driver.clone()),
+                    (
+                        "memory".into(),
+                        d.memory_bytes.map(format_bytes).unwrap_or_else(|| "not reported".into()),
+                    ),
+                    ("features".into(), d.features.join(", ")),
+                    ("parameters".into(), info.parameters.to_string()),
+                    ("notes".into(), info.notes.join("; ")),
+                ]
+            }
+            None => vec![("adapter".into(), "?".into()), ("backend".into(), "?".into())],
+        };
+        let bench = r.bench.clone().unwrap_or_default();
         view! {
             <table id="device-table">
                 {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
@@ -627,12 +648,12 @@ fn TrainingView(lines: RwSignal<Vec<Value>>, run: RwSignal<Value>) -> impl IntoV
                         <tr><th>"kernel"</th><th>"dtype"</th><th>"shape"</th><th class="num">"median"</th><th class="num">"GFLOP/s"</th><th class="num">"GB/s"</th></tr>
                         {bench.into_iter().map(|b| view! {
                             <tr>
-                                <td>{b["kernel"].as_str().unwrap_or("").to_string()}</td>
-                                <td>{b["dtype"].as_str().unwrap_or("").to_string()}</td>
-                                <td>{b["shape"].to_string()}</td>
-                                <td class="num">{format!("{:.1} us", f(&b["median_us"]))}</td>
-                                <td class="num">{b["gflops"].as_f64().map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
-                                <td class="num">{b["gbps"].as_f64().map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
+                                <td>{b.kernel.clone()}</td>
+                                <td>{b.dtype.clone()}</td>
+                                <td>{format!("{:?}", b.shape)}</td>
+                                <td class="num">{format!("{:.1} us", b.median_us)}</td>
+                                <td class="num">{b.gflops.map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
+                                <td class="num">{b.gbps.map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
                             </tr>
                         }).collect_view()}
                     </table>

@@ -2,7 +2,10 @@
 //! serves it (axum) with the Leptos app that build.rs compiles from web/app, and
 //! [`viz`] exports memory in PyTorch's memory_viz format. [`Dashboard::start`] runs the
 //! server on its own threads, so training never waits on it.
+//!
+//! May call: `recorder`, `server`, `viz`, `wgtrain_protocol`. Called by: the CLI, tests.
 
+pub mod assets;
 pub mod recorder;
 pub mod server;
 pub mod viz;
@@ -13,18 +16,6 @@ use std::sync::Arc;
 
 pub use recorder::Recorder;
 pub use server::{Served, router};
-
-/// The app's files, built from source by build.rs.
-pub mod assets {
-    /// The page.
-    pub const INDEX_HTML: &str = include_str!("../../app/index.html");
-    /// Its styles.
-    pub const STYLE_CSS: &str = include_str!("../../app/style.css");
-    /// wasm-bindgen's loader.
-    pub const APP_JS: &str = include_str!(concat!(env!("OUT_DIR"), "/app.js"));
-    /// The compiled app.
-    pub const APP_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/app_bg.wasm"));
-}
 
 /// Why the dashboard could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +54,7 @@ pub struct Options {
     /// A folder of finished runs.
     pub runs_dir: Option<PathBuf>,
     /// Kernel timings to show.
-    pub bench: Option<serde_json::Value>,
+    pub bench: Option<Vec<wgtrain_protocol::BenchRecord>>,
 }
 
 impl Default for Options {

@@ -5,18 +5,17 @@
 //!
 //! At the run's end the record is written beside the log (`NAME.memory.json`, whole or
 //! not at all) so `wgtrain dashboard --runs DIR` shows the same views later.
+//!
+//! May call: `wgtrain_engine::{files, train}`, `wgtrain_protocol`. Called by: `server`, the CLI.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use wgtrain_engine::files::write_atomically;
-use wgtrain_engine::memory::PageView;
-use wgtrain_engine::train::StepLog;
-use wgtrain_engine::train::observe::{Observer, RunInfo, StepMemory};
+use wgtrain_engine::train::{Observer, TrainError};
+use wgtrain_protocol::{Frame, RunInfo, RunRecord, StepLog, StepMemory};
 
 /// Timelines kept from the start of a run.
 pub const KEEP_FIRST: usize = 3;
@@ -25,53 +24,12 @@ pub const KEEP_LAST: usize = 20;
 /// Frames a live client may fall behind before it loses some.
 pub const QUEUE: usize = 256;
 
-/// What the dashboard knows of one run.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct RunRecord {
-    /// The run's facts (absent for a log without a record).
-    pub info: Option<RunInfo>,
-    /// Step and evaluation lines, as in the JSONL log.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub lines: Vec<serde_json::Value>,
-    /// Allocation timelines of the first and the latest steps.
-    pub timelines: BTreeMap<u64, StepMemory>,
-    /// Pages at the end of the latest step.
-    pub pages: Vec<PageView>,
-    /// Whether the run has ended.
-    pub finished: bool,
-}
-
-impl RunRecord {
-    fn keep_timeline(&mut self, memory: StepMemory) {
-        self.timelines.insert(memory.step, memory);
-        while self.timelines.len() > KEEP_FIRST + KEEP_LAST {
-            let drop = *self.timelines.keys().nth(KEEP_FIRST).expect("more than KEEP_FIRST");
-            self.timelines.remove(&drop);
-        }
+fn keep_timeline(record: &mut RunRecord, memory: StepMemory) {
+    record.timelines.insert(memory.step, memory);
+    while record.timelines.len() > KEEP_FIRST + KEEP_LAST {
+        let drop = *record.timelines.keys().nth(KEEP_FIRST).expect("more than KEEP_FIRST");
+        record.timelines.remove(&drop);
     }
-}
-
-/// One live update, as sent over server-sent events.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Frame {
-    /// The run started.
-    Info {
-        /// Its facts.
-        info: RunInfo,
-    },
-    /// A step or evaluation line (with the step's pages for steps).
-    Line {
-        /// The log line.
-        line: serde_json::Value,
-        /// Whether a timeline was kept for the step.
-        timeline: bool,
-        /// The allocator's pages after the step (steps only).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pages: Option<Vec<PageView>>,
-    },
-    /// The run ended.
-    Finished,
 }
 
 /// Records one run (see the module).
@@ -145,35 +103,42 @@ impl Recorder {
 }
 
 impl Observer for Recorder {
-    fn start(&self, info: RunInfo) {
+    fn start(&self, info: &RunInfo) -> Result<(), TrainError> {
         self.lock().info = Some(info.clone());
-        self.send(&Frame::Info { info });
+        self.send(&Frame::Info { info: info.clone() });
+        Ok(())
     }
 
-    fn step(&self, line: &StepLog, memory: StepMemory) {
-        let value = serde_json::to_value(line).expect("log lines serialize");
-        let pages = memory.pages.clone();
+    fn wants_memory(&self) -> bool {
+        true
+    }
+
+    fn step(&self, line: &StepLog, memory: Option<&StepMemory>) -> Result<(), TrainError> {
+        let pages = memory.map(|m| m.pages.clone());
         {
             let mut r = self.lock();
-            r.lines.push(value.clone());
-            r.pages = memory.pages.clone();
-            r.keep_timeline(memory);
+            r.lines.push(line.clone());
+            if let Some(m) = memory {
+                r.pages = m.pages.clone();
+                keep_timeline(&mut r, m.clone());
+            }
         }
         self.send(&Frame::Line {
-            line: value,
-            timeline: true,
-            pages: Some(pages),
+            line: line.clone(),
+            timeline: memory.is_some(),
+            pages,
         });
+        Ok(())
     }
 
-    fn eval(&self, line: &StepLog) {
-        let value = serde_json::to_value(line).expect("log lines serialize");
-        self.lock().lines.push(value.clone());
+    fn eval(&self, line: &StepLog) -> Result<(), TrainError> {
+        self.lock().lines.push(line.clone());
         self.send(&Frame::Line {
-            line: value,
+            line: line.clone(),
             timeline: false,
             pages: None,
         });
+        Ok(())
     }
 
     fn finish(&self) {
@@ -200,7 +165,7 @@ pub fn load_run(log: &Path) -> Result<RunRecord, String> {
         if l.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<serde_json::Value>(l) {
+        match serde_json::from_str::<StepLog>(l) {
             Ok(v) => lines.push(v),
             // A run killed mid-line leaves a partial last line: keep what is whole.
             Err(e) if i + 1 == text.lines().count() => tracing::warn!("{}: last line is incomplete ({e})", log.display()),

@@ -11,6 +11,8 @@
 //! * `/api/runs/{name}/timeline?step=N`: one step's allocation timeline.
 //! * `/api/runs/{name}/stream`: server-sent events, one JSON frame per step (live runs).
 //! * `/api/runs/{name}/snapshot.json`, `/api/runs/{name}/snapshot.pickle`: exports.
+//!
+//! May call: `recorder`, `viz`, `assets`, `wgtrain_protocol`. Called by: `lib`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,13 +26,15 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use wgtrain_protocol::{BenchRecord, Health, RunEntry, RunView};
 
-use crate::recorder::{Recorder, RunRecord, load_run};
+use crate::recorder::{Recorder, load_run};
 use crate::{assets, viz};
+use wgtrain_protocol::RunRecord;
 
 /// What the server serves.
 pub struct Served {
@@ -41,7 +45,7 @@ pub struct Served {
     /// Required on every request when set (`?token=` or `Authorization: Bearer`).
     pub token: Option<String>,
     /// Kernel timings to show (a `wgtrain bench --json` file's records).
-    pub bench: Option<Value>,
+    pub bench: Option<Vec<BenchRecord>>,
 }
 
 type Shared = Arc<Served>;
@@ -109,11 +113,15 @@ fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
         .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))
 }
 
-fn list_runs(s: &Served) -> Vec<Value> {
+fn list_runs(s: &Served) -> Vec<RunEntry> {
     let mut out = Vec::new();
     if let Some(live) = &s.live {
-        let steps = live.with(|r| r.lines.iter().filter(|l| l.get("mem").is_some()).count());
-        out.push(json!({"name": live.name(), "live": true, "steps": steps}));
+        let steps = live.with(|r| r.lines.iter().filter(|l| l.is_step()).count());
+        out.push(RunEntry {
+            name: live.name().to_string(),
+            live: true,
+            steps: Some(steps as u64),
+        });
     }
     if let Some(dir) = &s.runs_dir
         && let Ok(entries) = std::fs::read_dir(dir)
@@ -125,7 +133,11 @@ fn list_runs(s: &Served) -> Vec<Value> {
             .collect();
         names.sort();
         for n in names {
-            out.push(json!({"name": n, "live": false}));
+            out.push(RunEntry {
+                name: n,
+                live: false,
+                steps: None,
+            });
         }
     }
     out
@@ -133,11 +145,14 @@ fn list_runs(s: &Served) -> Vec<Value> {
 
 async fn health(State(s): State<Shared>) -> impl IntoResponse {
     let dropped = s.live.as_ref().map_or(0, |l| l.dropped());
-    axum::Json(json!({"ok": true, "dropped_frames": dropped}))
+    axum::Json(Health {
+        ok: true,
+        dropped_frames: dropped,
+    })
 }
 
 async fn runs(State(s): State<Shared>) -> impl IntoResponse {
-    axum::Json(Value::Array(list_runs(&s)))
+    axum::Json(list_runs(&s))
 }
 
 async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
@@ -153,16 +168,16 @@ async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl I
             r.timelines.keys().copied().collect::<Vec<_>>(),
         )
     });
-    Ok(axum::Json(json!({
-        "name": name,
-        "live": live,
-        "finished": finished,
-        "info": info,
-        "lines": lines,
-        "pages": pages,
-        "timeline_steps": steps,
-        "bench": s.bench,
-    })))
+    Ok(axum::Json(RunView {
+        name,
+        live,
+        finished,
+        info,
+        lines,
+        pages,
+        timeline_steps: steps,
+        bench: s.bench.clone(),
+    }))
 }
 
 fn parse_step(q: &HashMap<String, String>) -> Result<u64, ApiError> {

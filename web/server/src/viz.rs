@@ -3,10 +3,11 @@
 //! blocks) and `device_traces` (one device's alloc / free_completed events, built from
 //! a step's timeline). Addresses are synthetic: page id * 2^40 + offset for segments,
 //! and a counter for the trace. A block's label and category become its one frame.
+//!
+//! May call: `wgtrain_protocol`. Called by: `server`.
 
 use serde::Serialize;
-use wgtrain_engine::memory::{PageView, PoolKind};
-use wgtrain_engine::train::observe::StepMemory;
+use wgtrain_protocol::{Band, PageView, PoolKind, StepMemory};
 
 /// One stack frame (memory_viz shows it on hover).
 #[derive(Serialize)]
@@ -111,7 +112,7 @@ pub fn snapshot(pages: &[PageView], steps: &[&StepMemory]) -> Snapshot {
     for s in steps {
         // In the step's event order (ties: frees first, as a block is reused); a block
         // that outlives the step is freed at its end so the next step starts clean.
-        let mut events: Vec<(u64, bool, u64, u64, &wgtrain_engine::train::observe::Band)> = Vec::new();
+        let mut events: Vec<(u64, bool, u64, u64, &Band)> = Vec::new();
         for b in &s.bands {
             let addr = next_addr;
             next_addr += b.size.max(1);

@@ -1,5 +1,5 @@
-//! The memory estimate before running (`wgtrain estimate`) and the fit to a budget
-//! (`memory.fit`, `memory.checkpoint = "auto"`).
+//! The plan before running: the memory estimate (`wgtrain estimate`) and the fit to a
+//! budget (`memory.fit`, `memory.checkpoint = "auto"`).
 //!
 //! The estimate is a dry run of two training steps through the trainer's own code path
 //! on a bookkeeping-only allocator (see `memory::allocator`'s dry mode): every tensor
@@ -10,19 +10,23 @@
 //! the whole step. The model states are also given by the formulas (ZeRO paper,
 //! section 3.1: parameters, gradients and optimizer states of Psi elements) as a check.
 //! Evaluation is not part of the estimate (it runs without gradients, under the peak).
+//!
+//! May call: `device`, `error`, `memory`, `runtime`, `train::{build, config, error,
+//! step, trainer}`; never `train::run`. Called by: `train::open`, the CLI, tests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::config::Config;
-use super::trainer::{Loaded, TrainError, Trainer, load_data, resolve_precision};
-use crate::data::HostBatch;
+use super::build::{Loaded, load_data, resolve_precision};
+use super::config::{Config, ConfigError};
+use super::error::TrainError;
+use super::trainer::Trainer;
 use crate::device::Gpu;
 use crate::error::Error;
+use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
-use crate::memory::{AllocatorOptions, Category, MemoryCap};
 
 /// Model states from the formulas, in bytes.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -63,7 +67,6 @@ pub struct Estimate {
 impl Estimate {
     /// A readable table.
     pub fn table(&self) -> String {
-        use crate::memory::format_bytes;
         let mut out = format!(
             "estimate: {}, batch {} in micro-batches of {}, checkpointing {}\n",
             self.precision,
@@ -110,16 +113,6 @@ pub fn dry_runtime(gpu: Arc<Gpu>) -> Result<Arc<Runtime>, Error> {
     )?))
 }
 
-/// The first `batch_size` training examples (the shapes of every step's batch).
-fn first_batch(data: &Loaded, batch_size: usize) -> HostBatch {
-    let mut b = HostBatch::default();
-    for i in 0..batch_size.min(data.0.len()) {
-        data.0.push(i, &mut b);
-        b.examples += 1;
-    }
-    b
-}
-
 /// Estimates one step of `config` on the dry runtime `rt` (reused across estimates so
 /// that pipelines compile once).
 pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<Estimate, TrainError> {
@@ -127,8 +120,8 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         return Err(Error::invalid("estimate", "needs a dry runtime").into());
     }
     rt.alloc.empty_cache();
-    let batch = first_batch(data, config.train.batch_size);
-    let mut trainer = Trainer::assemble(config.clone(), rt.clone(), (data.0.clone(), data.1.clone(), data.2, data.3))?;
+    let batch = data.first_batch(config.train.batch_size);
+    let mut trainer = Trainer::assemble(config.clone(), rt.clone(), data.clone())?;
     let mut best: Option<(u64, [u64; 7])> = None;
     let mut reserved = 0u64;
     let mut own = [0u64; 7];
@@ -190,10 +183,7 @@ pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<
 fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError> {
     let resolve = |text: &str, what: &str| -> Result<(u64, String), TrainError> {
         let cap = MemoryCap::parse(text).map_err(Error::from)?;
-        Ok((
-            cap.resolve(gpu.caps.memory_bytes).map_err(Error::from)?,
-            format!("{what} {text}"),
-        ))
+        Ok((cap.resolve(gpu.caps.memory_bytes).map_err(Error::from)?, format!("{what} {text}")))
     };
     if let Some(b) = &config.memory.budget {
         return Ok(Some(resolve(b, "memory.budget")?));
@@ -239,7 +229,7 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
         return Ok((config, Vec::new()));
     }
     let Some((limit, what)) = bound(&config, gpu)? else {
-        return Err(super::config::ConfigError::Invalid(
+        return Err(ConfigError::Invalid(
             "memory.checkpoint = \"auto\" needs memory.budget or memory.cap: this adapter does not report its memory size".into(),
         )
         .into());
@@ -269,7 +259,7 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
             tried.push(format!(
                 "micro-batch {micro}, checkpoint {}: {}",
                 checkpoint_name(k),
-                crate::memory::format_bytes(e.peak_reserved_bytes)
+                format_bytes(e.peak_reserved_bytes)
             ));
             if e.peak_reserved_bytes <= limit {
                 let note = format!(
@@ -280,18 +270,13 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
                         String::new()
                     },
                     checkpoint_name(k),
-                    crate::memory::format_bytes(e.peak_bytes),
-                    crate::memory::format_bytes(e.peak_reserved_bytes)
+                    format_bytes(e.peak_bytes),
+                    format_bytes(e.peak_reserved_bytes)
                 );
                 config = candidate;
                 return Ok((config, vec![note]));
             }
         }
     }
-    Err(super::config::ConfigError::Invalid(format!(
-        "nothing fits {what} ({}): {}",
-        crate::memory::format_bytes(limit),
-        tried.join("; ")
-    ))
-    .into())
+    Err(ConfigError::Invalid(format!("nothing fits {what} ({}): {}", format_bytes(limit), tried.join("; "))).into())
 }

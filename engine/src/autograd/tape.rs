@@ -1,0 +1,370 @@
+//! The tape: values with their node ids, parameters with their gradients, and the
+//! reverse walk that hands each node its output's gradient and frees its saved tensors
+//! as soon as their last use is done (see the module's header).
+//!
+//! May call: `error`, `kernels`, `memory`, `runtime`, `tensor`. Called by:
+//! `autograd::ops`, `nn`, `optim`, `scaler`, the trainer.
+
+use std::collections::HashMap;
+
+use crate::error::Error;
+use crate::kernels::TensorOps;
+use crate::kernels::map::{MapOp, map_into};
+use crate::memory::Category;
+use crate::runtime::Runtime;
+use crate::tensor::Tensor;
+
+/// Identifies a value on the tape.
+pub type VarId = usize;
+
+/// A value computed on the tape (or a parameter brought onto it).
+#[derive(Clone, Debug)]
+pub struct Var {
+    /// Its id on the tape.
+    pub id: VarId,
+    /// The value.
+    pub value: Tensor,
+}
+
+/// A node's backward: given the gradient of its output and the category each input's
+/// gradient should be allocated in (gradient for parameters, temporary otherwise),
+/// returns one gradient per input (None where an input needs none).
+pub type BackwardFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category]) -> Result<Vec<Option<Tensor>>, Error>>;
+
+struct Node {
+    output: VarId,
+    inputs: Vec<VarId>,
+    backward: BackwardFn,
+}
+
+/// Called with a parameter whose gradient is final (optimizer-in-backward).
+pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), Error> + 'a;
+
+/// A named trainable tensor and its gradient.
+pub struct Param {
+    /// The state-dict name.
+    pub name: String,
+    /// The f32 value (category parameter).
+    pub value: Tensor,
+    /// The accumulated gradient (category gradient), None after zero_grad.
+    pub grad: Option<Tensor>,
+}
+
+/// Every parameter of a model, in registration order.
+#[derive(Default)]
+pub struct Params {
+    /// The parameters.
+    pub list: Vec<Param>,
+}
+
+impl Params {
+    /// Registers a parameter; returns its index.
+    pub fn add(&mut self, name: &str, value: Tensor) -> usize {
+        self.list.push(Param {
+            name: name.to_string(),
+            value,
+            grad: None,
+        });
+        self.list.len() - 1
+    }
+
+    /// The index of the parameter `name`.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.list.iter().position(|p| p.name == name)
+    }
+
+    /// Frees every gradient (`zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.list {
+            p.grad = None;
+        }
+    }
+
+    /// Total number of scalar parameters.
+    pub fn numel(&self) -> usize {
+        self.list.iter().map(|p| p.value.numel()).sum()
+    }
+}
+
+/// The record of one forward pass.
+pub struct Tape {
+    nodes: Vec<Node>,
+    next: VarId,
+    leaves: HashMap<VarId, usize>,
+    grad_enabled: bool,
+    half_matmuls: bool,
+    grad_prescale: f32,
+}
+
+impl Default for Tape {
+    fn default() -> Self {
+        Tape::new()
+    }
+}
+
+/// Adds `g` into `slot` (taking `g` on first use). In place only when nobody else holds
+/// the slot's block (an op may hand one gradient to several inputs).
+fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Category, label: &str) -> Result<(), Error> {
+    match slot.take() {
+        None => *slot = Some(g),
+        Some(existing) => {
+            if g.shape() != existing.shape() {
+                return Err(Error::shape(
+                    "gradient accumulation",
+                    format!("{:?}", existing.shape()),
+                    format!("{:?}", g.shape()),
+                ));
+            }
+            let target = if existing.is_unique() {
+                existing.clone()
+            } else {
+                Tensor::empty(rt, existing.shape(), existing.dtype(), category, label)?
+            };
+            map_into(rt, MapOp::Add, Some(&existing), Some(&g), &target, 1.0, 1.0)?;
+            *slot = Some(target);
+        }
+    }
+    Ok(())
+}
+
+/// The gradient that starts backward from a one-element loss: `seed` (1, or a loss scale).
+fn loss_seed(rt: &Runtime, loss: &Var, seed: f32) -> Result<(VarId, Tensor), Error> {
+    if loss.value.numel() != 1 {
+        return Err(Error::shape("backward", "a scalar loss", format!("{:?}", loss.value.shape())));
+    }
+    let t = Tensor::full(
+        rt,
+        loss.value.shape(),
+        crate::tensor::DType::F32,
+        seed,
+        Category::Temporary,
+        "loss.grad",
+    )?;
+    Ok((loss.id, t))
+}
+
+impl Tape {
+    /// An empty tape with gradients enabled.
+    pub fn new() -> Tape {
+        Tape {
+            nodes: Vec::new(),
+            next: 0,
+            leaves: HashMap::new(),
+            grad_enabled: true,
+            half_matmuls: false,
+            grad_prescale: 1.0,
+        }
+    }
+
+    /// The gradient backward will be seeded with (the loss scale times any
+    /// accumulation weight). Ops that form gradients already in forward (the fused
+    /// language-model head) scale them by it *before* casting to f16, as PyTorch's
+    /// backward sees the scaled gradient, so small gradients do not underflow.
+    pub fn with_grad_prescale(mut self, scale: f32) -> Tape {
+        self.grad_prescale = scale;
+        self
+    }
+
+    /// See [`Tape::with_grad_prescale`].
+    pub fn grad_prescale(&self) -> f32 {
+        self.grad_prescale
+    }
+
+    /// This tape with fp16-mixed matmuls on or off (autocast): linear layers and the
+    /// language-model head cast their inputs and weights to f16, keep those f16 copies
+    /// for backward, and accumulate in f32; everything else stays f32.
+    pub fn with_half_matmuls(mut self, on: bool) -> Tape {
+        self.half_matmuls = on;
+        self
+    }
+
+    /// Whether matmuls run on f16 inputs (see [`Tape::with_half_matmuls`]).
+    pub fn half_matmuls(&self) -> bool {
+        self.half_matmuls
+    }
+
+    /// A tape that records nothing (`torch.no_grad()`).
+    pub fn no_grad() -> Tape {
+        Tape {
+            grad_enabled: false,
+            ..Tape::new()
+        }
+    }
+
+    /// Whether ops record backward nodes.
+    pub fn grad_enabled(&self) -> bool {
+        self.grad_enabled
+    }
+
+    /// A value that needs no gradient (inputs, targets).
+    pub fn constant(&mut self, value: Tensor) -> Var {
+        let id = self.fresh();
+        Var { id, value }
+    }
+
+    /// Parameter `index` of `params` as a leaf whose gradient accumulates there.
+    pub fn param(&mut self, params: &Params, index: usize) -> Var {
+        let id = self.fresh();
+        if self.grad_enabled {
+            self.leaves.insert(id, index);
+        }
+        Var {
+            id,
+            value: params.list[index].value.clone(),
+        }
+    }
+
+    fn fresh(&mut self) -> VarId {
+        self.next += 1;
+        self.next
+    }
+
+    /// Records an op's output; `backward` maps the output's gradient to one gradient
+    /// per input (None where an input needs none).
+    pub fn record(&mut self, value: Tensor, inputs: &[&Var], backward: BackwardFn) -> Var {
+        let id = self.fresh();
+        if self.grad_enabled {
+            self.nodes.push(Node {
+                output: id,
+                inputs: inputs.iter().map(|v| v.id).collect(),
+                backward,
+            });
+        }
+        Var { id, value }
+    }
+
+    /// Backpropagates from `loss` (a one-element tensor, seeded with 1) and accumulates
+    /// parameter gradients into `params`. Consumes the tape.
+    pub fn backward(self, rt: &Runtime, loss: &Var, params: &mut Params) -> Result<(), Error> {
+        self.backward_with(rt, loss, 1.0, params)
+    }
+
+    /// As [`Tape::backward`], seeding the loss gradient with `seed` (a loss scale).
+    pub fn backward_with(self, rt: &Runtime, loss: &Var, seed: f32, params: &mut Params) -> Result<(), Error> {
+        self.run_backward(rt, vec![loss_seed(rt, loss, seed)?], Some(params))?;
+        Ok(())
+    }
+
+    /// As [`Tape::backward_with`], calling `on_complete(rt, index, param)` as soon as a
+    /// parameter's gradient is final (no node still to run uses it), so the caller can
+    /// apply the update and free the gradient right away (optimizer-in-backward).
+    pub fn backward_with_hook(
+        self,
+        rt: &Runtime,
+        loss: &Var,
+        seed: f32,
+        params: &mut Params,
+        on_complete: &mut ParamHook<'_>,
+    ) -> Result<(), Error> {
+        self.run_backward_hooked(rt, vec![loss_seed(rt, loss, seed)?], Some(params), Some(on_complete))?;
+        Ok(())
+    }
+
+    /// Backpropagates from `output` seeded with `grad` (its shape) and returns the
+    /// gradients of `wanted` values (None where nothing flowed). Parameters brought onto
+    /// this tape must not be used: the caller owns the gradients (activation
+    /// checkpointing recomputes a segment this way).
+    pub fn gradients_of(self, rt: &Runtime, output: &Var, grad: Tensor, wanted: &[&Var]) -> Result<Vec<Option<Tensor>>, Error> {
+        if !self.leaves.is_empty() {
+            return Err(Error::invalid("gradients_of", "the tape has parameter leaves"));
+        }
+        let mut grads = self.run_backward(rt, vec![(output.id, grad)], None)?;
+        Ok(wanted.iter().map(|v| grads.remove(&v.id)).collect())
+    }
+
+    fn run_backward(self, rt: &Runtime, seeds: Vec<(VarId, Tensor)>, params: Option<&mut Params>) -> Result<HashMap<VarId, Tensor>, Error> {
+        self.run_backward_hooked(rt, seeds, params, None)
+    }
+
+    fn run_backward_hooked(
+        mut self,
+        rt: &Runtime,
+        seeds: Vec<(VarId, Tensor)>,
+        mut params: Option<&mut Params>,
+        mut on_complete: Option<&mut ParamHook<'_>>,
+    ) -> Result<HashMap<VarId, Tensor>, Error> {
+        // Uses of each parameter still ahead, so a hook fires once its gradient is final.
+        let mut pending: HashMap<usize, usize> = HashMap::new();
+        if on_complete.is_some() {
+            for node in &self.nodes {
+                for i in &node.inputs {
+                    if let Some(&index) = self.leaves.get(i) {
+                        *pending.entry(index).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let mut grads: HashMap<VarId, Tensor> = seeds.into_iter().collect();
+        while let Some(node) = self.nodes.pop() {
+            let Some(grad_out) = grads.remove(&node.output) else {
+                // Nothing flows back through this node; its saved tensors go now.
+                if let (Some(hook), Some(params)) = (on_complete.as_deref_mut(), params.as_deref_mut()) {
+                    for i in &node.inputs {
+                        if let Some(&index) = self.leaves.get(i) {
+                            Self::release(&mut pending, index, rt, params, hook)?;
+                        }
+                    }
+                }
+                continue;
+            };
+            let categories: Vec<Category> = node
+                .inputs
+                .iter()
+                .map(|i| {
+                    if self.leaves.contains_key(i) {
+                        Category::Gradient
+                    } else {
+                        Category::Temporary
+                    }
+                })
+                .collect();
+            let input_grads = (node.backward)(rt, &grad_out, &categories)?;
+            drop(grad_out);
+            for (input, g) in node.inputs.iter().zip(input_grads) {
+                let Some(g) = g else {
+                    // No gradient for this input; a parameter's use still counts as done.
+                    if let (Some(&index), Some(hook), Some(params)) =
+                        (self.leaves.get(input), on_complete.as_deref_mut(), params.as_deref_mut())
+                    {
+                        Self::release(&mut pending, index, rt, params, hook)?;
+                    }
+                    continue;
+                };
+                match (self.leaves.get(input), params.as_deref_mut()) {
+                    (Some(&index), Some(params)) => {
+                        let p = &mut params.list[index];
+                        let label = format!("{}.grad", p.name);
+                        accumulate(rt, &mut p.grad, g, Category::Gradient, &label)?;
+                        if let Some(hook) = on_complete.as_deref_mut() {
+                            Self::release(&mut pending, index, rt, params, hook)?;
+                        }
+                    }
+                    _ => {
+                        let mut slot = grads.remove(input);
+                        accumulate(rt, &mut slot, g, Category::Temporary, "grad")?;
+                        if let Some(t) = slot {
+                            grads.insert(*input, t);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(grads)
+    }
+
+    /// Counts one finished use of parameter `index`; at the last, hands it to the hook.
+    fn release(
+        pending: &mut HashMap<usize, usize>,
+        index: usize,
+        rt: &Runtime,
+        params: &mut Params,
+        hook: &mut ParamHook<'_>,
+    ) -> Result<(), Error> {
+        let left = pending.get_mut(&index).expect("counted before the walk");
+        *left -= 1;
+        if *left == 0 {
+            hook(rt, index, &mut params.list[index])?;
+        }
+        Ok(())
+    }
+}

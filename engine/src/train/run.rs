@@ -1,0 +1,202 @@
+//! The training loop: resume, then for each step take the next batch, set the learning
+//! rate, run the out-of-memory-resilient step, end the allocator's step (guard bytes),
+//! and tell the observers (the JSONL log, the progress bar, the dashboard) the step's
+//! line and memory; evaluate and checkpoint on schedule; save a last checkpoint.
+//!
+//! May call: `data`, `error`, `optim`, `wgtrain_protocol`, `train::{checkpoint, error,
+//! log, observe, progress, state, step, eval, trainer}`. Called by: the CLI, tests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::Serialize;
+use wgtrain_protocol::{EvalLog, RunInfo, StepLog, StepMemory};
+
+use super::checkpoint;
+use super::error::TrainError;
+use super::log::{LogWriter, mem_log};
+use super::observe::Observer;
+use super::progress::ProgressBar;
+use super::trainer::Trainer;
+use crate::data::{BatchOrder, Loader, batches_per_epoch};
+use crate::error::Error;
+use crate::optim::lr_at;
+
+/// How to run besides the config.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Where to write the JSONL log.
+    pub log: Option<PathBuf>,
+    /// Checkpoint to resume from.
+    pub resume: Option<PathBuf>,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Set to stop after the current step (Ctrl-C); a checkpoint is saved if configured.
+    pub stop: Option<Arc<AtomicBool>>,
+    /// Told about every step with its memory timeline (the dashboard).
+    pub observer: Option<Arc<dyn Observer>>,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    /// Steps done in total (including those before a resume).
+    pub steps: u64,
+    /// Loss of each step run in this invocation, in order.
+    pub losses: Vec<f64>,
+    /// The last evaluation.
+    pub last_eval: Option<EvalLog>,
+    /// Wall time of this invocation.
+    pub seconds: f64,
+    /// Whether the run stopped early on request.
+    pub interrupted: bool,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl Trainer {
+    /// Runs to the configured end (or until asked to stop).
+    pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        if let Some(path) = &options.resume {
+            self.restore(path)?;
+        }
+        let started = Instant::now();
+        let total = self.total_steps();
+        let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
+        if let Some(path) = &options.log {
+            observers.push(Arc::new(LogWriter::open(path)?));
+        }
+        if let Some(o) = &options.observer {
+            observers.push(o.clone());
+        }
+        if options.progress {
+            observers.push(Arc::new(ProgressBar::new(total, self.step)));
+        }
+        let wants_memory = observers.iter().any(|o| o.wants_memory());
+        let t = self.config.train.clone();
+        let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
+        let order = BatchOrder {
+            batch: t.batch_size,
+            seed: t.seed,
+            shuffle: true,
+            drop_last: false,
+        };
+        let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
+        let info = RunInfo {
+            device: self.rt.gpu.report.clone(),
+            config: serde_json::to_value(&self.config).unwrap_or_default(),
+            parameters: self.params.numel() as u64,
+            total_steps: total,
+            notes: self.notes.clone(),
+            cap: self.rt.alloc.stats().cap,
+        };
+        for o in &observers {
+            o.start(&info)?;
+        }
+        if wants_memory {
+            // The first step's timeline starts from an empty trace.
+            self.rt.alloc.take_events();
+        }
+        let ckpt_dir = self.config.checkpoint.dir.as_ref().map(PathBuf::from);
+        let mut summary = RunSummary {
+            steps: self.step,
+            losses: Vec::new(),
+            last_eval: None,
+            seconds: 0.0,
+            interrupted: false,
+            checkpoint: None,
+        };
+        while self.step < total {
+            if options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                summary.interrupted = true;
+                break;
+            }
+            let Some(batch) = loader.next_batch() else { break };
+            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
+            self.rt.alloc.reset_peaks();
+            let step_start_us = self.rt.alloc.now_us();
+            let step_start = Instant::now();
+            let scale = self.scaler.as_ref().map(|s| s.scale as f64);
+            let outcome = self.resilient_step(&batch, lr)?;
+            let guard = self.rt.alloc.end_step();
+            let step_s = step_start.elapsed().as_secs_f64();
+            guard.map_err(Error::from)?;
+            self.step += 1;
+            (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch {
+                (batch.position.0 + 1, 0)
+            } else {
+                (batch.position.0, batch.position.1 + 1)
+            };
+            summary.losses.push(outcome.loss);
+            let line = StepLog {
+                step: self.step,
+                epoch: batch.position.0,
+                loss: Some(outcome.loss),
+                lr: Some(lr as f64),
+                step_ms: Some(step_s * 1e3),
+                samples_per_s: Some(batch.examples as f64 / step_s),
+                mem: Some(mem_log(&self.rt.alloc.stats())),
+                scale,
+                skipped: self.scaler.as_ref().map(|_| outcome.skipped),
+                micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
+                event: outcome.event,
+                eval: None,
+            };
+            let memory = wants_memory.then(|| {
+                let end_us = self.rt.alloc.now_us();
+                let (events, dropped) = self.rt.alloc.take_events();
+                let pages = self.rt.alloc.snapshot_pages();
+                StepMemory::from_events(self.step, step_start_us, end_us, &events, dropped, pages)
+            });
+            for o in &observers {
+                o.step(&line, memory.as_ref())?;
+            }
+            let epoch_end = self.index == 0;
+            let eval_now = if t.eval_every > 0 {
+                self.step.is_multiple_of(t.eval_every)
+            } else {
+                epoch_end
+            } || self.step == total;
+            if eval_now {
+                let e = self.evaluate()?;
+                let line = StepLog {
+                    step: self.step,
+                    epoch: batch.position.0,
+                    eval: Some(e.clone()),
+                    ..Default::default()
+                };
+                for o in &observers {
+                    o.eval(&line)?;
+                }
+                if wants_memory {
+                    // Evaluation's allocations are not part of the next step's timeline.
+                    self.rt.alloc.take_events();
+                }
+                summary.last_eval = Some(e);
+            }
+            if let Some(dir) = &ckpt_dir
+                && self.config.checkpoint.every > 0
+                && self.step.is_multiple_of(self.config.checkpoint.every)
+            {
+                summary.checkpoint = Some(self.save(dir)?);
+            }
+        }
+        drop(loader);
+        if let Some(dir) = &ckpt_dir
+            && summary
+                .checkpoint
+                .as_ref()
+                .is_none_or(|p| !p.ends_with(checkpoint::step_dir_name(self.step)))
+        {
+            summary.checkpoint = Some(self.save(dir)?);
+        }
+        summary.steps = self.step;
+        summary.seconds = started.elapsed().as_secs_f64();
+        for o in &observers {
+            o.finish();
+        }
+        Ok(summary)
+    }
+}

@@ -1,0 +1,132 @@
+//! What a checkpoint holds (parameters, optimizer state, the data position, the
+//! scaler) and the trainer's save and restore of it; the files themselves are
+//! `train::checkpoint`'s.
+//!
+//! May call: `kernels`, `memory`, `optim`, `tensor`, `train::{checkpoint, error,
+//! trainer}`. Called by: `train::run`, the CLI, tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
+use super::error::TrainError;
+use super::trainer::Trainer;
+use crate::kernels::TensorOps;
+use crate::memory::Category;
+use crate::optim::Rule;
+use crate::tensor::Tensor;
+
+impl Trainer {
+    /// Everything a checkpoint holds, on the host.
+    pub(super) fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
+        let mut model = Vec::new();
+        let mut optimizer = Vec::new();
+        for (i, p) in self.params.list.iter().enumerate() {
+            model.push(HostTensor {
+                name: p.name.clone(),
+                shape: p.value.shape().to_vec(),
+                data: p.value.to_f32_vec(&self.rt)?,
+            });
+            if let Some(Some((m, v))) = self.opt.state.get(i) {
+                let names = self.opt.state_names(&p.name);
+                optimizer.push(HostTensor {
+                    name: names[0].clone(),
+                    shape: m.shape().to_vec(),
+                    data: m.to_f32_vec(&self.rt)?,
+                });
+                if matches!(self.opt.rule, Rule::AdamW(_)) {
+                    optimizer.push(HostTensor {
+                        name: names[1].clone(),
+                        shape: v.shape().to_vec(),
+                        data: v.to_f32_vec(&self.rt)?,
+                    });
+                }
+            }
+        }
+        let trainer = BTreeMap::from([
+            ("epoch".to_string(), self.epoch.to_string()),
+            ("batch_index".to_string(), self.index.to_string()),
+            ("optimizer_step".to_string(), self.opt.step.to_string()),
+            ("seed".to_string(), self.config.train.seed.to_string()),
+            ("config".to_string(), toml::to_string(&self.config).unwrap_or_default()),
+        ]);
+        let mut trainer = trainer;
+        if let Some(sc) = &self.scaler {
+            trainer.insert("loss_scale".into(), sc.scale.to_string());
+            trainer.insert("scaler_growth_tracker".into(), sc.growth_tracker.to_string());
+        }
+        Ok(CheckpointData { model, optimizer, trainer })
+    }
+
+    /// Saves a checkpoint of the current state into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<PathBuf, TrainError> {
+        let data = self.checkpoint_data()?;
+        Ok(checkpoint::save(dir, self.step, &data)?)
+    }
+
+    /// Restores parameters, optimizer state and data position from a checkpoint.
+    pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
+        let (step, data) = checkpoint::load(path)?;
+        let mismatch = |reason: String| CheckpointError::Mismatch {
+            path: path.display().to_string(),
+            reason,
+        };
+        if data.model.len() != self.params.list.len() {
+            return Err(mismatch(format!("{} parameters, the model has {}", data.model.len(), self.params.list.len())).into());
+        }
+        for t in &data.model {
+            let i = self
+                .params
+                .find(&t.name)
+                .ok_or_else(|| mismatch(format!("unknown parameter {}", t.name)))?;
+            if self.params.list[i].value.shape() != t.shape.as_slice() {
+                return Err(mismatch(format!(
+                    "{} is {:?}, the model has {:?}",
+                    t.name,
+                    t.shape,
+                    self.params.list[i].value.shape()
+                ))
+                .into());
+            }
+            self.params.list[i].value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+        }
+        let get = |k: &str| -> Result<u64, CheckpointError> {
+            data.trainer
+                .get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| CheckpointError::Corrupt {
+                    path: path.display().to_string(),
+                    reason: format!("trainer state lacks {k}"),
+                })
+        };
+        self.epoch = get("epoch")?;
+        self.index = get("batch_index")?;
+        self.opt.step = get("optimizer_step")? as u32;
+        if let Some(sc) = &mut self.scaler {
+            // A checkpoint from an fp32 run starts the scaler fresh.
+            if let (Some(scale), Some(tracker)) = (data.trainer.get("loss_scale"), data.trainer.get("scaler_growth_tracker")) {
+                sc.scale = scale
+                    .parse()
+                    .map_err(|_| mismatch(format!("loss_scale '{scale}' is not a number")))?;
+                sc.growth_tracker = tracker
+                    .parse()
+                    .map_err(|_| mismatch(format!("scaler_growth_tracker '{tracker}' is not a number")))?;
+            }
+        }
+        self.opt.state = (0..self.params.list.len()).map(|_| None).collect();
+        let by_name: BTreeMap<&str, &HostTensor> = data.optimizer.iter().map(|t| (t.name.as_str(), t)).collect();
+        for (i, p) in self.params.list.iter().enumerate() {
+            let names = self.opt.state_names(&p.name);
+            if let Some(m) = by_name.get(names[0].as_str()) {
+                let m = Tensor::from_f32(&self.rt, &m.data, &m.shape, Category::OptimizerState, &names[0])?;
+                let v = match by_name.get(names[1].as_str()) {
+                    Some(v) => Tensor::from_f32(&self.rt, &v.data, &v.shape, Category::OptimizerState, &names[1])?,
+                    None => m.clone(),
+                };
+                self.opt.state[i] = Some((m, v));
+            }
+        }
+        self.step = step;
+        Ok(step)
+    }
+}

@@ -1,0 +1,163 @@
+//! One optimizer step: forward and backward over the batch in micro-batches (the
+//! accumulated gradients equal the whole batch's), unscale and the inf/NaN check under
+//! fp16-mixed, clipping, the update, the scaler's update; the variant that applies
+//! updates inside backward; and the step that survives running out of memory.
+//!
+//! May call: `autograd`, `data`, `memory`, `optim`, `runtime`, `train::{error,
+//! trainer}`. Called by: `train::{run, plan}`.
+
+use super::error::TrainError;
+use super::trainer::Trainer;
+use crate::autograd::Param;
+use crate::data::HostBatch;
+use crate::error::Error;
+use crate::kernels::TensorOps;
+use crate::memory::format_bytes;
+use crate::optim::clip_grad_norm;
+use crate::runtime::Runtime;
+
+/// Splits a batch into consecutive parts of at most `micro` examples.
+fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
+    if micro >= batch.examples {
+        return vec![batch.clone()];
+    }
+    let per = |len: usize| len / batch.examples.max(1);
+    let (fe, to, ta) = (per(batch.features.len()), per(batch.tokens.len()), per(batch.targets.len()));
+    (0..batch.examples)
+        .step_by(micro)
+        .map(|start| {
+            let end = (start + micro).min(batch.examples);
+            HostBatch {
+                features: batch.features[start * fe..end * fe].to_vec(),
+                tokens: batch.tokens[start * to..end * to].to_vec(),
+                targets: batch.targets[start * ta..end * ta].to_vec(),
+                examples: end - start,
+                position: batch.position,
+            }
+        })
+        .collect()
+}
+
+/// What one step reports.
+pub struct StepOutcome {
+    /// The batch's mean loss.
+    pub loss: f64,
+    /// Whether the update was skipped for an inf or NaN gradient (fp16-mixed).
+    pub skipped: bool,
+    /// What happened on the way (out-of-memory retries), if anything.
+    pub event: Option<String>,
+}
+
+impl Trainer {
+    /// Forward and backward over `batch`, in micro-batches of `train.micro_batch_size`
+    /// examples when set: each micro-batch's mean loss is weighted by its share of the
+    /// batch's targets (the backward seed), so the accumulated gradients equal the whole
+    /// batch's. Returns the batch's mean loss; gradients are left in `params`.
+    pub fn compute_gradients(&mut self, batch: &HostBatch) -> Result<f64, TrainError> {
+        let micro = match self.config.train.micro_batch_size {
+            Some(m) if m > 0 && m < batch.examples => m,
+            _ => batch.examples,
+        };
+        let total_targets = batch.targets.len().max(1);
+        let mut loss_sum = 0.0f64;
+        for part in split_batch(batch, micro) {
+            let rows = part.targets.len();
+            let weight = rows as f32 / total_targets as f32;
+            let seed = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale);
+            let mut tape = self.tape().with_grad_prescale(seed);
+            let loss = self.model.loss(&mut tape, &self.rt, &self.params, &part)?;
+            tape.backward_with(&self.rt, &loss, seed, &mut self.params)?;
+            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
+        }
+        Ok(loss_sum)
+    }
+
+    /// One training step on `batch`; returns the loss and, under fp16-mixed, whether
+    /// the step was skipped for a non-finite gradient. Gradients are unscaled before
+    /// clipping, and the scale is updated after the step (torch.amp.GradScaler's order).
+    pub fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+        if self.config.memory.optimizer_in_backward {
+            return Ok((self.train_step_in_backward(batch, lr)?, false));
+        }
+        let loss = self.compute_gradients(batch)?;
+        let mut skipped = false;
+        if let Some(scaler) = &self.scaler {
+            skipped = scaler.unscale(&self.rt, &self.params)?;
+        } else if !loss.is_finite() {
+            return Err(TrainError::NonFinite(loss as f32, self.step + 1));
+        }
+        if !skipped {
+            if self.config.train.grad_clip > 0.0 {
+                clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
+            }
+            self.opt.step(&self.rt, &self.params, lr)?;
+        }
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(skipped);
+        }
+        self.params.zero_grad();
+        Ok((loss, skipped))
+    }
+
+    /// One step that survives running out of memory: on an out-of-memory error the
+    /// cache is emptied and the step retried; if it fails again the micro-batch is
+    /// halved (the effective batch stays, through accumulation) until it fits.
+    pub fn resilient_step(&mut self, batch: &HostBatch, lr: f32) -> Result<StepOutcome, TrainError> {
+        let mut events: Vec<String> = Vec::new();
+        let mut retried = false;
+        loop {
+            match self.train_step(batch, lr) {
+                Ok((loss, skipped)) => {
+                    return Ok(StepOutcome {
+                        loss,
+                        skipped,
+                        event: (!events.is_empty()).then(|| events.join("; ")),
+                    });
+                }
+                Err(e) if e.is_out_of_memory() => {
+                    // No gradient of the failed attempt may leak into the retry.
+                    self.params.zero_grad();
+                    // Let the device finish what was recorded so the pages really go.
+                    let _ = self.rt.sync();
+                    let freed = self.rt.alloc.empty_cache();
+                    let micro = self.config.train.micro_batch_size.unwrap_or(batch.examples).min(batch.examples);
+                    if !retried {
+                        retried = true;
+                        events.push(format!("out of memory; emptied the cache ({}) and retried", format_bytes(freed)));
+                        tracing::warn!("step {}: {}", self.step + 1, events.last().expect("just pushed"));
+                        continue;
+                    }
+                    if micro <= 1 || self.config.memory.optimizer_in_backward {
+                        return Err(TrainError::OutOfMemory(e.to_string()));
+                    }
+                    let half = micro / 2;
+                    self.config.train.micro_batch_size = Some(half);
+                    events.push(format!("out of memory again; micro-batch halved from {micro} to {half}"));
+                    tracing::warn!("step {}: {}", self.step + 1, events.last().expect("just pushed"));
+                    retried = false;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A step whose updates happen inside backward: each parameter is updated as soon as
+    /// its gradient is final, and the gradient is freed at once.
+    fn train_step_in_backward(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
+        let mut tape = self.tape();
+        let loss = self.model.loss(&mut tape, &self.rt, &self.params, batch)?;
+        self.opt.begin_step(&self.rt, self.params.list.len())?;
+        let opt = &mut self.opt;
+        let mut apply = |rt: &Runtime, i: usize, p: &mut Param| -> Result<(), Error> {
+            opt.update_param(rt, i, p, lr)?;
+            p.grad = None;
+            Ok(())
+        };
+        tape.backward_with_hook(&self.rt, &loss, 1.0, &mut self.params, &mut apply)?;
+        let value = loss.value.to_f32_vec(&self.rt)?[0] as f64;
+        if !value.is_finite() {
+            return Err(TrainError::NonFinite(value as f32, self.step + 1));
+        }
+        Ok(value)
+    }
+}

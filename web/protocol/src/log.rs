@@ -1,0 +1,103 @@
+//! One line of the JSONL training log (`wgtrain train --log`): a step line with the
+//! loss, time and the allocator's counters by category, or an evaluation line.
+//!
+//! May call: serde. Called by: the trainer (writes), the dashboard (reads).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Memory figures of one step's log line.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MemLog {
+    /// Bytes in live blocks now.
+    pub allocated: u64,
+    /// Bytes in pages now.
+    pub reserved: u64,
+    /// Peak allocated bytes during the step.
+    pub peak: u64,
+    /// Peak reserved bytes during the step.
+    pub peak_reserved: u64,
+    /// The cap on reserved bytes, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<u64>,
+    /// Allocated bytes by category now.
+    pub by_category: BTreeMap<String, u64>,
+    /// Allocated bytes by category at the step's peak (they add up to `peak`).
+    pub at_peak: BTreeMap<String, u64>,
+    /// Inactive split bytes over reserved bytes.
+    pub fragmentation: f64,
+    /// Out-of-memory failures so far.
+    pub num_ooms: u64,
+    /// Cache flushes to retry an allocation so far.
+    pub num_alloc_retries: u64,
+}
+
+/// Evaluation results.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalLog {
+    /// Mean loss over the evaluation split.
+    pub loss: f64,
+    /// Fraction classified correctly (classifiers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+}
+
+/// One line of the JSONL log.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepLog {
+    /// Steps done (1 after the first).
+    pub step: u64,
+    /// Epoch of the batch.
+    pub epoch: u64,
+    /// Training loss of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Learning rate used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Wall time of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_ms: Option<f64>,
+    /// Examples per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_per_s: Option<f64>,
+    /// Memory after the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem: Option<MemLog>,
+    /// The loss scale the step used (fp16-mixed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<f64>,
+    /// Whether the step was skipped for an inf or NaN gradient (fp16-mixed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<bool>,
+    /// The micro-batch the step ran with, when it accumulated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<usize>,
+    /// Something that happened during the step (an out-of-memory retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Evaluation, on eval lines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalLog>,
+}
+
+impl StepLog {
+    /// Whether this is a training step's line (it carries memory), not an evaluation's.
+    pub fn is_step(&self) -> bool {
+        self.mem.is_some()
+    }
+}
+
+impl MemLog {
+    /// Bytes by category at the step's peak (`at_peak`), or now for logs without it.
+    pub fn peak_by_category(&self) -> &BTreeMap<String, u64> {
+        if self.at_peak.is_empty() {
+            &self.by_category
+        } else {
+            &self.at_peak
+        }
+    }
+}

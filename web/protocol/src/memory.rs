@@ -1,0 +1,228 @@
+//! The memory record of a run as the dashboard reads it: the allocator's event trace
+//! and pages (the engine's `memory` module produces them), and each step's timeline of
+//! blocks built from them (memory_viz's Active Memory Timeline).
+//!
+//! May call: `category`, serde. Called by: the engine's allocator and trainer, the dashboard.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::{Category, PoolKind};
+
+/// A page's id (unique for the allocator's life).
+pub type PageId = u64;
+/// An allocation's id (unique for the allocator's life).
+pub type AllocId = u64;
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A block was handed out.
+    Alloc,
+    /// A block was freed.
+    Free,
+    /// A page was created.
+    PageAlloc,
+    /// A page was returned to the driver.
+    PageFree,
+    /// A request failed for lack of memory.
+    Oom,
+}
+
+/// One entry of the trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened.
+    pub kind: EventKind,
+    /// The training step at the time.
+    pub step: u64,
+    /// Microseconds since the allocator was made.
+    pub time_us: u64,
+    /// The allocation, for alloc and free.
+    pub alloc: Option<AllocId>,
+    /// The page involved.
+    pub page: Option<PageId>,
+    /// Offset of the block in its page.
+    pub offset: u64,
+    /// Bytes of the block or page (for oom, the request).
+    pub size: u64,
+    /// Bytes asked for (alloc and free).
+    pub requested: u64,
+    /// The allocation's category.
+    pub category: Option<Category>,
+    /// The allocation's label.
+    pub label: String,
+}
+
+/// One block of a page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlockView {
+    /// Offset in the page.
+    pub offset: u64,
+    /// Size of the block.
+    pub size: u64,
+    /// Whether it is live.
+    pub allocated: bool,
+    /// Bytes asked for (0 if free).
+    pub requested: u64,
+    /// Category, if live.
+    pub category: Option<Category>,
+    /// Label, if live.
+    pub label: Option<String>,
+    /// Allocation id, if live.
+    pub alloc: Option<AllocId>,
+}
+
+/// One page and its blocks, in offset order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PageView {
+    /// The page's id.
+    pub id: PageId,
+    /// Its size.
+    pub size: u64,
+    /// Its pool.
+    pub pool: PoolKind,
+    /// Whether it was made for one large request.
+    pub dedicated: bool,
+    /// Blocks tiling the page.
+    pub blocks: Vec<BlockView>,
+}
+
+/// One block's life inside one step, as memory_viz's Active Memory Timeline draws it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Band {
+    /// The tensor's label.
+    pub label: String,
+    /// Its category.
+    pub category: Category,
+    /// Bytes of the block.
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Microseconds from the step's start when it was allocated (0: before the step).
+    pub start_us: u64,
+    /// Microseconds from the step's start when it was freed (the step's length if it
+    /// outlived the step).
+    pub end_us: u64,
+    /// The allocation's place among the step's allocator events (0: before the step);
+    /// memory_viz's timeline runs over this order rather than over wall time.
+    #[serde(default)]
+    pub start_seq: u64,
+    /// The free's place among the step's events (the event count if it outlived the step).
+    #[serde(default)]
+    pub end_seq: u64,
+}
+
+/// The memory story of one step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMemory {
+    /// The step (1 after the first).
+    pub step: u64,
+    /// Length of the step in microseconds.
+    pub duration_us: u64,
+    /// Allocator events in the step (allocations and frees, numbered from 1).
+    #[serde(default)]
+    pub events: u64,
+    /// Every block live at some time in the step, in allocation order (blocks from
+    /// before the step first).
+    pub bands: Vec<Band>,
+    /// Out-of-memory events in the step: (microseconds from the start, bytes asked, label).
+    pub ooms: Vec<(u64, u64, String)>,
+    /// Events the allocator's trace dropped (the timeline is then incomplete).
+    pub events_dropped: u64,
+    /// Pages and their blocks at the step's end.
+    pub pages: Vec<PageView>,
+}
+
+impl StepMemory {
+    /// Builds a step's timeline from the allocator's events of the step (`start_us` and
+    /// `end_us` on the events' clock) and the pages at its end.
+    pub fn from_events(step: u64, start_us: u64, end_us: u64, events: &[Event], events_dropped: u64, pages: Vec<PageView>) -> StepMemory {
+        let rel = |t: u64| t.saturating_sub(start_us);
+        let duration = rel(end_us);
+        let mut bands: Vec<Band> = Vec::new();
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut earlier: Vec<Band> = Vec::new();
+        let mut seen_in_step: HashSet<u64> = Default::default();
+        let mut ooms = Vec::new();
+        let count = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
+            .count() as u64;
+        let mut seq = 0u64;
+        for e in events {
+            if matches!(e.kind, EventKind::Alloc | EventKind::Free) {
+                seq += 1;
+            }
+            let category = e.category.unwrap_or(Category::Other);
+            match (e.kind, e.alloc) {
+                (EventKind::Alloc, Some(id)) => {
+                    open.insert(id, bands.len());
+                    seen_in_step.insert(id);
+                    bands.push(Band {
+                        label: e.label.clone(),
+                        category,
+                        size: e.size,
+                        requested: e.requested,
+                        start_us: rel(e.time_us),
+                        end_us: duration,
+                        start_seq: seq,
+                        end_seq: count + 1,
+                    });
+                }
+                (EventKind::Free, Some(id)) => match open.remove(&id) {
+                    Some(i) => {
+                        bands[i].end_us = rel(e.time_us);
+                        bands[i].end_seq = seq;
+                    }
+                    None => {
+                        seen_in_step.insert(id);
+                        earlier.push(Band {
+                            label: e.label.clone(),
+                            category,
+                            size: e.size,
+                            requested: e.requested,
+                            start_us: 0,
+                            end_us: rel(e.time_us),
+                            start_seq: 0,
+                            end_seq: seq,
+                        })
+                    }
+                },
+                (EventKind::Oom, _) => ooms.push((rel(e.time_us), e.size, e.label.clone())),
+                _ => {}
+            }
+        }
+        // Blocks that lived through the whole step (parameters, optimizer state, ...).
+        for page in &pages {
+            for b in &page.blocks {
+                if let (true, Some(id)) = (b.allocated, b.alloc)
+                    && !seen_in_step.contains(&id)
+                {
+                    earlier.push(Band {
+                        label: b.label.clone().unwrap_or_default(),
+                        category: b.category.unwrap_or(Category::Other),
+                        size: b.size,
+                        requested: b.requested,
+                        start_us: 0,
+                        end_us: duration,
+                        start_seq: 0,
+                        end_seq: count + 1,
+                    });
+                }
+            }
+        }
+        earlier.extend(bands);
+        StepMemory {
+            step,
+            duration_us: duration,
+            events: count,
+            bands: earlier,
+            ooms,
+            events_dropped,
+            pages,
+        }
+    }
+}

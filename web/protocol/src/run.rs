@@ -1,0 +1,139 @@
+//! A run as the dashboard sees it: the facts sent at its start, the record the
+//! recorder keeps (and saves beside the log), the views the server answers with, the
+//! live frames of its event stream, and the kernel rows of a `wgtrain bench` file.
+//!
+//! May call: `device`, `log`, `memory`, serde. Called by: the trainer, the server, the app.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::AdapterReport;
+use crate::log::StepLog;
+use crate::memory::{PageView, StepMemory};
+
+/// Facts about a run, sent once at its start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunInfo {
+    /// The adapter's report (name, backend, features, limits).
+    pub device: AdapterReport,
+    /// The configuration as run (after fit), as the TOML config's tables.
+    pub config: serde_json::Value,
+    /// Parameter elements.
+    pub parameters: u64,
+    /// Steps the run will take.
+    pub total_steps: u64,
+    /// What fit and fallbacks decided.
+    pub notes: Vec<String>,
+    /// The cap or budget on reserved bytes.
+    pub cap: Option<u64>,
+}
+
+/// What the dashboard knows of one run (the recorder's record; saved beside the log as
+/// `NAME.memory.json` without the lines, which the log has).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run's facts (absent for a log without a record).
+    pub info: Option<RunInfo>,
+    /// Step and evaluation lines, as in the JSONL log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<StepLog>,
+    /// Allocation timelines of the first and the latest steps.
+    pub timelines: BTreeMap<u64, StepMemory>,
+    /// Pages at the end of the latest step.
+    pub pages: Vec<PageView>,
+    /// Whether the run has ended.
+    pub finished: bool,
+}
+
+/// `GET /api/runs/NAME`: a run with its lines, pages and the steps that have timelines.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunView {
+    /// The run's name (its log's file name without `.jsonl`).
+    pub name: String,
+    /// Whether the run is the one training in this process.
+    pub live: bool,
+    /// Whether it has ended.
+    pub finished: bool,
+    /// Its facts.
+    pub info: Option<RunInfo>,
+    /// Step and evaluation lines.
+    pub lines: Vec<StepLog>,
+    /// Pages at the end of the latest step.
+    pub pages: Vec<PageView>,
+    /// Steps whose allocation timeline can be fetched.
+    pub timeline_steps: Vec<u64>,
+    /// Kernel timings given to the dashboard with `--bench` (null without).
+    pub bench: Option<Vec<BenchRecord>>,
+}
+
+/// One entry of `GET /api/runs`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunEntry {
+    /// The run's name.
+    pub name: String,
+    /// Whether it is training in this process.
+    pub live: bool,
+    /// Steps so far (live runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+}
+
+/// `GET /api/health`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always true when answered.
+    pub ok: bool,
+    /// Frames slow clients lost so far.
+    pub dropped_frames: u64,
+}
+
+/// One live update, as sent over server-sent events.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Frame {
+    /// The run started.
+    Info {
+        /// Its facts.
+        info: RunInfo,
+    },
+    /// A step or evaluation line (with the step's pages for steps).
+    Line {
+        /// The log line.
+        line: StepLog,
+        /// Whether a timeline was kept for the step.
+        timeline: bool,
+        /// The allocator's pages after the step (steps only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pages: Option<Vec<PageView>>,
+    },
+    /// The run ended.
+    Finished,
+}
+
+/// One measured row of `wgtrain bench --json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BenchRecord {
+    /// What was measured ("alloc_free_small", "matmul", ...).
+    pub kernel: String,
+    /// Element type ("f32", "f16", "bytes").
+    pub dtype: String,
+    /// The problem's shape.
+    pub shape: Vec<u64>,
+    /// Median time of one repetition, microseconds.
+    pub median_us: f64,
+    /// Arithmetic rate, when it applies.
+    pub gflops: Option<f64>,
+    /// Memory rate (bytes read and written), when it applies.
+    pub gbps: Option<f64>,
+    /// Largest absolute error against the reference, when it applies.
+    pub max_abs_err: Option<f64>,
+    /// Largest relative error against the reference, when it applies.
+    pub max_rel_err: Option<f64>,
+    /// Whether the result checked out (false when a row does not say).
+    #[serde(default)]
+    pub ok: bool,
+    /// Figures particular to the record.
+    #[serde(skip_serializing_if = "serde_json::Value::is_null", default)]
+    pub extra: serde_json::Value,
+}
