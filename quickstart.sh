@@ -79,7 +79,7 @@ case "${1:-}" in
         shift
         ./target/release/wgtrain devices
         mkdir -p runs
-        exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl --dashboard "$@"
+        exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl --overwrite --dashboard "$@"
         ;;
     test)
         ensure_toolchain; build; ensure_adapter; ensure_datasets; ensure_browser

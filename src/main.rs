@@ -51,6 +51,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is::<commands::Interrupted>() => {
+            let signal = err.downcast_ref::<commands::Interrupted>().map_or(2, |i| i.signal);
+            eprintln!("{err}");
+            ExitCode::from((128 + signal) as u8)
+        }
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::FAILURE

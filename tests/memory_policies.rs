@@ -34,6 +34,8 @@ fn train(config: Config, dir: &Path) -> (Trainer, Vec<Value>) {
     trainer
         .run(&RunOptions {
             log: Some(log.clone()),
+            // Each call is a fresh run into the test's one checkpoint folder.
+            overwrite: true,
             ..Default::default()
         })
         .unwrap();

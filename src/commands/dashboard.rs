@@ -51,10 +51,7 @@ pub fn run(args: DashboardArgs) -> CliResult {
         ..Default::default()
     })?;
     println!("dashboard: {} (Ctrl-C to stop)", d.url());
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })?;
-    let _ = rx.recv();
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let _ = signals.forever().next();
     Ok(())
 }

@@ -13,3 +13,48 @@ pub mod train;
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 pub use wgtrain_engine::files::write_atomically;
+
+/// A run stopped by SIGINT or SIGTERM after saving: the process exits 128 + the signal
+/// (130 for SIGINT, 143 for SIGTERM), as shells and schedulers expect.
+#[derive(Debug)]
+pub struct Interrupted {
+    /// The signal's number.
+    pub signal: i32,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.signal == signal_hook::consts::SIGTERM {
+            "SIGTERM"
+        } else {
+            "SIGINT"
+        };
+        write!(f, "interrupted by {name}")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Watches SIGINT and SIGTERM on a thread: the first sets `stop` and records the
+/// signal (with `message` printed), a second exits at once with 128 + its number.
+pub fn watch_signals(
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    received: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    message: &'static str,
+) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::Ordering;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            let name = if signal == SIGTERM { "SIGTERM" } else { "Ctrl-C" };
+            if stop.swap(true, Ordering::SeqCst) {
+                eprintln!("\nsecond {name}: exiting now");
+                std::process::exit(128 + signal);
+            }
+            received.store(signal, Ordering::SeqCst);
+            eprintln!("\n{name}: {message}");
+        }
+    });
+    Ok(())
+}

@@ -8,11 +8,11 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use clap::Args;
 
-use super::CliResult;
+use super::{CliResult, Interrupted, watch_signals};
 use wgtrain_engine::train::{Config, RunOptions, Trainer};
 use wgtrain_web::recorder::{Recorder, record_path};
 use wgtrain_web::{Dashboard, Options as DashboardOptions};
@@ -47,6 +47,10 @@ pub struct TrainArgs {
     /// Kernel timings for the dashboard's table (a `wgtrain bench --json` file).
     #[arg(long, value_name = "FILE", requires = "dashboard")]
     bench: Option<PathBuf>,
+    /// Delete the checkpoints already in checkpoint.dir (a fresh run into a folder that
+    /// holds checkpoints is refused otherwise).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Keep no memory record with the log (no timelines, no FILE.memory.json).
     #[arg(long, conflicts_with = "dashboard")]
     no_record: bool,
@@ -57,14 +61,12 @@ pub fn run(args: TrainArgs) -> CliResult {
     let config = Config::load(args.config.as_deref(), &args.set)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop_serving = stop.clone();
-    let flag = stop.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
-            std::process::exit(130);
-        }
-        eprintln!("\nCtrl-C: stopping (during training: after this step, saving a checkpoint if configured); Ctrl-C again to quit now");
-    })?;
+    let received = Arc::new(AtomicI32::new(0));
+    watch_signals(
+        stop.clone(),
+        received.clone(),
+        "stopping (during training: after this step, saving a checkpoint if configured); again to quit now without one",
+    )?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
     for note in &trainer.notes {
         eprintln!("{note}");
@@ -105,6 +107,7 @@ pub fn run(args: TrainArgs) -> CliResult {
         log: args.log,
         resume: args.resume,
         progress: !args.quiet,
+        overwrite: args.overwrite,
         stop: Some(stop),
         observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
     };
@@ -145,6 +148,11 @@ pub fn run(args: TrainArgs) -> CliResult {
         while !stop_serving.load(Ordering::SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
+    }
+    if summary.interrupted {
+        return Err(Box::new(Interrupted {
+            signal: received.load(Ordering::SeqCst),
+        }));
     }
     Ok(())
 }

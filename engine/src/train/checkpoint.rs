@@ -2,10 +2,16 @@
 //! name), optimizer.safetensors (its state tensors), trainer.safetensors (step and data
 //! position, in its metadata) and manifest.json with each file's sha256.
 //!
-//! A save is written under a temporary name, every file fsynced, the folder renamed into
-//! place and fsynced, and only then `latest` is replaced (temp, fsync, rename): a crash
-//! at any point leaves the previous checkpoint whole and `latest` pointing at it. A load
-//! verifies every hash before parsing anything, and refuses a mismatch naming the file.
+//! A save is written under a temporary name (`.step-N.tmp-PID`), every file fsynced, the
+//! folder renamed into place and fsynced, and only then `latest` is replaced (temp,
+//! fsync, rename): a crash at any point leaves the previous checkpoint whole and
+//! `latest` pointing at it. Saving a step whose folder exists (resuming a finished run,
+//! or an older step in the same folder) first moves the old folder aside
+//! (`.step-N.old-PID`), renames the new one in, and removes the old one only after
+//! `latest` is durable; a crash between the two renames leaves the old folder whole
+//! under its aside name, where [`resolve`] finds it and `checkpoint_dir::recover` puts
+//! it back. A load verifies every hash before parsing anything, and refuses a mismatch
+//! naming the file.
 //!
 //! May call: nothing of the engine.
 
@@ -39,6 +45,15 @@ pub enum CheckpointError {
         /// The file.
         path: String,
         /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint folder cannot be used (a file, unwritable, held by another run,
+    /// or holding another run's checkpoints).
+    #[error("checkpoint.dir {path} cannot be used: {reason}")]
+    Unusable {
+        /// The folder.
+        path: String,
+        /// Why.
         reason: String,
     },
     /// The checkpoint does not fit this model.
@@ -164,6 +179,7 @@ pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, Ch
             // Test hook: die mid-save, as a power cut or `kill -9` would.
             std::process::abort();
         }
+        crash_point("file", step);
     }
     let manifest = Manifest {
         format: FORMAT.into(),
@@ -173,24 +189,63 @@ pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, Ch
     let text = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
     write_synced(&tmp.join("manifest.json"), &text)?;
     sync_dir(&tmp)?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+    crash_point("written", step);
+    // Replace-then-rename: the old folder of this step goes aside, never away, until
+    // the new one is in place and `latest` is durable.
+    let aside = root.join(format!(".{}.old-{}", step_dir_name(step), std::process::id()));
+    let replaced = final_dir.exists();
+    if replaced {
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+        }
+        std::fs::rename(&final_dir, &aside).map_err(io(&final_dir))?;
+        crash_point("old-aside", step);
     }
     std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
     sync_dir(root)?;
+    crash_point("new-in-place", step);
     let latest_tmp = root.join(format!(".latest.tmp-{}", std::process::id()));
     write_synced(&latest_tmp, step_dir_name(step).as_bytes())?;
+    crash_point("latest-written", step);
     std::fs::rename(&latest_tmp, root.join("latest")).map_err(io(root))?;
     sync_dir(root)?;
+    crash_point("latest-in-place", step);
+    if replaced {
+        std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+    }
     prune(root, step)?;
     Ok(final_dir)
+}
+
+/// Every point of a save where the fault-injection tests kill the process.
+pub const CRASH_POINTS: [&str; 6] = ["file", "written", "old-aside", "new-in-place", "latest-written", "latest-in-place"];
+
+/// Test hook: `WGTRAIN_TEST_CRASH_AT=POINT` aborts the process at that point of a save,
+/// as a power cut or `kill -9` would (optionally only at step S: `POINT@S`).
+fn crash_point(point: &str, step: u64) {
+    let Some(wanted) = std::env::var_os("WGTRAIN_TEST_CRASH_AT") else {
+        return;
+    };
+    let wanted = wanted.to_string_lossy();
+    let (at, at_step) = match wanted.split_once('@') {
+        Some((p, s)) => (p, s.parse::<u64>().ok()),
+        None => (wanted.as_ref(), None),
+    };
+    if at == point && at_step.is_none_or(|s| s == step) {
+        std::process::abort();
+    }
+}
+
+/// The step of a checkpoint folder name (`step-000000012` -> 12).
+pub fn parse_step_dir(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
 }
 
 fn prune(root: &Path, newest: u64) -> Result<(), CheckpointError> {
     let mut steps: Vec<u64> = std::fs::read_dir(root)
         .map_err(io(root))?
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+        .filter_map(|e| parse_step_dir(e.file_name().to_str()?))
         .filter(|&s| s <= newest)
         .collect();
     steps.sort_unstable();
@@ -203,24 +258,53 @@ fn prune(root: &Path, newest: u64) -> Result<(), CheckpointError> {
 }
 
 /// The checkpoint folder `path` names: a step folder (with manifest.json), or a root
-/// whose `latest` names one.
+/// whose `latest` names one. Without `latest` (a run killed between renaming its first
+/// checkpoint in and writing `latest`), the newest whole step folder.
 pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if path.join("manifest.json").is_file() {
         return Ok(path.to_path_buf());
     }
     let latest = path.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| CheckpointError::Io {
-        path: format!("{} (neither a checkpoint nor a folder with a 'latest' checkpoint)", path.display()),
-        source: e,
-    })?;
+    let name = match std::fs::read_to_string(&latest) {
+        Ok(name) => name,
+        Err(e) => {
+            let newest = std::fs::read_dir(path)
+                .ok()
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| Some((parse_step_dir(e.file_name().to_str()?)?, e.path())))
+                .filter(|(_, p)| p.join("manifest.json").is_file())
+                .max_by_key(|(s, _)| *s);
+            return newest.map(|(_, p)| p).ok_or_else(|| CheckpointError::Io {
+                path: format!("{} (neither a checkpoint nor a folder with a 'latest' checkpoint)", path.display()),
+                source: e,
+            });
+        }
+    };
     let dir = path.join(name.trim());
     if !dir.join("manifest.json").is_file() {
+        // A save that crashed between moving the old folder aside and renaming the new
+        // one in: the old folder is whole under its aside name.
+        if let Some(aside) = aside_of(path, name.trim()) {
+            return Ok(aside);
+        }
         return Err(CheckpointError::Corrupt {
             path: latest.display().to_string(),
             reason: format!("names '{}', which has no manifest", name.trim()),
         });
     }
     Ok(dir)
+}
+
+/// A whole folder set aside for `step_dir` by an interrupted save, if any.
+pub fn aside_of(root: &Path, step_dir: &str) -> Option<PathBuf> {
+    let prefix = format!(".{step_dir}.old-");
+    std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)) && p.join("manifest.json").is_file())
 }
 
 /// Reads and verifies the checkpoint at `path` (see [`resolve`]).

@@ -33,37 +33,85 @@ pub fn mem_log(s: &MemoryStats) -> MemLog {
     }
 }
 
-/// Appends each step's and evaluation's line to a JSONL file, flushed per line.
+/// Appends each step's and evaluation's line to a JSONL file, written whole per line:
+/// a write that fails (a full disk) is undone, so the file never ends in half a line.
 pub struct LogWriter {
     path: PathBuf,
-    file: Mutex<std::io::BufWriter<std::fs::File>>,
+    file: Mutex<(std::fs::File, u64)>,
 }
 
 impl LogWriter {
     /// Opens `path` for appending (created if missing).
     pub fn open(path: &Path) -> Result<LogWriter, TrainError> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| TrainError::Log {
-                path: path.display().to_string(),
-                source: e,
-            })?;
+        let err = |e| TrainError::Log {
+            path: path.display().to_string(),
+            source: e,
+        };
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
+        let len = file.metadata().map_err(err)?.len();
         Ok(LogWriter {
             path: path.to_path_buf(),
-            file: Mutex::new(std::io::BufWriter::new(file)),
+            file: Mutex::new((file, len)),
         })
     }
 
     fn write(&self, line: &StepLog) -> Result<(), TrainError> {
-        let text = serde_json::to_string(line).expect("log lines serialize");
-        let mut w = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        writeln!(w, "{text}").and_then(|_| w.flush()).map_err(|e| TrainError::Log {
-            path: self.path.display().to_string(),
-            source: e,
-        })
+        let mut text = serde_json::to_string(line).expect("log lines serialize");
+        text.push('\n');
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let (file, len) = &mut *guard;
+        match file.write_all(text.as_bytes()).and_then(|_| file.flush()) {
+            Ok(()) => {
+                *len += text.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Undo what part of the line got out, so appending later stays valid.
+                let _ = file.set_len(*len);
+                Err(TrainError::Log {
+                    path: self.path.display().to_string(),
+                    source: e,
+                })
+            }
+        }
     }
+}
+
+/// Makes an existing log safe to append to: drops a partial last line (a write cut
+/// short by a kill) and, when resuming from `resume_step`, every line of a later step
+/// (written after that checkpoint and about to be written again), so no step appears
+/// twice. The file is rewritten atomically; returns the number of lines dropped.
+pub fn repair_log(path: &Path, resume_step: Option<u64>) -> Result<usize, TrainError> {
+    let err = |e| TrainError::Log {
+        path: path.display().to_string(),
+        source: e,
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(err(e)),
+    };
+    let mut kept = String::with_capacity(text.len());
+    let mut dropped = 0;
+    let mut rest = text.as_str();
+    while !rest.is_empty() {
+        let Some(end) = rest.find('\n') else {
+            dropped += 1; // a partial last line
+            break;
+        };
+        let line = &rest[..=end];
+        rest = &rest[end + 1..];
+        let later = resume_step.is_some_and(|s| serde_json::from_str::<StepLog>(line).is_ok_and(|l| l.step > s));
+        if later {
+            dropped += 1;
+        } else {
+            kept.push_str(line);
+        }
+    }
+    if dropped > 0 {
+        crate::files::write_atomically(path, kept.as_bytes()).map_err(err)?;
+    }
+    Ok(dropped)
 }
 
 impl Observer for LogWriter {

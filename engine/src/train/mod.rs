@@ -1,8 +1,8 @@
 //! Training, one job per file: `config` (the TOML config and its checks), `build` (data,
 //! precision, model, optimizer rule, scaler), `model` (the `Trainable` trait the MLP and
 //! the GPT implement), `trainer` (the state), `step` (one optimizer step and
-//! out-of-memory recovery), `eval`, `state` and `checkpoint` (what a checkpoint holds,
-//! and its files), `plan` (the estimate and the fit to a budget: depends on `build` and
+//! out-of-memory recovery), `eval`, `state`, `checkpoint` and `checkpoint_dir` (what a
+//! checkpoint holds, its files, and the folder's rules), `plan` (the estimate and the fit to a budget: depends on `build` and
 //! `step`, never on `run`), `open` (a trainer from a config, on a runtime of its own or
 //! one handed in), `run` (the loop), `observe` (its observers: `log` the JSONL writer,
 //! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
@@ -13,6 +13,7 @@
 
 pub mod build;
 pub mod checkpoint;
+pub mod checkpoint_dir;
 pub mod config;
 pub mod error;
 pub mod eval;

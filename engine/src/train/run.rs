@@ -6,7 +6,7 @@
 //! May call: `data`, `error`, `optim`, `wgtrain_protocol`, `train::{checkpoint, error,
 //! log, observe, progress, state, step, eval, trainer}`. Called by: the CLI, tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -15,8 +15,9 @@ use serde::Serialize;
 use wgtrain_protocol::{EvalLog, RunInfo, StepLog, StepMemory};
 
 use super::checkpoint;
+use super::checkpoint_dir::{CheckpointDir, Start};
 use super::error::TrainError;
-use super::log::{LogWriter, mem_log};
+use super::log::{LogWriter, mem_log, repair_log};
 use super::observe::Observer;
 use super::progress::ProgressBar;
 use super::trainer::Trainer;
@@ -31,6 +32,9 @@ pub struct RunOptions {
     pub log: Option<PathBuf>,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
+    /// Delete the checkpoints already in `checkpoint.dir` (a fresh run into a folder
+    /// that holds checkpoints is refused otherwise).
+    pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
     /// Set to stop after the current step (Ctrl-C); a checkpoint is saved if configured.
@@ -59,6 +63,18 @@ pub struct RunSummary {
 impl Trainer {
     /// Runs to the configured end (or until asked to stop).
     pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        // The folder is checked, mended and locked before anything is trained.
+        let held = match &self.config.checkpoint.dir {
+            Some(dir) => {
+                let start = match (&options.resume, options.overwrite) {
+                    (Some(_), _) => Start::Resume,
+                    (None, true) => Start::Overwrite,
+                    (None, false) => Start::Fresh,
+                };
+                Some(CheckpointDir::open(Path::new(dir), start)?)
+            }
+            None => None,
+        };
         if let Some(path) = &options.resume {
             self.restore(path)?;
         }
@@ -66,6 +82,15 @@ impl Trainer {
         let total = self.total_steps();
         let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
         if let Some(path) = &options.log {
+            let resumed = options.resume.as_ref().map(|_| self.step);
+            let dropped = repair_log(path, resumed)?;
+            if dropped > 0 {
+                tracing::warn!(
+                    "{}: dropped {dropped} line(s) after step {} or cut short",
+                    path.display(),
+                    self.step
+                );
+            }
             observers.push(Arc::new(LogWriter::open(path)?));
         }
         if let Some(o) = &options.observer {
@@ -99,7 +124,7 @@ impl Trainer {
             // The first step's timeline starts from an empty trace.
             self.rt.alloc.take_events();
         }
-        let ckpt_dir = self.config.checkpoint.dir.as_ref().map(PathBuf::from);
+        let ckpt_dir = held.as_ref().map(|h| h.root().to_path_buf());
         let mut summary = RunSummary {
             steps: self.step,
             losses: Vec::new(),

@@ -1,0 +1,69 @@
+//! Running the `wgtrain` binary in tests: a scratch folder, the small Fashion-MNIST run
+//! (384 examples in batches of 64, 6 steps per epoch, a 32-wide MLP), and the losses of
+//! a JSONL log.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs `wgtrain ARGS` with extra environment, waiting for it.
+pub fn wgtrain(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgtrain"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run wgtrain")
+}
+
+/// A fresh folder for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgtrain-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A small run: 384 training examples in batches of 64 (6 steps per epoch).
+pub fn small_args<'a>(dir: &'a str, extra: &[&'a str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--quiet".into(),
+        "--set".into(),
+        "data.train_limit=384".into(),
+        "--set".into(),
+        "data.eval_limit=200".into(),
+        "--set".into(),
+        "train.batch_size=64".into(),
+        "--set".into(),
+        "model.hidden=[32]".into(),
+        "--set".into(),
+        format!("checkpoint.dir=\"{dir}\""),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// (step, loss) of every step line of a log.
+pub fn losses(log: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// Runs `wgtrain ARGS` and insists on success; returns its standard output.
+pub fn run_ok(args: &[String], env: &[(&str, &str)]) -> String {
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = wgtrain(&refs, env);
+    assert!(
+        out.status.success(),
+        "wgtrain {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
