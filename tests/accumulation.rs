@@ -34,7 +34,7 @@ fn mlp_micro_batches_accumulate_to_the_full_batch() {
     let data = FashionMnist::load(std::path::Path::new(DEFAULT_PATH), "t10k").unwrap();
     let mut batch = HostBatch::default();
     for i in 0..60 {
-        data.push(i, &mut batch);
+        data.push(i, &mut batch).unwrap();
         batch.examples += 1;
     }
     let set = |micro: &str| -> Vec<String> {

@@ -291,7 +291,7 @@ fn fp16_mixed_gradients_agree_with_fp32_on_a_large_vocabulary() {
         let mut batch = wgtrain_engine::data::HostBatch::default();
         let data = wgtrain_engine::data::tokens::TokenFile::open(&dir.join("train.bin"), 64, 50257).unwrap();
         for i in 0..12 {
-            wgtrain_engine::data::Dataset::push(&data, i, &mut batch);
+            wgtrain_engine::data::Dataset::push(&data, i, &mut batch).unwrap();
             batch.examples += 1;
         }
         // fp16-mixed seeds backward with the loss scale: unscale as the step would.

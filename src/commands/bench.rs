@@ -64,7 +64,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         if path.as_os_str() == "-" {
             println!("{text}");
         } else {
-            write_atomically(path, text.as_bytes())?;
+            write_atomically(path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             eprintln!("wrote {}", path.display());
         }
     }

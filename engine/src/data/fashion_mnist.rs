@@ -108,8 +108,9 @@ impl Dataset for FashionMnist {
         self.labels.len()
     }
 
-    fn push(&self, i: usize, batch: &mut HostBatch) {
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         batch.features.extend_from_slice(&self.images[i * PIXELS..(i + 1) * PIXELS]);
         batch.targets.push(self.labels[i]);
+        Ok(())
     }
 }

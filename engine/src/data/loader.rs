@@ -51,8 +51,9 @@ pub trait Dataset: Send + Sync + 'static {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Appends example `i`'s inputs and targets to a batch.
-    fn push(&self, i: usize, batch: &mut HostBatch);
+    /// Appends example `i`'s inputs and targets to a batch (an error when the data
+    /// became unreadable since it was opened).
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError>;
 }
 
 /// One batch on the host: f32 features or i32 tokens, and i32 targets.
@@ -104,7 +105,7 @@ pub struct BatchOrder {
 
 /// Batches from a background thread, starting at a position (for resume).
 pub struct Loader {
-    rx: Receiver<HostBatch>,
+    rx: Receiver<Result<HostBatch, DataError>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -117,7 +118,8 @@ impl Loader {
             shuffle,
             drop_last,
         } = order;
-        let (tx, rx): (SyncSender<HostBatch>, Receiver<HostBatch>) = sync_channel(prefetch.max(1));
+        type Batch = Result<HostBatch, DataError>;
+        let (tx, rx): (SyncSender<Batch>, Receiver<Batch>) = sync_channel(prefetch.max(1));
         let handle = std::thread::spawn(move || {
             let n = data.len();
             let per_epoch = batches_per_epoch(n, batch, drop_last);
@@ -132,10 +134,13 @@ impl Loader {
                         ..Default::default()
                     };
                     for &i in &order[start..end] {
-                        data.push(i, &mut b);
+                        if let Err(e) = data.push(i, &mut b) {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
                         b.examples += 1;
                     }
-                    if tx.send(b).is_err() {
+                    if tx.send(Ok(b)).is_err() {
                         return; // the trainer stopped
                     }
                     index += 1;
@@ -150,8 +155,9 @@ impl Loader {
         Loader { rx, handle: Some(handle) }
     }
 
-    /// The next batch (None if the dataset is empty).
-    pub fn next_batch(&mut self) -> Option<HostBatch> {
+    /// The next batch (None if the dataset is empty; an error if the data became
+    /// unreadable).
+    pub fn next_batch(&mut self) -> Option<Result<HostBatch, DataError>> {
         self.rx.recv().ok()
     }
 }

@@ -131,9 +131,10 @@ impl Dataset for CharCorpus {
         (self.ids.len().saturating_sub(self.block + 1)) / self.stride.max(1) + usize::from(self.ids.len() > self.block)
     }
 
-    fn push(&self, i: usize, batch: &mut HostBatch) {
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         let start = i * self.stride;
         batch.tokens.extend_from_slice(&self.ids[start..start + self.block]);
         batch.targets.extend_from_slice(&self.ids[start + 1..start + self.block + 1]);
+        Ok(())
     }
 }

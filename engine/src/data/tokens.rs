@@ -1,21 +1,30 @@
 //! nanoGPT-style token files: a flat array of little-endian u16 token ids
-//! (train.bin, val.bin), read through memmap, cut into windows of T + 1 tokens.
+//! (train.bin, val.bin), cut into windows of T + 1 tokens. Windows are read with
+//! positioned reads, not a memory map: a file truncated or rewritten while training is
+//! a clear error naming it (a mapped file would kill the process with SIGBUS), and
+//! every id read is checked against the vocabulary again.
 //!
 //! May call: `data::loader`.
 
-use std::path::Path;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
 use super::loader::{DataError, Dataset, HostBatch};
 
-/// A memory-mapped token file.
+/// An open token file.
 pub struct TokenFile {
-    map: memmap2::Mmap,
+    file: std::fs::File,
+    path: PathBuf,
+    /// Tokens in the file when it was opened.
+    tokens: usize,
+    vocab: usize,
     /// Window length T.
     pub block: usize,
 }
 
 impl TokenFile {
-    /// Maps `path` and checks that every id is below `vocab`.
+    /// Opens `path` and checks that every id is below `vocab`.
     pub fn open(path: &Path, block: usize, vocab: usize) -> Result<TokenFile, DataError> {
         let file = std::fs::File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => DataError::Missing {
@@ -28,50 +37,74 @@ impl TokenFile {
                 source: e,
             },
         })?;
-        // SAFETY: the file is only read; a concurrent truncation would be a user error
-        // that at worst ends the process, as with any mapped input.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DataError::Io {
+        let io = |e| DataError::Io {
             path: path.display().to_string(),
             source: e,
-        })?;
+        };
         let corrupt = |reason: String| DataError::Corrupt {
             path: path.display().to_string(),
             reason,
         };
-        if map.len() % 2 != 0 {
-            return Err(corrupt(format!("{} bytes is not a whole number of u16 tokens", map.len())));
+        let bytes = file.metadata().map_err(io)?.len() as usize;
+        if bytes % 2 != 0 {
+            return Err(corrupt(format!("{bytes} bytes is not a whole number of u16 tokens")));
         }
-        if map.len() / 2 < block + 1 {
-            return Err(corrupt(format!(
-                "{} tokens is shorter than one window of {}",
-                map.len() / 2,
-                block + 1
-            )));
+        let tokens = bytes / 2;
+        if tokens < block + 1 {
+            return Err(corrupt(format!("{tokens} tokens is shorter than one window of {}", block + 1)));
         }
-        if let Some((i, t)) = map
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .enumerate()
-            .find(|&(_, t)| t as usize >= vocab)
-        {
-            return Err(corrupt(format!("token {t} at position {i} is not below model.vocab_size {vocab}")));
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, &file);
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut at = 0usize;
+        while at < tokens {
+            let n = ((tokens - at) * 2).min(chunk.len());
+            reader.read_exact(&mut chunk[..n]).map_err(io)?;
+            if let Some((i, t)) = chunk[..n]
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .enumerate()
+                .find(|&(_, t)| t as usize >= vocab)
+            {
+                return Err(corrupt(format!("token {t} at position {} is not below model.vocab_size {vocab}", at + i)));
+            }
+            at += n / 2;
         }
-        Ok(TokenFile { map, block })
-    }
-
-    fn token(&self, i: usize) -> i32 {
-        u16::from_le_bytes([self.map[2 * i], self.map[2 * i + 1]]) as i32
+        drop(reader);
+        Ok(TokenFile {
+            file,
+            path: path.to_path_buf(),
+            tokens,
+            vocab,
+            block,
+        })
     }
 }
 
 impl Dataset for TokenFile {
     fn len(&self) -> usize {
-        (self.map.len() / 2 - 1) / self.block
+        (self.tokens - 1) / self.block
     }
 
-    fn push(&self, i: usize, batch: &mut HostBatch) {
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         let start = i * self.block;
-        batch.tokens.extend((start..start + self.block).map(|j| self.token(j)));
-        batch.targets.extend((start + 1..start + self.block + 1).map(|j| self.token(j)));
+        let mut bytes = vec![0u8; 2 * (self.block + 1)];
+        self.file.read_exact_at(&mut bytes, 2 * start as u64).map_err(|e| DataError::Corrupt {
+            path: self.path.display().to_string(),
+            reason: format!(
+                "reading tokens {start}..{} failed ({e}); the file had {} tokens when training started: was it changed or truncated?",
+                start + self.block + 1,
+                self.tokens
+            ),
+        })?;
+        let ids: Vec<i32> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as i32).collect();
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(DataError::Corrupt {
+                path: self.path.display().to_string(),
+                reason: format!("token {bad} near position {start} is not below model.vocab_size {}: the file changed while training", self.vocab),
+            });
+        }
+        batch.tokens.extend_from_slice(&ids[..self.block]);
+        batch.targets.extend_from_slice(&ids[1..]);
+        Ok(())
     }
 }

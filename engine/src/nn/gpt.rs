@@ -64,10 +64,34 @@ fn default_activation() -> String {
     "gelu_new".into()
 }
 
+/// Most layers of a GPT the engine builds.
+pub const MAX_LAYERS: usize = 1024;
+/// Most attention heads.
+pub const MAX_HEADS: usize = 1024;
+/// Widest embedding.
+pub const MAX_EMBD: usize = 1 << 16;
+/// Longest context (n_positions, block_size).
+pub const MAX_POSITIONS: usize = 1 << 20;
+/// Largest vocabulary.
+pub const MAX_VOCAB: usize = 1 << 24;
+
 impl GptConfig {
-    /// Checks what the engine implements.
+    /// Checks what the engine implements, and sizes against the bounds above (checked
+    /// before anything is allocated: a config.json asking for 10^11 layers is refused,
+    /// not attempted).
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::invalid("GPT config", m));
+        for (key, value, max) in [
+            ("n_layer", self.n_layer, MAX_LAYERS),
+            ("n_head", self.n_head, MAX_HEADS),
+            ("n_embd", self.n_embd, MAX_EMBD),
+            ("n_positions", self.n_positions, MAX_POSITIONS),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+        ] {
+            if value > max {
+                return bad(format!("{key} {value} is above the largest the engine builds ({max})"));
+            }
+        }
         if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::config::{Config, Precision};
+use super::config::{Config, ConfigError, Precision};
 use super::error::TrainError;
 use super::model::Trainable;
 use crate::autograd::Params;
@@ -18,6 +18,7 @@ use crate::data::tokens::TokenFile;
 use crate::data::{DataError, Dataset, HostBatch};
 use crate::device::Gpu;
 use crate::kernels::optim::{AdamW, Sgd};
+use crate::memory::format_bytes;
 use crate::nn::{Gpt, GptConfig, Init, Mlp};
 use crate::optim::Rule;
 use crate::runtime::Runtime;
@@ -39,13 +40,13 @@ pub struct Loaded {
 
 impl Loaded {
     /// The first `batch_size` training examples (the shapes of every step's batch).
-    pub fn first_batch(&self, batch_size: usize) -> HostBatch {
+    pub fn first_batch(&self, batch_size: usize) -> Result<HostBatch, DataError> {
         let mut b = HostBatch::default();
         for i in 0..batch_size.min(self.train.len()) {
-            self.train.push(i, &mut b);
+            self.train.push(i, &mut b)?;
             b.examples += 1;
         }
-        b
+        Ok(b)
     }
 }
 
@@ -67,7 +68,7 @@ impl Dataset for Limited {
     fn len(&self) -> usize {
         self.n.min(self.inner.len())
     }
-    fn push(&self, i: usize, batch: &mut HostBatch) {
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         self.inner.push(i, batch)
     }
 }
@@ -76,8 +77,30 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
     if n == 0 { inner } else { Arc::new(Limited { inner, n }) }
 }
 
-/// Loads `config.data` (Fashion-MNIST, character text or token files).
+/// Loads `config.data` (Fashion-MNIST, character text or token files); a split with
+/// no example (a text shorter than one window, a limit of the wrong kind) is an error,
+/// not a run of zero steps.
 pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
+    let data = load_splits(config)?;
+    for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
+        if set.len() == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "the {split} split of data.kind \"{}\"{} has no example{}; use more data or a smaller model.block_size",
+                config.data.kind,
+                config.data.path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default(),
+                if config.model.kind == "gpt" {
+                    format!(" (a window is model.block_size + 1 = {} tokens)", config.model.block_size + 1)
+                } else {
+                    String::new()
+                }
+            ))
+            .into());
+        }
+    }
+    Ok(data)
+}
+
+fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
     let m = &config.model;
     let path = config.data.path.clone().map(PathBuf::from);
     Ok(match config.data.kind.as_str() {
@@ -140,33 +163,81 @@ pub fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<S
     Ok((config, notes))
 }
 
+fn gpt_config(config: &Config, outputs: usize) -> GptConfig {
+    let m = &config.model;
+    GptConfig {
+        vocab_size: outputs,
+        n_positions: m.block_size,
+        n_embd: m.n_embd,
+        n_layer: m.n_layer,
+        n_head: m.n_head,
+        layer_norm_epsilon: 1e-5,
+        activation_function: "gelu_new".into(),
+        resid_pdrop: 0.0,
+        embd_pdrop: 0.0,
+        attn_pdrop: 0.0,
+        extra: Default::default(),
+    }
+}
+
+fn mlp_sizes(config: &Config, outputs: usize) -> Vec<usize> {
+    let mut sizes = vec![fashion_mnist::PIXELS];
+    sizes.extend(&config.model.hidden);
+    sizes.push(outputs);
+    sizes
+}
+
+/// Checks the model's size against the adapter before anything is allocated: every
+/// parameter tensor must fit one binding, and the model states (weights, gradients,
+/// optimizer state, f16 copies under fp16-mixed) the device's memory where it is known.
+pub fn check_sizes(config: &Config, outputs: usize, gpu: &Gpu) -> Result<(), TrainError> {
+    let shapes: Vec<(String, Vec<usize>)> = if config.model.kind == "gpt" {
+        let gc = gpt_config(config, outputs);
+        gc.validate()?;
+        crate::nn::gpt::parameter_shapes(&gc)
+    } else {
+        let sizes = mlp_sizes(config, outputs);
+        sizes.windows(2).enumerate().map(|(i, w)| (format!("layers.{i}.weight"), vec![w[1], w[0]])).collect()
+    };
+    let elements = |shape: &[usize]| shape.iter().fold(1u128, |a, &d| a * d as u128);
+    let max_binding = gpu.caps.limits.max_storage_buffer_binding_size as u128;
+    if let Some((name, shape)) = shapes.iter().find(|(_, s)| elements(s) * 4 > max_binding) {
+        return Err(ConfigError::Invalid(format!(
+            "the parameter {name} {shape:?} ({}) is larger than one buffer binding on '{}' ({}); make the model smaller",
+            format_bytes((elements(shape) * 4).min(u64::MAX as u128) as u64),
+            gpu.report.name,
+            format_bytes(max_binding as u64)
+        ))
+        .into());
+    }
+    let total: u128 = shapes.iter().map(|(_, s)| elements(s)).sum();
+    let per = 4 + 4 + if config.train.optimizer == "sgd" { 4 } else { 8 } + if config.memory.precision()? == Precision::Fp16Mixed { 2 } else { 0 };
+    let states = total * per;
+    if let Some(memory) = gpu.caps.memory_bytes
+        && states > memory as u128
+    {
+        return Err(ConfigError::Invalid(format!(
+            "the model has {total} parameters: {} of weights, gradients and optimizer state, more than the {} of '{}'; make the model smaller",
+            format_bytes(states.min(u64::MAX as u128) as u64),
+            format_bytes(memory),
+            gpu.report.name
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The model `config.model` describes with `outputs` classes or tokens, its parameters
 /// registered in `params` and initialised from `train.seed`.
 pub fn build_model(config: &Config, rt: &Runtime, outputs: usize, params: &mut Params) -> Result<Box<dyn Trainable>, TrainError> {
+    check_sizes(config, outputs, &rt.gpu)?;
     let mut init = Init::new(config.train.seed);
-    let m = &config.model;
-    Ok(if m.kind == "gpt" {
-        let gc = GptConfig {
-            vocab_size: outputs,
-            n_positions: m.block_size,
-            n_embd: m.n_embd,
-            n_layer: m.n_layer,
-            n_head: m.n_head,
-            layer_norm_epsilon: 1e-5,
-            activation_function: "gelu_new".into(),
-            resid_pdrop: 0.0,
-            embd_pdrop: 0.0,
-            attn_pdrop: 0.0,
-            extra: Default::default(),
-        };
-        let mut gpt = Gpt::new(rt, gc, params, &mut init)?;
+    Ok(if config.model.kind == "gpt" {
+        let mut gpt = Gpt::new(rt, gpt_config(config, outputs), params, &mut init)?;
         gpt.checkpoint_every = config.memory.checkpoint_every()?;
         Box::new(gpt)
     } else {
-        let mut sizes = vec![fashion_mnist::PIXELS];
-        sizes.extend(&m.hidden);
-        sizes.push(outputs);
-        Box::new(Mlp::new(rt, params, &sizes, &mut init)?)
+        Box::new(Mlp::new(rt, params, &mlp_sizes(config, outputs), &mut init)?)
     })
 }
 

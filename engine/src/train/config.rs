@@ -2,9 +2,11 @@
 //! [checkpoint] sections, overridable with `--set section.key=value`. Unknown keys are
 //! errors, so a typo never trains silently with a default.
 //!
-//! May call: nothing of the engine.
+//! May call: `nn::gpt` (the GPT sizes the engine builds).
 
 use serde::{Deserialize, Serialize};
+
+use crate::nn::gpt;
 
 /// Everything a run needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -144,7 +146,9 @@ impl Default for TrainConfig {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MemoryConfig {
-    /// Cap on reserved memory: "3GiB", bytes, or a fraction of the device's memory.
+    /// Cap on reserved memory: "3GiB", bytes, or a fraction of the device's memory (a
+    /// TOML number is taken as bytes, or as a fraction when at most 1).
+    #[serde(deserialize_with = "size_text", default)]
     pub cap: Option<String>,
     /// Guard bytes around every block (slow; for debugging kernels).
     pub debug: bool,
@@ -161,10 +165,28 @@ pub struct MemoryConfig {
     pub fp32_fallback: bool,
     /// The loss scale fp16-mixed starts from (torch.amp.GradScaler's init_scale).
     pub init_scale: Option<f32>,
-    /// A bound for `fit`: "3GiB", bytes, or a fraction of the device's memory.
+    /// A bound for `fit`: "3GiB", bytes, or a fraction of the device's memory (a TOML
+    /// number as for `cap`).
+    #[serde(deserialize_with = "size_text", default)]
     pub budget: Option<String>,
     /// Choose the micro-batch and checkpointing whose estimated peak fits `budget`.
     pub fit: bool,
+}
+
+/// A size setting given as text ("3GiB", "0.5") or as a TOML number (1000000, 0.5).
+fn size_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Text(String),
+        Int(u64),
+        Float(f64),
+    }
+    Ok(Option::<Size>::deserialize(d)?.map(|s| match s {
+        Size::Text(t) => t,
+        Size::Int(i) => i.to_string(),
+        Size::Float(f) => f.to_string(),
+    }))
 }
 
 /// Numeric precision of training.
@@ -297,12 +319,7 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.train.batch_size == 0 {
-            return bad("train.batch_size must be at least 1".into());
-        }
-        if self.train.micro_batch_size == Some(0) {
-            return bad("train.micro_batch_size must be at least 1".into());
-        }
+        self.check_ranges()?;
         if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
             return bad(format!("train.lr must be a positive number, got {}", self.train.lr));
         }
@@ -368,4 +385,71 @@ impl Config {
         }
         Ok(())
     }
+
+    /// Every numeric setting against its documented range (README, "Settings"), before
+    /// anything is built: a value out of range is named with the range it must lie in.
+    fn check_ranges(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        let m = &self.model;
+        let out = |key: &str, range: &str, got: String| Err(ConfigError::Invalid(format!("{key} must be {range}, got {got}")));
+        let int = |key: &str, v: u64, lo: u64, hi: u64| {
+            if v < lo || v > hi { out(key, &format!("in {lo}..={hi}"), v.to_string()) } else { Ok(()) }
+        };
+        let real = |key: &str, v: f32, lo: f32, hi_open: Option<f32>, range: &str| {
+            let ok = v.is_finite() && v >= lo && hi_open.is_none_or(|h| v < h);
+            if ok { Ok(()) } else { out(key, range, v.to_string()) }
+        };
+        int("train.batch_size", t.batch_size as u64, 1, MAX_BATCH)?;
+        if let Some(mb) = t.micro_batch_size {
+            int("train.micro_batch_size", mb as u64, 1, MAX_BATCH)?;
+        }
+        if t.steps.is_none() {
+            int("train.epochs", t.epochs, 1, MAX_EPOCHS)?;
+        }
+        if let Some(steps) = t.steps {
+            int("train.steps", steps, 1, MAX_STEPS)?;
+        }
+        int("train.warmup_steps", t.warmup_steps, 0, MAX_STEPS)?;
+        real("train.lr", t.lr, f32::MIN_POSITIVE, None, "a positive number")?;
+        real("train.min_lr", t.min_lr, 0.0, None, "a number >= 0")?;
+        if t.min_lr > t.lr {
+            return out("train.min_lr", &format!("at most train.lr ({})", t.lr), t.min_lr.to_string());
+        }
+        real("train.weight_decay", t.weight_decay, 0.0, None, "a number >= 0")?;
+        real("train.momentum", t.momentum, 0.0, Some(1.0), "in [0, 1)")?;
+        real("train.betas[0]", t.betas.0, 0.0, Some(1.0), "in [0, 1)")?;
+        real("train.betas[1]", t.betas.1, 0.0, Some(1.0), "in [0, 1)")?;
+        real("train.grad_clip", t.grad_clip, 0.0, None, "a number >= 0 (0 turns clipping off)")?;
+        if m.kind == "mlp" {
+            if m.hidden.len() > MAX_MLP_LAYERS {
+                return out("model.hidden", &format!("at most {MAX_MLP_LAYERS} widths"), m.hidden.len().to_string());
+            }
+            for &w in &m.hidden {
+                int("model.hidden[i]", w as u64, 1, MAX_WIDTH)?;
+            }
+        }
+        if m.kind == "gpt" {
+            int("model.n_layer", m.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
+            int("model.n_head", m.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
+            int("model.n_embd", m.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
+            int("model.block_size", m.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
+        }
+        if self.data.kind == "tokens" {
+            int("model.vocab_size", m.vocab_size as u64, 1, MAX_TOKEN_VOCAB)?;
+        }
+        Ok(())
+    }
 }
+
+/// Largest batch (and micro-batch) in examples.
+pub const MAX_BATCH: u64 = 1 << 24;
+/// Most epochs.
+pub const MAX_EPOCHS: u64 = 1_000_000;
+/// Most steps (and warmup steps).
+pub const MAX_STEPS: u64 = 1 << 40;
+/// Most hidden layers of the MLP.
+pub const MAX_MLP_LAYERS: usize = 64;
+/// Widest hidden layer of the MLP.
+pub const MAX_WIDTH: u64 = 1 << 20;
+/// Largest vocabulary of token files (u16 ids).
+pub const MAX_TOKEN_VOCAB: u64 = 1 << 16;

@@ -37,7 +37,7 @@ impl Trainer {
         for start in (0..n).step_by(batch.max(1)) {
             let mut b = HostBatch::default();
             for i in start..(start + batch).min(n) {
-                self.eval.push(i, &mut b);
+                self.eval.push(i, &mut b)?;
                 b.examples += 1;
             }
             let mut tape = Tape::no_grad().with_half_matmuls(self.scaler.is_some());

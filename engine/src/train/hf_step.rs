@@ -90,11 +90,15 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
     let mut tape = Tape::new();
     let loss = model.forward_loss(&mut tape, rt, &params, &ids_t, (&tg_t, n_valid), HEAD_ROW_CHUNK)?;
-    let value = loss.value.to_f32_vec(rt)?[0] as f64;
+    // Every label ignored: PyTorch's mean over no targets is 0/0, a NaN loss whose
+    // gradients are NaN too; say so rather than report 0.
+    let none_valid = n_valid == 0;
+    let value = if none_valid { f64::NAN } else { loss.value.to_f32_vec(rt)?[0] as f64 };
     tape.backward(rt, &loss, &mut params)?;
     let mut grads = Vec::new();
     for p in &params.list {
         let data = match &p.grad {
+            _ if none_valid => vec![f32::NAN; p.value.numel()],
             Some(g) => g.to_f32_vec(rt)?,
             None => vec![0.0; p.value.numel()],
         };

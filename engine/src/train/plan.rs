@@ -120,7 +120,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         return Err(Error::invalid("estimate", "needs a dry runtime").into());
     }
     rt.alloc.empty_cache();
-    let batch = data.first_batch(config.train.batch_size);
+    let batch = data.first_batch(config.train.batch_size)?;
     let mut trainer = Trainer::assemble(config.clone(), rt.clone(), data.clone())?;
     let mut best: Option<(u64, [u64; 7])> = None;
     let mut reserved = 0u64;

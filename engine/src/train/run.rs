@@ -139,6 +139,7 @@ impl Trainer {
                 break;
             }
             let Some(batch) = loader.next_batch() else { break };
+            let batch = batch?;
             let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
             self.rt.alloc.reset_peaks();
             let step_start_us = self.rt.alloc.now_us();

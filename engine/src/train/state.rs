@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
+use super::config::Config;
 use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::kernels::TensorOps;
@@ -71,6 +72,31 @@ impl Trainer {
             path: path.display().to_string(),
             reason,
         };
+        // The run's shape and optimizer must be the checkpoint's: n_head changes no
+        // tensor's shape but the model, and an optimizer's state means nothing to another.
+        if let Some(saved) = data.trainer.get("config").and_then(|t| toml::from_str::<Config>(t).ok()) {
+            let mut differ = Vec::new();
+            let (a, b) = (&saved.model, &self.config.model);
+            for (key, was, now) in [
+                ("model.kind", a.kind.clone(), b.kind.clone()),
+                ("model.hidden", format!("{:?}", a.hidden), format!("{:?}", b.hidden)),
+                ("model.n_layer", a.n_layer.to_string(), b.n_layer.to_string()),
+                ("model.n_head", a.n_head.to_string(), b.n_head.to_string()),
+                ("model.n_embd", a.n_embd.to_string(), b.n_embd.to_string()),
+                ("model.block_size", a.block_size.to_string(), b.block_size.to_string()),
+                ("model.vocab_size", a.vocab_size.to_string(), b.vocab_size.to_string()),
+                ("train.optimizer", saved.train.optimizer.clone(), self.config.train.optimizer.clone()),
+            ] {
+                let gpt_only = key.starts_with("model.n_") || key == "model.block_size" || key == "model.vocab_size";
+                let relevant = if a.kind == "gpt" { key != "model.hidden" } else { !gpt_only };
+                if was != now && relevant {
+                    differ.push(format!("{key} was {was}, is {now}"));
+                }
+            }
+            if !differ.is_empty() {
+                return Err(mismatch(differ.join("; ")).into());
+            }
+        }
         if data.model.len() != self.params.list.len() {
             return Err(mismatch(format!("{} parameters, the model has {}", data.model.len(), self.params.list.len())).into());
         }
