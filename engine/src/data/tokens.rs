@@ -65,7 +65,10 @@ impl TokenFile {
                 .enumerate()
                 .find(|&(_, t)| t as usize >= vocab)
             {
-                return Err(corrupt(format!("token {t} at position {} is not below model.vocab_size {vocab}", at + i)));
+                return Err(corrupt(format!(
+                    "token {t} at position {} is not below model.vocab_size {vocab}",
+                    at + i
+                )));
             }
             at += n / 2;
         }
@@ -88,19 +91,24 @@ impl Dataset for TokenFile {
     fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         let start = i * self.block;
         let mut bytes = vec![0u8; 2 * (self.block + 1)];
-        self.file.read_exact_at(&mut bytes, 2 * start as u64).map_err(|e| DataError::Corrupt {
-            path: self.path.display().to_string(),
-            reason: format!(
-                "reading tokens {start}..{} failed ({e}); the file had {} tokens when training started: was it changed or truncated?",
-                start + self.block + 1,
-                self.tokens
-            ),
-        })?;
+        self.file
+            .read_exact_at(&mut bytes, 2 * start as u64)
+            .map_err(|e| DataError::Corrupt {
+                path: self.path.display().to_string(),
+                reason: format!(
+                    "reading tokens {start}..{} failed ({e}); the file had {} tokens when training started: was it changed or truncated?",
+                    start + self.block + 1,
+                    self.tokens
+                ),
+            })?;
         let ids: Vec<i32> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as i32).collect();
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(DataError::Corrupt {
                 path: self.path.display().to_string(),
-                reason: format!("token {bad} near position {start} is not below model.vocab_size {}: the file changed while training", self.vocab),
+                reason: format!(
+                    "token {bad} near position {start} is not below model.vocab_size {}: the file changed while training",
+                    self.vocab
+                ),
             });
         }
         batch.tokens.extend_from_slice(&ids[..self.block]);

@@ -246,6 +246,8 @@ impl Gpt {
         let config: GptConfig = serde_json::from_slice(&read("config.json")?).map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let bytes = read("model.safetensors")?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
+        // Sizes first: the shapes of a config asking for 10^11 layers are never listed.
+        config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         let mut values = BTreeMap::new();
         for (name, view) in st.tensors() {

@@ -197,7 +197,11 @@ pub fn check_sizes(config: &Config, outputs: usize, gpu: &Gpu) -> Result<(), Tra
         crate::nn::gpt::parameter_shapes(&gc)
     } else {
         let sizes = mlp_sizes(config, outputs);
-        sizes.windows(2).enumerate().map(|(i, w)| (format!("layers.{i}.weight"), vec![w[1], w[0]])).collect()
+        sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (format!("layers.{i}.weight"), vec![w[1], w[0]]))
+            .collect()
     };
     let elements = |shape: &[usize]| shape.iter().fold(1u128, |a, &d| a * d as u128);
     let max_binding = gpu.caps.limits.max_storage_buffer_binding_size as u128;
@@ -211,7 +215,10 @@ pub fn check_sizes(config: &Config, outputs: usize, gpu: &Gpu) -> Result<(), Tra
         .into());
     }
     let total: u128 = shapes.iter().map(|(_, s)| elements(s)).sum();
-    let per = 4 + 4 + if config.train.optimizer == "sgd" { 4 } else { 8 } + if config.memory.precision()? == Precision::Fp16Mixed { 2 } else { 0 };
+    let per = 4
+        + 4
+        + if config.train.optimizer == "sgd" { 4 } else { 8 }
+        + if config.memory.precision()? == Precision::Fp16Mixed { 2 } else { 0 };
     let states = total * per;
     if let Some(memory) = gpu.caps.memory_bytes
         && states > memory as u128

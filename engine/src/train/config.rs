@@ -393,7 +393,11 @@ impl Config {
         let m = &self.model;
         let out = |key: &str, range: &str, got: String| Err(ConfigError::Invalid(format!("{key} must be {range}, got {got}")));
         let int = |key: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi { out(key, &format!("in {lo}..={hi}"), v.to_string()) } else { Ok(()) }
+            if v < lo || v > hi {
+                out(key, &format!("in {lo}..={hi}"), v.to_string())
+            } else {
+                Ok(())
+            }
         };
         let real = |key: &str, v: f32, lo: f32, hi_open: Option<f32>, range: &str| {
             let ok = v.is_finite() && v >= lo && hi_open.is_none_or(|h| v < h);
@@ -422,7 +426,11 @@ impl Config {
         real("train.grad_clip", t.grad_clip, 0.0, None, "a number >= 0 (0 turns clipping off)")?;
         if m.kind == "mlp" {
             if m.hidden.len() > MAX_MLP_LAYERS {
-                return out("model.hidden", &format!("at most {MAX_MLP_LAYERS} widths"), m.hidden.len().to_string());
+                return out(
+                    "model.hidden",
+                    &format!("at most {MAX_MLP_LAYERS} widths"),
+                    m.hidden.len().to_string(),
+                );
             }
             for &w in &m.hidden {
                 int("model.hidden[i]", w as u64, 1, MAX_WIDTH)?;

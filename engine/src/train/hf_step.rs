@@ -93,7 +93,11 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     // Every label ignored: PyTorch's mean over no targets is 0/0, a NaN loss whose
     // gradients are NaN too; say so rather than report 0.
     let none_valid = n_valid == 0;
-    let value = if none_valid { f64::NAN } else { loss.value.to_f32_vec(rt)?[0] as f64 };
+    let value = if none_valid {
+        f64::NAN
+    } else {
+        loss.value.to_f32_vec(rt)?[0] as f64
+    };
     tape.backward(rt, &loss, &mut params)?;
     let mut grads = Vec::new();
     for p in &params.list {

@@ -85,7 +85,11 @@ impl Trainer {
                 ("model.n_embd", a.n_embd.to_string(), b.n_embd.to_string()),
                 ("model.block_size", a.block_size.to_string(), b.block_size.to_string()),
                 ("model.vocab_size", a.vocab_size.to_string(), b.vocab_size.to_string()),
-                ("train.optimizer", saved.train.optimizer.clone(), self.config.train.optimizer.clone()),
+                (
+                    "train.optimizer",
+                    saved.train.optimizer.clone(),
+                    self.config.train.optimizer.clone(),
+                ),
             ] {
                 let gpt_only = key.starts_with("model.n_") || key == "model.block_size" || key == "model.vocab_size";
                 let relevant = if a.kind == "gpt" { key != "model.hidden" } else { !gpt_only };

@@ -70,7 +70,10 @@ impl Trainer {
     /// Steps in the whole run.
     pub fn total_steps(&self) -> u64 {
         let per_epoch = batches_per_epoch(self.train.len(), self.config.train.batch_size, false);
-        self.config.train.steps.unwrap_or(per_epoch.saturating_mul(self.config.train.epochs))
+        self.config
+            .train
+            .steps
+            .unwrap_or(per_epoch.saturating_mul(self.config.train.epochs))
     }
 
     /// Steps done so far (including those before a resume).

@@ -1,0 +1,312 @@
+//! Bad values are refused before training with a message that names them, by real
+//! processes: numeric settings out of their ranges, sizes no adapter could hold (never
+//! a host allocation of hundreds of GB), sizes as TOML numbers, data too small for one
+//! window, a resume onto another model shape or optimizer, a token file truncated
+//! while training (an error, not SIGBUS), `wgtrain step` with every label ignored (NaN
+//! as PyTorch), and paths named in I/O errors.
+
+mod cli;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cli::{run_ok, scratch, small_args, wgtrain};
+
+fn refused(args: &[String]) -> String {
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let start = Instant::now();
+    let out = wgtrain(&refs, &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?} should fail with a message: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(60), "{args:?} took {:?}", start.elapsed());
+    err
+}
+
+fn train_with(dir: &Path, sets: &[&str]) -> Vec<String> {
+    let mut extra: Vec<&str> = vec!["--set", "train.steps=2"];
+    for s in sets {
+        extra.extend(["--set", s]);
+    }
+    small_args(dir.join("ckpt").to_str().unwrap(), &extra)
+}
+
+#[test]
+fn numeric_settings_out_of_range_are_named() {
+    let dir = scratch("ranges");
+    for (set, says) in [
+        ("train.min_lr=-5", "train.min_lr must be a number >= 0, got -5"),
+        ("train.min_lr=nan", "train.min_lr must be a number >= 0, got NaN"),
+        ("train.weight_decay=nan", "train.weight_decay must be a number >= 0"),
+        ("train.betas=[1.0, 1.0]", "train.betas[0] must be in [0, 1)"),
+        ("train.betas=[0.9, nan]", "train.betas[1] must be in [0, 1)"),
+        ("train.grad_clip=nan", "train.grad_clip must be a number >= 0"),
+        ("train.grad_clip=-1", "train.grad_clip must be a number >= 0"),
+        ("train.momentum=1.5", "train.momentum must be in [0, 1)"),
+        ("train.batch_size=0", "train.batch_size must be in 1..="),
+    ] {
+        let err = refused(&train_with(&dir, &[set]));
+        assert!(err.contains(says), "{set}: {err}");
+    }
+    // A huge epoch count is refused, not wrapped into zero steps.
+    let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.epochs=100000000000"]);
+    args.retain(|a| a != "train.steps=2");
+    let err = refused(&args);
+    assert!(err.contains("train.epochs must be in 1..=1000000"), "{err}");
+}
+
+#[test]
+fn sizes_no_adapter_holds_are_refused_before_allocating() {
+    let dir = scratch("sizes");
+    // In range, but one weight is larger than a binding: refused, not a 313 GB host
+    // allocation.
+    let err = refused(&train_with(&dir, &["model.hidden=[100000000]"]));
+    assert!(err.contains("model.hidden[i] must be in 1..="), "{err}");
+    let err = refused(&train_with(&dir, &["model.hidden=[1000000]"]));
+    assert!(err.contains("larger than one buffer binding"), "{err}");
+    // A GPT of 10^11 layers: train, estimate and `wgtrain step`'s config.json.
+    let corpus = dir.join("text.txt");
+    std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog\n".repeat(200)).unwrap();
+    let gpt: Vec<String> = [
+        "--set",
+        "model.kind=\"gpt\"",
+        "--set",
+        "data.kind=\"chars\"",
+        "--set",
+        &format!("data.path=\"{}\"", corpus.display()),
+        "--set",
+        "model.n_layer=100000000000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut train = vec!["train".to_string(), "--quiet".into()];
+    train.extend(gpt.iter().cloned());
+    assert!(refused(&train).contains("model.n_layer must be in 1..=1024"));
+    let mut estimate = vec!["estimate".to_string()];
+    estimate.extend(gpt.iter().cloned());
+    assert!(refused(&estimate).contains("model.n_layer must be in 1..=1024"));
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+    config["n_layer"] = 100_000_000_000u64.into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(fixture.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
+    let step: Vec<String> = [
+        "step",
+        "--hf-dir",
+        hf.to_str().unwrap(),
+        "--batch",
+        fixture.join("batch.safetensors").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let err = refused(&step);
+    assert!(err.contains("n_layer 100000000000 is above the largest the engine builds"), "{err}");
+}
+
+#[test]
+fn memory_sizes_may_be_toml_numbers() {
+    let dir = scratch("capnum");
+    for set in ["memory.cap=1000000000", "memory.cap=0.5"] {
+        let mut args = train_with(&dir, &[set]);
+        args.push("--overwrite".into());
+        run_ok(&args, &[]);
+    }
+}
+
+#[test]
+fn data_too_small_for_one_window_is_an_error() {
+    let dir = scratch("small-data");
+    let corpus = dir.join("tiny.txt");
+    std::fs::write(&corpus, "abc\n").unwrap();
+    let args: Vec<String> = [
+        "train",
+        "--quiet",
+        "--set",
+        "model.kind=\"gpt\"",
+        "--set",
+        "data.kind=\"chars\"",
+        "--set",
+        &format!("data.path=\"{}\"", corpus.display()),
+        "--set",
+        "model.block_size=64",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let err = refused(&args);
+    assert!(err.contains("no example") || err.contains("shorter than"), "{err}");
+}
+
+#[test]
+fn resuming_onto_another_shape_or_optimizer_is_refused() {
+    let dir = scratch("resume-shape");
+    let corpus = dir.join("text.txt");
+    std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog\n".repeat(300)).unwrap();
+    let ckpt = dir.join("ckpt");
+    let args = |sets: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--quiet",
+            "--set",
+            "model.kind=\"gpt\"",
+            "--set",
+            "data.kind=\"chars\"",
+            "--set",
+            &format!("data.path=\"{}\"", corpus.display()),
+            "--set",
+            "model.block_size=16",
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "train.batch_size=4",
+            "--set",
+            "data.eval_limit=8",
+            "--set",
+            &format!("checkpoint.dir=\"{}\"", ckpt.display()),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for s in sets {
+            a.extend(["--set".to_string(), s.to_string()]);
+        }
+        a
+    };
+    run_ok(&args(&["model.n_head=2", "train.steps=1"]), &[]);
+    let mut other_heads = args(&["model.n_head=4", "train.steps=2"]);
+    other_heads.extend(["--resume".into(), ckpt.display().to_string()]);
+    let err = refused(&other_heads);
+    assert!(err.contains("model.n_head was 2, is 4"), "{err}");
+    let mut other_optimizer = args(&["model.n_head=2", "train.steps=2", "train.optimizer=\"sgd\""]);
+    other_optimizer.extend(["--resume".into(), ckpt.display().to_string()]);
+    let err = refused(&other_optimizer);
+    assert!(err.contains("train.optimizer was adamw, is sgd"), "{err}");
+}
+
+#[test]
+fn a_token_file_truncated_while_training_is_an_error_not_a_crash() {
+    let dir = scratch("truncated");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let tokens: Vec<u8> = (0..400_000u32).flat_map(|i| ((i * 7919 % 97) as u16).to_le_bytes()).collect();
+    std::fs::write(data.join("train.bin"), &tokens).unwrap();
+    std::fs::write(data.join("val.bin"), &tokens[..20_000]).unwrap();
+    let log = dir.join("run.jsonl");
+    let args = [
+        "train",
+        "--quiet",
+        "--set",
+        "model.kind=\"gpt\"",
+        "--set",
+        "data.kind=\"tokens\"",
+        "--set",
+        &format!("data.path=\"{}\"", data.display()),
+        "--set",
+        "model.vocab_size=97",
+        "--set",
+        "model.block_size=16",
+        "--set",
+        "model.n_embd=16",
+        "--set",
+        "model.n_head=2",
+        "--set",
+        "model.n_layer=1",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "train.steps=100000",
+        "--set",
+        "train.eval_every=1000000",
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    let child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(120), "no steps logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(data.join("train.bin"))
+        .unwrap()
+        .set_len(64)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a clear error, not a signal: {err}");
+    assert!(err.contains("train.bin") && err.contains("truncated"), "{err}");
+}
+
+#[test]
+fn step_with_every_label_ignored_is_nan_and_errors_name_files() {
+    let dir = scratch("step");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
+    let batch = dir.join("ignored.safetensors");
+    let (b, t) = (2usize, 8usize);
+    let ids: Vec<i64> = (0..(b * t) as i64).map(|i| i % 50).collect();
+    let labels = vec![-100i64; b * t];
+    let views = vec![
+        (
+            "input_ids",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![b, t], bytemuck::cast_slice(&ids)).unwrap(),
+        ),
+        (
+            "labels",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![b, t], bytemuck::cast_slice(&labels)).unwrap(),
+        ),
+    ];
+    std::fs::write(&batch, safetensors::serialize(views, None).unwrap()).unwrap();
+    let out = run_ok(
+        &[
+            "step",
+            "--hf-dir",
+            fixture.to_str().unwrap(),
+            "--batch",
+            batch.to_str().unwrap(),
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>(),
+        &[],
+    );
+    assert!(out.contains("NaN") || out.contains("null"), "PyTorch gives NaN: {out}");
+    // A missing file is an I/O error naming it, not a "shape error".
+    let missing = dir.join("missing.safetensors");
+    let err = refused(
+        &["step", "--hf-dir", fixture.to_str().unwrap(), "--batch", missing.to_str().unwrap()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    );
+    assert!(err.contains(missing.to_str().unwrap()) && !err.contains("shape error"), "{err}");
+    // `bench --json` into a missing folder names the path.
+    let target = dir.join("no/such/dir/bench.json");
+    let err = refused(
+        &[
+            "bench",
+            "--quick",
+            "--filter",
+            "launch_overhead",
+            "--json",
+            target.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>(),
+    );
+    assert!(err.contains(target.to_str().unwrap()), "{err}");
+}
