@@ -26,7 +26,7 @@ fn get(addr: SocketAddr, path: &str, auth: Option<&str>) -> (u16, String, Vec<u8
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let auth = auth.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n").unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
@@ -217,7 +217,7 @@ fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
     let reader = std::thread::spawn(move || {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        write!(s, "GET /api/runs/live/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(s, "GET /api/runs/live/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
         let mut got = String::new();
         let mut buf = [0u8; 65536];
         while !got.contains("\"kind\":\"finished\"") {
@@ -268,4 +268,193 @@ fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
         Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => assert_eq!(n, 100),
         other => panic!("expected lost frames, got {other:?}"),
     }
+}
+
+/// GET with a chosen Host header; returns the status.
+fn status_for_host(addr: SocketAddr, host: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET /api/health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    String::from_utf8_lossy(&raw).split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn empty_tokens_are_refused_and_loopback_checks_the_host() {
+    // An empty token on an open address would let anyone in.
+    for addr in ["0.0.0.0:0", "127.0.0.1:0"] {
+        let started = Dashboard::start(Options {
+            addr: addr.parse().unwrap(),
+            token: Some(String::new()),
+            ..Default::default()
+        });
+        assert!(matches!(started, Err(wgtrain_web::DashboardError::EmptyToken)), "{addr}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args([
+            "dashboard",
+            "--runs",
+            std::env::temp_dir().to_str().unwrap(),
+            "--addr",
+            "0.0.0.0:0",
+            "--token",
+            "",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token is empty"));
+    // DNS rebinding: a tokenless loopback dashboard answers only to loopback names.
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    })
+    .unwrap();
+    let port = d.addr.port();
+    assert_eq!(status_for_host(d.addr, "attacker.example"), 421);
+    assert_eq!(status_for_host(d.addr, &format!("attacker.example:{port}")), 421);
+    assert_eq!(status_for_host(d.addr, &format!("127.0.0.1:{port}")), 200);
+    assert_eq!(status_for_host(d.addr, &format!("localhost:{port}")), 200);
+}
+
+#[test]
+fn slow_headers_time_out_and_large_logs_stream() {
+    let dir = temp("large");
+    let (log, _) = short_run(&dir, "big");
+    // Blow the log up to ~40 MB of real lines.
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let mut big = String::with_capacity(41 << 20);
+    while big.len() < 40 << 20 {
+        big.push_str(&lines);
+    }
+    std::fs::write(&log, &big).unwrap();
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    // A client that never finishes its headers is dropped after the deadline.
+    let mut slow = TcpStream::connect(d.addr).unwrap();
+    write!(slow, "GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", d.addr.port()).unwrap();
+    slow.set_read_timeout(Some(wgtrain_web::HEADER_TIMEOUT + Duration::from_secs(10)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let n = slow.read(&mut buf).unwrap_or(0);
+    assert!(
+        start.elapsed() < wgtrain_web::HEADER_TIMEOUT + Duration::from_secs(5),
+        "held for {:?}",
+        start.elapsed()
+    );
+    assert!(
+        n == 0 || String::from_utf8_lossy(&buf[..n]).contains("408"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // The large log is streamed: the server's memory grows by far less than the log,
+    // and health answers while it is being sent.
+    let hwm = || -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    let before = hwm();
+    let addr = d.addr;
+    let reader = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(s, "GET /api/runs/big HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let (mut total, mut head, mut tail) = (0usize, Vec::new(), Vec::new());
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            if head.len() < 4096 {
+                head.extend_from_slice(&buf[..n.min(4096)]);
+            }
+            tail = buf[..n].to_vec();
+            total += n;
+            std::thread::sleep(Duration::from_millis(2)); // a slowish client
+        }
+        (
+            total,
+            String::from_utf8_lossy(&head).into_owned(),
+            String::from_utf8_lossy(&tail).into_owned(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    assert_eq!(json(d.addr, "/api/health").0, 200);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "health took {:?} during a large request",
+        t.elapsed()
+    );
+    let (total, head, tail) = reader.join().unwrap();
+    assert!(total > 40 << 20, "{total} bytes");
+    assert!(head.contains("200 OK") && head.contains("\"lines\":["), "{head}");
+    assert!(tail.trim_end().ends_with("]}") || tail.contains("]}"), "{tail}");
+    let grown = hwm().saturating_sub(before);
+    assert!(
+        grown < 20 << 20,
+        "the server's peak memory grew by {grown} bytes for a {} byte log",
+        big.len()
+    );
+}
+
+#[test]
+fn dropped_frames_are_counted_as_they_are_lost() {
+    let rec = Recorder::new("live", None);
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        live: Some(rec.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    // A client that never reads: frames it misses are counted now, not when it reads.
+    let _slow = rec.subscribe();
+    let line = wgtrain_engine::train::StepLog::default();
+    for _ in 0..QUEUE + 100 {
+        rec.eval(&line).unwrap();
+    }
+    let (_, health) = json(d.addr, "/api/health");
+    assert_eq!(health["dropped_frames"], 100, "{health}");
+}
+
+#[test]
+fn names_with_spaces_and_accents_tokens_with_url_characters_and_relative_paths() {
+    let dir = temp("names");
+    let (log, _) = short_run(&dir, "plain");
+    let named = dir.join("my run é.jsonl");
+    std::fs::copy(&log, &named).unwrap();
+    std::fs::copy(record_path(&log), record_path(&named)).unwrap();
+    let token = "a&b+c%d é/?".to_string();
+    let d = Dashboard::start(Options {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        token: Some(token.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", d.addr.port()).parse().unwrap();
+    let query = d.url().split_once('?').unwrap().1.to_string();
+    let (status, _, body) = get(addr, &format!("/api/runs?{query}"), None);
+    assert_eq!(status, 200, "the token works in the query, percent-encoded");
+    let runs: Value = serde_json::from_slice(&body).unwrap();
+    assert!(runs.as_array().unwrap().iter().any(|r| r["name"] == "my run é"), "{runs}");
+    let (status, _, _) = get(addr, &format!("/api/runs/my%20run%20%C3%A9?{query}"), None);
+    assert_eq!(status, 200);
+    let (status, head, _) = get(addr, &format!("/api/runs/my%20run%20%C3%A9/snapshot.json?{query}"), None);
+    assert_eq!(status, 200);
+    assert!(head.contains("attachment"), "{head}");
+    // A corrupt file: the error names it without the server's folders.
+    std::fs::write(dir.join("broken.jsonl"), "{\"step\": 1}\nnot json\n{\"step\": 3}\n").unwrap();
+    let (status, _, body) = get(addr, &format!("/api/runs/broken?{query}"), None);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("broken.jsonl line 2"), "{text}");
+    assert!(!text.contains(dir.to_str().unwrap()), "an absolute path leaked: {text}");
 }

@@ -46,7 +46,7 @@ impl TokenFile {
             reason,
         };
         let bytes = file.metadata().map_err(io)?.len() as usize;
-        if bytes % 2 != 0 {
+        if !bytes.is_multiple_of(2) {
             return Err(corrupt(format!("{bytes} bytes is not a whole number of u16 tokens")));
         }
         let tokens = bytes / 2;

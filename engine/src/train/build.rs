@@ -83,7 +83,7 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
 pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     let data = load_splits(config)?;
     for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
-        if set.len() == 0 {
+        if set.is_empty() {
             return Err(ConfigError::Invalid(format!(
                 "the {split} split of data.kind \"{}\"{} has no example{}; use more data or a smaller model.block_size",
                 config.data.kind,

@@ -27,18 +27,20 @@ fn token_query(first: bool) -> String {
     let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
     let token = web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get("token"));
     match token {
-        Some(t) => format!("{}token={}", if first { "?" } else { "&" }, js_sys_encode(&t)),
+        Some(t) => format!("{}token={}", if first { "?" } else { "&" }, encode(&t)),
         None => String::new(),
     }
 }
 
-fn js_sys_encode(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_string()
+/// Percent-encodes `s` for a URL path segment or query value: every byte of its UTF-8
+/// outside the unreserved set (names with spaces or accents, tokens with '&' or '+').
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
             } else {
-                format!("%{:02X}", c as u32)
+                format!("%{b:02X}")
             }
         })
         .collect()
@@ -104,7 +106,7 @@ fn App() -> impl IntoView {
     Effect::new(move |_| {
         let Some(name) = run_name.get() else { return };
         leptos::task::spawn_local(async move {
-            match get_json::<RunView>(&format!("/api/runs/{name}{}", token_query(true))).await {
+            match get_json::<RunView>(&format!("/api/runs/{}{}", encode(&name), token_query(true))).await {
                 Ok(v) => {
                     lines.set(v.lines.clone());
                     timeline_steps.set(v.timeline_steps.clone());
@@ -161,7 +163,7 @@ fn follow(
     live: RwSignal<bool>,
     dropped: RwSignal<u64>,
 ) {
-    let Ok(source) = web_sys::EventSource::new(&format!("/api/runs/{name}/stream{}", token_query(true))) else {
+    let Ok(source) = web_sys::EventSource::new(&format!("/api/runs/{}/stream{}", encode(name), token_query(true))) else {
         return;
     };
     let known = lines.get_untracked().len();
@@ -378,7 +380,8 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
         }
         inflight.set(true);
         leptos::task::spawn_local(async move {
-            if let Ok(v) = get_json::<StepMemory>(&format!("/api/runs/{name}/timeline?step={step}{}", token_query(false))).await {
+            if let Ok(v) = get_json::<StepMemory>(&format!("/api/runs/{}/timeline?step={step}{}", encode(&name), token_query(false))).await
+            {
                 timeline.set(Some(v));
             }
             inflight.set(false);
@@ -535,8 +538,8 @@ fn AllocatorView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl 
         <section id="allocator">
             <h2>"Allocator pages"</h2>
             <div>
-                <a class="export" href=move || format!("/api/runs/{}/snapshot.json{}", name(), token_query(true))>"export JSON"</a>
-                <a class="export" href=move || format!("/api/runs/{}/snapshot.pickle{}", name(), token_query(true))>"export memory_viz pickle"</a>
+                <a class="export" href=move || format!("/api/runs/{}/snapshot.json{}", encode(&name()), token_query(true))>"export JSON"</a>
+                <a class="export" href=move || format!("/api/runs/{}/snapshot.pickle{}", encode(&name()), token_query(true))>"export memory_viz pickle"</a>
             </div>
             {body}
         </section>

@@ -31,7 +31,13 @@ pub enum DashboardError {
     /// The async runtime could not start.
     #[error("cannot start the dashboard's runtime: {0}")]
     Runtime(std::io::Error),
+    /// An empty token would let anyone in.
+    #[error("the dashboard's token is empty: give a non-empty --token, or none to have one generated")]
+    EmptyToken,
 }
+
+/// How long a client may take to send its request headers before it is dropped.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A running dashboard; stops when dropped.
 pub struct Dashboard {
@@ -78,6 +84,7 @@ impl Dashboard {
     /// Binds and serves on two background threads.
     pub fn start(options: Options) -> Result<Dashboard, DashboardError> {
         let token = match options.token {
+            Some(t) if t.trim().is_empty() => return Err(DashboardError::EmptyToken),
             Some(t) => Some(t),
             None if !server::is_loopback(&options.addr) => Some(generate_token()),
             None => None,
@@ -98,21 +105,22 @@ impl Dashboard {
             addr: options.addr,
             source: e,
         })?;
+        // Without a token, a loopback dashboard answers only requests addressed to it by
+        // a loopback name: a page elsewhere reaching it through DNS rebinding sends its
+        // own host name and is refused.
+        let allowed_hosts = (token.is_none() && server::is_loopback(&addr)).then(|| {
+            let port = addr.port();
+            vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")]
+        });
         let app = router(Served {
             live: options.live,
             runs_dir: options.runs_dir,
             token: token.clone(),
             bench: options.bench,
+            allowed_hosts,
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        runtime.spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!("dashboard server stopped: {e}");
-            }
-        });
+        runtime.spawn(serve(listener, app, stopped));
         Ok(Dashboard {
             addr,
             token,
@@ -121,7 +129,7 @@ impl Dashboard {
         })
     }
 
-    /// The address to open, with the token when there is one.
+    /// The address to open, with the token (percent-encoded) when there is one.
     pub fn url(&self) -> String {
         let host = if self.addr.ip().is_unspecified() {
             "127.0.0.1".to_string()
@@ -130,9 +138,37 @@ impl Dashboard {
         };
         let host = if self.addr.is_ipv6() { format!("[{host}]") } else { host };
         match &self.token {
-            Some(t) => format!("http://{host}:{}/?token={t}", self.addr.port()),
+            Some(t) => format!(
+                "http://{host}:{}/?{}",
+                self.addr.port(),
+                serde_urlencoded::to_string([("token", t)]).unwrap_or_default()
+            ),
             None => format!("http://{host}:{}/", self.addr.port()),
         }
+    }
+}
+
+/// Accepts connections until `stopped`, each served by hyper with a deadline for its
+/// request headers ([`HEADER_TIMEOUT`]): half-open connections cannot pile up.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("dashboard: accept failed: {e}");
+                    continue;
+                }
+            },
+            _ = &mut stopped => return,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
+        });
     }
 }
 

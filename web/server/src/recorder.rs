@@ -89,6 +89,10 @@ impl Recorder {
     }
 
     fn send(&self, frame: &Frame) {
+        // A full queue evicts its oldest frame, which some client has not read: lost.
+        if self.tx.receiver_count() > 0 && self.tx.len() >= QUEUE {
+            self.count_dropped(1);
+        }
         // No receivers is not an error: nobody is watching.
         let _ = self.tx.send(Arc::new(serde_json::to_string(frame).expect("frames serialize")));
     }
@@ -157,28 +161,63 @@ pub fn record_path(log: &Path) -> PathBuf {
     log.with_extension("memory.json")
 }
 
-/// Loads a finished run: the log's lines and, if present, the record beside it.
-pub fn load_run(log: &Path) -> Result<RunRecord, String> {
-    let text = std::fs::read_to_string(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
-    let mut lines = Vec::new();
-    for (i, l) in text.lines().enumerate() {
-        if l.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<StepLog>(l) {
-            Ok(v) => lines.push(v),
-            // A run killed mid-line leaves a partial last line: keep what is whole.
-            Err(e) if i + 1 == text.lines().count() => tracing::warn!("{}: last line is incomplete ({e})", log.display()),
-            Err(e) => return Err(format!("{} line {}: {e}", log.display(), i + 1)),
-        }
-    }
-    let mut record = match std::fs::read(record_path(log)) {
-        Ok(bytes) => serde_json::from_slice::<RunRecord>(&bytes).map_err(|e| format!("{}: {e}", record_path(log).display()))?,
-        Err(_) => RunRecord {
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(|| "the log".into(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The record beside a finished run's log (without the lines, which the server streams
+/// from the log); a log without one gets an empty, finished record. Errors name the
+/// file by its name in the runs folder, never by a server path.
+pub fn load_record(log: &Path) -> Result<RunRecord, String> {
+    let path = record_path(log);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<RunRecord>(&bytes).map_err(|e| format!("{}: {e}", file_name(&path))),
+        Err(_) => Ok(RunRecord {
             finished: true,
             ..Default::default()
-        },
-    };
+        }),
+    }
+}
+
+/// Calls `line` with every complete line of a log, checking each is a log line; a
+/// partial last line (a run killed mid-write) is skipped. Reads line by line: a large
+/// log costs one line of memory. Errors name the line, and the file by its name.
+pub fn read_log(log: &Path, mut line: impl FnMut(&str) -> Result<(), String>) -> Result<(), String> {
+    use std::io::BufRead;
+    let name = file_name(log);
+    let file = std::fs::File::open(log).map_err(|e| format!("cannot read {name}: {e}"))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut text = String::new();
+    let mut number = 0;
+    loop {
+        text.clear();
+        let n = reader.read_line(&mut text).map_err(|e| format!("cannot read {name}: {e}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        if !text.ends_with('\n') {
+            tracing::warn!("{name}: last line is incomplete");
+            return Ok(());
+        }
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        serde_json::from_str::<StepLog>(trimmed).map_err(|e| format!("{name} line {number}: {e}"))?;
+        line(trimmed)?;
+    }
+}
+
+/// Loads a finished run: the log's lines and, if present, the record beside it.
+pub fn load_run(log: &Path) -> Result<RunRecord, String> {
+    let mut record = load_record(log)?;
+    let mut lines = Vec::new();
+    read_log(log, |l| {
+        lines.push(serde_json::from_str::<StepLog>(l).map_err(|e| e.to_string())?);
+        Ok(())
+    })?;
     record.lines = lines;
     Ok(record)
 }

@@ -32,7 +32,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use wgtrain_protocol::{BenchRecord, Health, RunEntry, RunView};
 
-use crate::recorder::{Recorder, load_run};
+use crate::recorder::{Recorder, load_record, read_log};
 use crate::{assets, viz};
 use wgtrain_protocol::RunRecord;
 
@@ -46,6 +46,9 @@ pub struct Served {
     pub token: Option<String>,
     /// Kernel timings to show (a `wgtrain bench --json` file's records).
     pub bench: Option<Vec<BenchRecord>>,
+    /// The `Host` values a request may carry (a tokenless loopback dashboard); any when
+    /// None.
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 type Shared = Arc<Served>;
@@ -63,39 +66,55 @@ fn bad(reason: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, reason.into())
 }
 
-/// Checks a run name: letters, digits, '.', '_' and '-', not starting with '.', at most
-/// 128 bytes. Anything else (a '/', "..", a NUL) is refused before touching a file.
+/// Checks a run name: any text (spaces and accents included) without '/', '\\', control
+/// characters or a leading '.', at most 128 bytes. Anything that could leave the runs
+/// folder (a '/', "..", a NUL) is refused before touching a file.
 pub fn valid_run_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    let ok =
+        !name.is_empty() && name.len() <= 128 && !name.starts_with('.') && !name.chars().any(|c| c == '/' || c == '\\' || c.is_control());
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "run name {name:?} is not allowed: use letters, digits, '.', '_' and '-' (not starting with '.'), at most 128 bytes"
+            "run name {name:?} is not allowed: no '/', '\\' or control characters, not starting with '.', at most 128 bytes"
         ))
     }
 }
 
+/// A file name for Content-Disposition: the run's name with anything outside printable
+/// ASCII replaced.
+fn download_name(name: &str, suffix: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| if c.is_ascii_graphic() && c != '"' || c == ' ' { c } else { '_' })
+        .collect();
+    format!("attachment; filename=\"{safe}{suffix}\"")
+}
+
 enum Run {
     Live(Arc<Recorder>),
-    Finished(Box<RunRecord>),
+    /// A finished run's record (without its lines) and its log, which is streamed.
+    Finished(Box<RunRecord>, PathBuf),
 }
 
 impl Run {
     fn with<T>(&self, f: impl FnOnce(&RunRecord) -> T) -> T {
         match self {
             Run::Live(r) => r.with(f),
-            Run::Finished(r) => f(r),
+            Run::Finished(r, _) => f(r),
         }
     }
 }
 
-fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
+/// Runs blocking file work off the server's threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))
+}
+
+async fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
     valid_run_name(name).map_err(bad)?;
     if let Some(live) = &s.live
         && live.name() == name
@@ -108,9 +127,9 @@ fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
     if !log.is_file() {
         return Err(not_found());
     }
-    load_run(&log)
-        .map(|r| Run::Finished(Box::new(r)))
-        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))
+    let path = log.clone();
+    let record = blocking(move || load_record(&path)).await?;
+    Ok(Run::Finished(Box::new(record), log))
 }
 
 fn list_runs(s: &Served) -> Vec<RunEntry> {
@@ -155,9 +174,12 @@ async fn runs(State(s): State<Shared>) -> impl IntoResponse {
     axum::Json(list_runs(&s))
 }
 
-async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
-    let run = find_run(&s, &name)?;
-    let live = matches!(run, Run::Live(_));
+async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let run = find_run(&s, &name).await?;
+    if let Run::Finished(record, log) = run {
+        return stream_finished(&s, name, *record, log).await;
+    }
+    let live = true;
     // Copy under the lock, serialize outside it: the training thread takes the same lock.
     let (finished, info, lines, pages, steps) = run.with(|r| {
         (
@@ -177,7 +199,57 @@ async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl I
         pages,
         timeline_steps: steps,
         bench: s.bench.clone(),
-    }))
+    })
+    .into_response())
+}
+
+/// A finished run as `RunView` JSON, its lines streamed from the log in chunks: a large
+/// log costs the server a chunk of memory, not the whole file, and a corrupt line is
+/// found (422, naming it) before anything is sent.
+async fn stream_finished(s: &Served, name: String, record: RunRecord, log: PathBuf) -> Result<Response, ApiError> {
+    let path = log.clone();
+    blocking(move || read_log(&path, |_| Ok(()))).await?;
+    let head = format!(
+        "{{\"name\":{},\"live\":false,\"finished\":{},\"info\":{},\"pages\":{},\"timeline_steps\":{},\"bench\":{},\"lines\":[",
+        to_json(&name),
+        record.finished,
+        to_json(&record.info),
+        to_json(&record.pages),
+        to_json(&record.timelines.keys().copied().collect::<Vec<_>>()),
+        to_json(&s.bench),
+    );
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(4);
+    tokio::task::spawn_blocking(move || {
+        const CHUNK: usize = 64 * 1024;
+        let mut buf = head.into_bytes();
+        let mut first = true;
+        let sent = read_log(&log, |line| {
+            if !std::mem::take(&mut first) {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(line.as_bytes());
+            if buf.len() >= CHUNK {
+                let chunk = bytes::Bytes::from(std::mem::take(&mut buf));
+                tx.blocking_send(Ok(chunk)).map_err(|_| "the client left".to_string())?;
+            }
+            Ok(())
+        });
+        let last = match sent {
+            Ok(()) => {
+                buf.extend_from_slice(b"]}");
+                Ok(bytes::Bytes::from(buf))
+            }
+            Err(e) => Err(std::io::Error::other(e)),
+        };
+        let _ = tx.blocking_send(last);
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// One part of a view as JSON text (the streamed body's head is written part by part).
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
 fn parse_step(q: &HashMap<String, String>) -> Result<u64, ApiError> {
@@ -194,7 +266,7 @@ async fn timeline(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let step = parse_step(&q)?;
-    let run = find_run(&s, &name)?;
+    let run = find_run(&s, &name).await?;
     let found = run.with(|r| {
         r.timelines
             .get(&step)
@@ -211,16 +283,14 @@ async fn timeline(
 }
 
 async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let Run::Live(rec) = find_run(&s, &name)? else {
+    let Run::Live(rec) = find_run(&s, &name).await? else {
         return Err(bad(format!("run {name:?} is finished: read /api/runs/{name} instead of a stream")));
     };
-    let counter = rec.clone();
+    // Lost frames are counted by the recorder as they are evicted (a client that reads
+    // nothing is never polled); the client hears how many it lost when it reads again.
     let frames = BroadcastStream::new(rec.subscribe()).filter_map(move |item| match item {
         Ok(text) => Some(Ok::<Event, std::convert::Infallible>(Event::default().data(text.as_str()))),
-        Err(BroadcastStreamRecvError::Lagged(n)) => {
-            counter.count_dropped(n);
-            Some(Ok(Event::default().event("dropped").data(n.to_string())))
-        }
+        Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(Event::default().event("dropped").data(n.to_string()))),
     });
     Ok(Sse::new(frames).keep_alive(KeepAlive::default()).into_response())
 }
@@ -248,12 +318,13 @@ async fn snapshot_json(
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let run = find_run(&s, &name)?;
+    let run = find_run(&s, &name).await?;
     let snap = export_of(&run, &q)?;
     let mut resp = axum::Json(snap).into_response();
     resp.headers_mut().insert(
         header::CONTENT_DISPOSITION,
-        HeaderValue::from_str(&format!("attachment; filename=\"{name}.snapshot.json\"")).expect("checked name"),
+        HeaderValue::from_str(&download_name(&name, ".snapshot.json"))
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     );
     Ok(resp)
 }
@@ -263,12 +334,12 @@ async fn snapshot_pickle(
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let run = find_run(&s, &name)?;
+    let run = find_run(&s, &name).await?;
     let bytes = viz::to_pickle(&export_of(&run, &q)?).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}.pickle\"")),
+            (header::CONTENT_DISPOSITION, download_name(&name, ".pickle")),
         ],
         bytes,
     )
@@ -297,15 +368,30 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+async fn check_host(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(allowed) = &s.allowed_hosts {
+        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
+            return ApiError(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "this dashboard answers only to {} (the request was for {host:?})",
+                    allowed.join(", ")
+                ),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 async fn check_token(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(token) = &s.token {
         let from_query = req
             .uri()
             .query()
-            .into_iter()
-            .flat_map(|q| q.split('&'))
-            .find_map(|kv| kv.strip_prefix("token="))
-            .map(str::to_string);
+            .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).ok())
+            .and_then(|pairs| pairs.into_iter().find(|(k, _)| k == "token").map(|(_, v)| v));
         let from_header = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -337,6 +423,7 @@ pub fn router(served: Served) -> Router {
         .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))
         .fallback(static_file)
         .layer(middleware::from_fn_with_state(shared.clone(), check_token))
+        .layer(middleware::from_fn_with_state(shared.clone(), check_host))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(16 * 1024))
         .layer(tower_http::set_header::SetResponseHeaderLayer::overriding(
             header::CACHE_CONTROL,
