@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cli::{run_ok, scratch, small_args, wgtrain};
+use cli::{gpt_args, run_ok, scratch, small_args, wgtrain};
 
 fn refused(args: &[String]) -> String {
     let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
@@ -68,25 +68,10 @@ fn sizes_no_adapter_holds_are_refused_before_allocating() {
     // A GPT of 10^11 layers: train, estimate and `wgtrain step`'s config.json.
     let corpus = dir.join("text.txt");
     std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog\n".repeat(200)).unwrap();
-    let gpt: Vec<String> = [
-        "--set",
-        "model.kind=\"gpt\"",
-        "--set",
-        "data.kind=\"chars\"",
-        "--set",
-        &format!("data.path=\"{}\"", corpus.display()),
-        "--set",
-        "model.n_layer=100000000000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut train = vec!["train".to_string(), "--quiet".into()];
-    train.extend(gpt.iter().cloned());
-    assert!(refused(&train).contains("model.n_layer must be in 1..=1024"));
-    let mut estimate = vec!["estimate".to_string()];
-    estimate.extend(gpt.iter().cloned());
-    assert!(refused(&estimate).contains("model.n_layer must be in 1..=1024"));
+    for command in ["train", "estimate"] {
+        let err = refused(&gpt_args(command, "chars", &corpus, &["model.n_layer=100000000000"]));
+        assert!(err.contains("model.n_layer must be in 1..=1024"), "{command}: {err}");
+    }
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
@@ -123,22 +108,7 @@ fn data_too_small_for_one_window_is_an_error() {
     let dir = scratch("small-data");
     let corpus = dir.join("tiny.txt");
     std::fs::write(&corpus, "abc\n").unwrap();
-    let args: Vec<String> = [
-        "train",
-        "--quiet",
-        "--set",
-        "model.kind=\"gpt\"",
-        "--set",
-        "data.kind=\"chars\"",
-        "--set",
-        &format!("data.path=\"{}\"", corpus.display()),
-        "--set",
-        "model.block_size=64",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let err = refused(&args);
+    let err = refused(&gpt_args("train", "chars", &corpus, &["model.block_size=64"]));
     assert!(err.contains("no example") || err.contains("shorter than"), "{err}");
 }
 
@@ -148,36 +118,18 @@ fn resuming_onto_another_shape_or_optimizer_is_refused() {
     let corpus = dir.join("text.txt");
     std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog\n".repeat(300)).unwrap();
     let ckpt = dir.join("ckpt");
+    let dir_set = format!("checkpoint.dir=\"{}\"", ckpt.display());
     let args = |sets: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "train",
-            "--quiet",
-            "--set",
-            "model.kind=\"gpt\"",
-            "--set",
-            "data.kind=\"chars\"",
-            "--set",
-            &format!("data.path=\"{}\"", corpus.display()),
-            "--set",
+        let mut all = vec![
             "model.block_size=16",
-            "--set",
             "model.n_embd=16",
-            "--set",
             "model.n_layer=1",
-            "--set",
             "train.batch_size=4",
-            "--set",
             "data.eval_limit=8",
-            "--set",
-            &format!("checkpoint.dir=\"{}\"", ckpt.display()),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        for s in sets {
-            a.extend(["--set".to_string(), s.to_string()]);
-        }
-        a
+            &dir_set,
+        ];
+        all.extend(sets);
+        gpt_args("train", "chars", &corpus, &all)
     };
     run_ok(&args(&["model.n_head=2", "train.steps=1"]), &[]);
     let mut other_heads = args(&["model.n_head=4", "train.steps=2"]);
@@ -199,36 +151,24 @@ fn a_token_file_truncated_while_training_is_an_error_not_a_crash() {
     std::fs::write(data.join("train.bin"), &tokens).unwrap();
     std::fs::write(data.join("val.bin"), &tokens[..20_000]).unwrap();
     let log = dir.join("run.jsonl");
-    let args = [
+    let mut args = gpt_args(
         "train",
-        "--quiet",
-        "--set",
-        "model.kind=\"gpt\"",
-        "--set",
-        "data.kind=\"tokens\"",
-        "--set",
-        &format!("data.path=\"{}\"", data.display()),
-        "--set",
-        "model.vocab_size=97",
-        "--set",
-        "model.block_size=16",
-        "--set",
-        "model.n_embd=16",
-        "--set",
-        "model.n_head=2",
-        "--set",
-        "model.n_layer=1",
-        "--set",
-        "train.batch_size=4",
-        "--set",
-        "train.steps=100000",
-        "--set",
-        "train.eval_every=1000000",
-        "--log",
-        log.to_str().unwrap(),
-    ];
+        "tokens",
+        &data,
+        &[
+            "model.vocab_size=97",
+            "model.block_size=16",
+            "model.n_embd=16",
+            "model.n_head=2",
+            "model.n_layer=1",
+            "train.batch_size=4",
+            "train.steps=100000",
+            "train.eval_every=1000000",
+        ],
+    );
+    args.extend(["--log".into(), log.display().to_string()]);
     let child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
-        .args(args)
+        .args(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -202,16 +202,21 @@ fn non_loopback_addresses_require_the_token_on_every_request() {
     }
 }
 
-#[test]
-fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
-    let dir = temp("live");
-    let rec = Recorder::new("live", None);
-    let d = Dashboard::start(Options {
+/// A loopback dashboard serving `rec` live.
+fn live_dashboard(rec: &Arc<Recorder>) -> Dashboard {
+    Dashboard::start(Options {
         addr: "127.0.0.1:0".parse().unwrap(),
         live: Some(rec.clone()),
         ..Default::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn live_stream_carries_each_step_and_slow_clients_lose_frames_not_training() {
+    let dir = temp("live");
+    let rec = Recorder::new("live", None);
+    let d = live_dashboard(&rec);
     // A client that reads the stream while a run trains.
     let addr = d.addr;
     let reader = std::thread::spawn(move || {
@@ -408,12 +413,7 @@ fn slow_headers_time_out_and_large_logs_stream() {
 #[test]
 fn dropped_frames_are_counted_as_they_are_lost() {
     let rec = Recorder::new("live", None);
-    let d = Dashboard::start(Options {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        live: Some(rec.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let d = live_dashboard(&rec);
     // A client that never reads: frames it misses are counted now, not when it reads.
     let _slow = rec.subscribe();
     let line = wgtrain_engine::train::StepLog::default();

@@ -67,3 +67,21 @@ pub fn run_ok(args: &[String], env: &[(&str, &str)]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `wgtrain COMMAND` on a GPT over `data_kind` data at `path`, with `sets` as
+/// `--set` overrides (`train` runs quietly).
+pub fn gpt_args(command: &str, data_kind: &str, path: &Path, sets: &[&str]) -> Vec<String> {
+    let mut args = vec![command.to_string()];
+    if command == "train" {
+        args.push("--quiet".into());
+    }
+    let base = [
+        "model.kind=\"gpt\"".to_string(),
+        format!("data.kind=\"{data_kind}\""),
+        format!("data.path=\"{}\"", path.display()),
+    ];
+    for s in base.iter().map(String::as_str).chain(sets.iter().copied()) {
+        args.extend(["--set".to_string(), s.to_string()]);
+    }
+    args
+}
