@@ -321,6 +321,9 @@ fn empty_tokens_are_refused_and_loopback_checks_the_host() {
     assert_eq!(status_for_host(d.addr, &format!("attacker.example:{port}")), 421);
     assert_eq!(status_for_host(d.addr, &format!("127.0.0.1:{port}")), 200);
     assert_eq!(status_for_host(d.addr, &format!("localhost:{port}")), 200);
+    assert_eq!(status_for_host(d.addr, "localhost:9000"), 200, "an SSH tunnel's port");
+    assert_eq!(status_for_host(d.addr, "[::1]"), 200);
+    assert_eq!(status_for_host(d.addr, "127.0.0.1.attacker.example"), 421);
 }
 
 #[test]

@@ -106,12 +106,11 @@ impl Dashboard {
             source: e,
         })?;
         // Without a token, a loopback dashboard answers only requests addressed to it by
-        // a loopback name: a page elsewhere reaching it through DNS rebinding sends its
-        // own host name and is refused.
-        let allowed_hosts = (token.is_none() && server::is_loopback(&addr)).then(|| {
-            let port = addr.port();
-            vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")]
-        });
+        // a loopback name (any port: an SSH tunnel forwards another one): a page
+        // elsewhere reaching it through DNS rebinding sends its own host name and is
+        // refused.
+        let allowed_hosts = (token.is_none() && server::is_loopback(&addr))
+            .then(|| vec!["127.0.0.1".to_string(), "localhost".to_string(), "[::1]".to_string()]);
         let app = router(Served {
             live: options.live,
             runs_dir: options.runs_dir,

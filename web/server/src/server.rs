@@ -46,8 +46,8 @@ pub struct Served {
     pub token: Option<String>,
     /// Kernel timings to show (a `wgtrain bench --json` file's records).
     pub bench: Option<Vec<BenchRecord>>,
-    /// The `Host` values a request may carry (a tokenless loopback dashboard); any when
-    /// None.
+    /// The host names (without port) a request's `Host` may carry (a tokenless loopback
+    /// dashboard); any when None.
     pub allowed_hosts: Option<Vec<String>>,
 }
 
@@ -371,7 +371,12 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 async fn check_host(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(allowed) = &s.allowed_hosts {
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
+        // The name without its port ("[::1]:8787" -> "[::1]", "localhost:9000" -> "localhost").
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
             return ApiError(
                 StatusCode::MISDIRECTED_REQUEST,
                 format!(
