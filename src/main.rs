@@ -31,6 +31,8 @@ enum Command {
     Estimate(commands::estimate::EstimateArgs),
     /// One forward and backward of a transformers GPT-2 checkpoint (check against PyTorch).
     Step(commands::step::StepArgs),
+    /// Time every kernel of real training steps (torch.profiler's table, a Perfetto trace, MFU).
+    Profile(commands::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Step(args) => commands::step::run(args),
         Command::Estimate(args) => commands::estimate::run(args),
         Command::Dashboard(args) => commands::dashboard::run(args),
+        Command::Profile(args) => commands::profile::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

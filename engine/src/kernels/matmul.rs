@@ -226,11 +226,13 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
             )
         },
     )?;
-    rt.launch(
+    rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(&params),
         &[a, b, c, bias],
         [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batches as u32],
+        Some(2.0 * (m * n * k * batches) as f64),
+        2,
     )
 }
 

@@ -64,7 +64,8 @@ pub(super) fn launch(
         || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b)),
     )?;
     let bias = opts.bias.unwrap_or(c);
-    rt.launch(
+    let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(batches);
+    rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(params),
         &[a, b, c, bias],
@@ -73,5 +74,7 @@ pub(super) fn launch(
             (params.m as usize).div_ceil(TILE) as u32,
             batches,
         ],
+        Some(flops),
+        2,
     )
 }

@@ -19,6 +19,7 @@ pub mod map;
 pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_params;
+pub mod names;
 pub mod optim;
 pub mod reduce;
 pub mod softmax;

@@ -434,6 +434,12 @@ impl Allocator {
         &self.shared.gpu
     }
 
+    /// The label a live block was allocated under (the profiler names launches by
+    /// the tensor they write).
+    pub fn label_of(&self, block: &Block) -> Option<String> {
+        self.shared.pool().describe(block.id).map(|(_, label)| label)
+    }
+
     /// Whether guard bytes are on.
     pub fn debug(&self) -> bool {
         self.shared.debug

@@ -99,12 +99,18 @@ pub struct Kernel {
     pub(super) pipeline: wgpu::ComputePipeline,
     pub(super) layout: Arc<wgpu::BindGroupLayout>,
     pub(super) storage_bindings: usize,
+    pub(super) key: KernelKey,
 }
 
 impl Kernel {
     /// Tensors the kernel binds.
     pub fn storage_bindings(&self) -> usize {
         self.storage_bindings
+    }
+
+    /// Its key (family and variant).
+    pub fn key(&self) -> KernelKey {
+        self.key
     }
 }
 
@@ -190,6 +196,7 @@ impl PipelineCache {
             pipeline,
             layout,
             storage_bindings: storage,
+            key,
         });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
         Ok(kernel)

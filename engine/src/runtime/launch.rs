@@ -18,7 +18,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, PipelineCache};
-use super::record::{DeviceRecorder, DryRecorder, Elapsed, Recorder};
+use super::profile::{LaunchRecord, Work};
+use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{Allocator, AllocatorOptions, Block};
@@ -51,6 +52,7 @@ pub struct Runtime {
     cache: PipelineCache,
     recorder: Mutex<Box<dyn Recorder>>,
     timestamps: bool,
+    profiling: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -70,6 +72,7 @@ impl Runtime {
             alloc,
             cache: PipelineCache::default(),
             recorder: Mutex::new(recorder),
+            profiling: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -98,6 +101,21 @@ impl Runtime {
     /// Records one launch: `params` into the next ring slot, the blocks of `blocks`
     /// bound whole at bindings 1.., `groups` workgroups.
     pub fn launch<T: Bound>(&self, kernel: &Kernel, params: &[u8], blocks: &[&T], groups: [u32; 3]) -> Result<(), Error> {
+        self.launch_with_work(kernel, params, blocks, groups, None, blocks.len().saturating_sub(1))
+    }
+
+    /// [`Runtime::launch`], telling the profiler the FLOPs the launch does and which
+    /// binding it writes (named by that tensor's label; bytes default to the bound
+    /// blocks' requested sizes).
+    pub fn launch_with_work<T: Bound>(
+        &self,
+        kernel: &Kernel,
+        params: &[u8],
+        blocks: &[&T],
+        groups: [u32; 3],
+        flops: Option<f64>,
+        written: usize,
+    ) -> Result<(), Error> {
         if blocks.len() != kernel.storage_bindings || blocks.is_empty() || params.len() as u64 > PARAM_SLOT {
             return Err(Error::invalid(
                 "launch",
@@ -114,7 +132,18 @@ impl Runtime {
         }
         let bindings: [wgpu::BufferBinding<'_>; MAX_STORAGE_BINDINGS] =
             std::array::from_fn(|i| blocks[i.min(blocks.len() - 1)].block().binding());
-        self.recorder().record(kernel, params, &bindings[..blocks.len()], groups);
+        // Only while profiling: the written tensor's label and the work (a pool lookup).
+        let meta = self.profiling.load(std::sync::atomic::Ordering::Relaxed).then(|| {
+            let out = blocks[written.min(blocks.len() - 1)].block();
+            LaunchMeta {
+                label: self.alloc.label_of(out).map(Arc::from),
+                work: Work {
+                    flops: flops.unwrap_or(0.0),
+                    bytes: blocks.iter().map(|b| b.block().requested() as f64).sum(),
+                },
+            }
+        });
+        self.recorder().record(kernel, params, &bindings[..blocks.len()], groups, meta);
         Ok(())
     }
 
@@ -141,6 +170,33 @@ impl Runtime {
     pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
         self.flush();
         Ok(block.read()?)
+    }
+
+    /// Starts timing every launch (the profiler); an error where the adapter has no
+    /// timestamps, rather than numbers that would be wrong.
+    pub fn start_profiling(&self) -> Result<(), Error> {
+        if !self.recorder().start_profiling() {
+            return Err(Error::invalid(
+                "profile",
+                format!(
+                    "the adapter '{}' grants no GPU timestamps (TIMESTAMP_QUERY), so launches cannot be timed",
+                    self.gpu.report.name
+                ),
+            ));
+        }
+        self.profiling.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Submits, waits, and returns every launch timed since the last call, in order.
+    pub fn collect_profile(&self) -> Result<Vec<LaunchRecord>, Error> {
+        self.recorder().collect_profile()
+    }
+
+    /// Stops timing launches.
+    pub fn stop_profiling(&self) {
+        self.profiling.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.recorder().stop_profiling();
     }
 
     /// Whether GPU timestamps are available for [`Runtime::time`].

@@ -7,8 +7,10 @@
 
 pub mod cache;
 pub mod launch;
+pub mod profile;
 pub mod record;
 
 pub use cache::{Kernel, KernelKey, PARAM_SLOT, render};
 pub use launch::{Bound, MAX_GROUPS_X, Runtime, grid};
+pub use profile::{LaunchRecord, Work};
 pub use record::RING_SLOTS;

@@ -18,6 +18,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::cache::{Kernel, MAX_STORAGE_BINDINGS, PARAM_SLOT};
+use super::profile::{LaunchRecord, Profiler, Work};
 use crate::device::{DeviceError, Gpu};
 use crate::error::Error;
 
@@ -34,10 +35,30 @@ pub enum Elapsed {
     Nothing,
 }
 
+/// What the profiler is told of a launch (only while profiling).
+pub struct LaunchMeta {
+    /// The label of the tensor it writes.
+    pub label: Option<Arc<str>>,
+    /// What it does.
+    pub work: Work,
+}
+
 /// Receives the launches of a runtime (see the module).
 pub trait Recorder: Send {
-    /// Records one launch of `kernel` with `params` and these block bindings.
-    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3]);
+    /// Records one launch of `kernel` with `params` and these block bindings (`meta`
+    /// while profiling).
+    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3], meta: Option<LaunchMeta>);
+    /// Starts timing every launch (a profiler of its own); false where it cannot.
+    fn start_profiling(&mut self) -> bool {
+        false
+    }
+    /// Stops nothing: submits, waits, and returns the launches timed since the last
+    /// call (empty when not profiling).
+    fn collect_profile(&mut self) -> Result<Vec<LaunchRecord>, Error> {
+        Ok(Vec::new())
+    }
+    /// Stops timing launches.
+    fn stop_profiling(&mut self) {}
     /// Submits what has been recorded.
     fn submit(&mut self);
     /// Waits for the device to finish what was submitted.
@@ -59,6 +80,7 @@ pub struct DeviceRecorder {
     slot: u64,
     queries: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
     timing: Option<bool>,
+    profiler: Option<Profiler>,
 }
 
 impl DeviceRecorder {
@@ -98,6 +120,7 @@ impl DeviceRecorder {
             slot: 0,
             queries,
             timing: None,
+            profiler: None,
         }
     }
 
@@ -109,7 +132,7 @@ impl DeviceRecorder {
 }
 
 impl Recorder for DeviceRecorder {
-    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3]) {
+    fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3], meta: Option<LaunchMeta>) {
         if self.slot == RING_SLOTS {
             self.submit();
         }
@@ -139,8 +162,9 @@ impl Recorder for DeviceRecorder {
             layout: &kernel.layout,
             entries: &entries[..1 + bindings.len()],
         });
-        let timestamp_writes = match (&mut self.timing, &self.queries) {
-            (Some(first), Some((set, _, _))) => Some(wgpu::ComputePassTimestampWrites {
+        let timestamp_writes = match (&mut self.profiler, meta, &mut self.timing, &self.queries) {
+            (Some(profiler), Some(meta), _, _) => Some(profiler.next(&self.gpu, kernel.key, meta.label, groups, meta.work)),
+            (_, _, Some(first), Some((set, _, _))) => Some(wgpu::ComputePassTimestampWrites {
                 query_set: set,
                 beginning_of_pass_write_index: std::mem::replace(first, false).then_some(0),
                 end_of_pass_write_index: Some(1),
@@ -214,13 +238,37 @@ impl Recorder for DeviceRecorder {
     fn runs(&self) -> bool {
         true
     }
+
+    fn start_profiling(&mut self) -> bool {
+        if self.queries.is_none() {
+            return false;
+        }
+        self.profiler.get_or_insert_with(Profiler::new);
+        true
+    }
+
+    fn collect_profile(&mut self) -> Result<Vec<LaunchRecord>, Error> {
+        if self.profiler.as_ref().is_none_or(|p| p.pending() == 0) {
+            return Ok(Vec::new());
+        }
+        self.submit();
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        self.profiler.as_ref().expect("checked above").resolve(&mut encoder);
+        self.gpu.queue.submit([encoder.finish()]);
+        let gpu = self.gpu.clone();
+        self.profiler.as_mut().expect("checked above").read(&gpu)
+    }
+
+    fn stop_profiling(&mut self) {
+        self.profiler = None;
+    }
 }
 
 /// Drops every launch: the dry run of the memory estimate.
 pub struct DryRecorder;
 
 impl Recorder for DryRecorder {
-    fn record(&mut self, _: &Kernel, _: &[u8], _: &[wgpu::BufferBinding<'_>], _: [u32; 3]) {}
+    fn record(&mut self, _: &Kernel, _: &[u8], _: &[wgpu::BufferBinding<'_>], _: [u32; 3], _: Option<LaunchMeta>) {}
     fn submit(&mut self) {}
     fn wait(&mut self) -> Result<(), Error> {
         Ok(())

@@ -1,0 +1,81 @@
+//! Readable names of kernel variants for the profiler's table and trace: the family
+//! with the choices its key encodes (element types, tile, epilogue, vec4 loads, op),
+//! e.g. `matmul f16,f16->f32 tm8 gelu vec4` or `map add f32 vec4`.
+//!
+//! May call: `kernels::{map, matmul_params, reduce, softmax}`, `runtime`, `tensor`.
+
+use super::map::MapOp;
+use super::matmul_params::Activation;
+use super::reduce::ReduceOp;
+use super::softmax::SoftmaxMode;
+use crate::runtime::KernelKey;
+use crate::tensor::DType;
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::I32, DType::U32];
+
+fn dtype(n: u32) -> &'static str {
+    DTYPES.get(n as usize).map_or("?", |d| d.wgsl())
+}
+
+fn activation(n: u32) -> &'static str {
+    match n {
+        x if x == Activation::Relu as u32 => " relu",
+        x if x == Activation::Gelu as u32 => " gelu",
+        _ => "",
+    }
+}
+
+/// The readable name of a launch's variant.
+pub fn describe(key: &KernelKey) -> String {
+    let v = key.variant;
+    let vec = |a: u32, b: u32| match (a, b) {
+        (1, 1) => " vec4",
+        (1, 0) => " vec4 a",
+        (0, 1) => " vec4 b",
+        _ => "",
+    };
+    match key.family {
+        "map" => {
+            let op = MapOp::ALL
+                .get(v[0] as usize)
+                .map_or_else(|| "?".to_string(), |o| format!("{o:?}").to_lowercase());
+            format!("map {op} {}{}", dtype(v[3]), if v[4] == 4 { " vec4" } else { "" })
+        }
+        "matmul" => format!(
+            "matmul {},{}->{} tm{}{}{}",
+            dtype(v[0]),
+            dtype(v[1]),
+            dtype(v[2]),
+            v[3],
+            activation(v[4]),
+            vec(v[5], v[6])
+        ),
+        "matmul_coop" => format!("matmul_coop f16,f16->{}{}{}", dtype(v[0]), activation(v[1]), vec(v[2], v[3])),
+        "softmax" => {
+            let mode = [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward]
+                .into_iter()
+                .find(|m| *m as u32 == v[0])
+                .map_or("?".to_string(), |m| format!("{m:?}").to_lowercase());
+            format!("softmax {mode} {}->{}", dtype(v[1]), dtype(v[3]))
+        }
+        "layernorm" => format!(
+            "layernorm {} {}",
+            ["forward", "backward", "dw partials", "dw sums"].get(v[0] as usize).unwrap_or(&"?"),
+            dtype(v[1])
+        ),
+        "reduce" => {
+            let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max]
+                .into_iter()
+                .find(|o| *o as u32 == v[0])
+                .map_or("?".to_string(), |o| format!("{o:?}").to_lowercase());
+            format!("reduce {op} {}", dtype(v[1]))
+        }
+        "optim" => format!(
+            "optim {}",
+            ["unscale + non-finite check", "adamw", "sgd"].get(v[0] as usize).unwrap_or(&"?")
+        ),
+        "embedding" => format!("embedding {} {}", if v[0] == 0 { "gather" } else { "scatter-add" }, dtype(v[1])),
+        "cross_entropy" => format!("cross_entropy {}{}", dtype(v[0]), if v[1] == 1 { " +backward" } else { "" }),
+        family => format!("{family}{v:?}"),
+    }
+}

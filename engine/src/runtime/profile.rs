@@ -1,0 +1,188 @@
+//! Per-launch GPU timing for the profiler (`wgtrain profile`). While profiling is on,
+//! every launch's compute pass writes a begin and an end timestamp into query sets
+//! sized to the launches of a step (2048 launches per set of 4096 queries, more sets as
+//! a step needs them); the sets are resolved and read back once, at [`collect`], never
+//! per launch. Each launch is recorded with its kernel family and variant, the label of
+//! the tensor it writes (its last binding, e.g. `h.3.attn.y`), its workgroups, and the
+//! work it does where the kernel states it (FLOPs; bytes default to the bound blocks'
+//! sizes). Off by default; without timestamps the runtime refuses to start it.
+//!
+//! May call: `device`, `error`, `runtime::cache`. Called by: `runtime::record`,
+//! `runtime::launch`.
+//!
+//! [`collect`]: Profiler::collect
+
+use std::sync::Arc;
+
+use super::cache::KernelKey;
+use crate::device::{DeviceError, Gpu};
+use crate::error::Error;
+
+/// Launches one query set times (two queries each).
+pub const LAUNCHES_PER_SET: u32 = wgpu::QUERY_SET_MAX_QUERIES / 2;
+
+/// What a launch does, where its kernel knows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes read and written.
+    pub bytes: f64,
+}
+
+/// One timed launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchRecord {
+    /// The kernel family and variant.
+    pub key: KernelKey,
+    /// The label of the tensor the launch writes (its last binding).
+    pub label: Option<Arc<str>>,
+    /// Workgroups dispatched.
+    pub groups: [u32; 3],
+    /// What it does.
+    pub work: Work,
+    /// GPU time at its start, nanoseconds (the device's clock).
+    pub start_ns: f64,
+    /// GPU time at its end, nanoseconds.
+    pub end_ns: f64,
+}
+
+struct Pending {
+    key: KernelKey,
+    label: Option<Arc<str>>,
+    groups: [u32; 3],
+    work: Work,
+}
+
+struct QuerySet {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+}
+
+/// The query sets and the launches recorded since the last collect.
+pub struct Profiler {
+    sets: Vec<QuerySet>,
+    pending: Vec<Pending>,
+}
+
+impl Profiler {
+    /// An empty profiler (sets are made as launches need them).
+    pub fn new() -> Profiler {
+        Profiler {
+            sets: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Records a launch's facts and returns the pass's timestamp writes.
+    pub fn next(
+        &mut self,
+        gpu: &Gpu,
+        key: KernelKey,
+        label: Option<Arc<str>>,
+        groups: [u32; 3],
+        work: Work,
+    ) -> wgpu::ComputePassTimestampWrites<'_> {
+        let i = self.pending.len() as u32;
+        let set = (i / LAUNCHES_PER_SET) as usize;
+        while self.sets.len() <= set {
+            let bytes = u64::from(wgpu::QUERY_SET_MAX_QUERIES) * 8;
+            self.sets.push(QuerySet {
+                set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("wgtrain profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: wgpu::QUERY_SET_MAX_QUERIES,
+                }),
+                resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgtrain profile resolve"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+                read: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgtrain profile read"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+            });
+        }
+        self.pending.push(Pending { key, label, groups, work });
+        let slot = (i % LAUNCHES_PER_SET) * 2;
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.sets[set].set,
+            beginning_of_pass_write_index: Some(slot),
+            end_of_pass_write_index: Some(slot + 1),
+        }
+    }
+
+    /// Launches recorded since the last collect.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Records the resolves of every used set into `encoder` (the caller submits it and
+    /// waits, then calls [`Profiler::read`]).
+    pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        let n = self.pending.len() as u32;
+        for (s, set) in self.sets.iter().enumerate() {
+            let used = n.saturating_sub(s as u32 * LAUNCHES_PER_SET).min(LAUNCHES_PER_SET);
+            if used == 0 {
+                break;
+            }
+            encoder.resolve_query_set(&set.set, 0..used * 2, &set.resolve, 0);
+            encoder.copy_buffer_to_buffer(&set.resolve, 0, &set.read, 0, u64::from(used) * 16);
+        }
+    }
+
+    /// Reads the resolved timestamps (after the resolves ran) and returns the launches
+    /// in order, emptying the profiler.
+    pub fn read(&mut self, gpu: &Gpu) -> Result<Vec<LaunchRecord>, Error> {
+        let n = self.pending.len() as u32;
+        let period = f64::from(gpu.queue.get_timestamp_period());
+        let mut ticks: Vec<u64> = Vec::with_capacity(2 * n as usize);
+        for (s, set) in self.sets.iter().enumerate() {
+            let used = n.saturating_sub(s as u32 * LAUNCHES_PER_SET).min(LAUNCHES_PER_SET);
+            if used == 0 {
+                break;
+            }
+            let bytes = u64::from(used) * 16;
+            let (tx, rx) = std::sync::mpsc::channel();
+            set.read.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            gpu.wait()?;
+            rx.recv()
+                .map_err(|e| DeviceError::Readback(e.to_string()))?
+                .map_err(|e| DeviceError::Readback(e.to_string()))?;
+            {
+                let view = set
+                    .read
+                    .slice(..bytes)
+                    .get_mapped_range()
+                    .map_err(|e| DeviceError::Readback(e.to_string()))?;
+                ticks.extend_from_slice(bytemuck::cast_slice::<u8, u64>(&view));
+            }
+            set.read.unmap();
+        }
+        Ok(std::mem::take(&mut self.pending)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| LaunchRecord {
+                key: p.key,
+                label: p.label,
+                groups: p.groups,
+                work: p.work,
+                start_ns: ticks[2 * i] as f64 * period,
+                end_ns: ticks[2 * i + 1].max(ticks[2 * i]) as f64 * period,
+            })
+            .collect())
+    }
+}
+
+impl Default for Profiler {
+    fn default() -> Self {
+        Profiler::new()
+    }
+}

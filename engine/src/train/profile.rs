@@ -1,0 +1,310 @@
+//! The training step's profile (`wgtrain profile`), as torch.profiler's
+//! `key_averages()` gives it: warm-up steps, then steps with every launch timed on the
+//! GPU (`runtime::profile`). Per kernel (family and variant): calls, total and mean
+//! time, share of the GPU time, achieved GFLOP/s and GB/s; per step: wall time, GPU busy
+//! time (the union of the launches' intervals), host overhead, launches, tokens (or
+//! samples) per second, model TFLOP/s and MFU the way nanoGPT and PaLM count them
+//! (6N + 12·L·T·C FLOPs per token, N without the position embedding). Launches that
+//! overlap on the GPU are attributed exclusively in launch order, so the kernels' times
+//! add up to the GPU time.
+//!
+//! May call: `data`, `kernels::names`, `optim`, `runtime`, `train::{error, step,
+//! trainer}`. Called by: the CLI.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::error::TrainError;
+use super::trainer::Trainer;
+use crate::data::{BatchOrder, Loader};
+use crate::optim::lr_at;
+use crate::runtime::LaunchRecord;
+
+/// Known peaks, dense TFLOP/s: (name part, fp32 without tensor cores, f16 tensor cores).
+pub const KNOWN_PEAKS: [(&str, f64, f64); 2] = [("H100", 67.0, 989.5), ("H200", 67.0, 989.5)];
+
+/// One row of the kernel table.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    /// Family and variant, e.g. `matmul f16,f16->f32 tm8 gelu vec4`.
+    pub name: String,
+    /// Launches over the profiled steps.
+    pub calls: usize,
+    /// GPU time attributed to it, microseconds.
+    pub total_us: f64,
+    /// Per launch.
+    pub mean_us: f64,
+    /// Share of the GPU time, percent (the rows add up to 100).
+    pub pct: f64,
+    /// Achieved GFLOP/s, where the kernel states its FLOPs.
+    pub gflops: Option<f64>,
+    /// Achieved GB/s over the bound blocks.
+    pub gbps: Option<f64>,
+}
+
+/// One profiled step.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepProfile {
+    /// Wall time of the step, milliseconds.
+    pub wall_ms: f64,
+    /// GPU busy time (union of the launches), milliseconds.
+    pub gpu_ms: f64,
+    /// Wall minus GPU busy, milliseconds.
+    pub host_ms: f64,
+    /// Launches recorded.
+    pub launches: usize,
+}
+
+/// The profile of a run's steps.
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    /// Profiled steps.
+    pub steps: usize,
+    /// Median wall time per step, milliseconds.
+    pub step_ms: f64,
+    /// Median GPU busy time per step, milliseconds.
+    pub gpu_ms: f64,
+    /// Launches per step.
+    pub launches_per_step: usize,
+    /// Tokens per second (token models), at the median step.
+    pub tokens_per_s: Option<f64>,
+    /// Examples per second, at the median step.
+    pub samples_per_s: f64,
+    /// Model FLOPs per second, TFLOP/s, at the median step.
+    pub model_tflops: f64,
+    /// Model TFLOP/s over the adapter's peak, where the peak is known.
+    pub mfu: Option<f64>,
+    /// The peak used for MFU, TFLOP/s.
+    pub peak_tflops: Option<f64>,
+    /// Kernels by total time, largest first.
+    pub kernels: Vec<KernelRow>,
+    /// Each profiled step.
+    pub per_step: Vec<StepProfile>,
+    /// Every launch of every profiled step, and each step's wall interval on the GPU
+    /// clock's origin (for the trace).
+    #[serde(skip)]
+    pub launches: Vec<(f64, Vec<LaunchRecord>)>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+/// The row name of a launch: its family and variant, readable.
+pub fn kernel_name(r: &LaunchRecord) -> String {
+    crate::kernels::names::describe(&r.key)
+}
+
+/// Each launch's exclusive GPU time in launch order (overlaps go to the earlier one),
+/// and their union.
+pub fn exclusive_times(launches: &[LaunchRecord]) -> (Vec<f64>, f64) {
+    let mut order: Vec<usize> = (0..launches.len()).collect();
+    order.sort_by(|&a, &b| launches[a].start_ns.total_cmp(&launches[b].start_ns));
+    let mut times = vec![0.0; launches.len()];
+    let mut cursor = f64::MIN;
+    let mut busy = 0.0;
+    for i in order {
+        let (s, e) = (launches[i].start_ns.max(cursor), launches[i].end_ns);
+        if e > s {
+            times[i] = e - s;
+            busy += e - s;
+        }
+        cursor = cursor.max(e);
+    }
+    (times, busy)
+}
+
+impl Trainer {
+    /// Model FLOPs of one example (forward and backward): 6N + 12·L·T·C per token for a
+    /// GPT (N without the position embedding), 6N for the MLP.
+    pub fn model_flops_per_example(&self) -> f64 {
+        let n = self.params.numel() as f64;
+        let m = &self.config.model;
+        if m.kind == "gpt" {
+            let (l, t, c) = (m.n_layer as f64, m.block_size as f64, m.n_embd as f64);
+            let non_embedding = n - t * c;
+            (6.0 * non_embedding + 12.0 * l * t * c) * t
+        } else {
+            6.0 * n
+        }
+    }
+
+    /// Tokens per example (token models).
+    pub fn tokens_per_example(&self) -> Option<usize> {
+        (self.config.model.kind == "gpt").then_some(self.config.model.block_size)
+    }
+
+    /// Runs `warmup` steps, then `steps` steps with every launch timed (see the module).
+    /// Training state advances as in a run; nothing is logged or checkpointed.
+    pub fn profile(&mut self, warmup: usize, steps: usize, peak_tflops: Option<f64>) -> Result<Profile, TrainError> {
+        let t = self.config.train.clone();
+        let order = BatchOrder {
+            batch: t.batch_size,
+            seed: t.seed,
+            shuffle: true,
+            drop_last: false,
+        };
+        let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
+        let total = self.total_steps().max((warmup + steps) as u64);
+        let mut per_step = Vec::new();
+        let mut launches = Vec::new();
+        let mut rates = Vec::new();
+        for i in 0..warmup + steps {
+            let Some(batch) = loader.next_batch() else { break };
+            let batch = batch?;
+            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
+            let profiled = i >= warmup;
+            self.rt.sync()?;
+            if profiled {
+                self.rt.start_profiling()?;
+            }
+            let start = Instant::now();
+            self.resilient_step(&batch, lr)?;
+            self.rt.sync()?;
+            let wall = start.elapsed().as_secs_f64();
+            self.step += 1;
+            self.rt.alloc.end_step().map_err(crate::error::Error::from)?;
+            if !profiled {
+                continue;
+            }
+            let records = self.rt.collect_profile()?;
+            self.rt.stop_profiling();
+            let (_, busy_ns) = exclusive_times(&records);
+            per_step.push(StepProfile {
+                wall_ms: wall * 1e3,
+                gpu_ms: busy_ns * 1e-6,
+                host_ms: (wall * 1e3 - busy_ns * 1e-6).max(0.0),
+                launches: records.len(),
+            });
+            rates.push(batch.examples as f64 / wall);
+            launches.push((wall * 1e3, records));
+        }
+        let profiled = per_step.len();
+        let mut rows: BTreeMap<String, (usize, f64, f64, f64)> = BTreeMap::new();
+        let mut gpu_total = 0.0;
+        for (_, records) in &launches {
+            let (times, busy) = exclusive_times(records);
+            gpu_total += busy;
+            for (r, ns) in records.iter().zip(times) {
+                let row = rows.entry(kernel_name(r)).or_default();
+                row.0 += 1;
+                row.1 += ns;
+                row.2 += r.work.flops;
+                row.3 += r.work.bytes;
+            }
+        }
+        let mut kernels: Vec<KernelRow> = rows
+            .into_iter()
+            .map(|(name, (calls, ns, flops, bytes))| KernelRow {
+                name,
+                calls,
+                total_us: ns * 1e-3,
+                mean_us: ns * 1e-3 / calls.max(1) as f64,
+                pct: if gpu_total > 0.0 { 100.0 * ns / gpu_total } else { 0.0 },
+                gflops: (flops > 0.0 && ns > 0.0).then(|| flops / ns),
+                gbps: (bytes > 0.0 && ns > 0.0).then(|| bytes / ns),
+            })
+            .collect();
+        kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        let step_ms = median(per_step.iter().map(|s| s.wall_ms).collect());
+        let samples_per_s = median(rates);
+        let model_tflops = self.model_flops_per_example() * samples_per_s / 1e12;
+        let half = self.scaler.is_some();
+        let peak = peak_tflops.or_else(|| {
+            KNOWN_PEAKS
+                .iter()
+                .find(|(n, _, _)| self.rt.gpu.report.name.contains(n))
+                .map(|&(_, fp32, f16)| if half { f16 } else { fp32 })
+        });
+        Ok(Profile {
+            steps: profiled,
+            step_ms,
+            gpu_ms: median(per_step.iter().map(|s| s.gpu_ms).collect()),
+            launches_per_step: per_step.first().map_or(0, |s| s.launches),
+            tokens_per_s: self.tokens_per_example().map(|t| t as f64 * samples_per_s),
+            samples_per_s,
+            model_tflops,
+            mfu: peak.map(|p| model_tflops / p),
+            peak_tflops: peak,
+            kernels,
+            per_step,
+            launches,
+        })
+    }
+}
+
+impl Profile {
+    /// The kernel table and the per-step figures, as `key_averages().table()` prints.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{:<44} {:>7} {:>12} {:>10} {:>7} {:>10} {:>9}\n",
+            "kernel", "calls", "total ms", "mean us", "% GPU", "GFLOP/s", "GB/s"
+        );
+        for k in &self.kernels {
+            out += &format!(
+                "{:<44} {:>7} {:>12.3} {:>10.1} {:>7.2} {:>10} {:>9}\n",
+                k.name,
+                k.calls,
+                k.total_us / 1e3,
+                k.mean_us,
+                k.pct,
+                k.gflops.map_or("-".into(), |v| format!("{v:.1}")),
+                k.gbps.map_or("-".into(), |v| format!("{v:.1}"))
+            );
+        }
+        for (i, s) in self.per_step.iter().enumerate() {
+            out += &format!(
+                "step {}: wall {:.2} ms, GPU busy {:.2} ms, host {:.2} ms, {} launches\n",
+                i + 1,
+                s.wall_ms,
+                s.gpu_ms,
+                s.host_ms,
+                s.launches
+            );
+        }
+        out += &format!(
+            "median step {:.2} ms (GPU {:.2} ms), {:.0} samples/s{}, model {:.3} TFLOP/s{}",
+            self.step_ms,
+            self.gpu_ms,
+            self.samples_per_s,
+            self.tokens_per_s.map(|t| format!(", {t:.0} tokens/s")).unwrap_or_default(),
+            self.model_tflops,
+            match (self.mfu, self.peak_tflops) {
+                (Some(m), Some(p)) => format!(", MFU {:.2}% of {p} TFLOP/s", 100.0 * m),
+                _ => ", MFU unknown (no known peak for this adapter: --peak-tflops)".into(),
+            }
+        );
+        out
+    }
+
+    /// A Chrome trace (opens in ui.perfetto.dev and chrome://tracing): one track of GPU
+    /// kernels (a complete event per launch) and one of host steps.
+    pub fn trace(&self) -> serde_json::Value {
+        let mut events = Vec::new();
+        let mut offset_us = 0.0;
+        for (step, (wall_ms, records)) in self.launches.iter().enumerate() {
+            let origin = records.iter().map(|r| r.start_ns).fold(f64::INFINITY, f64::min);
+            let origin = if origin.is_finite() { origin } else { 0.0 };
+            events.push(serde_json::json!({
+                "name": format!("step {}", step + 1), "ph": "X", "ts": offset_us, "dur": wall_ms * 1e3,
+                "pid": 1, "tid": 1, "args": {"launches": records.len()}
+            }));
+            for r in records {
+                events.push(serde_json::json!({
+                    "name": kernel_name(r), "ph": "X",
+                    "ts": offset_us + (r.start_ns - origin) * 1e-3,
+                    "dur": (r.end_ns - r.start_ns) * 1e-3,
+                    "pid": 1, "tid": 2,
+                    "args": {"label": r.label.as_deref(), "groups": r.groups, "flops": r.work.flops, "bytes": r.work.bytes}
+                }));
+            }
+            offset_us += wall_ms * 1e3;
+        }
+        events.push(serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "host: steps"}}));
+        events.push(serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "GPU: kernels"}}));
+        serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    }
+}

@@ -1,0 +1,66 @@
+//! `wgtrain profile` on the char GPT: the kernel table adds up (kernel times within the
+//! GPU busy time, within the wall time; shares to 100%; calls per step equal to the
+//! launches per step), and the Chrome trace has one complete event per launch.
+
+mod cli;
+
+use cli::{run_ok, scratch};
+
+#[test]
+fn the_profile_of_a_char_gpt_step_adds_up() {
+    let dir = scratch("profile");
+    let (json, trace) = (dir.join("p.json"), dir.join("t.json"));
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/configs/char_gpt.toml");
+    let args: Vec<String> = [
+        "profile",
+        config.to_str().unwrap(),
+        "--set",
+        "train.batch_size=8",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let table = run_ok(&args, &[]);
+    assert!(table.contains("% GPU") && table.contains("matmul"), "{table}");
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let steps = p["steps"].as_u64().unwrap();
+    assert_eq!(steps, 3);
+    let launches = p["launches_per_step"].as_u64().unwrap();
+    assert!(launches > 0);
+    for s in p["per_step"].as_array().unwrap() {
+        let (wall, gpu) = (s["wall_ms"].as_f64().unwrap(), s["gpu_ms"].as_f64().unwrap());
+        assert!(gpu > 0.0 && gpu <= wall, "GPU {gpu} ms within wall {wall} ms");
+        assert_eq!(s["launches"].as_u64().unwrap(), launches, "every step launches the same kernels");
+    }
+    let kernels = p["kernels"].as_array().unwrap();
+    let pct: f64 = kernels.iter().map(|k| k["pct"].as_f64().unwrap()).sum();
+    assert!((pct - 100.0).abs() < 1e-6, "shares add up to {pct}");
+    let calls: u64 = kernels.iter().map(|k| k["calls"].as_u64().unwrap()).sum();
+    assert_eq!(calls, launches * steps, "calls per step equal launches per step");
+    let kernel_ms: f64 = kernels.iter().map(|k| k["total_us"].as_f64().unwrap()).sum::<f64>() / 1e3;
+    let gpu_ms: f64 = p["per_step"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["gpu_ms"].as_f64().unwrap())
+        .sum();
+    assert!(kernel_ms <= gpu_ms * (1.0 + 1e-9), "kernels {kernel_ms} ms within GPU {gpu_ms} ms");
+    assert!(p["model_tflops"].as_f64().unwrap() > 0.0 && p["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let gpu_events = events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 2).count() as u64;
+    assert_eq!(gpu_events, launches * steps, "one complete event per launch");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["name"].is_string() && e["ph"].is_string() && e["pid"].is_number())
+    );
+}
