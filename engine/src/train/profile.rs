@@ -132,6 +132,15 @@ impl Trainer {
         }
     }
 
+    /// The adapter's peak TFLOP/s in the run's precision, when it is a known one.
+    pub fn known_peak_tflops(&self) -> Option<f64> {
+        let half = self.scaler.is_some();
+        KNOWN_PEAKS
+            .iter()
+            .find(|(n, _, _)| self.rt.gpu.report.name.contains(n))
+            .map(|&(_, fp32, f16)| if half { f16 } else { fp32 })
+    }
+
     /// Tokens per example (token models).
     pub fn tokens_per_example(&self) -> Option<usize> {
         (self.config.model.kind == "gpt").then_some(self.config.model.block_size)
@@ -212,13 +221,7 @@ impl Trainer {
         let step_ms = median(per_step.iter().map(|s| s.wall_ms).collect());
         let samples_per_s = median(rates);
         let model_tflops = self.model_flops_per_example() * samples_per_s / 1e12;
-        let half = self.scaler.is_some();
-        let peak = peak_tflops.or_else(|| {
-            KNOWN_PEAKS
-                .iter()
-                .find(|(n, _, _)| self.rt.gpu.report.name.contains(n))
-                .map(|&(_, fp32, f16)| if half { f16 } else { fp32 })
-        });
+        let peak = peak_tflops.or_else(|| self.known_peak_tflops());
         Ok(Profile {
             steps: profiled,
             step_ms,

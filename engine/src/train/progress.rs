@@ -34,8 +34,12 @@ impl Observer for ProgressBar {
         }
         self.bar.set_position(line.step);
         if let (Some(loss), Some(rate), Some(mem)) = (line.loss, line.samples_per_s, &line.mem) {
+            let rate = match line.tokens_per_s {
+                Some(t) => format!("{t:.0} tokens/s"),
+                None => format!("{rate:.0} samples/s"),
+            };
             self.bar.set_message(format!(
-                "loss {loss:.4} | {rate:.0} samples/s | {} allocated, {} reserved",
+                "loss {loss:.4} | {rate} | {} allocated, {} reserved",
                 format_bytes(mem.allocated),
                 format_bytes(mem.reserved)
             ));

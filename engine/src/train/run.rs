@@ -125,6 +125,8 @@ impl Trainer {
             self.rt.alloc.take_events();
         }
         let ckpt_dir = held.as_ref().map(|h| h.root().to_path_buf());
+        let (flops_per_example, tokens_per_example) = (self.model_flops_per_example(), self.tokens_per_example());
+        let peak = self.known_peak_tflops();
         let mut summary = RunSummary {
             steps: self.step,
             losses: Vec::new(),
@@ -156,13 +158,18 @@ impl Trainer {
                 (batch.position.0, batch.position.1 + 1)
             };
             summary.losses.push(outcome.loss);
+            let samples_per_s = batch.examples as f64 / step_s;
+            let model_tflops = flops_per_example * samples_per_s / 1e12;
             let line = StepLog {
                 step: self.step,
                 epoch: batch.position.0,
                 loss: Some(outcome.loss),
                 lr: Some(lr as f64),
                 step_ms: Some(step_s * 1e3),
-                samples_per_s: Some(batch.examples as f64 / step_s),
+                samples_per_s: Some(samples_per_s),
+                tokens_per_s: tokens_per_example.map(|t| t as f64 * samples_per_s),
+                model_tflops: Some(model_tflops),
+                mfu: peak.map(|p| model_tflops / p),
                 mem: Some(mem_log(&self.rt.alloc.stats())),
                 scale,
                 skipped: self.scaler.as_ref().map(|_| outcome.skipped),

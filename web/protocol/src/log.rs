@@ -64,6 +64,15 @@ pub struct StepLog {
     /// Examples per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples_per_s: Option<f64>,
+    /// Tokens per second (token models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// Model FLOPs per second of the step, TFLOP/s (6N + 12·L·T·C per token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_tflops: Option<f64>,
+    /// Model TFLOP/s over the adapter's peak, where the peak is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
     /// Memory after the step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemLog>,
