@@ -5,15 +5,7 @@
 #   scripts/profile_gpt_workloads.sh WGTRAIN_BINARY OUT_DIR
 set -euo pipefail
 bin=$1; out=$2; mkdir -p "$out/data"
-python3 - "$out/data" <<'PY'
-import os, sys, numpy as np
-root = sys.argv[1]
-for name, vocab in [("char", 65), ("gpt2", 50257)]:
-    rng = np.random.default_rng(0)
-    os.makedirs(f"{root}/{name}", exist_ok=True)
-    for split, n in [("train", 4_000_000), ("val", 200_000)]:
-        rng.integers(0, vocab, n, dtype=np.uint16).tofile(f"{root}/{name}/{split}.bin")
-PY
+python3 "$(dirname "$0")/make_token_data.py" "$out/data"
 sets() { # name vocab layers heads width seq batch precision
     echo --set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/$1\"" \
         --set model.vocab_size=$2 --set model.n_layer=$3 --set model.n_head=$4 --set model.n_embd=$5 \

@@ -8,7 +8,7 @@
 //! overlap on the GPU are attributed exclusively in launch order, so the kernels' times
 //! add up to the GPU time.
 //!
-//! May call: `data`, `kernels::names`, `optim`, `runtime`, `train::{error, step,
+//! May call: `kernels::names`, `optim`, `runtime`, `train::{error, step,
 //! trainer}`. Called by: the CLI.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,6 @@ use serde::Serialize;
 
 use super::error::TrainError;
 use super::trainer::Trainer;
-use crate::data::{BatchOrder, Loader};
 use crate::optim::lr_at;
 use crate::runtime::LaunchRecord;
 
@@ -150,13 +149,7 @@ impl Trainer {
     /// Training state advances as in a run; nothing is logged or checkpointed.
     pub fn profile(&mut self, warmup: usize, steps: usize, peak_tflops: Option<f64>) -> Result<Profile, TrainError> {
         let t = self.config.train.clone();
-        let order = BatchOrder {
-            batch: t.batch_size,
-            seed: t.seed,
-            shuffle: true,
-            drop_last: false,
-        };
-        let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
+        let mut loader = self.batches();
         let total = self.total_steps().max((warmup + steps) as u64);
         let mut per_step = Vec::new();
         let mut launches = Vec::new();

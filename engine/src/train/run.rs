@@ -21,7 +21,7 @@ use super::log::{LogWriter, mem_log, repair_log};
 use super::observe::Observer;
 use super::progress::ProgressBar;
 use super::trainer::Trainer;
-use crate::data::{BatchOrder, Loader, batches_per_epoch};
+use crate::data::batches_per_epoch;
 use crate::error::Error;
 use crate::optim::lr_at;
 
@@ -102,13 +102,7 @@ impl Trainer {
         let wants_memory = observers.iter().any(|o| o.wants_memory());
         let t = self.config.train.clone();
         let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
-        let order = BatchOrder {
-            batch: t.batch_size,
-            seed: t.seed,
-            shuffle: true,
-            drop_last: false,
-        };
-        let mut loader = Loader::start(self.train.clone(), order, (self.epoch, self.index), 2);
+        let mut loader = self.batches();
         let info = RunInfo {
             device: self.rt.gpu.report.clone(),
             config: serde_json::to_value(&self.config).unwrap_or_default(),

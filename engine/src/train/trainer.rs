@@ -13,7 +13,7 @@ use super::config::Config;
 use super::error::TrainError;
 use super::model::Trainable;
 use crate::autograd::{Params, Tape};
-use crate::data::{Dataset, batches_per_epoch};
+use crate::data::{BatchOrder, Dataset, Loader, batches_per_epoch};
 use crate::optim::Optimizer;
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
@@ -79,6 +79,18 @@ impl Trainer {
     /// Steps done so far (including those before a resume).
     pub fn steps_done(&self) -> u64 {
         self.step
+    }
+
+    /// The training batches from the current position on (seeded shuffles by epoch,
+    /// prepared ahead on a thread).
+    pub(super) fn batches(&self) -> Loader {
+        let order = BatchOrder {
+            batch: self.config.train.batch_size,
+            seed: self.config.train.seed,
+            shuffle: true,
+            drop_last: false,
+        };
+        Loader::start(self.train.clone(), order, (self.epoch, self.index), 2)
     }
 
     /// A tape in the run's precision.
