@@ -1,7 +1,7 @@
 //! The dashboard in a real headless Chromium (Debian's `chromium`, which the README's
 //! test command installs): the page opens before training starts, follows the run
 //! live, and must show the run's real numbers (the peak equals the log's, the step
-//! count, the last loss, the pages). Screenshots of each view are saved under
+//! count, the last loss, the pages, a profiled step's kernel table). Screenshots of each view are saved under
 //! target/dashboard-screenshots (and WGTRAIN_SCREENSHOT_DIR when set, e.g. docs/).
 
 use std::path::{Path, PathBuf};
@@ -90,6 +90,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         .run(&RunOptions {
             log: Some(log.clone()),
             observer: Some(rec.clone()),
+            profile_every: 10,
             ..Default::default()
         })
         .unwrap();
@@ -134,6 +135,18 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let tl = tab.wait_for_element("#timeline-chart").unwrap();
     let bands = number(&tl.get_attribute_value("data-bands").unwrap().unwrap());
     assert!(bands > 3.0, "{bands} bands");
+    // Under it, the same step's kernel table (steps 10, 20, 30, 40 were profiled), in
+    // the log's order: where the time of the step went, beside where its memory went.
+    tab.wait_for_element(&format!("#step-kernels-title[data-step=\"{STEPS}\"]"))
+        .expect("the last step's kernel table");
+    let logged = steps.last().unwrap()["kernels"]
+        .as_array()
+        .expect("the last step was profiled")
+        .clone();
+    let table = tab.find_element("#step-kernels").unwrap().get_inner_text().unwrap();
+    let rows: Vec<&str> = table.lines().filter(|l| !l.trim().is_empty()).skip(1).collect();
+    assert_eq!(rows.len(), logged.len().min(25), "{table}");
+    assert!(rows[0].starts_with(logged[0]["name"].as_str().unwrap()), "{table}");
 
     // Allocator pages: as many as the recorder's last step saw.
     let pages = rec.with(|r| r.pages.len());

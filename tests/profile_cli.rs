@@ -1,10 +1,12 @@
 //! `wgtrain profile` on the char GPT: the kernel table adds up (kernel times within the
 //! GPU busy time, within the wall time; shares to 100%; calls per step equal to the
-//! launches per step), and the Chrome trace has one complete event per launch.
+//! launches per step; each kernel's phases add up to its time), and the Chrome trace has
+//! one complete event per launch and the host's phases. `wgtrain train --profile-every`
+//! puts the kernel table in the profiled steps' log lines only.
 
 mod cli;
 
-use cli::{run_ok, scratch};
+use cli::{run_ok, scratch, small_args};
 
 #[test]
 fn the_profile_of_a_char_gpt_step_adds_up() {
@@ -45,6 +47,18 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
     assert!((pct - 100.0).abs() < 1e-6, "shares add up to {pct}");
     let calls: u64 = kernels.iter().map(|k| k["calls"].as_u64().unwrap()).sum();
     assert_eq!(calls, launches * steps, "calls per step equal launches per step");
+    for k in kernels {
+        let phases: f64 = k["by_phase"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+        let total = k["total_us"].as_f64().unwrap();
+        assert!((phases - total).abs() <= 1e-6 * total.max(1.0), "{k}");
+    }
+    let phases: std::collections::BTreeSet<&str> = kernels
+        .iter()
+        .flat_map(|k| k["by_phase"].as_object().unwrap().keys().map(|s| s.as_str()))
+        .collect();
+    for want in ["forward", "backward", "optimizer"] {
+        assert!(phases.contains(want), "kernels run in {want}: {phases:?}");
+    }
     let kernel_ms: f64 = kernels.iter().map(|k| k["total_us"].as_f64().unwrap()).sum::<f64>() / 1e3;
     let gpu_ms: f64 = p["per_step"]
         .as_array()
@@ -56,11 +70,60 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
     assert!(p["model_tflops"].as_f64().unwrap() > 0.0 && p["tokens_per_s"].as_f64().unwrap() > 0.0);
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let events = t["traceEvents"].as_array().unwrap();
-    let gpu_events = events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 2).count() as u64;
+    let gpu_events = events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 3).count() as u64;
     assert_eq!(gpu_events, launches * steps, "one complete event per launch");
-    assert!(
-        events
-            .iter()
-            .all(|e| e["name"].is_string() && e["ph"].is_string() && e["pid"].is_number())
-    );
+    let host: std::collections::BTreeSet<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == 2)
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for want in ["data wait", "forward", "backward", "readback", "optimizer"] {
+        assert!(host.contains(want), "host track has {want}: {host:?}");
+    }
+    // The Chrome trace format: every event named with a phase type and a process;
+    // complete events with finite, non-negative times.
+    for e in events {
+        assert!(
+            e["name"].is_string() && e["ph"].is_string() && e["pid"].is_number() && e["tid"].is_number(),
+            "{e}"
+        );
+        if e["ph"] == "X" {
+            let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+            assert!(ts.is_finite() && ts >= 0.0 && dur.is_finite() && dur >= 0.0, "{e}");
+        }
+    }
+}
+
+#[test]
+fn train_profile_every_puts_the_kernel_table_in_profiled_lines() {
+    let dir = scratch("profile-every");
+    let log = dir.join("run.jsonl");
+    let ckpt = dir.join("ckpt");
+    let mut args = small_args(ckpt.to_str().unwrap(), &["--profile-every", "2", "--no-record"]);
+    args.extend([
+        "--set".into(),
+        "train.epochs=1".into(),
+        "--log".into(),
+        log.to_str().unwrap().into(),
+    ]);
+    run_ok(&args, &[]);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    for l in &lines {
+        let step = l["step"].as_u64().unwrap();
+        let kernels = l.get("kernels").and_then(|k| k.as_array());
+        assert_eq!(kernels.is_some(), step % 2 == 0, "step {step}: {l}");
+        if let Some(kernels) = kernels {
+            let pct: f64 = kernels.iter().map(|k| k["pct"].as_f64().unwrap()).sum();
+            assert!((pct - 100.0).abs() < 1e-6, "shares add up to {pct}");
+            let gpu = l["gpu_ms"].as_f64().unwrap();
+            assert!(gpu > 0.0 && gpu <= l["step_ms"].as_f64().unwrap(), "{l}");
+            assert!(kernels.iter().any(|k| k["name"].as_str().unwrap().starts_with("matmul")));
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! `wgtrain train [CONFIG.toml] [--set section.key=value]... [--log FILE.jsonl]
-//! [--adapter N] [--resume DIR] [--dashboard [ADDR]]`: trains as the config says;
+//! [--adapter N] [--resume DIR] [--dashboard [ADDR]] [--profile-every N]`: trains as the config says;
 //! Ctrl-C saves and exits. With a log, the run's memory record is saved beside it
 //! (FILE.memory.json) for `wgtrain dashboard`; with --dashboard it is served live.
 //!
@@ -54,6 +54,10 @@ pub struct TrainArgs {
     /// Keep no memory record with the log (no timelines, no FILE.memory.json).
     #[arg(long, conflicts_with = "dashboard")]
     no_record: bool,
+    /// Time every launch of every N-th step: its log line carries the step's kernel
+    /// table (shown by the dashboard beside the step's memory). Needs GPU timestamps.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    profile_every: u64,
 }
 
 /// Trains.
@@ -110,6 +114,7 @@ pub fn run(args: TrainArgs) -> CliResult {
         overwrite: args.overwrite,
         stop: Some(stop),
         observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
+        profile_every: args.profile_every,
     };
     let result = trainer.run(&options);
     if result.is_err()

@@ -18,7 +18,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, PipelineCache};
-use super::profile::{LaunchRecord, Work};
+use super::profile::{StepTrace, Work};
 use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
 use crate::device::Gpu;
 use crate::error::Error;
@@ -188,9 +188,19 @@ impl Runtime {
         Ok(())
     }
 
-    /// Submits, waits, and returns every launch timed since the last call, in order.
-    pub fn collect_profile(&self) -> Result<Vec<LaunchRecord>, Error> {
+    /// Submits, waits, and returns every launch timed since the last call, in order,
+    /// with the host's phase spans.
+    pub fn collect_profile(&self) -> Result<StepTrace, Error> {
         self.recorder().collect_profile()
+    }
+
+    /// The host enters phase `name` of a step ("forward", "backward", "optimizer",
+    /// "data wait", "readback"; "" ends the phase): launches recorded from now on carry
+    /// it, and the profiler keeps the host's span. Nothing while not profiling.
+    pub fn phase(&self, name: &'static str) {
+        if self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
+            self.recorder().mark(name);
+        }
     }
 
     /// Stops timing launches.

@@ -12,5 +12,5 @@ pub mod record;
 
 pub use cache::{Kernel, KernelKey, PARAM_SLOT, render};
 pub use launch::{Bound, MAX_GROUPS_X, Runtime, grid};
-pub use profile::{LaunchRecord, Work};
+pub use profile::{HostSpan, LaunchRecord, StepTrace, Work};
 pub use record::RING_SLOTS;

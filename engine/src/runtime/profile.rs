@@ -5,7 +5,9 @@
 //! per launch. Each launch is recorded with its kernel family and variant, the label of
 //! the tensor it writes (its last binding, e.g. `h.3.attn.y`), its workgroups, and the
 //! work it does where the kernel states it (FLOPs; bytes default to the bound blocks'
-//! sizes). Off by default; without timestamps the runtime refuses to start it.
+//! sizes), and the phase of the step the host was in when it was recorded (forward,
+//! backward, optimizer, ...: [`Profiler::mark`], which also keeps the host's spans for
+//! the trace). Off by default; without timestamps the runtime refuses to start it.
 //!
 //! May call: `device`, `error`, `runtime::cache`. Called by: `runtime::record`,
 //! `runtime::launch`.
@@ -13,6 +15,7 @@
 //! [`collect`]: Profiler::collect
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::cache::KernelKey;
 use crate::device::{DeviceError, Gpu};
@@ -41,14 +44,37 @@ pub struct LaunchRecord {
     pub groups: [u32; 3],
     /// What it does.
     pub work: Work,
+    /// The phase of the step the host was in when it was recorded ("" for none).
+    pub phase: &'static str,
     /// GPU time at its start, nanoseconds (the device's clock).
     pub start_ns: f64,
     /// GPU time at its end, nanoseconds.
     pub end_ns: f64,
 }
 
+/// A span of host time in one phase of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostSpan {
+    /// The phase ("forward", "backward", "optimizer", "data wait", "readback").
+    pub name: &'static str,
+    /// When it began.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+}
+
+/// What one collect returns: the timed launches in order and the host's phases.
+#[derive(Clone, Debug, Default)]
+pub struct StepTrace {
+    /// Every launch since the last collect.
+    pub launches: Vec<LaunchRecord>,
+    /// The host's phase spans since the last collect.
+    pub spans: Vec<HostSpan>,
+}
+
 struct Pending {
     key: KernelKey,
+    phase: &'static str,
     label: Option<Arc<str>>,
     groups: [u32; 3],
     work: Work,
@@ -64,6 +90,8 @@ struct QuerySet {
 pub struct Profiler {
     sets: Vec<QuerySet>,
     pending: Vec<Pending>,
+    spans: Vec<HostSpan>,
+    open: Option<(&'static str, Instant)>,
 }
 
 impl Profiler {
@@ -72,7 +100,28 @@ impl Profiler {
         Profiler {
             sets: Vec::new(),
             pending: Vec::new(),
+            spans: Vec::new(),
+            open: None,
         }
+    }
+
+    /// The host enters phase `name` (ending the one it was in); "" ends the phase only.
+    pub fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        if let Some((open, start)) = self.open.take() {
+            self.spans.push(HostSpan {
+                name: open,
+                start,
+                end: now,
+            });
+        }
+        if !name.is_empty() {
+            self.open = Some((name, now));
+        }
+    }
+
+    fn phase(&self) -> &'static str {
+        self.open.map_or("", |(name, _)| name)
     }
 
     /// Records a launch's facts and returns the pass's timestamp writes.
@@ -108,7 +157,14 @@ impl Profiler {
                 }),
             });
         }
-        self.pending.push(Pending { key, label, groups, work });
+        let phase = self.phase();
+        self.pending.push(Pending {
+            key,
+            phase,
+            label,
+            groups,
+            work,
+        });
         let slot = (i % LAUNCHES_PER_SET) * 2;
         wgpu::ComputePassTimestampWrites {
             query_set: &self.sets[set].set,
@@ -137,8 +193,9 @@ impl Profiler {
     }
 
     /// Reads the resolved timestamps (after the resolves ran) and returns the launches
-    /// in order, emptying the profiler.
-    pub fn read(&mut self, gpu: &Gpu) -> Result<Vec<LaunchRecord>, Error> {
+    /// in order and the host's closed phase spans, emptying the profiler (the open
+    /// phase stays open).
+    pub fn read(&mut self, gpu: &Gpu) -> Result<StepTrace, Error> {
         let n = self.pending.len() as u32;
         let period = f64::from(gpu.queue.get_timestamp_period());
         let mut ticks: Vec<u64> = Vec::with_capacity(2 * n as usize);
@@ -166,18 +223,28 @@ impl Profiler {
             }
             set.read.unmap();
         }
-        Ok(std::mem::take(&mut self.pending)
+        let launches = std::mem::take(&mut self.pending)
             .into_iter()
             .enumerate()
             .map(|(i, p)| LaunchRecord {
                 key: p.key,
+                phase: p.phase,
                 label: p.label,
                 groups: p.groups,
                 work: p.work,
                 start_ns: ticks[2 * i] as f64 * period,
                 end_ns: ticks[2 * i + 1].max(ticks[2 * i]) as f64 * period,
             })
-            .collect())
+            .collect();
+        Ok(StepTrace {
+            launches,
+            spans: std::mem::take(&mut self.spans),
+        })
+    }
+
+    /// Takes the host's closed phase spans (when no launch was timed).
+    pub fn take_spans(&mut self) -> Vec<HostSpan> {
+        std::mem::take(&mut self.spans)
     }
 }
 

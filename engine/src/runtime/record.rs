@@ -18,7 +18,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::cache::{Kernel, MAX_STORAGE_BINDINGS, PARAM_SLOT};
-use super::profile::{LaunchRecord, Profiler, Work};
+use super::profile::{Profiler, StepTrace, Work};
 use crate::device::{DeviceError, Gpu};
 use crate::error::Error;
 
@@ -54,9 +54,11 @@ pub trait Recorder: Send {
     }
     /// Stops nothing: submits, waits, and returns the launches timed since the last
     /// call (empty when not profiling).
-    fn collect_profile(&mut self) -> Result<Vec<LaunchRecord>, Error> {
-        Ok(Vec::new())
+    fn collect_profile(&mut self) -> Result<StepTrace, Error> {
+        Ok(StepTrace::default())
     }
+    /// The host enters phase `name` of a step (while profiling; "" ends the phase).
+    fn mark(&mut self, _name: &'static str) {}
     /// Stops timing launches.
     fn stop_profiling(&mut self) {}
     /// Submits what has been recorded.
@@ -247,9 +249,15 @@ impl Recorder for DeviceRecorder {
         true
     }
 
-    fn collect_profile(&mut self) -> Result<Vec<LaunchRecord>, Error> {
-        if self.profiler.as_ref().is_none_or(|p| p.pending() == 0) {
-            return Ok(Vec::new());
+    fn collect_profile(&mut self) -> Result<StepTrace, Error> {
+        let Some(profiler) = self.profiler.as_mut() else {
+            return Ok(StepTrace::default());
+        };
+        if profiler.pending() == 0 {
+            return Ok(StepTrace {
+                launches: Vec::new(),
+                spans: profiler.take_spans(),
+            });
         }
         self.submit();
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
@@ -257,6 +265,12 @@ impl Recorder for DeviceRecorder {
         self.gpu.queue.submit([encoder.finish()]);
         let gpu = self.gpu.clone();
         self.profiler.as_mut().expect("checked above").read(&gpu)
+    }
+
+    fn mark(&mut self, name: &'static str) {
+        if let Some(p) = &mut self.profiler {
+            p.mark(name);
+        }
     }
 
     fn stop_profiling(&mut self) {

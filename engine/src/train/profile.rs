@@ -19,29 +19,12 @@ use serde::Serialize;
 use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::optim::lr_at;
-use crate::runtime::LaunchRecord;
+use crate::runtime::{LaunchRecord, StepTrace};
 
 /// Known peaks, dense TFLOP/s: (name part, fp32 without tensor cores, f16 tensor cores).
 pub const KNOWN_PEAKS: [(&str, f64, f64); 2] = [("H100", 67.0, 989.5), ("H200", 67.0, 989.5)];
 
-/// One row of the kernel table.
-#[derive(Clone, Debug, Serialize)]
-pub struct KernelRow {
-    /// Family and variant, e.g. `matmul f16,f16->f32 tm8 gelu vec4`.
-    pub name: String,
-    /// Launches over the profiled steps.
-    pub calls: usize,
-    /// GPU time attributed to it, microseconds.
-    pub total_us: f64,
-    /// Per launch.
-    pub mean_us: f64,
-    /// Share of the GPU time, percent (the rows add up to 100).
-    pub pct: f64,
-    /// Achieved GFLOP/s, where the kernel states its FLOPs.
-    pub gflops: Option<f64>,
-    /// Achieved GB/s over the bound blocks.
-    pub gbps: Option<f64>,
-}
+pub use wgtrain_protocol::KernelRow;
 
 /// One profiled step.
 #[derive(Clone, Debug, Serialize)]
@@ -81,10 +64,21 @@ pub struct Profile {
     pub kernels: Vec<KernelRow>,
     /// Each profiled step.
     pub per_step: Vec<StepProfile>,
-    /// Every launch of every profiled step, and each step's wall interval on the GPU
-    /// clock's origin (for the trace).
+    /// Every profiled step's launches and host phases (for the trace).
     #[serde(skip)]
-    pub launches: Vec<(f64, Vec<LaunchRecord>)>,
+    pub traces: Vec<ProfiledStep>,
+}
+
+/// One profiled step as recorded: when it started on the host, its wall time, its
+/// launches and host phases.
+#[derive(Clone, Debug)]
+pub struct ProfiledStep {
+    /// When the step started (its batch's loading included).
+    pub start: Instant,
+    /// Its wall time, milliseconds.
+    pub wall_ms: f64,
+    /// Its launches and host spans.
+    pub trace: StepTrace,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -114,6 +108,43 @@ pub fn exclusive_times(launches: &[LaunchRecord]) -> (Vec<f64>, f64) {
         cursor = cursor.max(e);
     }
     (times, busy)
+}
+
+/// The kernel table of `steps`' launches, largest total first, and their GPU busy time
+/// in nanoseconds (the rows' times add up to it).
+pub fn kernel_rows<'a>(steps: impl IntoIterator<Item = &'a [LaunchRecord]>) -> (Vec<KernelRow>, f64) {
+    let mut rows: BTreeMap<String, (KernelRow, f64, f64)> = BTreeMap::new();
+    let mut gpu_total = 0.0;
+    for records in steps {
+        let (times, busy) = exclusive_times(records);
+        gpu_total += busy;
+        for (r, ns) in records.iter().zip(times) {
+            let (row, flops, bytes) = rows.entry(kernel_name(r)).or_default();
+            row.calls += 1;
+            row.total_us += ns * 1e-3;
+            *row.by_phase
+                .entry(if r.phase.is_empty() { "other" } else { r.phase }.to_string())
+                .or_default() += ns * 1e-3;
+            *flops += r.work.flops;
+            *bytes += r.work.bytes;
+        }
+    }
+    let mut kernels: Vec<KernelRow> = rows
+        .into_iter()
+        .map(|(name, (row, flops, bytes))| {
+            let ns = row.total_us * 1e3;
+            KernelRow {
+                name,
+                mean_us: row.total_us / row.calls.max(1) as f64,
+                pct: if gpu_total > 0.0 { 100.0 * ns / gpu_total } else { 0.0 },
+                gflops: (flops > 0.0 && ns > 0.0).then(|| flops / ns),
+                gbps: (bytes > 0.0 && ns > 0.0).then(|| bytes / ns),
+                ..row
+            }
+        })
+        .collect();
+    kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+    (kernels, gpu_total)
 }
 
 impl Trainer {
@@ -152,65 +183,46 @@ impl Trainer {
         let mut loader = self.batches();
         let total = self.total_steps().max((warmup + steps) as u64);
         let mut per_step = Vec::new();
-        let mut launches = Vec::new();
+        let mut traces = Vec::new();
         let mut rates = Vec::new();
         for i in 0..warmup + steps {
-            let Some(batch) = loader.next_batch() else { break };
-            let batch = batch?;
-            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
             let profiled = i >= warmup;
             self.rt.sync()?;
             if profiled {
                 self.rt.start_profiling()?;
             }
             let start = Instant::now();
+            self.rt.phase("data wait");
+            let Some(batch) = loader.next_batch() else { break };
+            let batch = batch?;
+            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
             self.resilient_step(&batch, lr)?;
             self.rt.sync()?;
+            self.rt.phase("");
             let wall = start.elapsed().as_secs_f64();
             self.step += 1;
             self.rt.alloc.end_step().map_err(crate::error::Error::from)?;
             if !profiled {
                 continue;
             }
-            let records = self.rt.collect_profile()?;
+            let trace = self.rt.collect_profile()?;
             self.rt.stop_profiling();
-            let (_, busy_ns) = exclusive_times(&records);
+            let (_, busy_ns) = exclusive_times(&trace.launches);
             per_step.push(StepProfile {
                 wall_ms: wall * 1e3,
                 gpu_ms: busy_ns * 1e-6,
                 host_ms: (wall * 1e3 - busy_ns * 1e-6).max(0.0),
-                launches: records.len(),
+                launches: trace.launches.len(),
             });
             rates.push(batch.examples as f64 / wall);
-            launches.push((wall * 1e3, records));
+            traces.push(ProfiledStep {
+                start,
+                wall_ms: wall * 1e3,
+                trace,
+            });
         }
         let profiled = per_step.len();
-        let mut rows: BTreeMap<String, (usize, f64, f64, f64)> = BTreeMap::new();
-        let mut gpu_total = 0.0;
-        for (_, records) in &launches {
-            let (times, busy) = exclusive_times(records);
-            gpu_total += busy;
-            for (r, ns) in records.iter().zip(times) {
-                let row = rows.entry(kernel_name(r)).or_default();
-                row.0 += 1;
-                row.1 += ns;
-                row.2 += r.work.flops;
-                row.3 += r.work.bytes;
-            }
-        }
-        let mut kernels: Vec<KernelRow> = rows
-            .into_iter()
-            .map(|(name, (calls, ns, flops, bytes))| KernelRow {
-                name,
-                calls,
-                total_us: ns * 1e-3,
-                mean_us: ns * 1e-3 / calls.max(1) as f64,
-                pct: if gpu_total > 0.0 { 100.0 * ns / gpu_total } else { 0.0 },
-                gflops: (flops > 0.0 && ns > 0.0).then(|| flops / ns),
-                gbps: (bytes > 0.0 && ns > 0.0).then(|| bytes / ns),
-            })
-            .collect();
-        kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        let (kernels, _) = kernel_rows(traces.iter().map(|s| s.trace.launches.as_slice()));
         let step_ms = median(per_step.iter().map(|s| s.wall_ms).collect());
         let samples_per_s = median(rates);
         let model_tflops = self.model_flops_per_example() * samples_per_s / 1e12;
@@ -227,7 +239,7 @@ impl Trainer {
             peak_tflops: peak,
             kernels,
             per_step,
-            launches,
+            traces,
         })
     }
 }
@@ -276,31 +288,52 @@ impl Profile {
         out
     }
 
-    /// A Chrome trace (opens in ui.perfetto.dev and chrome://tracing): one track of GPU
-    /// kernels (a complete event per launch) and one of host steps.
+    /// A Chrome trace (opens in ui.perfetto.dev and chrome://tracing): a host track of
+    /// steps, a host track of phases (data wait, forward, backward, readback,
+    /// optimizer), and a GPU track with a complete event per launch. GPU times are
+    /// placed so that the first launch starts with the host phase that recorded it.
     pub fn trace(&self) -> serde_json::Value {
         let mut events = Vec::new();
-        let mut offset_us = 0.0;
-        for (step, (wall_ms, records)) in self.launches.iter().enumerate() {
-            let origin = records.iter().map(|r| r.start_ns).fold(f64::INFINITY, f64::min);
-            let origin = if origin.is_finite() { origin } else { 0.0 };
+        let Some(origin) = self.traces.first().map(|s| s.start) else {
+            return serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" });
+        };
+        let us = |t: Instant| t.saturating_duration_since(origin).as_secs_f64() * 1e6;
+        for (step, s) in self.traces.iter().enumerate() {
+            let records = &s.trace.launches;
             events.push(serde_json::json!({
-                "name": format!("step {}", step + 1), "ph": "X", "ts": offset_us, "dur": wall_ms * 1e3,
+                "name": format!("step {}", step + 1), "ph": "X", "ts": us(s.start), "dur": s.wall_ms * 1e3,
                 "pid": 1, "tid": 1, "args": {"launches": records.len()}
             }));
+            for span in &s.trace.spans {
+                events.push(serde_json::json!({
+                    "name": span.name, "ph": "X", "ts": us(span.start),
+                    "dur": span.end.saturating_duration_since(span.start).as_secs_f64() * 1e6,
+                    "pid": 1, "tid": 2, "args": {"step": step + 1}
+                }));
+            }
+            let Some(first) = records.iter().min_by(|a, b| a.start_ns.total_cmp(&b.start_ns)) else {
+                continue;
+            };
+            let anchor = s
+                .trace
+                .spans
+                .iter()
+                .find(|p| p.name == first.phase)
+                .map_or(us(s.start), |p| us(p.start));
             for r in records {
                 events.push(serde_json::json!({
                     "name": kernel_name(r), "ph": "X",
-                    "ts": offset_us + (r.start_ns - origin) * 1e-3,
+                    "ts": anchor + (r.start_ns - first.start_ns) * 1e-3,
                     "dur": (r.end_ns - r.start_ns) * 1e-3,
-                    "pid": 1, "tid": 2,
-                    "args": {"label": r.label.as_deref(), "groups": r.groups, "flops": r.work.flops, "bytes": r.work.bytes}
+                    "pid": 1, "tid": 3,
+                    "args": {"label": r.label.as_deref(), "phase": r.phase, "groups": r.groups, "flops": r.work.flops, "bytes": r.work.bytes}
                 }));
             }
-            offset_us += wall_ms * 1e3;
         }
-        events.push(serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "host: steps"}}));
-        events.push(serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "GPU: kernels"}}));
+        for (tid, name) in [(1, "host: steps"), (2, "host: phases"), (3, "GPU: kernels")] {
+            events.push(serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}));
+        }
+        events.push(serde_json::json!({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "wgtrain"}}));
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
     }
 }

@@ -1,10 +1,11 @@
 //! The training loop: resume, then for each step take the next batch, set the learning
-//! rate, run the out-of-memory-resilient step, end the allocator's step (guard bytes),
+//! rate, run the out-of-memory-resilient step (every `profile_every` steps with its
+//! launches timed), end the allocator's step (guard bytes),
 //! and tell the observers (the JSONL log, the progress bar, the dashboard) the step's
 //! line and memory; evaluate and checkpoint on schedule; save a last checkpoint.
 //!
 //! May call: `data`, `error`, `optim`, `wgtrain_protocol`, `train::{checkpoint, error,
-//! log, observe, progress, state, step, eval, trainer}`. Called by: the CLI, tests.
+//! log, observe, profile, progress, state, step, eval, trainer}`. Called by: the CLI, tests.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use super::checkpoint_dir::{CheckpointDir, Start};
 use super::error::TrainError;
 use super::log::{LogWriter, mem_log, repair_log};
 use super::observe::Observer;
+use super::profile::kernel_rows;
 use super::progress::ProgressBar;
 use super::trainer::Trainer;
 use crate::data::batches_per_epoch;
@@ -41,6 +43,9 @@ pub struct RunOptions {
     pub stop: Option<Arc<AtomicBool>>,
     /// Told about every step with its memory timeline (the dashboard).
     pub observer: Option<Arc<dyn Observer>>,
+    /// Profile every this many steps (0: never): the step's line carries its kernel
+    /// table and GPU busy time (needs GPU timestamps).
+    pub profile_every: u64,
 }
 
 /// What a finished run reports.
@@ -103,6 +108,15 @@ impl Trainer {
         let t = self.config.train.clone();
         let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
         let mut loader = self.batches();
+        if options.profile_every > 0 && !self.rt.has_timestamps() {
+            return Err(TrainError::Engine(Error::invalid(
+                "profile_every",
+                format!(
+                    "the adapter '{}' grants no GPU timestamps (TIMESTAMP_QUERY), so steps cannot be profiled",
+                    self.rt.gpu.report.name
+                ),
+            )));
+        }
         let info = RunInfo {
             device: self.rt.gpu.report.clone(),
             config: serde_json::to_value(&self.config).unwrap_or_default(),
@@ -141,7 +155,20 @@ impl Trainer {
             let step_start_us = self.rt.alloc.now_us();
             let step_start = Instant::now();
             let scale = self.scaler.as_ref().map(|s| s.scale as f64);
+            let profiled = options.profile_every > 0 && (self.step + 1).is_multiple_of(options.profile_every);
+            if profiled {
+                self.rt.sync()?;
+                self.rt.start_profiling()?;
+            }
             let outcome = self.resilient_step(&batch, lr)?;
+            let kernels = if profiled {
+                self.rt.sync()?;
+                let trace = self.rt.collect_profile();
+                self.rt.stop_profiling();
+                Some(kernel_rows([trace?.launches.as_slice()]))
+            } else {
+                None
+            };
             let guard = self.rt.alloc.end_step();
             let step_s = step_start.elapsed().as_secs_f64();
             guard.map_err(Error::from)?;
@@ -165,6 +192,8 @@ impl Trainer {
                 model_tflops: Some(model_tflops),
                 mfu: peak.map(|p| model_tflops / p),
                 mem: Some(mem_log(&self.rt.alloc.stats())),
+                gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6),
+                kernels: kernels.map(|(rows, _)| rows),
                 scale,
                 skipped: self.scaler.as_ref().map(|_| outcome.skipped),
                 micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),

@@ -65,8 +65,11 @@ impl Trainer {
             let weight = rows as f32 / total_targets as f32;
             let seed = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale);
             let mut tape = self.tape().with_grad_prescale(seed);
+            self.rt.phase("forward");
             let loss = self.model.loss(&mut tape, &self.rt, &self.params, &part)?;
+            self.rt.phase("backward");
             tape.backward_with(&self.rt, &loss, seed, &mut self.params)?;
+            self.rt.phase("readback");
             loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
         }
         Ok(loss_sum)
@@ -80,6 +83,7 @@ impl Trainer {
             return Ok((self.train_step_in_backward(batch, lr)?, false));
         }
         let loss = self.compute_gradients(batch)?;
+        self.rt.phase("optimizer");
         let mut skipped = false;
         if let Some(scaler) = &self.scaler {
             skipped = scaler.unscale(&self.rt, &self.params)?;
@@ -145,7 +149,9 @@ impl Trainer {
     /// its gradient is final, and the gradient is freed at once.
     fn train_step_in_backward(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
         let mut tape = self.tape();
+        self.rt.phase("forward");
         let loss = self.model.loss(&mut tape, &self.rt, &self.params, batch)?;
+        self.rt.phase("backward");
         self.opt.begin_step(&self.rt, self.params.list.len())?;
         let opt = &mut self.opt;
         let mut apply = |rt: &Runtime, i: usize, p: &mut Param| -> Result<(), Error> {
@@ -154,6 +160,7 @@ impl Trainer {
             Ok(())
         };
         tape.backward_with_hook(&self.rt, &loss, 1.0, &mut self.params, &mut apply)?;
+        self.rt.phase("readback");
         let value = loss.value.to_f32_vec(&self.rt)?[0] as f64;
         if !value.is_finite() {
             return Err(TrainError::NonFinite(value as f32, self.step + 1));

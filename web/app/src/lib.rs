@@ -1,11 +1,14 @@
 //! The dashboard app (Leptos, client-side rendered): reads a run from the server's API,
 //! follows a live run over server-sent events, and draws four views as SVG: memory per
 //! step (stacked by category at each step's peak), one step's allocation timeline, the
-//! allocator's pages, and training curves with device facts and kernel timings. The
+//! allocator's pages, and training curves with device facts and kernel timings; a
+//! profiled step's kernel table sits under its timeline (`kernels`). The
 //! data it reads are the protocol's types (`wgtrain_protocol`), the same the trainer
 //! and the server write.
 //!
 //! May call: `wgtrain_protocol`, leptos, web-sys, gloo-net. Called by: the browser.
+
+mod kernels;
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
@@ -147,7 +150,7 @@ fn App() -> impl IntoView {
         {move || error.get().map(|e| view! { <div class="error" id="error">{e}</div> })}
         <main>
             <MemoryView lines=lines run=run />
-            <TimelineView run_name=run_name steps=timeline_steps />
+            <TimelineView run_name=run_name steps=timeline_steps lines=lines />
             <AllocatorView lines=lines run=run />
             <TrainingView lines=lines run=run />
         </main>
@@ -355,9 +358,10 @@ fn MemoryView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl Int
 }
 
 /// Inside one step: each block a band over time, stacked as memory_viz's Active Memory
-/// Timeline stacks them (a block sits on the blocks allocated before it).
+/// Timeline stacks them (a block sits on the blocks allocated before it); under it the
+/// same step's kernel table where the step was profiled.
 #[component]
-fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -> impl IntoView {
+fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>, lines: RwSignal<Vec<StepLog>>) -> impl IntoView {
     let chosen = RwSignal::new(None::<u64>);
     let picked = RwSignal::new(false);
     let timeline = RwSignal::new(None::<StepMemory>);
@@ -471,6 +475,7 @@ fn TimelineView(run_name: RwSignal<Option<String>>, steps: RwSignal<Vec<u64>>) -
                 </select>
             </label>
             {chart}
+            <kernels::StepKernels lines=lines chosen=chosen />
         </section>
     }
 }
@@ -642,26 +647,8 @@ fn TrainingView(lines: RwSignal<Vec<StepLog>>, run: RwSignal<RunView>) -> impl I
             <table id="device-table">
                 {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
             </table>
-            <h2 style="margin-top:10px">"Kernel timings"</h2>
-            {if bench.is_empty() {
-                view! { <p>"none loaded: run `wgtrain bench --json FILE` and start the dashboard with --bench FILE"</p> }.into_any()
-            } else {
-                view! {
-                    <table id="kernel-table">
-                        <tr><th>"kernel"</th><th>"dtype"</th><th>"shape"</th><th class="num">"median"</th><th class="num">"GFLOP/s"</th><th class="num">"GB/s"</th></tr>
-                        {bench.into_iter().map(|b| view! {
-                            <tr>
-                                <td>{b.kernel.clone()}</td>
-                                <td>{b.dtype.clone()}</td>
-                                <td>{format!("{:?}", b.shape)}</td>
-                                <td class="num">{format!("{:.1} us", b.median_us)}</td>
-                                <td class="num">{b.gflops.map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
-                                <td class="num">{b.gbps.map(|v| format!("{v:.0}")).unwrap_or_default()}</td>
-                            </tr>
-                        }).collect_view()}
-                    </table>
-                }.into_any()
-            }}
+            <h2 style="margin-top:10px">"Kernel timings (wgtrain bench)"</h2>
+            {kernels::bench_table(bench)}
         }
     };
     view! {

@@ -1,5 +1,6 @@
 //! One line of the JSONL training log (`wgtrain train --log`): a step line with the
-//! loss, time and the allocator's counters by category, or an evaluation line.
+//! loss, time and the allocator's counters by category (and, on profiled steps, the
+//! step's kernel table), or an evaluation line.
 //!
 //! May call: serde. Called by: the trainer (writes), the dashboard (reads).
 
@@ -32,6 +33,31 @@ pub struct MemLog {
     pub num_ooms: u64,
     /// Cache flushes to retry an allocation so far.
     pub num_alloc_retries: u64,
+}
+
+/// One kernel's row of a step's profile, as torch.profiler's `key_averages()` gives it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KernelRow {
+    /// Family and variant, e.g. `matmul f16,f16->f32 tm8 gelu vec4`.
+    pub name: String,
+    /// Launches.
+    pub calls: usize,
+    /// GPU time attributed to it, microseconds.
+    pub total_us: f64,
+    /// Per launch.
+    pub mean_us: f64,
+    /// Share of the GPU time, percent (the rows add up to 100).
+    pub pct: f64,
+    /// Achieved GFLOP/s, where the kernel states its FLOPs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gflops: Option<f64>,
+    /// Achieved GB/s over the bound blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    /// GPU time by phase of the step (forward, backward, optimizer, ...), microseconds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_phase: BTreeMap<String, f64>,
 }
 
 /// Evaluation results.
@@ -76,6 +102,12 @@ pub struct StepLog {
     /// Memory after the step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemLog>,
+    /// GPU busy time of the step, milliseconds (profiled steps: `--profile-every`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_ms: Option<f64>,
+    /// The step's kernels by GPU time, largest first (profiled steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<Vec<KernelRow>>,
     /// The loss scale the step used (fp16-mixed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scale: Option<f64>,
