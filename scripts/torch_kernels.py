@@ -1,6 +1,8 @@
-"""PyTorch's times for the kernels `wgtrain bench` measures, same shapes, same GPU.
+"""PyTorch's times for the kernels `wgtrain bench` measures, same shapes, same GPU,
+including the GPT-2 step's rows (`gpt2.*`; f16 matmuls give f16 outputs here, f32 ours).
 
-Run on the GPU machine: python3 scripts/torch_kernels.py > torch_kernels.json
+Run on the GPU machine: python3 scripts/torch_kernels.py > torch_kernels.json, then
+`wgtrain bench --compare torch_kernels.json` prints each row's ratio.
 Prints a JSON list of {kernel, dtype, shape, median_us, gflops, gbps}. TF32 off.
 """
 import json
@@ -12,7 +14,7 @@ torch.backends.cudnn.allow_tf32 = False
 dev = "cuda"
 
 
-def bench(fn, repeats=10, warmup=2):
+def bench(fn, repeats=25, warmup=10):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -75,4 +77,53 @@ p = torch.nn.Parameter(torch.randn(124_439_808, device=dev))
 p.grad = torch.randn_like(p)
 opt = torch.optim.AdamW([p], fused=True)
 out.append(row("adamw", "f32", [p.numel()], bench(opt.step), nbytes=28.0 * p.numel()))
+del p, opt
+
+# The GPT-2 step's own shapes (wgtrain's bench::gpt2).
+B, T, C, NH, V = 8, 1024, 768, 12, 50257
+R = B * T
+for dt, name in [(torch.float32, "f32"), (torch.float16, "f16")]:
+    for layer, k, n in [("qkv", C, 3 * C), ("attn_proj", C, C), ("fc", C, 4 * C), ("fc_proj", 4 * C, C)]:
+        x = torch.randn(R, k, device=dev, dtype=dt)
+        w = torch.randn(k, n, device=dev, dtype=dt)
+        dy = torch.randn(R, n, device=dev, dtype=dt)
+        fl = 2.0 * R * k * n
+        out.append(row(f"gpt2.{layer}.fwd", name, [R, k, n], bench(lambda: x @ w), flops=fl))
+        out.append(row(f"gpt2.{layer}.dx", name, [R, n, k], bench(lambda: dy @ w.t()), flops=fl))
+        out.append(row(f"gpt2.{layer}.dw", name, [k, R, n], bench(lambda: x.t() @ dy), flops=fl))
+        del x, w, dy
+    q, k_, v = (torch.randn(B, NH, T, C // NH, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    g = torch.randn(B, NH, T, C // NH, device=dev, dtype=dt)
+
+    def attn():
+        q.grad = k_.grad = v.grad = None
+        torch.nn.functional.scaled_dot_product_attention(q, k_, v, is_causal=True).backward(g)
+
+    out.append(row("gpt2.attention.fwd_bwd", name, [B, NH, T, C // NH], bench(attn),
+                   flops=0.5 * 3.5 * 4.0 * B * NH * T * T * (C // NH)))
+    del q, k_, v, g
+ln = torch.nn.LayerNorm(C, device=dev)
+h = torch.randn(R, C, device=dev)
+with torch.no_grad():
+    out.append(row("gpt2.layernorm.fwd", "f32", [R, C], bench(lambda: ln(h)), nbytes=8.0 * R * C))
+hg = h.clone().requires_grad_(True)
+y = ln(hg)
+dy = torch.randn_like(y)
+out.append(row("gpt2.layernorm.bwd", "f32", [R, C],
+               bench(lambda: torch.autograd.grad(y, [hg, ln.weight, ln.bias], dy, retain_graph=True)), nbytes=12.0 * R * C))
+a = torch.randn(R, 4 * C, device=dev)
+with torch.no_grad():
+    out.append(row("gpt2.gelu.fwd", "f32", [R, 4 * C],
+                   bench(lambda: torch.nn.functional.gelu(a, approximate="tanh")), nbytes=8.0 * R * 4 * C))
+ag = a.clone().requires_grad_(True)
+ya = torch.nn.functional.gelu(ag, approximate="tanh")
+da = torch.randn_like(ya)
+out.append(row("gpt2.gelu.bwd", "f32", [R, 4 * C],
+               bench(lambda: torch.autograd.grad(ya, ag, da, retain_graph=True)), nbytes=12.0 * R * 4 * C))
+r1, r2 = torch.randn(R, C, device=dev), torch.randn(R, C, device=dev)
+out.append(row("gpt2.residual_add", "f32", [R, C], bench(lambda: r1 + r2), nbytes=12.0 * R * C))
+ids = torch.randint(0, V, (R,), device=dev)
+dout = torch.randn(R, C, device=dev)
+table = torch.zeros(V, C, device=dev)
+out.append(row("gpt2.embedding.bwd", "f32", [R, V, C], bench(lambda: table.index_add_(0, ids, dout)), nbytes=12.0 * R * C))
 print(json.dumps(out, indent=1))

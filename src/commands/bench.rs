@@ -1,5 +1,9 @@
-//! `wgtrain bench [--quick] [--filter NAME] [--adapter N] [--json FILE]`: runs the
-//! benchmarks, prints a table, and writes the records as JSON.
+//! `wgtrain bench [--quick] [--filter NAME] [--adapter N] [--json FILE] [--compare
+//! FILE]`: runs the benchmarks (each warmed until its time is stable, then the median
+//! and spread of its repeats; rows spread over 10% are flagged), prints a table, writes
+//! the records as JSON, and with `--compare` the ratio of each row's time against a
+//! previous JSON's (ours, or scripts/torch_kernels.py's), flagging rows that differ by
+//! more than 10%.
 //!
 //! May call: `wgtrain_engine` (bench, runtime, device), `commands`.
 
@@ -28,10 +32,26 @@ pub struct BenchArgs {
     /// Write the records to this file as JSON ("-" for standard output).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// A previous `--json` file (ours or scripts/torch_kernels.py's): print each row's
+    /// time against it.
+    #[arg(long, value_name = "FILE")]
+    compare: Option<PathBuf>,
+}
+
+/// Rows of a previous run, read before anything is measured (a bad file fails fast).
+fn load_compare(path: &std::path::Path) -> Result<Vec<BenchRecord>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{} is not a list of benchmark rows (wgtrain bench --json, scripts/torch_kernels.py): {e}",
+            path.display()
+        )
+    })
 }
 
 /// Runs the benchmarks.
 pub fn run(args: BenchArgs) -> CliResult {
+    let previous = args.compare.as_deref().map(load_compare).transpose()?;
     let gpu = Arc::new(Gpu::open(args.adapter.as_deref())?);
     eprintln!(
         "adapter: {} ({}); timing: {}",
@@ -51,6 +71,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             },
         )?;
         records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
+        records.extend(bench::gpt2::run_all(&rt, args.quick, &wanted)?);
         if wanted("launch_overhead") {
             records.extend(bench::launch::run_all(&rt)?);
         }
@@ -59,6 +80,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         records.extend(bench::alloc::run_all(&gpu, args.quick)?.into_iter().filter(|r| wanted(&r.kernel)));
     }
     print_table(&records);
+    if let (Some(previous), Some(path)) = (&previous, &args.compare) {
+        print_comparison(&records, previous, path);
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&records)?;
         if path.as_os_str() == "-" {
@@ -80,24 +104,62 @@ fn opt(value: Option<f64>) -> String {
 
 fn print_table(records: &[BenchRecord]) {
     println!(
-        "{:<22} {:<6} {:<26} {:>12} {:>10} {:>10} {:>10} {:>4}",
-        "kernel", "dtype", "shape", "median_us", "GFLOP/s", "GB/s", "max_err", "ok"
+        "{:<26} {:<6} {:<22} {:>12} {:>7} {:>10} {:>10} {:>10} {:>4}",
+        "kernel", "dtype", "shape", "median_us", "spread", "GFLOP/s", "GB/s", "max_err", "ok"
     );
     for r in records {
         let shape = format!("{:?}", r.shape);
         println!(
-            "{:<22} {:<6} {:<26} {:>12.3} {:>10} {:>10} {:>10} {:>4}",
+            "{:<26} {:<6} {:<22} {:>12.3} {:>7} {:>10} {:>10} {:>10} {:>4}",
             r.kernel,
             r.dtype,
             shape,
             r.median_us,
+            r.spread.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s)),
             opt(r.gflops),
             opt(r.gbps),
             r.max_abs_err.map_or("-".into(), |e| format!("{e:.1e}")),
             if r.ok { "yes" } else { "NO" }
         );
+        if let Some(flag) = &r.flag {
+            println!("    FLAGGED: {flag}");
+        }
         if !r.extra.is_null() {
             println!("    {}", r.extra);
         }
     }
+}
+
+/// Each row against the previous file's row of the same kernel, dtype and shape:
+/// their time over ours (above 1: we are faster now), flagged past 10% either way.
+fn print_comparison(records: &[BenchRecord], previous: &[BenchRecord], path: &std::path::Path) {
+    println!("\ncompared with {} (their time / ours; above 1 = faster now):", path.display());
+    println!(
+        "{:<26} {:<6} {:<22} {:>12} {:>12} {:>8}",
+        "kernel", "dtype", "shape", "ours_us", "theirs_us", "ratio"
+    );
+    let (mut matched, mut differ) = (0, 0);
+    for r in records {
+        let Some(p) = previous
+            .iter()
+            .find(|p| p.kernel == r.kernel && p.dtype == r.dtype && p.shape == r.shape)
+        else {
+            continue;
+        };
+        matched += 1;
+        let ratio = p.median_us / r.median_us.max(1e-12);
+        let far = (ratio - 1.0).abs() > 0.10;
+        differ += usize::from(far);
+        println!(
+            "{:<26} {:<6} {:<22} {:>12.3} {:>12.3} {:>8.3}{}",
+            r.kernel,
+            r.dtype,
+            format!("{:?}", r.shape),
+            r.median_us,
+            p.median_us,
+            ratio,
+            if far { "  differs by more than 10%" } else { "" }
+        );
+    }
+    println!("{matched} rows matched, {differ} differ by more than 10%");
 }

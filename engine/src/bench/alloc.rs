@@ -80,6 +80,7 @@ fn churn(alloc: &Allocator, name: &str, lo: u64, hi: u64, live: usize, ops: usiz
             "pages_created_while_timed": after.num_device_alloc - before.num_device_alloc,
             "reserved_bytes": after.reserved.current,
         }),
+        ..Default::default()
     }
 }
 
@@ -259,6 +260,7 @@ pub fn gpt_pattern(alloc: &Allocator, shape: GptShape, steps: usize) -> BenchRec
             "pages_created": stats.num_device_alloc,
             "num_allocs": stats.num_allocs,
         }),
+        ..Default::default()
     }
 }
 

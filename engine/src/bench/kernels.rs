@@ -1,11 +1,13 @@
-//! Kernel benchmarks: each case builds random inputs, checks the result against an f64
-//! CPU reference on sampled rows or elements (the whole output where it is small), then
-//! times the launch (GPU timestamps when granted, else wall clock) as the median of
-//! repeats after at least 300 ms of warm-up.
+//! Kernel benchmarks at fixed sizes (4096^3 matmuls, 2^28-element copies, ...): each
+//! case builds random inputs, checks the result against an f64 CPU reference on
+//! sampled rows or elements, and is timed as `bench::measure` says (GPU timestamps
+//! when granted, else wall clock). The GPT-2 step's own shapes are in `bench::gpt2`.
 //!
-//! May call: `bench::record`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
+//! May call: `bench::{measure, record}`, `error`, `kernels`, `memory`, `runtime`,
+//! `tensor`.
 
-use super::record::{BenchRecord, median};
+use super::measure::{Rng, Row, SAMPLES, record, stored, time, upload};
+use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::cross_entropy::cross_entropy_rows;
@@ -13,107 +15,35 @@ use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
-use crate::kernels::tolerance::{compare, tensor_core_tolerance, tolerance};
+use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, layernorm};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
-
-const WARMUP: usize = 2;
-/// Least time spent warming up each case.
-const WARMUP_TIME: std::time::Duration = std::time::Duration::from_millis(300);
-const REPEATS: usize = 10;
-/// Elements or rows checked against the reference in large cases.
-const SAMPLES: usize = 48;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
-            .collect()
-    }
-    fn index(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, Error> {
-    match dtype {
-        DType::F16 => Tensor::from_f32_as_f16(rt, data, shape, Category::Input, "bench"),
-        _ => Tensor::from_f32(rt, data, shape, Category::Input, "bench"),
-    }
-}
-
-fn stored(x: f32, dtype: DType) -> f64 {
-    if dtype == DType::F16 {
-        half::f16::from_f32(x).to_f64()
-    } else {
-        x as f64
-    }
-}
-
-fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<f64, Error> {
-    // Warm up for a while, not a count: an idle GPU needs time to raise its clocks.
-    let start = std::time::Instant::now();
-    let mut runs = 0;
-    while runs < WARMUP || start.elapsed() < WARMUP_TIME {
-        f()?;
-        rt.sync()?;
-        runs += 1;
-    }
-    let mut samples = Vec::with_capacity(REPEATS);
-    for _ in 0..REPEATS {
-        samples.push(rt.time(&mut f)? * 1e6);
-    }
-    Ok(median(&mut samples))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn record(
-    kernel: &str,
-    dtype: DType,
-    shape: &[usize],
-    us: f64,
-    flops: f64,
-    bytes: f64,
-    got: &[f32],
-    want: &[f64],
-    tol: (f64, f64),
-) -> BenchRecord {
-    let (abs, rel, ok) = compare(got, want, tol.0, tol.1);
-    BenchRecord {
-        kernel: kernel.into(),
-        dtype: dtype.wgsl().into(),
-        shape: shape.iter().map(|&d| d as u64).collect(),
-        median_us: us,
-        gflops: (flops > 0.0).then(|| flops / us / 1e3),
-        gbps: (bytes > 0.0).then(|| bytes / us / 1e3),
-        max_abs_err: Some(abs),
-        max_rel_err: Some(rel),
-        ok,
-        extra: serde_json::Value::Null,
-    }
-}
 
 fn copy(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(1);
     let data = rng.vec(n, -1.0, 1.0);
     let x = upload(rt, &data, &[n], DType::F32)?;
     let y = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, "copy")?;
-    let us = time(rt, || map_into(rt, MapOp::Copy, Some(&x), None, &y, 1.0, 0.0))?;
+    let timing = time(rt, || map_into(rt, MapOp::Copy, Some(&x), None, &y, 1.0, 0.0))?;
     let got = y.to_f32_vec(rt)?;
     let idx: Vec<usize> = (0..SAMPLES.min(n)).map(|_| rng.index(n)).collect();
     let want: Vec<f64> = idx.iter().map(|&i| data[i] as f64).collect();
     let got: Vec<f32> = idx.iter().map(|&i| got[i]).collect();
-    Ok(record("copy", DType::F32, &[n], us, 0.0, 8.0 * n as f64, &got, &want, (0.0, 0.0)))
+    Ok(record(
+        "copy",
+        DType::F32,
+        &[n],
+        &timing,
+        Row {
+            flops: 0.0,
+            bytes: 8.0 * n as f64,
+            got: &got,
+            want: &want,
+            tol: (0.0, 0.0),
+        },
+    ))
 }
 
 fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
@@ -121,7 +51,7 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     let (a, b) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[n], DType::F32)?, upload(rt, &b, &[n], DType::F32)?);
     let z = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, "add")?;
-    let us = time(rt, || map_into(rt, MapOp::Add, Some(&x), Some(&y), &z, 1.0, 1.0))?;
+    let timing = time(rt, || map_into(rt, MapOp::Add, Some(&x), Some(&y), &z, 1.0, 1.0))?;
     let out = z.to_f32_vec(rt)?;
     let idx: Vec<usize> = (0..SAMPLES.min(n)).map(|_| rng.index(n)).collect();
     let want: Vec<f64> = idx.iter().map(|&i| a[i] as f64 + b[i] as f64).collect();
@@ -130,12 +60,14 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
         "add",
         DType::F32,
         &[n],
-        us,
-        n as f64,
-        12.0 * n as f64,
-        &got,
-        &want,
-        tolerance(DType::F32, 1),
+        &timing,
+        Row {
+            flops: n as f64,
+            bytes: 12.0 * n as f64,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, 1),
+        },
     ))
 }
 
@@ -148,7 +80,7 @@ fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, 
         tiled_only,
         ..Default::default()
     };
-    let us = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
+    let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     let mut got = Vec::new();
     let mut want = Vec::new();
@@ -161,7 +93,19 @@ fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, 
     let bytes = ((m * k + k * n) * dtype.size() + m * n * 4) as f64;
     let coop = !tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
     let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
-    Ok(record(name, dtype, &[m, k, n], us, flops, bytes, &got, &want, tol))
+    Ok(record(
+        name,
+        dtype,
+        &[m, k, n],
+        &timing,
+        Row {
+            flops,
+            bytes,
+            got: &got,
+            want: &want,
+            tol,
+        },
+    ))
 }
 
 fn softmax_rows(rows: &[f64]) -> Vec<f64> {
@@ -175,7 +119,7 @@ fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error>
     let data = rng.vec(rows * cols, -20.0, 20.0);
     let x = upload(rt, &data, &[rows, cols], DType::F32)?;
     let y = Tensor::empty(rt, &[rows, cols], DType::F32, Category::Temporary, "softmax")?;
-    let us = time(rt, || softmax_into(rt, &x, &y, false, false))?;
+    let timing = time(rt, || softmax_into(rt, &x, &y, false, false))?;
     let out = y.to_f32_vec(rt)?;
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..4 {
@@ -188,12 +132,14 @@ fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error>
         "softmax",
         DType::F32,
         &[rows, cols],
-        us,
-        0.0,
-        8.0 * (rows * cols) as f64,
-        &got,
-        &want,
-        tolerance(DType::F32, cols),
+        &timing,
+        Row {
+            flops: 0.0,
+            bytes: 8.0 * (rows * cols) as f64,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, cols),
+        },
     ))
 }
 
@@ -205,7 +151,7 @@ fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, 
     let x = upload(rt, &data, &[rows, cols], DType::F32)?;
     let (wt, bt) = (upload(rt, &w, &[cols], DType::F32)?, upload(rt, &b, &[cols], DType::F32)?);
     let mut last = None;
-    let us = time(rt, || {
+    let timing = time(rt, || {
         last = Some(layernorm::forward(rt, &x, &wt, &bt, 1e-5, "ln")?.0);
         Ok(())
     })?;
@@ -224,12 +170,14 @@ fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, 
         "layernorm",
         DType::F32,
         &[rows, cols],
-        us,
-        0.0,
-        8.0 * (rows * cols) as f64,
-        &got,
-        &want,
-        tolerance(DType::F32, cols),
+        &timing,
+        Row {
+            flops: 0.0,
+            bytes: 8.0 * (rows * cols) as f64,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, cols),
+        },
     ))
 }
 
@@ -242,7 +190,7 @@ fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord,
     let losses = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "losses")?;
     let dlogits = Tensor::empty(rt, &[rows, vocab], DType::F32, Category::Temporary, "dlogits")?;
     let scale = 1.0 / rows as f32;
-    let us = time(rt, || cross_entropy_rows(rt, &logits, &tt, &losses, Some(&dlogits), scale, 0..rows))?;
+    let timing = time(rt, || cross_entropy_rows(rt, &logits, &tt, &losses, Some(&dlogits), scale, 0..rows))?;
     let (l, d) = (losses.to_f32_vec(rt)?, dlogits.to_f32_vec(rt)?);
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..4 {
@@ -263,12 +211,14 @@ fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord,
         "cross_entropy_fwd_bwd",
         DType::F32,
         &[rows, vocab],
-        us,
-        0.0,
-        8.0 * (rows * vocab) as f64,
-        &got,
-        &want,
-        tolerance(DType::F32, vocab),
+        &timing,
+        Row {
+            flops: 0.0,
+            bytes: 8.0 * (rows * vocab) as f64,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, vocab),
+        },
     ))
 }
 
@@ -278,7 +228,7 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
     let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
     let qkv = upload(rt, &data, &[b, t, 3 * c], DType::F32)?;
     let mut last = None;
-    let us = time(rt, || {
+    let timing = time(rt, || {
         last = Some(attention::forward(rt, &qkv, nh, "attn")?.0);
         Ok(())
     })?;
@@ -301,12 +251,14 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
         "attention_fwd",
         DType::F32,
         &[b, nh, t, d],
-        us,
-        flops,
-        0.0,
-        &got,
-        &want,
-        tolerance(DType::F32, t),
+        &timing,
+        Row {
+            flops,
+            bytes: 0.0,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, t),
+        },
     ))
 }
 
@@ -345,7 +297,7 @@ fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
         got.push(out[i]);
     }
     let mut step = 1;
-    let us = time(rt, || {
+    let timing = time(rt, || {
         step += 1;
         adamw_step(
             rt,
@@ -366,12 +318,14 @@ fn adamw(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
         "adamw",
         DType::F32,
         &[n],
-        us,
-        0.0,
-        28.0 * n as f64,
-        &got,
-        &want,
-        tolerance(DType::F32, 1),
+        &timing,
+        Row {
+            flops: 0.0,
+            bytes: 28.0 * n as f64,
+            got: &got,
+            want: &want,
+            tol: tolerance(DType::F32, 1),
+        },
     ))
 }
 

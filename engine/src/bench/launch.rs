@@ -51,6 +51,7 @@ fn row(kernel: &str, dtype: DType, shape: &[usize], us: f64) -> BenchRecord {
         max_rel_err: None,
         ok: us.is_finite(),
         extra: serde_json::json!({ "launches_per_batch": LAUNCHES, "batches": REPEATS, "what": "host time per recorded launch" }),
+        ..Default::default()
     }
 }
 

@@ -5,8 +5,10 @@
 //! May call: nothing of the engine.
 
 pub mod alloc;
+pub mod gpt2;
 pub mod kernels;
 pub mod launch;
+pub mod measure;
 pub mod record;
 
 pub use record::{BenchRecord, median};

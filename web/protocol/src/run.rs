@@ -112,7 +112,7 @@ pub enum Frame {
 }
 
 /// One measured row of `wgtrain bench --json`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BenchRecord {
     /// What was measured ("alloc_free_small", "matmul", ...).
     pub kernel: String,
@@ -133,6 +133,16 @@ pub struct BenchRecord {
     /// Whether the result checked out (false when a row does not say).
     #[serde(default)]
     pub ok: bool,
+    /// Spread of the timed repeats: (90th - 10th percentile) over the median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<f64>,
+    /// Timed repeats behind the median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeats: Option<u32>,
+    /// Why the row is not to be trusted as it stands (a spread over 10%, clocks that
+    /// never settled), when so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flag: Option<String>,
     /// Figures particular to the record.
     #[serde(skip_serializing_if = "serde_json::Value::is_null", default)]
     pub extra: serde_json::Value,

@@ -1,0 +1,174 @@
+//! How the kernel benchmarks measure, so that a row can be trusted: each case is run
+//! until its time is stable (windows of repeats whose medians agree within 3%, after
+//! at least 300 ms: an idle GPU needs time to raise its clocks, a fixed count is not
+//! enough), then timed over enough repeats (at least 15 and 200 ms) and reported as the
+//! median with its spread, (p90 - p10) / median; a spread over 10%, or clocks that did
+//! not settle within 5 s of warm-up, flags the row with the reason. Also the inputs
+//! (a seeded generator) and the check against the f64 reference every case makes.
+//!
+//! May call: `bench::record`, `error`, `kernels::tolerance`, `memory`, `runtime`,
+//! `tensor`. Called by: `bench::{kernels, gpt2}`.
+
+use std::time::{Duration, Instant};
+
+use super::record::{BenchRecord, median};
+use crate::error::Error;
+use crate::kernels::tolerance::compare;
+use crate::memory::Category;
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+
+/// Least warm-up time.
+const MIN_WARMUP: Duration = Duration::from_millis(300);
+/// Most warm-up time before a row is flagged as unsettled.
+const MAX_WARMUP: Duration = Duration::from_secs(5);
+/// Repeats per warm-up window.
+const WINDOW: usize = 5;
+/// Windows' medians closer than this are stable.
+const STABLE: f64 = 0.03;
+/// Least timed repeats, and least total time timed.
+const MIN_REPEATS: usize = 15;
+const MIN_TIMED: Duration = Duration::from_millis(200);
+const MAX_REPEATS: usize = 200;
+/// A spread beyond this flags the row.
+pub const MAX_SPREAD: f64 = 0.10;
+/// Elements or rows checked against the reference in large cases.
+pub const SAMPLES: usize = 48;
+
+/// A seeded xorshift generator: the same inputs on every machine.
+pub struct Rng(pub u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// `n` values uniform in [lo, hi).
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .collect()
+    }
+    /// An index below `n`.
+    pub fn index(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// `data` on the device as `dtype` (f16 rounds).
+pub fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor, Error> {
+    match dtype {
+        DType::F16 => Tensor::from_f32_as_f16(rt, data, shape, Category::Input, "bench"),
+        _ => Tensor::from_f32(rt, data, shape, Category::Input, "bench"),
+    }
+}
+
+/// `x` as the device stores it in `dtype`, widened.
+pub fn stored(x: f32, dtype: DType) -> f64 {
+    if dtype == DType::F16 {
+        half::f16::from_f32(x).to_f64()
+    } else {
+        x as f64
+    }
+}
+
+/// A timing: the median, the spread, the repeats, and why not to trust it, if so.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// Median microseconds.
+    pub median_us: f64,
+    /// (p90 - p10) / median.
+    pub spread: f64,
+    /// Timed repeats.
+    pub repeats: usize,
+    /// The reason to distrust the row, if any.
+    pub flag: Option<String>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+/// Times `f` (which records launches) as the module says.
+pub fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<Timing, Error> {
+    let start = Instant::now();
+    let mut last: Option<f64> = None;
+    let mut unsettled = false;
+    loop {
+        let mut window = Vec::with_capacity(WINDOW);
+        for _ in 0..WINDOW {
+            window.push(rt.time(&mut f)?);
+        }
+        let m = median(&mut window);
+        let stable = last.is_some_and(|l| (m - l).abs() <= STABLE * l.max(1e-12));
+        if stable && start.elapsed() >= MIN_WARMUP {
+            break;
+        }
+        if start.elapsed() >= MAX_WARMUP {
+            unsettled = true;
+            break;
+        }
+        last = Some(m);
+    }
+    let timed = Instant::now();
+    let mut samples = Vec::new();
+    while samples.len() < MAX_REPEATS && (samples.len() < MIN_REPEATS || timed.elapsed() < MIN_TIMED) {
+        samples.push(rt.time(&mut f)? * 1e6);
+    }
+    let median_us = median(&mut samples);
+    let spread = (percentile(&samples, 0.9) - percentile(&samples, 0.1)) / median_us.max(1e-12);
+    let mut reasons = Vec::new();
+    if unsettled {
+        reasons.push(format!(
+            "time not stable within {STABLE:.0e} after {} s of warm-up",
+            MAX_WARMUP.as_secs()
+        ));
+    }
+    if spread > MAX_SPREAD {
+        reasons.push(format!("spread {:.0}% over {} repeats", 100.0 * spread, samples.len()));
+    }
+    Ok(Timing {
+        median_us,
+        spread,
+        repeats: samples.len(),
+        flag: (!reasons.is_empty()).then(|| reasons.join("; ")),
+    })
+}
+
+/// What a row did: its work (for the rates) and its check against the reference.
+pub struct Row<'a> {
+    /// FLOPs of one repetition (0: no rate).
+    pub flops: f64,
+    /// Bytes read and written by one repetition (0: no rate).
+    pub bytes: f64,
+    /// Sampled results.
+    pub got: &'a [f32],
+    /// The f64 reference of the same samples.
+    pub want: &'a [f64],
+    /// Absolute and relative tolerance.
+    pub tol: (f64, f64),
+}
+
+/// The record of `kernel` at `shape` timed as `t`.
+pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<'_>) -> BenchRecord {
+    let (abs, rel, ok) = compare(row.got, row.want, row.tol.0, row.tol.1);
+    let us = t.median_us;
+    BenchRecord {
+        kernel: kernel.into(),
+        dtype: dtype.wgsl().into(),
+        shape: shape.iter().map(|&d| d as u64).collect(),
+        median_us: us,
+        gflops: (row.flops > 0.0).then(|| row.flops / us / 1e3),
+        gbps: (row.bytes > 0.0).then(|| row.bytes / us / 1e3),
+        max_abs_err: Some(abs),
+        max_rel_err: Some(rel),
+        ok,
+        spread: Some(t.spread),
+        repeats: Some(t.repeats as u32),
+        flag: t.flag.clone(),
+        extra: serde_json::Value::Null,
+    }
+}

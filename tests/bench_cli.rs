@@ -1,0 +1,73 @@
+//! `wgtrain bench`: the GPT-2 step's rows (here at the tiny `--quick` shapes) check out
+//! against their references and carry a median with its spread over enough repeats,
+//! flagged exactly when the spread passes 10%; `--compare` prints each matching row's
+//! ratio against a previous file, and a file that is not one is a clear error before
+//! anything is measured.
+
+mod cli;
+
+use cli::{run_ok, scratch, wgtrain};
+
+fn args(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn gpt2_rows_are_checked_timed_with_their_spread_and_comparable() {
+    let dir = scratch("bench");
+    let first = dir.join("first.json");
+    let table = run_ok(
+        &args(&["bench", "--quick", "--filter", "gpt2.attn_proj", "--json", first.to_str().unwrap()]),
+        &[],
+    );
+    assert!(table.contains("spread"), "{table}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    let names: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["gpt2.attn_proj.dw", "gpt2.attn_proj.dx", "gpt2.attn_proj.fwd"]
+    );
+    for r in &rows {
+        assert_eq!(r["ok"], true, "{r}");
+        assert!(r["repeats"].as_u64().unwrap() >= 15, "{r}");
+        let spread = r["spread"].as_f64().unwrap();
+        assert!(spread >= 0.0 && spread.is_finite(), "{r}");
+        assert_eq!(r.get("flag").is_some(), spread > 0.10, "flagged exactly when spread: {r}");
+        assert!(r["gflops"].as_f64().unwrap() > 0.0);
+    }
+    // The same rows again, against the first run: every row matched, with a ratio.
+    let again = run_ok(
+        &args(&[
+            "bench",
+            "--quick",
+            "--filter",
+            "gpt2.attn_proj.fwd",
+            "--compare",
+            first.to_str().unwrap(),
+        ]),
+        &[],
+    );
+    let matched = rows.iter().filter(|r| r["kernel"] == "gpt2.attn_proj.fwd").count();
+    assert!(again.contains(&format!("{matched} rows matched")), "{again}");
+    let line = again
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("gpt2.attn_proj.fwd"))
+        .expect("a comparison line");
+    let ratio: f64 = line.split_whitespace().nth(6).unwrap().parse().unwrap();
+    assert!(ratio > 0.0 && ratio.is_finite(), "{line}");
+}
+
+#[test]
+fn a_compare_file_that_is_not_bench_rows_is_a_clear_error() {
+    let dir = scratch("bench-bad");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"kernel\": 3}").unwrap();
+    let out = wgtrain(&["bench", "--quick", "--compare", bad.to_str().unwrap()], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a list of benchmark rows"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "nothing measured");
+    let missing = wgtrain(&["bench", "--quick", "--compare", dir.join("none.json").to_str().unwrap()], &[]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
