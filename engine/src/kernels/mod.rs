@@ -14,6 +14,7 @@ pub mod attention;
 pub mod common;
 pub mod cross_entropy;
 pub mod embedding;
+pub mod flash_attention;
 pub mod layernorm;
 pub mod map;
 pub mod matmul;

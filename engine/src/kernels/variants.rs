@@ -2,6 +2,7 @@
 //! validate them all with naga (`tests/kernel_variants.rs`) without a GPU.
 //!
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
+//! `kernels::flash_attention`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
 //! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
@@ -65,6 +66,22 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 include_str!("../../../shaders/reduce.wgsl"),
                 super::reduce::variant(op, t),
             )?;
+        }
+    }
+    for mode in 0..4 {
+        for tq in floats {
+            for td in floats {
+                for (d4, bc) in [(1, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
+                    for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup] {
+                        push(
+                            &mut out,
+                            "flash_attention",
+                            include_str!("../../../shaders/flash_attention.wgsl"),
+                            super::flash_attention::variant(mode, tq, td, d4, bc, path),
+                        )?;
+                    }
+                }
+            }
         }
     }
     for mode in [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward] {

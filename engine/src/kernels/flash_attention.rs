@@ -1,0 +1,326 @@
+//! Fused causal attention (shaders/flash_attention.wgsl): the forward keeps only the
+//! output and the per-row log-sum-exp; the backward recomputes the probabilities block
+//! by block (FlashAttention-2), parallel over key blocks for dK and dV and over query
+//! blocks for dQ, without atomics (bitwise repeatable). Nothing of size T x T exists in
+//! device memory. Computed in f32 whatever the inputs' type (f32 or f16).
+//!
+//! Paths, chosen by the adapter: `Subgroup` (4 lanes per row merged with subgroup
+//! shuffles) where subgroups of at least 4 are granted, else `Plain` (a thread per row,
+//! workgroup memory only). Tiles are sized to the adapter's workgroup memory. Head
+//! sizes: multiples of 4 up to 128; any T; B * NH beyond one dispatch dimension.
+//!
+//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use crate::error::Error;
+use crate::memory::Category;
+use crate::runtime::{KernelKey, Runtime, grid, render};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
+
+/// Rows (queries, or keys in dK/dV) per workgroup.
+const BR: u32 = 64;
+/// Largest head size.
+pub const MAX_HEAD: usize = 128;
+
+/// How a row's work is spread over threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// One thread per row; workgroup memory only.
+    Plain,
+    /// Four lanes per row, merged with subgroup shuffles.
+    Subgroup,
+}
+
+impl Path {
+    /// Threads per row.
+    fn lanes(self) -> u32 {
+        match self {
+            Path::Plain => 1,
+            Path::Subgroup => 4,
+        }
+    }
+
+    /// The path the adapter allows: subgroups when granted with at least 4 lanes.
+    pub fn for_adapter(rt: &Runtime) -> Path {
+        if rt.gpu.caps.subgroup && rt.gpu.caps.subgroup_size.0 >= 4 {
+            Path::Subgroup
+        } else {
+            Path::Plain
+        }
+    }
+
+    fn check(self, rt: &Runtime) -> Result<(), Error> {
+        if self == Path::Subgroup && Path::for_adapter(rt) != Path::Subgroup {
+            return Err(Error::invalid(
+                "flash attention",
+                format!(
+                    "the subgroup path needs subgroups of at least 4 lanes, which '{}' does not grant",
+                    rt.gpu.report.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which kernel of the family.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Forward = 0,
+    RowDot = 1,
+    KeyValue = 2,
+    Query = 3,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    b: u32,
+    nh: u32,
+    t: u32,
+    c4: u32,
+    scale: f32,
+    blocks: u32,
+    per: u32,
+    pad: u32,
+}
+
+/// The sizes of an attention over qkv [B, T, 3C] with `nh` heads.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    /// Batch.
+    pub b: usize,
+    /// Sequence length.
+    pub t: usize,
+    /// Heads.
+    pub nh: usize,
+    /// Head size.
+    pub d: usize,
+}
+
+impl Dims {
+    /// Checks qkv (a contiguous whole [B, T, 3C], C = nh * D, D a multiple of 4 up to
+    /// 128) and returns its sizes.
+    pub fn of(qkv: &Tensor, nh: usize) -> Result<Dims, Error> {
+        let bad = || {
+            Error::shape(
+                "flash attention qkv",
+                format!("a contiguous [B, T, 3C] at offset 0 with C = {nh} heads x D, D a multiple of 4 up to {MAX_HEAD}"),
+                format!("{:?} (offset {})", qkv.shape(), qkv.offset()),
+            )
+        };
+        let [b, t, c3] = *qkv.shape() else { return Err(bad()) };
+        if nh == 0 || c3 % 3 != 0 || (c3 / 3) % nh != 0 || !qkv.is_contiguous() || qkv.offset() != 0 {
+            return Err(bad());
+        }
+        let d = c3 / 3 / nh;
+        if d == 0 || d % 4 != 0 || d > MAX_HEAD || b == 0 || t == 0 {
+            return Err(bad());
+        }
+        Ok(Dims { b, t, nh, d })
+    }
+
+    fn c(&self) -> usize {
+        self.nh * self.d
+    }
+
+    fn params(&self, blocks: u32, per: u32) -> Params {
+        Params {
+            b: self.b as u32,
+            nh: self.nh as u32,
+            t: self.t as u32,
+            c4: (self.c() / 4) as u32,
+            scale: 1.0 / (self.d as f32).sqrt(),
+            blocks,
+            per,
+            pad: 0,
+        }
+    }
+
+    fn blocks(&self) -> u32 {
+        (self.t as u32).div_ceil(BR)
+    }
+
+    /// Causal (query, key) pairs over all batches and heads.
+    fn pairs(&self) -> f64 {
+        (self.b * self.nh) as f64 * (self.t * (self.t + 1) / 2) as f64
+    }
+}
+
+/// Keys (or queries) per tile: the most that fit two tiles of D floats per row, and the
+/// tile's lse and D, in the adapter's workgroup memory.
+fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
+    let limit = rt.gpu.caps.limits.max_compute_workgroup_storage_size as usize;
+    [64u32, 32, 16, 8, 4]
+        .into_iter()
+        .filter(|&bc| bc >= lanes)
+        .find(|&bc| 2 * bc as usize * d * 4 + 2 * bc as usize * 4 <= limit)
+        .ok_or_else(|| {
+            Error::invalid(
+                "flash attention",
+                format!("head size {d} needs more workgroup memory than the adapter's {limit} bytes"),
+            )
+        })
+}
+
+/// The kernel of `mode` and its rows per tile and thread.
+fn kernel(
+    rt: &Runtime,
+    mode: Mode,
+    tq: DType,
+    td: DType,
+    d: usize,
+    path: Path,
+    bindings: usize,
+) -> Result<(std::sync::Arc<crate::runtime::Kernel>, u32), Error> {
+    require_f16(rt, &[tq, td])?;
+    path.check(rt)?;
+    let lanes = path.lanes();
+    let bc = tile_rows(rt, d, lanes)?;
+    let d4 = (d / 4) as u32;
+    let key = KernelKey::new("flash_attention", &[mode as u32, tq as u32, td as u32, d4, BR, bc, lanes]);
+    let k = rt.kernel(key, bindings, || {
+        render("flash_attention", SOURCE, &variant(mode as u32, tq, td, d4, bc, path))
+    })?;
+    Ok((k, bc / lanes))
+}
+
+/// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
+/// dV, 3 dQ; `bc` rows per tile.
+pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Vec<(&'static str, String)> {
+    let lanes = path.lanes();
+    let flag = |on: bool| on.to_string();
+    vec![
+        ("ENABLE", enables(&[tq, td])),
+        ("TQ", tq.wgsl().into()),
+        ("TD", td.wgsl().into()),
+        ("D4", d4.to_string()),
+        ("BR", BR.to_string()),
+        ("BC", bc.to_string()),
+        ("R", lanes.to_string()),
+        ("WG", (BR * lanes).to_string()),
+        ("TILE", (bc * d4).to_string()),
+        ("MODE", mode.to_string()),
+        ("SUBGROUP", flag(path == Path::Subgroup)),
+        ("FWD", flag(mode == Mode::Forward as u32)),
+        ("PRE", flag(mode == Mode::RowDot as u32)),
+        ("BWD", flag(mode >= Mode::KeyValue as u32)),
+        ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
+        ("BWD_Q", flag(mode == Mode::Query as u32)),
+    ]
+}
+
+/// What the forward keeps for backward besides qkv: the output and the log-sum-exp.
+pub struct FlashSaved {
+    /// The output y [B, T, C] (qkv's type).
+    pub y: Tensor,
+    /// Log-sum-exp of each row's scaled scores [B, NH, T], f32.
+    pub lse: Tensor,
+}
+
+/// y [B, T, C] (qkv's type) = causal attention of qkv [B, T, 3C] with `nh` heads, on
+/// `path`; also the log-sum-exp for backward.
+pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str) -> Result<FlashSaved, Error> {
+    let dims = Dims::of(qkv, nh)?;
+    let dt = qkv.dtype();
+    check_tensor("flash attention qkv", qkv, dt)?;
+    let (k, per) = kernel(rt, Mode::Forward, dt, dt, dims.d, path, 3)?;
+    let y = Tensor::empty(rt, &[dims.b, dims.t, dims.c()], dt, Category::Activation, label)?;
+    let lse = Tensor::empty(
+        rt,
+        &[dims.b, dims.nh, dims.t],
+        DType::F32,
+        Category::Activation,
+        &format!("{label}.lse"),
+    )?;
+    let blocks = dims.blocks();
+    rt.launch_with_work(
+        &k,
+        bytemuck::bytes_of(&dims.params(blocks, per)),
+        &[qkv, &y, &lse],
+        grid(blocks * (dims.b * dims.nh) as u32),
+        Some(4.0 * dims.pairs() * dims.d as f64),
+        1,
+    )?;
+    Ok(FlashSaved { y, lse })
+}
+
+/// dqkv [B, T, 3C] (f32) from dy [B, T, C] (contiguous, f32 or qkv's type), on `path`.
+pub fn backward_on(
+    rt: &Runtime,
+    qkv: &Tensor,
+    nh: usize,
+    saved: &FlashSaved,
+    dy: &Tensor,
+    path: Path,
+    label: &str,
+) -> Result<Tensor, Error> {
+    let dims = Dims::of(qkv, nh)?;
+    let (tq, td) = (qkv.dtype(), dy.dtype());
+    let shape = [dims.b, dims.t, dims.c()];
+    check_contiguous("flash attention dy", dy, &shape)?;
+    check_contiguous("flash attention y", &saved.y, &shape)?;
+    check_contiguous("flash attention lse", &saved.lse, &[dims.b, dims.nh, dims.t])?;
+    check_tensor("flash attention y", &saved.y, tq)?;
+    check_tensor("flash attention lse", &saved.lse, DType::F32)?;
+    if dy.offset() != 0 || saved.y.offset() != 0 || saved.lse.offset() != 0 || !matches!(td, DType::F32 | DType::F16) {
+        return Err(Error::shape(
+            "flash attention dy",
+            "whole f32 or f16 tensors (offset 0)",
+            format!("{td:?} at offset {}", dy.offset()),
+        ));
+    }
+    let rows = dims.b * dims.nh * dims.t;
+    let dvec = Tensor::empty(
+        rt,
+        &[dims.b, dims.nh, dims.t],
+        DType::F32,
+        Category::Temporary,
+        &format!("{label}.rowdot"),
+    )?;
+    let (pre, _) = kernel(rt, Mode::RowDot, tq, td, dims.d, path, 3)?;
+    let wg = (BR * path.lanes()) as usize;
+    rt.launch(
+        &pre,
+        bytemuck::bytes_of(&dims.params(0, 0)),
+        &[&saved.y, dy, &dvec],
+        grid(rows.div_ceil(wg) as u32),
+    )?;
+    let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
+    let blocks = dims.blocks();
+    let groups = grid(blocks * (dims.b * dims.nh) as u32);
+    let (kv, per) = kernel(rt, Mode::KeyValue, tq, td, dims.d, path, 5)?;
+    let params = dims.params(blocks, per);
+    rt.launch_with_work(
+        &kv,
+        bytemuck::bytes_of(&params),
+        &[qkv, dy, &saved.lse, &dvec, &dqkv],
+        groups,
+        Some(8.0 * dims.pairs() * dims.d as f64),
+        4,
+    )?;
+    let (q, _) = kernel(rt, Mode::Query, tq, td, dims.d, path, 5)?;
+    rt.launch_with_work(
+        &q,
+        bytemuck::bytes_of(&params),
+        &[qkv, dy, &saved.lse, &dvec, &dqkv],
+        groups,
+        Some(6.0 * dims.pairs() * dims.d as f64),
+        4,
+    )?;
+    Ok(dqkv)
+}
+
+/// [`forward_on`] on the adapter's path.
+pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<FlashSaved, Error> {
+    forward_on(rt, qkv, nh, Path::for_adapter(rt), label)
+}
+
+/// [`backward_on`] on the adapter's path.
+pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &FlashSaved, dy: &Tensor, label: &str) -> Result<Tensor, Error> {
+    backward_on(rt, qkv, nh, saved, dy, Path::for_adapter(rt), label)
+}

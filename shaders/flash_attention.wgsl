@@ -1,0 +1,364 @@
+// Fused causal attention (FlashAttention-2's scheme), forward and backward, computed
+// in f32 whatever the inputs' type; nothing of size T x T is ever stored.
+//
+// Layout: qkv [B, T, 3C] (q, k, v of head h at columns h*D.. of their third), the
+// output y and its gradient dy [B, T, C], the log-sum-exp lse and D = rowsum(dy * y)
+// [B, NH, T] in f32, the gradient dqkv [B, T, 3C] in f32. Scores are scale * q.k.
+//
+// MODE 0, forward: a workgroup takes BR query rows of one (batch, head); K and V stream
+//   through workgroup memory in tiles of BC keys (tiles above the diagonal skipped);
+//   each row keeps its running max, sum and output (the online softmax) and ends with
+//   y = o / l and lse = m + log(l).
+// MODE 1, D = rowsum(dy * y) per row (one thread per row).
+// MODE 2, dK and dV: a workgroup takes BR key rows; Q, dY, lse and D stream through
+//   workgroup memory in tiles of BC query rows (from the diagonal down); P is recomputed
+//   from the saved lse: dV += P dY, dK += (P * (dY.V - D)) Q * scale.
+// MODE 3, dQ: a workgroup takes BR query rows; K and V stream as in the forward;
+//   dQ += (P * (dY.V - D)) K * scale.
+// No atomics: each output row is summed by its own threads in a fixed order, so the
+// results are bitwise repeatable.
+//
+// Threads per row, R: 1 (the plain path: each thread owns a row and the keys or queries
+// of every tile) or 4 with SUBGROUP (a row's 4 lanes share a tile's keys or queries,
+// and their partial max, sums and vectors are merged with subgroup shuffles).
+//
+// Template: ENABLE, TQ (qkv and y), TD (dy), D4 (head size / 4), BR, BC, R, MODE,
+// SUBGROUP, and FWD/PRE/BWD_KV/BWD_Q (the mode's bindings).
+{{ENABLE}}
+
+struct Params {
+    b: u32,
+    nh: u32,
+    t: u32,
+    c4: u32,        // C / 4: a row of y in vec4s
+    scale: f32,
+    blocks: u32,    // row blocks per (batch, head)
+    per: u32,       // PER, from the host: a loop bound the compiler does not unroll
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+//#if FWD
+@group(0) @binding(1) var<storage, read_write> qkv: array<vec4<{{TQ}}>>;
+@group(0) @binding(2) var<storage, read_write> y: array<vec4<{{TQ}}>>;
+@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+//#endif
+//#if PRE
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<{{TQ}}>>;
+@group(0) @binding(2) var<storage, read_write> dy: array<vec4<{{TD}}>>;
+@group(0) @binding(3) var<storage, read_write> dvec: array<f32>;
+//#endif
+//#if BWD
+@group(0) @binding(1) var<storage, read_write> qkv: array<vec4<{{TQ}}>>;
+@group(0) @binding(2) var<storage, read_write> dy: array<vec4<{{TD}}>>;
+@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dvec: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dqkv: array<vec4<f32>>;
+//#endif
+
+const D4: u32 = {{D4}}u;
+const BR: u32 = {{BR}}u;
+const BC: u32 = {{BC}}u;
+const R: u32 = {{R}}u;
+const PER: u32 = BC / R;      // a thread's keys (or queries) in a tile
+const WG: u32 = BR * R;
+const MODE: u32 = {{MODE}}u;
+const NEG: f32 = -3.0e38;
+
+// Two tiles of BC rows of D4 vec4s in workgroup memory (K and V, or Q and dY), and a
+// tile's lse and D.
+var<workgroup> tile_a: array<vec4<f32>, {{TILE}}>;
+var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
+var<workgroup> tile_s: array<f32, BC>;
+var<workgroup> tile_d: array<f32, BC>;
+
+// vec4 index of element (b, t, part, h, 0) of qkv.
+fn qkv_at(b: u32, t: u32, part: u32, h: u32) -> u32 {
+    return ((b * p.t + t) * 3u + part) * p.c4 + h * D4;
+}
+
+// vec4 index of element (b, t, h, 0) of y or dy.
+fn y_at(b: u32, t: u32, h: u32) -> u32 {
+    return (b * p.t + t) * p.c4 + h * D4;
+}
+
+fn row_at(b: u32, h: u32, t: u32) -> u32 {
+    return (b * p.nh + h) * p.t + t;
+}
+
+//#if SUBGROUP
+fn merge_max(x: f32) -> f32 {
+    var v = x;
+    for (var o = 1u; o < R; o <<= 1u) {
+        v = max(v, subgroupShuffleXor(v, o));
+    }
+    return v;
+}
+fn merge_sum(x: f32) -> f32 {
+    var v = x;
+    for (var o = 1u; o < R; o <<= 1u) {
+        v += subgroupShuffleXor(v, o);
+    }
+    return v;
+}
+fn merge_sum4(x: vec4<f32>) -> vec4<f32> {
+    var v = x;
+    for (var o = 1u; o < R; o <<= 1u) {
+        v += subgroupShuffleXor(v, o);
+    }
+    return v;
+}
+//#else
+fn merge_max(x: f32) -> f32 { return x; }
+fn merge_sum(x: f32) -> f32 { return x; }
+fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
+//#endif
+
+//#if FWD
+// Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T.
+fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
+    for (var e = lid; e < BC * D4; e += WG) {
+        let r = e / D4;
+        let c = e % D4;
+        let j = j0 + r;
+        if j < p.t {
+            tile_a[e] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
+            tile_b[e] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
+        } else {
+            tile_a[e] = vec4<f32>(0.0);
+            tile_b[e] = vec4<f32>(0.0);
+        }
+    }
+}
+//#endif
+
+//#if BWD_Q
+fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
+    for (var e = lid; e < BC * D4; e += WG) {
+        let r = e / D4;
+        let c = e % D4;
+        let j = j0 + r;
+        if j < p.t {
+            tile_a[e] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
+            tile_b[e] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
+        } else {
+            tile_a[e] = vec4<f32>(0.0);
+            tile_b[e] = vec4<f32>(0.0);
+        }
+    }
+}
+//#endif
+
+//#if BWD_KV
+// Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b, lse and D.
+fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
+    for (var e = lid; e < BC * D4; e += WG) {
+        let r = e / D4;
+        let c = e % D4;
+        let i = i0 + r;
+        if i < p.t {
+            tile_a[e] = vec4<f32>(qkv[qkv_at(b, i, 0u, h) + c]);
+            tile_b[e] = vec4<f32>(dy[y_at(b, i, h) + c]);
+        } else {
+            tile_a[e] = vec4<f32>(0.0);
+            tile_b[e] = vec4<f32>(0.0);
+        }
+    }
+    for (var r = lid; r < BC; r += WG) {
+        let i = i0 + r;
+        if i < p.t {
+            tile_s[r] = lse[row_at(b, h, i)];
+            tile_d[r] = dvec[row_at(b, h, i)];
+        } else {
+            tile_s[r] = 0.0;
+            tile_d[r] = 0.0;
+        }
+    }
+}
+//#endif
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let group = wid.x + wid.y * nwg.x;
+//#if PRE
+    // One thread per (b, h, t) row.
+    let row = group * WG + lid;
+    if row >= p.b * p.nh * p.t { return; }
+    let t = row % p.t;
+    let h = (row / p.t) % p.nh;
+    let b = row / (p.t * p.nh);
+    var acc = 0.0;
+    for (var c = 0u; c < D4; c++) {
+        acc += dot(vec4<f32>(y[y_at(b, t, h) + c]), vec4<f32>(dy[y_at(b, t, h) + c]));
+    }
+    dvec[row] = acc;
+//#else
+    // Uniform per workgroup: which (batch, head) and which block of rows.
+    let bh = group / p.blocks;
+    let blk = group % p.blocks;
+    if bh >= p.b * p.nh { return; }
+    let b = bh / p.nh;
+    let h = bh % p.nh;
+    let r = lid / R;            // the thread's row in the block
+    let sub = lid % R;          // its lane among the row's R threads
+    let row = blk * BR + r;     // a query row (FWD, BWD_Q) or a key row (BWD_KV)
+    let valid = row < p.t;
+    let srow = min(row, p.t - 1u);
+//#endif
+//#if FWD
+    var q: array<vec4<f32>, D4>;
+    var o: array<vec4<f32>, D4>;
+    for (var c = 0u; c < D4; c++) {
+        q[c] = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + c]) * p.scale;
+        o[c] = vec4<f32>(0.0);
+    }
+    var m = NEG;
+    var l = 0.0;
+    // Keys up to the block's last row: tiles above the diagonal are never loaded.
+    let last = min(p.t, blk * BR + BR);
+    for (var j0 = 0u; j0 < last; j0 += BC) {
+        workgroupBarrier();
+        load_kv(lid, b, h, j0);
+        workgroupBarrier();
+        var s: array<f32, PER>;
+        var mt = NEG;
+        for (var u = 0u; u < p.per; u++) {
+            let jj = sub + u * R;
+            let j = j0 + jj;
+            var v = NEG;
+            if j <= row && j < p.t {
+                var acc = 0.0;
+                for (var c = 0u; c < D4; c++) {
+                    acc += dot(q[c], tile_a[jj * D4 + c]);
+                }
+                v = acc;
+            }
+            s[u] = v;
+            mt = max(mt, v);
+        }
+        if mt > NEG {
+            let m_new = max(m, mt);
+            let corr = exp(m - m_new);
+            l *= corr;
+            for (var c = 0u; c < D4; c++) {
+                o[c] *= corr;
+            }
+            for (var u = 0u; u < p.per; u++) {
+                if s[u] > NEG {
+                    let pj = exp(s[u] - m_new);
+                    l += pj;
+                    let jj = sub + u * R;
+                    for (var c = 0u; c < D4; c++) {
+                        o[c] += pj * tile_b[jj * D4 + c];
+                    }
+                }
+            }
+            m = m_new;
+        }
+    }
+    // Merge the row's R partial softmaxes (each lane saw every R-th key).
+    let mm = merge_max(m);
+    let f = select(0.0, exp(m - mm), m > NEG);
+    let lt = merge_sum(l * f);
+    for (var c = 0u; c < D4; c++) {
+        o[c] = merge_sum4(o[c] * f);
+    }
+    if valid && sub == 0u {
+        let inv = 1.0 / lt;
+        for (var c = 0u; c < D4; c++) {
+            y[y_at(b, row, h) + c] = vec4<{{TQ}}>(o[c] * inv);
+        }
+        lse[row_at(b, h, row)] = mm + log(lt);
+    }
+//#endif
+//#if BWD_Q
+    var q: array<vec4<f32>, D4>;
+    var g: array<vec4<f32>, D4>;
+    var dq: array<vec4<f32>, D4>;
+    for (var c = 0u; c < D4; c++) {
+        q[c] = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + c]);
+        g[c] = vec4<f32>(dy[y_at(b, srow, h) + c]);
+        dq[c] = vec4<f32>(0.0);
+    }
+    let lse_i = lse[row_at(b, h, srow)];
+    let d_i = dvec[row_at(b, h, srow)];
+    let last = min(p.t, blk * BR + BR);
+    for (var j0 = 0u; j0 < last; j0 += BC) {
+        workgroupBarrier();
+        load_kv(lid, b, h, j0);
+        workgroupBarrier();
+        for (var u = 0u; u < p.per; u++) {
+            let jj = sub + u * R;
+            let j = j0 + jj;
+            if j <= row && j < p.t {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var c = 0u; c < D4; c++) {
+                    s += dot(q[c], tile_a[jj * D4 + c]);
+                    dp += dot(g[c], tile_b[jj * D4 + c]);
+                }
+                let pij = exp(s * p.scale - lse_i);
+                let ds = pij * (dp - d_i);
+                for (var c = 0u; c < D4; c++) {
+                    dq[c] += ds * tile_a[jj * D4 + c];
+                }
+            }
+        }
+    }
+    for (var c = 0u; c < D4; c++) {
+        dq[c] = merge_sum4(dq[c]);
+    }
+    if valid && sub == 0u {
+        for (var c = 0u; c < D4; c++) {
+            dqkv[qkv_at(b, row, 0u, h) + c] = dq[c] * p.scale;
+        }
+    }
+//#endif
+//#if BWD_KV
+    var k: array<vec4<f32>, D4>;
+    var v: array<vec4<f32>, D4>;
+    var dk: array<vec4<f32>, D4>;
+    var dv: array<vec4<f32>, D4>;
+    for (var c = 0u; c < D4; c++) {
+        k[c] = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + c]);
+        v[c] = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + c]);
+        dk[c] = vec4<f32>(0.0);
+        dv[c] = vec4<f32>(0.0);
+    }
+    // Queries from the block's first key row down: tiles above the diagonal skipped.
+    let first = (blk * BR) / BC * BC;
+    for (var i0 = first; i0 < p.t; i0 += BC) {
+        workgroupBarrier();
+        load_q(lid, b, h, i0);
+        workgroupBarrier();
+        for (var u = 0u; u < p.per; u++) {
+            let ii = sub + u * R;
+            let i = i0 + ii;
+            if i >= row && i < p.t && valid {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var c = 0u; c < D4; c++) {
+                    s += dot(tile_a[ii * D4 + c], k[c]);
+                    dp += dot(tile_b[ii * D4 + c], v[c]);
+                }
+                let pij = exp(s * p.scale - tile_s[ii]);
+                let ds = pij * (dp - tile_d[ii]);
+                for (var c = 0u; c < D4; c++) {
+                    dv[c] += pij * tile_b[ii * D4 + c];
+                    dk[c] += ds * tile_a[ii * D4 + c];
+                }
+            }
+        }
+    }
+    for (var c = 0u; c < D4; c++) {
+        dk[c] = merge_sum4(dk[c]);
+        dv[c] = merge_sum4(dv[c]);
+    }
+    if valid && sub == 0u {
+        for (var c = 0u; c < D4; c++) {
+            dqkv[qkv_at(b, row, 1u, h) + c] = dk[c] * p.scale;
+            dqkv[qkv_at(b, row, 2u, h) + c] = dv[c];
+        }
+    }
+//#endif
+}

@@ -1,0 +1,165 @@
+//! Fused (flash) attention against f64 references and against the composite: the
+//! output and all three gradients, causal, odd T (1, 7, 65, 257), head sizes 16 to 128,
+//! f32 and f16 inputs, on every path this machine runs (lavapipe: the subgroup path
+//! and the plain one, forced); bitwise repeatable backward; B * NH beyond one dispatch
+//! row of workgroups; bad shapes are clear errors. Guard bytes are on throughout.
+
+mod common;
+
+use common::{Rng, assert_close_within, finish, rounded, runtime, upload};
+use wgtrain_engine::TensorOps;
+use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
+use wgtrain_engine::kernels::{attention, tolerance::tolerance};
+use wgtrain_engine::{DType, Runtime};
+
+/// y, and dqkv for upstream gradient dy, of causal attention in f64.
+fn reference(qkv: &[f64], dy: &[f64], b: usize, t: usize, nh: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
+    let c = nh * d;
+    let at = |bi: usize, ti: usize, part: usize, h: usize, k: usize| bi * t * 3 * c + ti * 3 * c + part * c + h * d + k;
+    let yat = |bi: usize, ti: usize, h: usize, k: usize| bi * t * c + ti * c + h * d + k;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut y = vec![0.0; b * t * c];
+    let mut dqkv = vec![0.0; b * t * 3 * c];
+    for bi in 0..b {
+        for h in 0..nh {
+            for i in 0..t {
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| (0..d).map(|k| qkv[at(bi, i, 0, h, k)] * qkv[at(bi, j, 1, h, k)]).sum::<f64>() * scale)
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
+                for (j, &pj) in p.iter().enumerate() {
+                    for k in 0..d {
+                        y[yat(bi, i, h, k)] += pj * qkv[at(bi, j, 2, h, k)];
+                    }
+                }
+                // dP = dY V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K scale; dK += dS^T Q scale; dV += P^T dY.
+                let dp: Vec<f64> = (0..=i)
+                    .map(|j| (0..d).map(|k| dy[yat(bi, i, h, k)] * qkv[at(bi, j, 2, h, k)]).sum())
+                    .collect();
+                let dot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - dot);
+                    for k in 0..d {
+                        dqkv[at(bi, i, 0, h, k)] += ds * qkv[at(bi, j, 1, h, k)] * scale;
+                        dqkv[at(bi, j, 1, h, k)] += ds * qkv[at(bi, i, 0, h, k)] * scale;
+                        dqkv[at(bi, j, 2, h, k)] += p[j] * dy[yat(bi, i, h, k)];
+                    }
+                }
+            }
+        }
+    }
+    (y, dqkv)
+}
+
+fn paths(rt: &Runtime) -> Vec<Path> {
+    let mut v = vec![Path::Plain];
+    if Path::for_adapter(rt) == Path::Subgroup {
+        v.push(Path::Subgroup);
+    }
+    v
+}
+
+#[test]
+fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
+    let rt = runtime();
+    let on = paths(&rt);
+    assert!(
+        on.contains(&Path::Subgroup) || !rt.gpu.caps.subgroup,
+        "lavapipe grants subgroups: both paths run here"
+    );
+    let mut rng = Rng(41);
+    for (b, t, nh, d) in [
+        (1, 1, 1, 32),
+        (2, 7, 2, 16),
+        (1, 65, 2, 64),
+        (1, 257, 1, 32),
+        (1, 33, 1, 128),
+        (1, 70, 3, 64),
+    ] {
+        let c = nh * d;
+        let data = rng.vec(b * t * 3 * c, -1.5, 1.5);
+        let dy_data = rng.vec(b * t * c, -1.0, 1.0);
+        for dtype in [DType::F32, DType::F16] {
+            if dtype == DType::F16 && !rt.gpu.caps.shader_f16 {
+                continue;
+            }
+            let qkv = upload(&rt, &data, &[b, t, 3 * c], dtype);
+            let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
+            let (want_y, want_d) = reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
+            for &path in &on {
+                let what = format!("[{b},{t},{nh},{d}] {dtype:?} {path:?}");
+                let saved = forward_on(&rt, &qkv, nh, path, "attn").unwrap();
+                let tol = if dtype == DType::F16 {
+                    (4e-3, 1e-2)
+                } else {
+                    tolerance(DType::F32, t.max(d))
+                };
+                assert_close_within(&rt, &format!("{what} y"), &saved.y, &want_y, tol);
+                let dqkv = backward_on(&rt, &qkv, nh, &saved, &dy, path, "dqkv").unwrap();
+                let gtol = if dtype == DType::F16 {
+                    (4e-3, 1e-2)
+                } else {
+                    (2e-5 * (t as f64).sqrt(), 1e-4)
+                };
+                assert_close_within(&rt, &format!("{what} dqkv"), &dqkv, &want_d, gtol);
+            }
+        }
+    }
+    finish(&rt);
+}
+
+#[test]
+fn flash_matches_the_composite_and_repeats_bitwise() {
+    let rt = runtime();
+    let mut rng = Rng(42);
+    let (b, t, nh, d) = (2, 96, 4, 16);
+    let c = nh * d;
+    let qkv = upload(&rt, &rng.vec(b * t * 3 * c, -2.0, 2.0), &[b, t, 3 * c], DType::F32);
+    let dy = upload(&rt, &rng.vec(b * t * c, -1.0, 1.0), &[b, t, c], DType::F32);
+    let (cy, csaved) = attention::forward(&rt, &qkv, nh, "composite").unwrap();
+    let cd = attention::backward(&rt, &qkv, nh, &csaved, &dy, "composite.d").unwrap();
+    let (cy, cd) = (cy.to_f32_vec(&rt).unwrap(), cd.to_f32_vec(&rt).unwrap());
+    let widen = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    for path in paths(&rt) {
+        let saved = forward_on(&rt, &qkv, nh, path, "attn").unwrap();
+        assert_close_within(&rt, "y vs composite", &saved.y, &widen(&cy), (1e-5, 1e-4));
+        let first = backward_on(&rt, &qkv, nh, &saved, &dy, path, "d").unwrap();
+        assert_close_within(&rt, "dqkv vs composite", &first, &widen(&cd), (1e-5, 1e-4));
+        let first = first.to_f32_vec(&rt).unwrap();
+        for _ in 0..3 {
+            let again = backward_on(&rt, &qkv, nh, &saved, &dy, path, "d").unwrap().to_f32_vec(&rt).unwrap();
+            assert!(
+                first.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{path:?}: backward is bitwise repeatable"
+            );
+        }
+    }
+    finish(&rt);
+}
+
+#[test]
+fn many_heads_span_a_second_dispatch_row_and_bad_shapes_are_errors() {
+    let rt = runtime();
+    let mut rng = Rng(43);
+    // 65537 (batch, head) pairs of one row: more workgroups than one dispatch dimension.
+    let (b, t, nh, d) = (65537, 1, 1, 4);
+    let c = nh * d;
+    let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
+    let qkv = upload(&rt, &data, &[b, t, 3 * c], DType::F32);
+    let saved = forward_on(&rt, &qkv, nh, Path::Plain, "attn").unwrap();
+    // With one key, the output is v itself.
+    let want: Vec<f64> = (0..b)
+        .flat_map(|bi| (0..c).map(move |k| (bi, k)))
+        .map(|(bi, k)| data[bi * 3 * c + 2 * c + k] as f64)
+        .collect();
+    assert_close_within(&rt, "y of one key", &saved.y, &want, (1e-6, 1e-6));
+    for (shape, nh) in [(vec![1, 4, 18], 1), (vec![1, 4, 12], 5), (vec![1, 4, 3 * 132], 1), (vec![4, 12], 1)] {
+        let n = shape.iter().product();
+        let x = upload(&rt, &vec![0.0; n], &shape, DType::F32);
+        let err = forward_on(&rt, &x, nh, Path::Plain, "bad").err().expect("a shape error");
+        assert!(err.to_string().contains("flash attention qkv"), "{err}");
+    }
+    finish(&rt);
+}
