@@ -9,7 +9,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
-use crate::kernels::{attention as attn, cross_entropy as ce, embedding as emb, layernorm as ln};
+use crate::kernels::{cross_entropy as ce, embedding as emb, flash_attention as flash, layernorm as ln};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -222,23 +222,26 @@ pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label
     ))
 }
 
-/// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C]. Under
-/// fp16-mixed q, k, v, the probabilities and the output are f16 (the softmax computes
-/// in f32); the gradient is f32.
+/// Causal self-attention of qkv [B, T, 3C] with `nh` heads -> [B, T, C], fused (flash
+/// attention: only the output and the per-row log-sum-exp are kept for backward, the
+/// probabilities are recomputed there). Under fp16-mixed q, k, v and the output are f16
+/// (computed in f32); the gradient is f32.
 pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &str) -> Result<Var, Error> {
     let input = if tape.half_matmuls() {
         half(rt, &qkv.value, Category::Activation, &format!("{label}.qkv.f16"))?
     } else {
         qkv.value.clone()
     };
-    let (y, saved) = attn::forward(rt, &input, nh, label)?;
+    let saved = flash::forward(rt, &input, nh, label)?;
+    let y = saved.y.clone();
     let qkv_saved = input;
+    let dlabel = format!("{label}.dqkv");
     Ok(tape.record(
         y,
         &[qkv],
         Box::new(move |rt, dy, _cats| {
-            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
-            Ok(vec![Some(attn::backward(rt, &qkv_saved, nh, &saved, &dy, "dqkv")?)])
+            let dy = if dy.is_contiguous() && dy.offset() == 0 { dy.clone() } else { dy.contiguous(rt)? };
+            Ok(vec![Some(flash::backward(rt, &qkv_saved, nh, &saved, &dy, &dlabel)?)])
         }),
     ))
 }

@@ -95,6 +95,13 @@ impl GptConfig {
         if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
+        let head = self.n_embd / self.n_head;
+        if !head.is_multiple_of(4) || head > crate::kernels::flash_attention::MAX_HEAD {
+            return bad(format!(
+                "head size n_embd / n_head = {head} is not supported by the fused attention (a multiple of 4 up to {})",
+                crate::kernels::flash_attention::MAX_HEAD
+            ));
+        }
         if self.vocab_size == 0 || self.n_positions == 0 || self.n_layer == 0 {
             return bad("vocab_size, n_positions and n_layer must be positive".into());
         }
