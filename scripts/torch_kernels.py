@@ -99,8 +99,10 @@ for dt, name in [(torch.float32, "f32"), (torch.float16, "f16")]:
         q.grad = k_.grad = v.grad = None
         torch.nn.functional.scaled_dot_product_attention(q, k_, v, is_causal=True).backward(g)
 
-    out.append(row("gpt2.attention.fwd_bwd", name, [B, NH, T, C // NH], bench(attn),
-                   flops=0.5 * 3.5 * 4.0 * B * NH * T * T * (C // NH)))
+    sdpa = row("gpt2.attention.fwd_bwd", name, [B, NH, T, C // NH], bench(attn),
+               flops=0.5 * 3.5 * 4.0 * B * NH * T * T * (C // NH))
+    out.append(sdpa)
+    out.append(dict(sdpa, kernel="gpt2.flash_attention.fwd_bwd"))
     del q, k_, v, g
 ln = torch.nn.LayerNorm(C, device=dev)
 h = torch.randn(R, C, device=dev)

@@ -240,7 +240,11 @@ pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &st
         y,
         &[qkv],
         Box::new(move |rt, dy, _cats| {
-            let dy = if dy.is_contiguous() && dy.offset() == 0 { dy.clone() } else { dy.contiguous(rt)? };
+            let dy = if dy.is_contiguous() && dy.offset() == 0 {
+                dy.clone()
+            } else {
+                dy.contiguous(rt)?
+            };
             Ok(vec![Some(flash::backward(rt, &qkv_saved, nh, &saved, &dy, &dlabel)?)])
         }),
     ))

@@ -2,7 +2,7 @@
 //! C 768, 12 heads, vocabulary 50257), so the bench predicts the step: the four linear
 //! layers' forward product and both backward products (dX = dY·Wᵀ, dW = Xᵀ·dY) in f32
 //! and, where the adapter has f16, f16 inputs (the tensor-core path when granted);
-//! attention forward + backward; LayerNorm forward and backward; GELU forward and
+//! attention forward + backward (fused, and the composite it replaced); LayerNorm forward and backward; GELU forward and
 //! backward; the residual add; the embedding backward. Cross-entropy and AdamW at these
 //! shapes are `bench::kernels`' rows. Each row is checked against an f64 reference on
 //! samples and timed as `bench::measure` says; rows are named `gpt2.*`.
@@ -17,7 +17,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
-use crate::kernels::{attention, embedding, layernorm};
+use crate::kernels::{attention, embedding, flash_attention, layernorm};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -114,9 +114,10 @@ fn softmax_row(scores: &[f64]) -> Vec<f64> {
     scores.iter().map(|x| (x - m).exp() / s).collect()
 }
 
-/// Causal attention forward + backward over qkv [B, T, 3C]; checks sampled elements of
-/// the output and of dV against f64.
-fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType) -> Result<BenchRecord, Error> {
+/// Causal attention forward + backward over qkv [B, T, 3C], fused (flash attention, what
+/// training runs) or the composite (matmuls and a softmax storing [B, NH, T, T]);
+/// checks sampled elements of the output and of dV against f64.
+fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Result<BenchRecord, Error> {
     let mut rng = Rng(12);
     let (b, t, c, nh) = (s.b, s.t, s.c, s.nh);
     let d = c / nh;
@@ -126,9 +127,15 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType) -> Result<BenchRecord
     let dy = upload(rt, &dy_data, &[b, t, c], dtype)?;
     let mut last = None;
     let timing = time(rt, || {
-        let (y, saved) = attention::forward(rt, &qkv, nh, "bench.attn")?;
-        let dqkv = attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?;
-        last = Some((y, dqkv));
+        last = Some(if fused {
+            let saved = flash_attention::forward(rt, &qkv, nh, "bench.attn")?;
+            let dqkv = flash_attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?;
+            (saved.y, dqkv)
+        } else {
+            let (y, saved) = attention::forward(rt, &qkv, nh, "bench.attn")?;
+            let dqkv = attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?;
+            (y, dqkv)
+        });
         Ok(())
     })?;
     let (y, dqkv) = last.expect("timed at least once");
@@ -171,7 +178,11 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType) -> Result<BenchRecord
         tolerance(DType::F32, t)
     };
     Ok(record(
-        "gpt2.attention.fwd_bwd",
+        if fused {
+            "gpt2.flash_attention.fwd_bwd"
+        } else {
+            "gpt2.attention.fwd_bwd"
+        },
         dtype,
         &[b, nh, t, d],
         &timing,
@@ -369,9 +380,11 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
             }
         }
     }
-    if wanted("gpt2.attention.fwd_bwd") {
-        for &dtype in &dtypes {
-            out.push(attention_fwd_bwd(rt, s, dtype)?);
+    for (name, fused) in [("gpt2.flash_attention.fwd_bwd", true), ("gpt2.attention.fwd_bwd", false)] {
+        if wanted(name) {
+            for &dtype in &dtypes {
+                out.push(attention_fwd_bwd(rt, s, dtype, fused)?);
+            }
         }
     }
     if wanted("gpt2.layernorm.fwd") {
