@@ -7,7 +7,8 @@
 //
 // MODE 0, forward: a workgroup takes BR query rows of one (batch, head); K and V stream
 //   through workgroup memory in tiles of BC keys (tiles above the diagonal skipped);
-//   each row keeps its running max, sum and output (the online softmax) and ends with
+//   each row keeps its running max, sum and output (the online softmax, per key) and
+//   ends with
 //   y = o / l and lse = m + log(l).
 // MODE 1, D = rowsum(dy * y) per row (one thread per row).
 // MODE 2, dK and dV: a workgroup takes BR key rows; Q, dY, lse and D stream through
@@ -57,6 +58,7 @@ struct Params {
 //#endif
 
 const D4: u32 = {{D4}}u;
+const RS: u32 = D4 + 1u;       // a tile row's stride in vec4s: padded so the rows a warp reads sit in different banks
 const BR: u32 = {{BR}}u;
 const BC: u32 = {{BC}}u;
 const R: u32 = {{R}}u;
@@ -65,7 +67,7 @@ const WG: u32 = BR * R;
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
 
-// Two tiles of BC rows of D4 vec4s in workgroup memory (K and V, or Q and dY), and a
+// Two tiles of BC rows of D4 vec4s (stride RS) in workgroup memory (K and V, or Q and dY), and a
 // tile's lse and D.
 var<workgroup> tile_a: array<vec4<f32>, {{TILE}}>;
 var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
@@ -117,16 +119,16 @@ fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 //#if FWD
 // Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T.
 fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {
+    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
         let r = e / D4;
         let c = e % D4;
         let j = j0 + r;
         if j < p.t {
-            tile_a[e] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
-            tile_b[e] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
+            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
+            tile_b[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
         } else {
-            tile_a[e] = vec4<f32>(0.0);
-            tile_b[e] = vec4<f32>(0.0);
+            tile_a[r * RS + c] = vec4<f32>(0.0);
+            tile_b[r * RS + c] = vec4<f32>(0.0);
         }
     }
 }
@@ -134,16 +136,16 @@ fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
 
 //#if BWD_Q
 fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {
+    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
         let r = e / D4;
         let c = e % D4;
         let j = j0 + r;
         if j < p.t {
-            tile_a[e] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
-            tile_b[e] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
+            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
+            tile_b[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
         } else {
-            tile_a[e] = vec4<f32>(0.0);
-            tile_b[e] = vec4<f32>(0.0);
+            tile_a[r * RS + c] = vec4<f32>(0.0);
+            tile_b[r * RS + c] = vec4<f32>(0.0);
         }
     }
 }
@@ -152,16 +154,16 @@ fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
 //#if BWD_KV
 // Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b, lse and D.
 fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {
+    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
         let r = e / D4;
         let c = e % D4;
         let i = i0 + r;
         if i < p.t {
-            tile_a[e] = vec4<f32>(qkv[qkv_at(b, i, 0u, h) + c]);
-            tile_b[e] = vec4<f32>(dy[y_at(b, i, h) + c]);
+            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, i, 0u, h) + c]);
+            tile_b[r * RS + c] = vec4<f32>(dy[y_at(b, i, h) + c]);
         } else {
-            tile_a[e] = vec4<f32>(0.0);
-            tile_b[e] = vec4<f32>(0.0);
+            tile_a[r * RS + c] = vec4<f32>(0.0);
+            tile_b[r * RS + c] = vec4<f32>(0.0);
         }
     }
     for (var r = lid; r < BC; r += WG) {
@@ -220,40 +222,25 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-        var s: array<f32, PER>;
-        var mt = NEG;
+        // Per key, the online update (no array of scores is kept).
         for (var u = 0u; u < p.per; u++) {
             let jj = sub + u * R;
             let j = j0 + jj;
-            var v = NEG;
             if j <= row && j < p.t {
-                var acc = 0.0;
+                var sc = 0.0;
                 for (var c = 0u; c < D4; c++) {
-                    acc += dot(q[c], tile_a[jj * D4 + c]);
+                    sc += dot(q[c], tile_a[jj * RS + c]);
                 }
-                v = acc;
-            }
-            s[u] = v;
-            mt = max(mt, v);
-        }
-        if mt > NEG {
-            let m_new = max(m, mt);
-            let corr = exp(m - m_new);
-            l *= corr;
-            for (var c = 0u; c < D4; c++) {
-                o[c] *= corr;
-            }
-            for (var u = 0u; u < p.per; u++) {
-                if s[u] > NEG {
-                    let pj = exp(s[u] - m_new);
-                    l += pj;
-                    let jj = sub + u * R;
-                    for (var c = 0u; c < D4; c++) {
-                        o[c] += pj * tile_b[jj * D4 + c];
-                    }
+                // Both updates in one pass: corr is 1 unless the max grew.
+                let m_new = max(m, sc);
+                let corr = exp(m - m_new);
+                let pj = exp(sc - m_new);
+                l = l * corr + pj;
+                for (var c = 0u; c < D4; c++) {
+                    o[c] = o[c] * corr + pj * tile_b[jj * RS + c];
                 }
+                m = m_new;
             }
-            m = m_new;
         }
     }
     // Merge the row's R partial softmaxes (each lane saw every R-th key).
@@ -294,13 +281,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 var s = 0.0;
                 var dp = 0.0;
                 for (var c = 0u; c < D4; c++) {
-                    s += dot(q[c], tile_a[jj * D4 + c]);
-                    dp += dot(g[c], tile_b[jj * D4 + c]);
+                    s += dot(q[c], tile_a[jj * RS + c]);
+                    dp += dot(g[c], tile_b[jj * RS + c]);
                 }
                 let pij = exp(s * p.scale - lse_i);
                 let ds = pij * (dp - d_i);
                 for (var c = 0u; c < D4; c++) {
-                    dq[c] += ds * tile_a[jj * D4 + c];
+                    dq[c] += ds * tile_a[jj * RS + c];
                 }
             }
         }
@@ -338,14 +325,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 var s = 0.0;
                 var dp = 0.0;
                 for (var c = 0u; c < D4; c++) {
-                    s += dot(tile_a[ii * D4 + c], k[c]);
-                    dp += dot(tile_b[ii * D4 + c], v[c]);
+                    s += dot(tile_a[ii * RS + c], k[c]);
+                    dp += dot(tile_b[ii * RS + c], v[c]);
                 }
                 let pij = exp(s * p.scale - tile_s[ii]);
                 let ds = pij * (dp - tile_d[ii]);
                 for (var c = 0u; c < D4; c++) {
-                    dv[c] += pij * tile_b[ii * D4 + c];
-                    dk[c] += ds * tile_a[ii * D4 + c];
+                    dv[c] += pij * tile_b[ii * RS + c];
+                    dk[c] += ds * tile_a[ii * RS + c];
                 }
             }
         }

@@ -151,14 +151,15 @@ impl Dims {
     }
 }
 
-/// Keys (or queries) per tile: the most that fit two tiles of D floats per row, and the
-/// tile's lse and D, in the adapter's workgroup memory.
+/// Keys (or queries) per tile: the most that fit two tiles of D + 4 floats per row (rows
+/// padded against bank conflicts), and the tile's lse and D, in the adapter's workgroup
+/// memory.
 fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
     let limit = rt.gpu.caps.limits.max_compute_workgroup_storage_size as usize;
     [64u32, 32, 16, 8, 4]
         .into_iter()
         .filter(|&bc| bc >= lanes)
-        .find(|&bc| 2 * bc as usize * d * 4 + 2 * bc as usize * 4 <= limit)
+        .find(|&bc| 2 * bc as usize * (d + 4) * 4 + 2 * bc as usize * 4 <= limit)
         .ok_or_else(|| {
             Error::invalid(
                 "flash attention",
@@ -203,7 +204,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) ->
         ("BC", bc.to_string()),
         ("R", lanes.to_string()),
         ("WG", (BR * lanes).to_string()),
-        ("TILE", (bc * d4).to_string()),
+        ("TILE", (bc * (d4 + 1)).to_string()),
         ("MODE", mode.to_string()),
         ("SUBGROUP", flag(path == Path::Subgroup)),
         ("FWD", flag(mode == Mode::Forward as u32)),
