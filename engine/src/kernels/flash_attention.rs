@@ -118,7 +118,7 @@ impl Dims {
             return Err(bad());
         }
         let d = c3 / 3 / nh;
-        if d == 0 || d % 4 != 0 || d > MAX_HEAD || b == 0 || t == 0 {
+        if d == 0 || !d.is_multiple_of(4) || d > MAX_HEAD || b == 0 || t == 0 {
             return Err(bad());
         }
         Ok(Dims { b, t, nh, d })

@@ -76,6 +76,17 @@ pub fn describe(key: &KernelKey) -> String {
         ),
         "embedding" => format!("embedding {} {}", if v[0] == 0 { "gather" } else { "scatter-add" }, dtype(v[1])),
         "cross_entropy" => format!("cross_entropy {}{}", dtype(v[0]), if v[1] == 1 { " +backward" } else { "" }),
+        "flash_attention" => format!(
+            "flash_attention {} {}{} d{} tile{} {}",
+            ["forward", "row dot", "backward dK dV", "backward dQ"]
+                .get(v[0] as usize)
+                .unwrap_or(&"?"),
+            dtype(v[1]),
+            if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) },
+            4 * v[3],
+            v[5],
+            if v[6] > 1 { "subgroup" } else { "plain" }
+        ),
         family => format!("{family}{v:?}"),
     }
 }
