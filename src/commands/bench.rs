@@ -1,5 +1,6 @@
 //! `wgtrain bench [--quick] [--filter NAME] [--adapter N] [--json FILE] [--compare
-//! FILE]`: runs the benchmarks (each warmed until its time is stable, then the median
+//! FILE]`: settles the device (full runs: `bench::measure::settle`), runs the
+//! benchmarks (each warmed until its time is stable, then the median
 //! and spread of its repeats; rows spread over 10% are flagged), prints a table, writes
 //! the records as JSON, and with `--compare` the ratio of each row's time against a
 //! previous JSON's (ours, or scripts/torch_kernels.py's), flagging rows that differ by
@@ -70,6 +71,20 @@ pub fn run(args: BenchArgs) -> CliResult {
                 ..Default::default()
             },
         )?;
+        if !args.quick {
+            let s = bench::measure::settle(&rt)?;
+            eprintln!(
+                "device settled after {:.1} s of load ({}): 8 matmuls of 2048^3 took {:.0} us at first, {:.0} us at the end",
+                s.seconds,
+                if s.plateau {
+                    "its speed plateaued"
+                } else {
+                    "no plateau within the limit"
+                },
+                s.first_us,
+                s.last_us
+            );
+        }
         records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
         records.extend(bench::gpt2::run_all(&rt, args.quick, &wanted)?);
         if wanted("launch_overhead") {

@@ -5,9 +5,11 @@
 //! median with its spread, (p90 - p10) / median; a spread over 10%, or clocks that did
 //! not settle within 5 s of warm-up, flags the row with the reason. Also the inputs
 //! (a seeded generator) and the check against the f64 reference every case makes.
+//! Before a full run, [`settle`] brings an idle device to its working speed.
 //!
-//! May call: `bench::record`, `error`, `kernels::tolerance`, `memory`, `runtime`,
-//! `tensor`. Called by: `bench::{kernels, gpt2}`.
+//! May call: `bench::record`, `error`, `kernels::{map, matmul, tolerance}`, `memory`,
+//! `runtime`,
+//! `tensor`. Called by: `bench::{kernels, gpt2}`, the CLI (`settle`).
 
 use std::time::{Duration, Instant};
 
@@ -170,5 +172,74 @@ pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<
         repeats: Some(t.repeats as u32),
         flag: t.flag.clone(),
         extra: serde_json::Value::Null,
+    }
+}
+
+/// How long [`settle`] ran, and whether the device's speed plateaued.
+#[derive(Clone, Debug)]
+pub struct Settled {
+    /// Seconds of sustained load.
+    pub seconds: f64,
+    /// The load's first and last batch times, microseconds.
+    pub first_us: f64,
+    /// The last.
+    pub last_us: f64,
+    /// Whether no batch got faster by more than 2% over the last `QUIET` seconds.
+    pub plateau: bool,
+}
+
+/// Least and most settling time, and how long the speed must stay flat.
+const SETTLE_MIN: Duration = Duration::from_secs(10);
+const SETTLE_MAX: Duration = Duration::from_secs(45);
+const QUIET: Duration = Duration::from_secs(5);
+
+/// Brings a device that was idle (a freshly started machine's GPU idles at a few
+/// hundred MHz and leaves that state in steps) to its working speed before the first
+/// row: touches 2 GiB of fresh device memory (capped by the adapter's largest buffer),
+/// then runs a sustained matmul load until its time has not improved by more than 2%
+/// for `QUIET` seconds (at least `SETTLE_MIN`, at most `SETTLE_MAX`). A row's own
+/// warm-up cannot tell a settled slow clock from the real one; this can.
+pub fn settle(rt: &Runtime) -> Result<Settled, Error> {
+    use crate::kernels::map::fill;
+    use crate::kernels::matmul::{MatmulOptions, matmul_into};
+    let chunk = (rt.gpu.caps.limits.max_storage_buffer_binding_size as usize / 4).min(1 << 28);
+    let mut touched = 0usize;
+    while touched < 1 << 29 {
+        let t = Tensor::empty(rt, &[chunk], DType::F32, Category::Temporary, "bench.settle")?;
+        fill(rt, &t, 1.0)?;
+        rt.sync()?;
+        touched += chunk;
+    }
+    let n = 2048;
+    let mut rng = Rng(99);
+    let a = upload(rt, &rng.vec(n * n, -1.0, 1.0), &[n, n], DType::F32)?;
+    let b = upload(rt, &rng.vec(n * n, -1.0, 1.0), &[n, n], DType::F32)?;
+    let c = Tensor::empty(rt, &[n, n], DType::F32, Category::Temporary, "bench.settle")?;
+    let opts = MatmulOptions::default();
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut best_at = start;
+    let mut first = None;
+    loop {
+        let last = rt.time(|| {
+            for _ in 0..8 {
+                matmul_into(rt, &a, &b, &c, &opts)?;
+            }
+            Ok(())
+        })? * 1e6;
+        first.get_or_insert(last);
+        if last < best * 0.98 {
+            best_at = Instant::now();
+        }
+        best = best.min(last);
+        let quiet = best_at.elapsed() >= QUIET;
+        if (quiet && start.elapsed() >= SETTLE_MIN) || start.elapsed() >= SETTLE_MAX {
+            return Ok(Settled {
+                seconds: start.elapsed().as_secs_f64(),
+                first_us: first.unwrap_or(last),
+                last_us: last,
+                plateau: quiet,
+            });
+        }
     }
 }
