@@ -54,10 +54,6 @@ for name, dt, size in [("matmul_f32", torch.float32, 4096), ("matmul_f16", torch
 s = torch.randn(8 * 12 * 1024, 1024, device=dev)
 out.append(row("softmax", "f32", list(s.shape), bench(lambda: torch.softmax(s, -1)), nbytes=8.0 * s.numel()))
 del s
-ln = torch.nn.LayerNorm(768, device=dev)
-h = torch.randn(8 * 1024, 768, device=dev)
-with torch.no_grad():
-    out.append(row("layernorm", "f32", list(h.shape), bench(lambda: ln(h)), nbytes=8.0 * h.numel()))
 logits = torch.randn(8 * 1024, 50257, device=dev, requires_grad=True)
 targets = torch.randint(0, 50257, (8 * 1024,), device=dev)
 

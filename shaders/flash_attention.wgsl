@@ -24,7 +24,7 @@
 // and their partial max, sums and vectors are merged with subgroup shuffles).
 //
 // Template: ENABLE, TQ (qkv and y), TD (dy), D4 (head size / 4), BR, BC, R, MODE,
-// SUBGROUP, and FWD/PRE/BWD_KV/BWD_Q (the mode's bindings).
+// SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the mode's code and bindings) and KV_TILES.
 {{ENABLE}}
 
 struct Params {
@@ -116,8 +116,8 @@ fn merge_sum(x: f32) -> f32 { return x; }
 fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 //#endif
 
-//#if FWD
-// Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T.
+//#if KV_TILES
+// Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T (FWD, BWD_Q).
 fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
     for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
         let r = e / D4;
@@ -134,22 +134,6 @@ fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
 }
 //#endif
 
-//#if BWD_Q
-fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
-        let r = e / D4;
-        let c = e % D4;
-        let j = j0 + r;
-        if j < p.t {
-            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
-            tile_b[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
-        } else {
-            tile_a[r * RS + c] = vec4<f32>(0.0);
-            tile_b[r * RS + c] = vec4<f32>(0.0);
-        }
-    }
-}
-//#endif
 
 //#if BWD_KV
 // Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b, lse and D.

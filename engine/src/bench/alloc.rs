@@ -3,32 +3,17 @@
 //! tensor list: parameters, AdamW state, saved activations, backward temporaries,
 //! gradients freed by zero_grad).
 //!
-//! May call: `bench::record`, `memory`.
+//! May call: `bench::{measure, record}`, `memory`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
 
+use super::measure::Rng;
 use super::record::{BenchRecord, median};
 use crate::Gpu;
 use crate::memory::{AllocError, Allocator, AllocatorOptions, Block, Category};
-
-/// A tiny deterministic generator (xorshift64*), so runs are repeatable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
 
 /// Alloc/free pairs of random sizes in `[lo, hi)` with up to `live` blocks held, after a
 /// warm-up that fills the cache. Returns the median time per alloc+free pair.
@@ -37,7 +22,7 @@ fn churn(alloc: &Allocator, name: &str, lo: u64, hi: u64, live: usize, ops: usiz
     let mut held: Vec<Block> = Vec::with_capacity(live);
     let step = |rng: &mut Rng, held: &mut Vec<Block>| -> bool {
         if held.len() == live {
-            let victim = (rng.next() % live as u64) as usize;
+            let victim = (rng.next_u64() % live as u64) as usize;
             held.swap_remove(victim);
         }
         match alloc.alloc(rng.range(lo, hi), Category::Temporary, name) {

@@ -10,7 +10,7 @@
 //! May call: `bench::{measure, record}`, `error`, `kernels`, `memory`, `runtime`,
 //! `tensor`.
 
-use super::measure::{Rng, Row, SAMPLES, record, stored, time, upload};
+use super::measure::{Rng, Row, SAMPLES, record, softmax_ref, stored, time, upload};
 use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
@@ -108,12 +108,6 @@ fn linear(rt: &Runtime, layer: &str, rows: usize, k: usize, n: usize, product: P
     ))
 }
 
-fn softmax_row(scores: &[f64]) -> Vec<f64> {
-    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let s: f64 = scores.iter().map(|x| (x - m).exp()).sum();
-    scores.iter().map(|x| (x - m).exp() / s).collect()
-}
-
 /// Causal attention forward + backward over qkv [B, T, 3C], fused (flash attention, what
 /// training runs) or the composite (matmuls and a softmax storing [B, NH, T, T]);
 /// checks sampled elements of the output and of dV against f64.
@@ -146,7 +140,7 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Resul
         let scores: Vec<f64> = (0..=i)
             .map(|j| (0..d).map(|k| at(bi, i, 0, h, k) * at(bi, j, 1, h, k)).sum::<f64>() / (d as f64).sqrt())
             .collect();
-        softmax_row(&scores)
+        softmax_ref(&scores)
     };
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..4 {

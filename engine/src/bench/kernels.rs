@@ -6,17 +6,17 @@
 //! May call: `bench::{measure, record}`, `error`, `kernels`, `memory`, `runtime`,
 //! `tensor`.
 
-use super::measure::{Rng, Row, SAMPLES, record, stored, time, upload};
+use super::measure::{Rng, Row, SAMPLES, record, softmax_ref, stored, time, upload};
 use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
+use crate::kernels::attention;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
-use crate::kernels::{attention, layernorm};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -108,12 +108,6 @@ fn matmul(rt: &Runtime, name: &str, m: usize, k: usize, n: usize, dtype: DType, 
     ))
 }
 
-fn softmax_rows(rows: &[f64]) -> Vec<f64> {
-    let m = rows.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let s: f64 = rows.iter().map(|x| (x - m).exp()).sum();
-    rows.iter().map(|x| (x - m).exp() / s).collect()
-}
-
 fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error> {
     let mut rng = Rng(4);
     let data = rng.vec(rows * cols, -20.0, 20.0);
@@ -125,49 +119,11 @@ fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error>
     for _ in 0..4 {
         let r = rng.index(rows);
         let row: Vec<f64> = data[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
-        want.extend(softmax_rows(&row));
+        want.extend(softmax_ref(&row));
         got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
     }
     Ok(record(
         "softmax",
-        DType::F32,
-        &[rows, cols],
-        &timing,
-        Row {
-            flops: 0.0,
-            bytes: 8.0 * (rows * cols) as f64,
-            got: &got,
-            want: &want,
-            tol: tolerance(DType::F32, cols),
-        },
-    ))
-}
-
-fn layernorm_fwd(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error> {
-    let mut rng = Rng(5);
-    let data = rng.vec(rows * cols, -3.0, 3.0);
-    let w = rng.vec(cols, 0.5, 1.5);
-    let b = rng.vec(cols, -0.5, 0.5);
-    let x = upload(rt, &data, &[rows, cols], DType::F32)?;
-    let (wt, bt) = (upload(rt, &w, &[cols], DType::F32)?, upload(rt, &b, &[cols], DType::F32)?);
-    let mut last = None;
-    let timing = time(rt, || {
-        last = Some(layernorm::forward(rt, &x, &wt, &bt, 1e-5, "ln")?.0);
-        Ok(())
-    })?;
-    let out = last.expect("timed at least once").to_f32_vec(rt)?;
-    let (mut got, mut want) = (Vec::new(), Vec::new());
-    for _ in 0..4 {
-        let r = rng.index(rows);
-        let row: Vec<f64> = data[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
-        let mu = row.iter().sum::<f64>() / cols as f64;
-        let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / cols as f64;
-        let rstd = 1.0 / (var + 1e-5).sqrt();
-        want.extend(row.iter().enumerate().map(|(j, v)| (v - mu) * rstd * w[j] as f64 + b[j] as f64));
-        got.extend_from_slice(&out[r * cols..(r + 1) * cols]);
-    }
-    Ok(record(
-        "layernorm",
         DType::F32,
         &[rows, cols],
         &timing,
@@ -196,7 +152,7 @@ fn cross_entropy(rt: &Runtime, rows: usize, vocab: usize) -> Result<BenchRecord,
     for _ in 0..4 {
         let r = rng.index(rows);
         let row: Vec<f64> = data[r * vocab..(r + 1) * vocab].iter().map(|&v| v as f64).collect();
-        let p = softmax_rows(&row);
+        let p = softmax_ref(&row);
         let t = targets[r] as usize;
         want.push(-p[t].ln());
         got.push(l[r]);
@@ -240,7 +196,7 @@ fn attention_fwd(rt: &Runtime, b: usize, nh: usize, t: usize, d: usize) -> Resul
         let scores: Vec<f64> = (0..=i)
             .map(|j| (0..d).map(|k| at(bi, i, 0, h, k) * at(bi, j, 1, h, k)).sum::<f64>() / (d as f64).sqrt())
             .collect();
-        let p = softmax_rows(&scores);
+        let p = softmax_ref(&scores);
         for k in 0..d {
             want.push(p.iter().enumerate().map(|(j, pj)| pj * at(bi, j, 2, h, k)).sum());
             got.push(out[bi * t * c + i * c + h * d + k]);
@@ -354,9 +310,6 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
     }
     if wanted("softmax") {
         out.push(softmax(rt, q(256, 8 * 12 * 1024), q(512, 1024))?);
-    }
-    if wanted("layernorm") {
-        out.push(layernorm_fwd(rt, q(64, 8 * 1024), 768)?);
     }
     if wanted("cross_entropy") {
         out.push(cross_entropy(rt, q(64, 8 * 1024), q(1000, 50257))?);

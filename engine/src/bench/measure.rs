@@ -41,7 +41,8 @@ pub const SAMPLES: usize = 48;
 pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    /// The next raw 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -50,13 +51,24 @@ impl Rng {
     /// `n` values uniform in [lo, hi).
     pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..n)
-            .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32))
+            .map(|_| lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32))
             .collect()
     }
     /// An index below `n`.
     pub fn index(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
+    /// A number in [lo, hi).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo)
+    }
+}
+
+/// Softmax of one row, in f64 (the references' softmax).
+pub fn softmax_ref(row: &[f64]) -> Vec<f64> {
+    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
+    row.iter().map(|x| (x - m).exp() / s).collect()
 }
 
 /// `data` on the device as `dtype` (f16 rounds).

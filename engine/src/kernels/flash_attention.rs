@@ -212,6 +212,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) ->
         ("BWD", flag(mode >= Mode::KeyValue as u32)),
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
+        ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
     ]
 }
 
