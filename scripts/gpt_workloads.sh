@@ -28,9 +28,14 @@ print(json.dumps({"run": sys.argv[2], "median_step_ms": round(ms, 1), "peak_MiB"
                   "loss_first": round(steps[0]["loss"], 3), "loss_last": round(steps[-1]["loss"], 3)}))
 PY
 }
+# PRECISIONS, WORKLOADS and CHECKPOINTS pick a subset (all by default).
 for p in ${PRECISIONS:-fp32 fp16-mixed}; do
-    run char 65 6 6 384 256 64 none $p
-    run char 65 6 6 384 256 64 every-layer $p
-    run gpt2 50257 12 12 768 1024 8 none $p
-    run gpt2 50257 12 12 768 1024 8 every-layer $p
+    for w in ${WORKLOADS:-char gpt2}; do
+        for c in ${CHECKPOINTS:-none every-layer}; do
+            case $w in
+                char) run char 65 6 6 384 256 64 "$c" "$p" ;;
+                gpt2) run gpt2 50257 12 12 768 1024 8 "$c" "$p" ;;
+            esac
+        done
+    done
 done

@@ -7,7 +7,7 @@ struct Params {
     a_bs1: u32, b_off: u32, b_rs: u32, b_cs: u32,
     b_bs0: u32, b_bs1: u32, c_off: u32, c_rs: u32,
     c_bs0: u32, c_bs1: u32, bias_off: u32, has_bias: u32,
-    alpha: f32, beta: f32, _pad0: u32, _pad1: u32,
+    alpha: f32, beta: f32, flags: u32, splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -1,5 +1,6 @@
 //! Every WGSL template variant renders with no placeholder left and passes naga's
-//! validator (f16 and cooperative matrices included), without a GPU.
+//! validator (f16 and cooperative matrices included) and naga's SPIR-V writer takes it,
+//! without a GPU.
 
 use wgtrain_engine::kernels::variants;
 
@@ -17,8 +18,25 @@ fn every_variant_renders_and_validates() {
             }
         };
         let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-        if let Err(e) = validator.validate(&module) {
-            failures.push(format!("{} {}: {}", v.name, v.values, e.emit_to_string(&v.wgsl)));
+        let info = match validator.validate(&module) {
+            Ok(info) => info,
+            Err(e) => {
+                failures.push(format!("{} {}: {}", v.name, v.values, e.emit_to_string(&v.wgsl)));
+                continue;
+            }
+        };
+        // SPIR-V is what Vulkan adapters get: naga's writer must take every variant
+        // (it has panicked on cooperative-matrix operands it had not cached).
+        let options = naga::back::spv::Options {
+            lang_version: (1, 6),
+            ..Default::default()
+        };
+        let spirv = std::panic::catch_unwind(|| naga::back::spv::write_vec(&module, &info, &options, None));
+        match spirv {
+            Ok(Ok(words)) if !words.is_empty() => {}
+            Ok(Ok(_)) => failures.push(format!("{} {}: empty SPIR-V", v.name, v.values)),
+            Ok(Err(e)) => failures.push(format!("{} {}: SPIR-V: {e}", v.name, v.values)),
+            Err(_) => failures.push(format!("{} {}: the SPIR-V writer panicked", v.name, v.values)),
         }
     }
     assert!(

@@ -133,6 +133,46 @@ fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
     finish(&rt);
 }
 
+/// Products whose few output tiles leave the device idle split K into slices whose
+/// partials a second pass sums in order through the epilogue (bias, GELU, alpha, and
+/// beta accumulating onto C).
+#[test]
+fn split_k_products_match() {
+    use wgtrain_engine::kernels::matmul::split_k;
+    assert_eq!(split_k(264, 8192), 1, "two full waves need no split");
+    assert_eq!(split_k(144, 8192), 2);
+    assert_eq!(split_k(36, 8192), 8);
+    assert_eq!(split_k(108, 8192), 4);
+    assert_eq!(split_k(1, 2048), 8, "the most slices that stay 256 long");
+    assert_eq!(split_k(10, 100), 1, "too short to split");
+    assert_eq!(split_k(10, 1000), 1, "slices would not be multiples of 8");
+    let rt = runtime();
+    let mut rng = Rng(22);
+    let (m, k, n) = (33, 2048, 65);
+    let (a_data, b_data) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
+    let (bias_data, c_data) = (rng.vec(n, -1.0, 1.0), rng.vec(m * n, -1.0, 1.0));
+    let a = upload(&rt, &a_data, &[m, k], DType::F32);
+    let b = upload(&rt, &b_data, &[k, n], DType::F32);
+    let bias = upload(&rt, &bias_data, &[n], DType::F32);
+    let c = upload(&rt, &c_data, &[m, n], DType::F32);
+    let opts = MatmulOptions {
+        alpha: 0.5,
+        beta: 1.0,
+        bias: Some(&bias),
+        activation: Activation::Gelu,
+        ..Default::default()
+    };
+    matmul_into(&rt, &a, &b, &c, &opts).unwrap();
+    let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh());
+    let want: Vec<f64> = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n)
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| gelu(0.5 * v + bias_data[i % n] as f64 + c_data[i] as f64))
+        .collect();
+    assert_close(&rt, "split-K f32 with the whole epilogue", &c, &want, k);
+    finish(&rt);
+}
+
 #[test]
 fn f16_matmul_accumulates_in_f32() {
     let rt = runtime();
@@ -183,6 +223,83 @@ fn f16_matmul_accumulates_in_f32() {
         let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
         let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
         assert_close_within(&rt, "f16 matmul, transposed A", &c, &want, tol);
+    }
+    finish(&rt);
+}
+
+/// The cooperative kernel's operand loads (rows or transposed views; 8-, 4- and 1-wide),
+/// every candidate tile, tails in M, N and K, batches, the direct store and the epilogue.
+/// Where the adapter has no cooperative matrices (lavapipe) the same calls take the
+/// tiled kernel, and the checks hold for it.
+#[test]
+fn f16_matmul_loads_tiles_and_epilogues() {
+    use wgtrain_engine::kernels::matmul_coop::CANDIDATES;
+    let rt = runtime();
+    if !rt.gpu.caps.shader_f16 {
+        return;
+    }
+    let mut rng = Rng(21);
+    let mut case = 0;
+    // The last shape has too few tiles for the device: its K is split.
+    for (m, k, n) in [(136, 72, 200), (132, 68, 196), (67, 67, 131), (40, 1024, 72)] {
+        let a_data = rng.vec(2 * m * k, -1.0, 1.0);
+        let b_data = rng.vec(k * n, -1.0, 1.0);
+        let (a64, b64) = (rounded(&a_data, DType::F16), rounded(&b_data, DType::F16));
+        let want = matmul_ref(&a64[..m * k], &b64, 1, m, k, n);
+        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+            // A as [m, k], or as the transposed view of a stored [k, m] (B likewise).
+            let to_f32 = |v: Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+            let a = if a_t {
+                let at = to_f32(transpose(&a64[..m * k], m, k));
+                upload(&rt, &at, &[k, m], DType::F16).transpose(0, 1).unwrap()
+            } else {
+                upload(&rt, &a_data[..m * k], &[m, k], DType::F16)
+            };
+            let b = if b_t {
+                let bt = to_f32(transpose(&b64, k, n));
+                upload(&rt, &bt, &[n, k], DType::F16).transpose(0, 1).unwrap()
+            } else {
+                upload(&rt, &b_data, &[k, n], DType::F16)
+            };
+            let tile = (case % (CANDIDATES.len() + 1) < CANDIDATES.len()).then(|| CANDIDATES[case % (CANDIDATES.len() + 1)]);
+            case += 1;
+            let opts = MatmulOptions {
+                coop_tile: tile,
+                ..Default::default()
+            };
+            let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+            let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
+            let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+            let what = format!("f16 {m}x{k}x{n} a_t={a_t} b_t={b_t} tile={tile:?} coop={coop}");
+            assert_close_within(&rt, &what, &c, &want, tol);
+        }
+        // Batched A [2, m, k] with B broadcast, into f16 with bias and GELU.
+        let a2 = upload(&rt, &a_data, &[2, m, k], DType::F16);
+        let b = upload(&rt, &b_data, &[k, n], DType::F16);
+        let bias_data = rng.vec(n, -1.0, 1.0);
+        let bias = upload(&rt, &bias_data, &[n], DType::F32);
+        let opts = MatmulOptions {
+            bias: Some(&bias),
+            activation: Activation::Gelu,
+            ..Default::default()
+        };
+        let c = matmul(&rt, &a2, &b, DType::F16, &opts, Category::Other, "c").unwrap();
+        let b2: Vec<f64> = b64.iter().chain(&b64).copied().collect();
+        let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh());
+        let want: Vec<f64> = matmul_ref(&a64, &b2, 2, m, k, n)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| gelu(v + bias_data[i % n] as f64))
+            .collect();
+        let (atol, rtol) = tolerance(DType::F16, k);
+        let (catol, crtol) = tensor_core_tolerance(k);
+        assert_close_within(
+            &rt,
+            &format!("f16 batched bias+gelu {m}x{k}x{n}"),
+            &c,
+            &want,
+            (atol.max(catol), rtol.max(crtol)),
+        );
     }
     finish(&rt);
 }

@@ -1,5 +1,5 @@
-//! `wgtrain bench [--quick] [--filter NAME] [--adapter N] [--json FILE] [--compare
-//! FILE]`: settles the device (full runs: `bench::measure::settle`), runs the
+//! `wgtrain bench [--quick] [--tune] [--filter NAME] [--adapter N] [--json FILE]
+//! [--compare FILE]`: settles the device (full runs: `bench::measure::settle`), runs the
 //! benchmarks (each warmed until its time is stable, then the median
 //! and spread of its repeats; rows spread over 10% are flagged), prints a table, writes
 //! the records as JSON, and with `--compare` the ratio of each row's time against a
@@ -37,6 +37,11 @@ pub struct BenchArgs {
     /// time against it.
     #[arg(long, value_name = "FILE")]
     compare: Option<PathBuf>,
+    /// Instead of the benchmarks: every candidate tile of the cooperative-matrix matmul
+    /// at 4096^3 and at GPT-2's linear products (needs an adapter with cooperative
+    /// matrices).
+    #[arg(long)]
+    tune: bool,
 }
 
 /// Rows of a previous run, read before anything is measured (a bad file fails fast).
@@ -85,13 +90,17 @@ pub fn run(args: BenchArgs) -> CliResult {
                 s.last_us
             );
         }
-        records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
-        records.extend(bench::gpt2::run_all(&rt, args.quick, &wanted)?);
-        if wanted("launch_overhead") {
-            records.extend(bench::launch::run_all(&rt)?);
+        if args.tune {
+            records.extend(bench::tune::run_all(&rt, &wanted)?);
+        } else {
+            records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
+            records.extend(bench::gpt2::run_all(&rt, args.quick, &wanted)?);
+            if wanted("launch_overhead") {
+                records.extend(bench::launch::run_all(&rt)?);
+            }
         }
     }
-    if wanted("alloc") {
+    if wanted("alloc") && !args.tune {
         records.extend(bench::alloc::run_all(&gpu, args.quick)?.into_iter().filter(|r| wanted(&r.kernel)));
     }
     print_table(&records);

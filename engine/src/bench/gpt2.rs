@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul_into};
+use crate::kernels::matmul_params::CoopTile;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, embedding, flash_attention, layernorm};
 use crate::memory::Category;
@@ -24,31 +25,68 @@ use crate::tensor::{DType, Tensor};
 
 /// The step's sizes.
 #[derive(Clone, Copy)]
-struct Shape {
+pub(super) struct Shape {
     b: usize,
     t: usize,
-    c: usize,
+    pub(super) c: usize,
     nh: usize,
     vocab: usize,
 }
 
 impl Shape {
-    fn rows(&self) -> usize {
+    pub(super) fn rows(&self) -> usize {
         self.b * self.t
     }
 }
 
+/// GPT-2 small at the gpt2 workload's batch.
+pub(super) const GPT2: Shape = Shape {
+    b: 8,
+    t: 1024,
+    c: 768,
+    nh: 12,
+    vocab: 50257,
+};
+
+/// The four linear layers of a block: name, K and N.
+pub(super) fn linear_layers(c: usize) -> [(&'static str, usize, usize); 4] {
+    [("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)]
+}
+
+/// The three products of each linear layer, with their row names.
+pub(super) const PRODUCTS: [(&str, Product); 3] = [("fwd", Product::Forward), ("dx", Product::GradInput), ("dw", Product::GradWeight)];
+
 /// Which product of a linear layer y = x·W (W stored [K, N]).
 #[derive(Clone, Copy, PartialEq)]
-enum Product {
+pub(super) enum Product {
     Forward,
     GradInput,
     GradWeight,
 }
 
 /// One linear layer's product: forward [R,K]·[K,N], dX [R,N]·[N,K] (Wᵀ a view), dW
-/// [K,R]·[R,N] (Xᵀ a view).
-fn linear(rt: &Runtime, layer: &str, rows: usize, k: usize, n: usize, product: Product, dtype: DType) -> Result<BenchRecord, Error> {
+/// [K,R]·[R,N] (Xᵀ a view). With `tile`, the cooperative kernel runs that tile and the
+/// row is named `tune.TILE.gpt2...` (the tuning sweep).
+pub(super) struct Linear<'a> {
+    pub layer: &'a str,
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub product: Product,
+    pub dtype: DType,
+    pub tile: Option<CoopTile>,
+}
+
+pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
+    let Linear {
+        layer,
+        rows,
+        k,
+        n,
+        product,
+        dtype,
+        tile,
+    } = l;
     let mut rng = Rng(11);
     // The two operands as stored, and the product's (m, inner, n).
     let (sa, sb, (m, inner, cols)) = match product {
@@ -64,7 +102,10 @@ fn linear(rt: &Runtime, layer: &str, rows: usize, k: usize, n: usize, product: P
         Product::GradWeight => (x.transpose(0, 1)?, y),
     };
     let c = Tensor::empty(rt, &[m, cols], DType::F32, Category::Temporary, "bench.out")?;
-    let opts = MatmulOptions::default();
+    let opts = MatmulOptions {
+        coop_tile: tile,
+        ..Default::default()
+    };
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     // Element (i, p) of the first operand and (p, j) of the second, as multiplied.
@@ -93,8 +134,9 @@ fn linear(rt: &Runtime, layer: &str, rows: usize, k: usize, n: usize, product: P
         Product::GradInput => "dx",
         Product::GradWeight => "dw",
     };
+    let prefix = tile.map_or(String::new(), |t| format!("tune.{}.", t.name()));
     Ok(record(
-        &format!("gpt2.{layer}.{what}"),
+        &format!("{prefix}gpt2.{layer}.{what}"),
         dtype,
         &[m, inner, cols],
         &timing,
@@ -351,13 +393,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
             vocab: 96,
         }
     } else {
-        Shape {
-            b: 8,
-            t: 1024,
-            c: 768,
-            nh: 12,
-            vocab: 50257,
-        }
+        GPT2
     };
     let mut dtypes = vec![DType::F32];
     if rt.gpu.caps.shader_f16 {
@@ -365,11 +401,23 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
     }
     let c = s.c;
     let mut out = Vec::new();
-    for (layer, k, n) in [("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)] {
-        for (what, product) in [("fwd", Product::Forward), ("dx", Product::GradInput), ("dw", Product::GradWeight)] {
+    for (layer, k, n) in linear_layers(c) {
+        for (what, product) in PRODUCTS {
             if wanted(&format!("gpt2.{layer}.{what}")) {
                 for &dtype in &dtypes {
-                    out.push(linear(rt, layer, s.rows(), k, n, product, dtype)?);
+                    let rows = s.rows();
+                    out.push(linear(
+                        rt,
+                        Linear {
+                            layer,
+                            rows,
+                            k,
+                            n,
+                            product,
+                            dtype,
+                            tile: None,
+                        },
+                    )?);
                 }
             }
         }

@@ -10,5 +10,6 @@ pub mod kernels;
 pub mod launch;
 pub mod measure;
 pub mod record;
+pub mod tune;
 
 pub use record::{BenchRecord, median};

@@ -9,7 +9,7 @@
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions};
-use super::matmul_params::{COMMON, Params, vec4_loads};
+use super::matmul_params::{COMMON, FULL_WAVE, Params, vec4_loads};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, render};
@@ -193,15 +193,123 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
         has_bias: opts.bias.is_some() as u32,
         alpha: opts.alpha,
         beta: opts.beta,
-        pad: [0; 2],
+        flags: 0,
+        splits: 1,
     };
-    // Without a bias, any block fills the (unread) bias binding.
-    let bias = opts.bias.unwrap_or(c);
-    if !opts.tiled_only && super::matmul_coop::usable(rt, a, b, c) {
-        return super::matmul_coop::launch(rt, &params, a, b, c, opts, batches as u32);
+    let coop = !opts.tiled_only && super::matmul_coop::usable(rt, a, b, c);
+    let coop_tile = coop.then(|| {
+        opts.coop_tile
+            .unwrap_or_else(|| super::matmul_coop::pick(m as u32, n as u32, batches as u32))
+    });
+    let (tile_m, tile_n) = coop_tile.map_or_else(
+        || (tiled_tile(m, n) as u64, tiled_tile(m, n) as u64),
+        |t| (u64::from(t.bm()), u64::from(t.bn())),
+    );
+    let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
+    let splits = if batches == 1 { split_k(tiles, k) } else { 1 };
+    if splits == 1 {
+        let opts = MatmulOptions { coop_tile, ..*opts };
+        return launch_product(rt, &params, a, b, c, &opts, batches as u32);
     }
-    let tm = if m >= 128 && n >= 128 { 8 } else { 4 };
-    let tile = 16 * tm;
+    // Split K: each slice's product into its own partial (the slices are the batches of
+    // the first pass: its batch strides step along K), then the partials summed in order
+    // through the epilogue.
+    let parts = Tensor::empty(rt, &[splits, m, n], DType::F32, Category::Temporary, "matmul.splitk")?;
+    let kc = (k / splits) as u32;
+    let first = Params {
+        k: kc,
+        batch1: 1,
+        a_bs0: kc * params.a_cs,
+        a_bs1: 0,
+        b_bs0: kc * params.b_rs,
+        b_bs1: 0,
+        c_off: parts.offset() as u32,
+        c_rs: n as u32,
+        c_bs0: (m * n) as u32,
+        c_bs1: 0,
+        bias_off: 0,
+        has_bias: 0,
+        alpha: 1.0,
+        beta: 0.0,
+        ..params
+    };
+    let plain = MatmulOptions {
+        tiled_only: opts.tiled_only,
+        coop_tile,
+        ..Default::default()
+    };
+    launch_product(rt, &first, a, b, &parts, &plain, splits as u32)?;
+    let second = Params {
+        splits: splits as u32,
+        ..params
+    };
+    let kernel = rt.kernel(
+        KernelKey::new("matmul_splitk", &[c.dtype() as u32, opts.activation as u32]),
+        4,
+        || render("matmul_splitk", SPLIT_SOURCE, &split_variant(c.dtype(), opts.activation)),
+    )?;
+    let bias = opts.bias.unwrap_or(c);
+    rt.launch_with_work(
+        &kernel,
+        bytemuck::bytes_of(&second),
+        &[&parts, &parts, c, bias],
+        crate::runtime::grid((m * n).div_ceil(256) as u32),
+        None,
+        2,
+    )
+}
+
+/// K slices for a single matmul of `tiles` output tiles and inner size `k`: none when the
+/// tiles fill the device twice over (two workgroups run on each SM); otherwise the fewest
+/// of 2, 4 or 8 slices that do, each slice at least 256 long and a multiple of 8
+/// (aligned loads), or the most that stay so.
+pub fn split_k(tiles: u64, k: usize) -> usize {
+    if tiles >= 2 * FULL_WAVE {
+        return 1;
+    }
+    let fits = |s: usize| k % (8 * s) == 0 && k / s >= 256;
+    [2, 4, 8]
+        .into_iter()
+        .find(|&s| fits(s) && tiles * s as u64 >= 2 * FULL_WAVE)
+        .or_else(|| [8, 4, 2].into_iter().find(|&s| fits(s)))
+        .unwrap_or(1)
+}
+
+/// The tiled kernel's output tile (rows = columns).
+fn tiled_tile(m: usize, n: usize) -> usize {
+    if m >= 128 && n >= 128 { 128 } else { 64 }
+}
+
+/// The template values of the split-K second pass.
+pub fn split_variant(tc: DType, act: Activation) -> Vec<(&'static str, String)> {
+    vec![
+        ("ENABLE", enables(&[tc])),
+        ("MATMUL_COMMON", COMMON.into()),
+        ("TC", tc.wgsl().into()),
+        ("ACT", act.expr().into()),
+        ("ACTIVATIONS", ACTIVATIONS.into()),
+    ]
+}
+
+const SPLIT_SOURCE: &str = include_str!("../../../shaders/matmul_splitk.wgsl");
+
+/// One product launch: the cooperative kernel where `opts.coop_tile` is set (the caller
+/// found it usable), the tiled kernel otherwise.
+fn launch_product(
+    rt: &Runtime,
+    params: &Params,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    opts: &MatmulOptions,
+    batches: u32,
+) -> Result<(), Error> {
+    if opts.coop_tile.is_some() {
+        return super::matmul_coop::launch(rt, params, a, b, c, opts, batches);
+    }
+    let (m, n, k) = (params.m as usize, params.n as usize, params.k as usize);
+    let tile = tiled_tile(m, n);
+    let tm = tile / 16;
     let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
     let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
     let kernel = rt.kernel(
@@ -226,12 +334,14 @@ pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &Matm
             )
         },
     )?;
+    // Without a bias, any block fills the (unread) bias binding.
+    let bias = opts.bias.unwrap_or(c);
     rt.launch_with_work(
         &kernel,
-        bytemuck::bytes_of(&params),
+        bytemuck::bytes_of(params),
         &[a, b, c, bias],
-        [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batches as u32],
-        Some(2.0 * (m * n * k * batches) as f64),
+        [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batches],
+        Some(2.0 * (m * n * k) as f64 * f64::from(batches)),
         2,
     )
 }

@@ -1,31 +1,242 @@
-//! The cooperative-matrix (tensor core) matmul (shaders/matmul_coop.wgsl): chosen for
-//! f16 A and B when the adapter grants 16x16x16 f16 -> f32 and subgroups of 32.
+//! The cooperative-matrix (tensor core) matmul (shaders/matmul_coop.wgsl with
+//! shaders/matmul_coop_operand.wgsl): chosen for f16 A and B when the adapter grants
+//! 16x16x16 f16 -> f32 and subgroups of 32. The host picks, per launch, each operand's
+//! load (its orientation and vector width, from its strides and alignment) and the tile
+//! (from the shape); the tuning sweep (`wgtrain bench --tune-matmul`) may force a tile.
 //!
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, MatmulOptions, Params, vec4_loads};
+use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, MatmulOptions, Params};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
-/// Rows and columns of C per workgroup.
-const TILE: usize = 128;
+const OPERAND: &str = include_str!("../../../shaders/matmul_coop_operand.wgsl");
 
-/// The template values of one variant; `vec_a` / `vec_b` pick vec4 loads.
-pub fn variant(tc: DType, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
-    let ty = |vec: bool| if vec { "vec4<f16>" } else { "f16" };
-    vec![
+/// 128 x 128 of C per workgroup: 8 subgroups of 64 x 32, K by 32, double-buffered.
+pub const TILE_128: CoopTile = CoopTile {
+    gm: 2,
+    gn: 4,
+    fm: 4,
+    fn_: 2,
+    bk: 32,
+    nbuf: 2,
+};
+/// 128 x 256 of C per workgroup: 8 subgroups of 64 x 64, K by 32, one buffer (two do
+/// not fit in 48 KiB). The fastest at 4096^3 on the H100 (`wgtrain bench --tune`).
+pub const TILE_WIDE: CoopTile = CoopTile {
+    gm: 2,
+    gn: 4,
+    fm: 4,
+    fn_: 4,
+    bk: 32,
+    nbuf: 1,
+};
+/// 64 x 64 of C per workgroup (4 subgroups of 32 x 32), for outputs too small to fill
+/// the device with larger tiles.
+pub const TILE_64: CoopTile = CoopTile {
+    gm: 2,
+    gn: 2,
+    fm: 2,
+    fn_: 2,
+    bk: 32,
+    nbuf: 2,
+};
+/// 128 x 128 of C per workgroup, K by 64 through one buffer: the fastest at 10 of
+/// GPT-2's 12 linear products and within 4% of [`TILE_WIDE`] at 4096^3 on the H100.
+pub const TILE_128_K64: CoopTile = CoopTile {
+    gm: 2,
+    gn: 4,
+    fm: 4,
+    fn_: 2,
+    bk: 64,
+    nbuf: 1,
+};
+/// The tiles the tuning sweep measures.
+pub const CANDIDATES: [CoopTile; 8] = [
+    TILE_128_K64,
+    TILE_128,
+    TILE_WIDE,
+    TILE_64,
+    CoopTile {
+        gm: 4,
+        gn: 2,
+        fm: 4,
+        fn_: 2,
+        bk: 32,
+        nbuf: 1,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 2,
+        fm: 4,
+        fn_: 4,
+        bk: 64,
+        nbuf: 1,
+    },
+    CoopTile {
+        gm: 4,
+        gn: 2,
+        fm: 2,
+        fn_: 4,
+        bk: 64,
+        nbuf: 1,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 2,
+        fm: 2,
+        fn_: 2,
+        bk: 64,
+        nbuf: 1,
+    },
+];
+
+/// How the kernel reads one operand: `col` when it is contiguous down its columns
+/// rather than along its rows (a transposed view), and the width of its global loads in
+/// halves (8, 4 or 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Load {
+    pub col: bool,
+    pub width: u32,
+}
+
+impl Load {
+    /// The load of a `rows` x `cols` operand (A: M x K, B: K x N) with row and column
+    /// strides `rs`, `cs`, element offset `off` and batch strides `bs`.
+    pub fn of(rs: u32, cs: u32, off: u32, bs: [u32; 2], rows: u32, cols: u32) -> Load {
+        let width = |stride: u32, len: u32| {
+            [8, 4]
+                .into_iter()
+                .find(|w| [off, stride, bs[0], bs[1], len].iter().all(|v| v % w == 0))
+                .unwrap_or(1)
+        };
+        if cs == 1 {
+            Load {
+                col: false,
+                width: width(rs, cols),
+            }
+        } else if rs == 1 {
+            Load {
+                col: true,
+                width: width(cs, rows),
+            }
+        } else {
+            Load { col: false, width: 1 }
+        }
+    }
+
+    fn code(self) -> u32 {
+        u32::from(self.col) | self.width << 1
+    }
+}
+
+/// Bytes of workgroup memory a variant uses.
+pub fn workgroup_bytes(tile: CoopTile) -> u64 {
+    // Either orientation pads the BK side or the BM/BN side by 8; the larger is counted.
+    let side = |mn: u32| u64::from((mn * (tile.bk + 8)).max(tile.bk * (mn + 8)));
+    2 * u64::from(tile.nbuf) * (side(tile.bm()) + side(tile.bn())) + 4 * 256 * u64::from(tile.gm * tile.gn)
+}
+
+fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
+    let is_a = x == "a";
+    let mn = if is_a { tile.bm() } else { tile.bn() };
+    // Storage orientation: A rows are M (row) or K (col); B rows are K (row) or N (col).
+    let (rows, cols) = if load.col == is_a { (tile.bk, mn) } else { (mn, tile.bk) };
+    let index = if load.col == is_a { "kk * ld + major" } else { "major * ld + kk" };
+    let ty = match load.width {
+        8 => "vec4<u32>",
+        4 => "vec4<f16>",
+        _ => "f16",
+    };
+    let values = [
+        ("X", x.to_string()),
+        ("ROLE", if is_a { "A" } else { "B" }.to_string()),
+        ("BINDING", if is_a { "1" } else { "2" }.to_string()),
+        ("TYPE", ty.to_string()),
+        ("ROWS", rows.to_string()),
+        ("COLS", cols.to_string()),
+        ("W", load.width.to_string()),
+        ("TILE_LEN", (rows * (cols + 8) * tile.nbuf).to_string()),
+        ("W8", (load.width == 8).to_string()),
+        ("W4", (load.width == 4).to_string()),
+        ("COL", load.col.to_string()),
+        ("INDEX", index.to_string()),
+    ];
+    render("matmul_coop_operand", OPERAND, &values)
+}
+
+/// The unrolled per-fragment code: accumulator declarations, one K step's fragment loads
+/// and multiply-adds, the direct stores and the staged stores.
+fn unrolled(tile: CoopTile) -> [String; 4] {
+    use std::fmt::Write;
+    let frags = || (0..tile.fm).flat_map(|i| (0..tile.fn_).map(move |j| (i, j)));
+    let (mut decl, mut mma, mut direct, mut staged) = (String::new(), String::new(), String::new(), String::new());
+    for (i, j) in frags() {
+        let _ = writeln!(decl, "    var acc_{i}_{j} = coop_mat16x16<f32, C>();");
+    }
+    for i in 0..tile.fm {
+        let _ = writeln!(mma, "            let a_{i} = a_frag(cur, m0 + {}u, kk);", 16 * i);
+    }
+    for j in 0..tile.fn_ {
+        let _ = writeln!(mma, "            let b_{j} = b_frag(cur, n0 + {}u, kk);", 16 * j);
+    }
+    for (i, j) in frags() {
+        let _ = writeln!(mma, "            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});");
+        let _ = writeln!(
+            direct,
+            "        {{\n            let ci = c_base + (gm0 + {}u) * p.c_rs + gn0 + {}u;\n            let ld = p.c_rs;\n            coopStoreT(acc_{i}_{j}, &c[ci], ld);\n        }}",
+            16 * i,
+            16 * j
+        );
+        let _ = writeln!(
+            staged,
+            "    store_staged(acc_{i}_{j}, s, lane, gm0 + {}u, gn0 + {}u, c_base);",
+            16 * i,
+            16 * j
+        );
+    }
+    [decl, mma, direct, staged]
+}
+
+/// The template values of one variant.
+pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile) -> Result<Vec<(&'static str, String)>, Error> {
+    let a_fetch = if a.col {
+        "k0, row0, p.k, p.m, p.a_cs, p.a_rs"
+    } else {
+        "row0, k0, p.m, p.k, p.a_rs, p.a_cs"
+    };
+    let b_fetch = if b.col {
+        "col0, k0, p.n, p.k, p.b_cs, p.b_rs"
+    } else {
+        "k0, col0, p.k, p.n, p.b_rs, p.b_cs"
+    };
+    let [decl, mma, direct, staged] = unrolled(tile);
+    Ok(vec![
+        ("ACC_DECL", decl),
+        ("MMA", mma),
+        ("STORE_DIRECT", direct),
+        ("STORE_STAGED", staged),
         ("MATMUL_COMMON", COMMON.into()),
         ("TC", tc.wgsl().into()),
         ("ACT", act.expr().into()),
         ("ACTIVATIONS", ACTIVATIONS.into()),
-        ("TYPE_A", ty(vec_a).into()),
-        ("TYPE_B", ty(vec_b).into()),
-        ("VEC_A", vec_a.to_string()),
-        ("VEC_B", vec_b.to_string()),
-    ]
+        ("GM", tile.gm.to_string()),
+        ("GN", tile.gn.to_string()),
+        ("FM", tile.fm.to_string()),
+        ("FN", tile.fn_.to_string()),
+        ("BK", tile.bk.to_string()),
+        ("NBUF", tile.nbuf.to_string()),
+        ("THREADS", tile.threads().to_string()),
+        ("STAGE_LEN", (256 * tile.gm * tile.gn).to_string()),
+        ("OPERAND_A", operand("a", tile, a)?),
+        ("OPERAND_B", operand("b", tile, b)?),
+        ("A_FETCH", a_fetch.into()),
+        ("B_FETCH", b_fetch.into()),
+        ("DIRECT", (tc == DType::F32).to_string()),
+    ])
 }
 
 /// Whether the host may pick this path for these operands on this adapter.
@@ -44,6 +255,29 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
     coop_f16 && subgroup_size == (32, 32) && a == DType::F16 && b == DType::F16 && c.is_float()
 }
 
+/// The tile for an `m` x `n` output of `batches` batches: 128 x 128 by 64 when that
+/// fills the device once ([`FULL_WAVE`] workgroups) or for a single product (split-K
+/// fills the device); 64 x 64 for batches of small products.
+pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
+    let tiles = u64::from(m.div_ceil(128)) * u64::from(n.div_ceil(128)) * u64::from(batches);
+    if tiles >= FULL_WAVE || batches == 1 {
+        TILE_128_K64
+    } else {
+        TILE_64
+    }
+}
+
+/// Whether whole tiles may store straight to C: f32 C, nothing in the epilogue, and C's
+/// offset and strides multiples of 8 elements.
+pub fn direct(params: &Params, c: DType, opts: &MatmulOptions) -> bool {
+    c == DType::F32
+        && opts.bias.is_none()
+        && opts.activation == Activation::Identity
+        && opts.alpha == 1.0
+        && opts.beta == 0.0
+        && [params.c_off, params.c_rs, params.c_bs0, params.c_bs1].iter().all(|v| v % 8 == 0)
+}
+
 pub(super) fn launch(
     rt: &Runtime,
     params: &Params,
@@ -53,27 +287,51 @@ pub(super) fn launch(
     opts: &MatmulOptions,
     batches: u32,
 ) -> Result<(), Error> {
-    let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
-    let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
+    let la = Load::of(
+        params.a_rs,
+        params.a_cs,
+        params.a_off,
+        [params.a_bs0, params.a_bs1],
+        params.m,
+        params.k,
+    );
+    let lb = Load::of(
+        params.b_rs,
+        params.b_cs,
+        params.b_off,
+        [params.b_bs0, params.b_bs1],
+        params.k,
+        params.n,
+    );
+    let tile = opts.coop_tile.unwrap_or_else(|| pick(params.m, params.n, batches));
+    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+    if workgroup_bytes(tile) > limit || tile.threads() > 1024 {
+        return Err(Error::invalid(
+            "matmul tile",
+            format!(
+                "{} needs {} bytes of workgroup memory (the adapter has {limit})",
+                tile.name(),
+                workgroup_bytes(tile)
+            ),
+        ));
+    }
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul_coop",
-            &[c.dtype() as u32, opts.activation as u32, u32::from(vec_a), u32::from(vec_b)],
+            &[c.dtype() as u32, opts.activation as u32, la.code(), lb.code(), tile.packed()],
         ),
         4,
-        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, vec_a, vec_b)),
+        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile)?),
     )?;
+    let mut params = *params;
+    params.flags = u32::from(direct(&params, c.dtype(), opts));
     let bias = opts.bias.unwrap_or(c);
     let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(batches);
     rt.launch_with_work(
         &kernel,
-        bytemuck::bytes_of(params),
+        bytemuck::bytes_of(&params),
         &[a, b, c, bias],
-        [
-            (params.n as usize).div_ceil(TILE) as u32,
-            (params.m as usize).div_ceil(TILE) as u32,
-            batches,
-        ],
+        [params.n.div_ceil(tile.bn()), params.m.div_ceil(tile.bm()), batches],
         Some(flops),
         2,
     )

@@ -47,6 +47,53 @@ pub struct MatmulOptions<'a> {
     pub activation: Activation,
     /// Use the tiled kernel even where the cooperative one would be chosen.
     pub tiled_only: bool,
+    /// The cooperative kernel's tile, where the caller forces one (the tuning sweep);
+    /// `None` lets the shape pick.
+    pub coop_tile: Option<CoopTile>,
+}
+
+/// Workgroups that fill a large GPU once (an H100 has 132 SMs): below it a product's
+/// tiles leave SMs idle (split-K, smaller tiles).
+pub const FULL_WAVE: u64 = 132;
+
+/// The tile of a cooperative-matrix matmul variant: `gm` x `gn` subgroups of 32, each
+/// owning `fm` x `fn_` 16 x 16 fragments of C; K steps by `bk` through `nbuf` (1 or 2)
+/// workgroup buffers per operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    pub gm: u32,
+    pub gn: u32,
+    pub fm: u32,
+    pub fn_: u32,
+    pub bk: u32,
+    pub nbuf: u32,
+}
+
+impl CoopTile {
+    /// Rows of C per workgroup.
+    pub const fn bm(&self) -> u32 {
+        self.gm * self.fm * 16
+    }
+
+    /// Columns of C per workgroup.
+    pub const fn bn(&self) -> u32 {
+        self.gn * self.fn_ * 16
+    }
+
+    /// Invocations per workgroup.
+    pub const fn threads(&self) -> u32 {
+        self.gm * self.gn * 32
+    }
+
+    /// One number for the kernel key.
+    pub const fn packed(&self) -> u32 {
+        self.gm | self.gn << 4 | self.fm << 8 | self.fn_ << 12 | self.bk << 16 | self.nbuf << 24
+    }
+
+    /// `gm x gn x fm x fn x bk x nbuf`, as benchmark rows name it.
+    pub fn name(&self) -> String {
+        format!("{}x{}x{}x{}x{}x{}", self.gm, self.gn, self.fm, self.fn_, self.bk, self.nbuf)
+    }
 }
 
 impl Default for MatmulOptions<'_> {
@@ -57,6 +104,7 @@ impl Default for MatmulOptions<'_> {
             bias: None,
             activation: Activation::Identity,
             tiled_only: false,
+            coop_tile: None,
         }
     }
 }
@@ -88,7 +136,11 @@ pub struct Params {
     pub has_bias: u32,
     pub alpha: f32,
     pub beta: f32,
-    pub pad: [u32; 2],
+    /// Bit 0: the cooperative kernel may store whole tiles straight to C (no bias,
+    /// activation, scale or accumulation; C aligned). The tiled kernel ignores it.
+    pub flags: u32,
+    /// K slices of a split-K matmul (its second pass sums this many partials).
+    pub splits: u32,
 }
 
 /// Whether a row-contiguous operand can be loaded as vec4: unit column stride, and

@@ -8,6 +8,7 @@
 
 use super::map::MapOp;
 use super::matmul::Activation;
+use super::matmul_coop::{self, CANDIDATES, Load, TILE_128_K64};
 use super::reduce::ReduceOp;
 use super::softmax::SoftmaxMode;
 use crate::error::Error;
@@ -28,7 +29,8 @@ fn push(out: &mut Vec<Variant>, name: &'static str, source: &str, values: Vec<(&
     let wgsl = render(name, source, &values)?;
     out.push(Variant {
         name,
-        values: format!("{values:?}"),
+        // Short values only: pasted sources (common code, operands) would drown the rest.
+        values: format!("{:?}", values.iter().filter(|(_, v)| v.len() <= 60).collect::<Vec<_>>()),
         wgsl,
     });
     Ok(())
@@ -143,14 +145,41 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 }
             }
         }
+    }
+    for act in [Activation::Identity, Activation::Relu, Activation::Gelu] {
         for tc in floats {
-            for (vec_a, vec_b) in [(false, false), (true, false), (false, true), (true, true)] {
+            push(
+                &mut out,
+                "matmul_splitk",
+                include_str!("../../../shaders/matmul_splitk.wgsl"),
+                super::matmul::split_variant(tc, act),
+            )?;
+        }
+    }
+    // The cooperative matmul: every operand load with the default tile, and every
+    // candidate tile with the common loads.
+    let loads: Vec<Load> = [false, true]
+        .into_iter()
+        .flat_map(|col| [8, 4, 1].map(|width| Load { col, width }))
+        .collect();
+    let coop = include_str!("../../../shaders/matmul_coop.wgsl");
+    for tc in floats {
+        for &a in &loads {
+            for &b in &loads {
                 push(
                     &mut out,
                     "matmul_coop",
-                    include_str!("../../../shaders/matmul_coop.wgsl"),
-                    super::matmul_coop::variant(tc, act, vec_a, vec_b),
+                    coop,
+                    matmul_coop::variant(tc, Activation::Identity, a, b, TILE_128_K64)?,
                 )?;
+            }
+        }
+        for tile in CANDIDATES {
+            for act in [Activation::Identity, Activation::Gelu] {
+                let (row, col) = (Load { col: false, width: 8 }, Load { col: true, width: 8 });
+                for (a, b) in [(row, row), (col, row), (row, col)] {
+                    push(&mut out, "matmul_coop", coop, matmul_coop::variant(tc, act, a, b, tile)?)?;
+                }
             }
         }
     }

@@ -1,0 +1,77 @@
+// One operand of the cooperative-matrix matmul (shaders/matmul_coop.wgsl), rendered once
+// for A (X = a, ROLE = A) and once for B (X = b, ROLE = B) and pasted at the main
+// template's OPERAND_A / OPERAND_B placeholders.
+// The operand's tile is kept in its storage orientation: ROW when its rows are contiguous
+// along K (A) or N (B), COL when contiguous the other way (a transposed view), both in
+// workgroup memory as [ROWS][COLS] padded by 8 halves a row (16 bytes: the 8 row starts of
+// a fragment load fall in distinct banks). Global loads are W halves wide: 8 (one
+// vec4<u32>), 4 (vec4<f16>) or 1 (any strides); the host picks W from the alignment of
+// the offset, strides and extent. A thread fetches its LOADS vectors of the next tile into
+// registers while the current tile is multiplied, then stashes them into the other
+// buffer.
+
+@group(0) @binding({{BINDING}}) var<storage, read_write> {{X}}_src: array<{{TYPE}}>;
+const {{X}}_ROWS: u32 = {{ROWS}}u;
+const {{X}}_COLS: u32 = {{COLS}}u;
+const {{X}}_LD: u32 = {{X}}_COLS + 8u;
+const {{X}}_SIZE: u32 = {{X}}_ROWS * {{X}}_LD;
+const {{X}}_W: u32 = {{W}}u;
+const {{X}}_PER_ROW: u32 = {{X}}_COLS / {{X}}_W;
+const {{X}}_LOADS: u32 = {{X}}_ROWS * {{X}}_PER_ROW / THREADS;
+var<workgroup> {{X}}_tile: array<f16, {{TILE_LEN}}>;
+var<private> {{X}}_regs: array<{{TYPE}}, {{X}}_LOADS>;
+
+// Loads this thread's vectors of the tile whose first element is (r0, s0) in storage
+// orientation; `rows` x `cols` is the operand's extent there, `outer` and `inner` its
+// strides. Elements outside the extent read as zero.
+fn {{X}}_fetch(tid: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) {
+    for (var l = 0u; l < {{X}}_LOADS; l++) {
+        let e = tid + l * THREADS;
+        let gr = r0 + e / {{X}}_PER_ROW;
+        let gs = s0 + (e % {{X}}_PER_ROW) * {{X}}_W;
+        var v = {{TYPE}}();
+        if gr < rows && gs < cols {
+            v = {{X}}_src[(base + gr * outer + gs * inner) / {{X}}_W];
+        }
+        {{X}}_regs[l] = v;
+    }
+}
+
+// Writes the fetched vectors into workgroup buffer `buf`.
+fn {{X}}_stash(tid: u32, buf: u32) {
+    for (var l = 0u; l < {{X}}_LOADS; l++) {
+        let e = tid + l * THREADS;
+        let t = buf * {{X}}_SIZE + (e / {{X}}_PER_ROW) * {{X}}_LD + (e % {{X}}_PER_ROW) * {{X}}_W;
+        let v = {{X}}_regs[l];
+//#if W8
+        // (naga's bitcast keeps the element width, so pairs go through unpack2x16float;
+        // the f16 -> f32 -> f16 round trip is exact.)
+        for (var j = 0u; j < 4u; j++) {
+            let h = vec2<f16>(unpack2x16float(v[j]));
+            {{X}}_tile[t + 2u * j] = h.x;
+            {{X}}_tile[t + 2u * j + 1u] = h.y;
+        }
+//#else
+//#if W4
+        {{X}}_tile[t] = v.x;
+        {{X}}_tile[t + 1u] = v.y;
+        {{X}}_tile[t + 2u] = v.z;
+        {{X}}_tile[t + 3u] = v.w;
+//#else
+        {{X}}_tile[t] = v;
+//#endif
+//#endif
+    }
+}
+
+// The 16 x 16 fragment at `major` (M for A, N for B) and `kk` (K) of buffer `buf`.
+fn {{X}}_frag(buf: u32, major: u32, kk: u32) -> coop_mat16x16<f16, {{ROLE}}> {
+    let ld = {{X}}_LD;
+    let i = buf * {{X}}_SIZE + {{INDEX}};
+//#if COL
+    // [K][M] for A, [N][K] for B: column-major as the fragment sees it.
+    return coopLoad<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], ld);
+//#else
+    return coopLoadT<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], ld);
+//#endif
+}
