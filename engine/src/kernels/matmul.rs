@@ -267,7 +267,7 @@ pub fn split_k(tiles: u64, k: usize) -> usize {
     if tiles >= 2 * FULL_WAVE {
         return 1;
     }
-    let fits = |s: usize| k % (8 * s) == 0 && k / s >= 256;
+    let fits = |s: usize| k.is_multiple_of(8 * s) && k / s >= 256;
     [2, 4, 8]
         .into_iter()
         .find(|&s| fits(s) && tiles * s as u64 >= 2 * FULL_WAVE)

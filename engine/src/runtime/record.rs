@@ -6,7 +6,9 @@
 //! The parameter ring: each launch's parameters take the next [`PARAM_SLOT`]-byte slot of
 //! a host copy of the ring; the used part of the ring is written to the device once per
 //! submission, just before it (a queue write lands before the submission that follows
-//! it). After [`RING_SLOTS`] launches the encoder is submitted and the ring starts over.
+//! it). The encoder is submitted every [`SUBMIT_EVERY`] launches (and at a flush), each
+//! submission writing only its own slots; after [`RING_SLOTS`] launches the ring starts
+//! over.
 //!
 //! Timestamps: while timing is on, each launch's compute pass writes the shared query
 //! set (the first launch its beginning, every launch its end); this is the seam where
@@ -22,8 +24,11 @@ use super::profile::{Profiler, StepTrace, Work};
 use crate::device::{DeviceError, Gpu};
 use crate::error::Error;
 
-/// Launches recorded before the encoder is submitted and the ring reused.
+/// Launches recorded before the ring is reused (the encoder is submitted then too).
 pub const RING_SLOTS: u64 = 1024;
+/// Launches recorded before the encoder is submitted: the device starts on them while
+/// the host records the rest of the step, instead of idling until a read-back.
+pub const SUBMIT_EVERY: u64 = 64;
 
 /// What timing a span of launches gave.
 pub enum Elapsed {
@@ -80,6 +85,8 @@ pub struct DeviceRecorder {
     staged: Vec<u8>,
     encoder: Option<wgpu::CommandEncoder>,
     slot: u64,
+    /// Slots below this one are already written to the device.
+    written: u64,
     queries: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
     timing: Option<bool>,
     profiler: Option<Profiler>,
@@ -120,6 +127,7 @@ impl DeviceRecorder {
             staged: vec![0; (PARAM_SLOT * RING_SLOTS) as usize],
             encoder: None,
             slot: 0,
+            written: 0,
             queries,
             timing: None,
             profiler: None,
@@ -178,24 +186,33 @@ impl Recorder for DeviceRecorder {
         let encoder = self
             .encoder
             .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes,
-        });
-        pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind, &[(slot * PARAM_SLOT) as u32]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes,
+            });
+            pass.set_pipeline(&kernel.pipeline);
+            pass.set_bind_group(0, &bind, &[(slot * PARAM_SLOT) as u32]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        if self.slot - self.written >= SUBMIT_EVERY {
+            self.submit();
+        }
     }
 
     fn submit(&mut self) {
         if let Some(encoder) = self.encoder.take() {
-            if self.slot > 0 {
-                let used = (self.slot * PARAM_SLOT) as usize;
-                self.gpu.queue.write_buffer(&self.params, 0, &self.staged[..used]);
+            if self.slot > self.written {
+                let (from, to) = ((self.written * PARAM_SLOT) as usize, (self.slot * PARAM_SLOT) as usize);
+                self.gpu.queue.write_buffer(&self.params, from as u64, &self.staged[from..to]);
             }
             self.gpu.queue.submit([encoder.finish()]);
         }
-        self.slot = 0;
+        self.written = self.slot;
+        if self.slot == RING_SLOTS {
+            self.slot = 0;
+            self.written = 0;
+        }
     }
 
     fn wait(&mut self) -> Result<(), Error> {
