@@ -7,8 +7,9 @@
 // Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v), and
 // the register code generated for TM by the host (ACC_DECL, INNER, STORE): named
 // registers instead of indexed private arrays, which drivers may spill to memory;
-// and the tile loads (TYPE_A and the VEC_A block, TYPE_B and VEC_B): scalar for any
-// strides, vec4 where a row is contiguous and offsets and strides are multiples of 4.
+// and the tile loads (TYPE_A and the VEC_A / COL_A blocks, TYPE_B and VEC_B / COL_B):
+// scalar for any strides, vec4 where a row is contiguous (VEC) or a column is (COL, a
+// transposed view) and offsets, strides and the contiguous extent are multiples of 4.
 {{ENABLE}}
 
 {{MATMUL_COMMON}}
@@ -60,6 +61,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
         }
 //#else
+//#if COL_A
+        // A contiguous down its columns (a transposed view): vec4s along M, which is
+        // the tile's own (k-major) layout.
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let kk = e / (BM / 4u);
+            let mq = e % (BM / 4u);
+            let gk = k0 + kk;
+            let gm = row0 + mq * 4u;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
+            a_tile[kk * (BM / 4u) + mq] = v;
+        }
+//#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
             let mm = e / BK;
@@ -71,6 +86,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let t = kk * BM + mm;
             a_tile[t / 4u][t % 4u] = v;
         }
+//#endif
 //#endif
 //#if VEC_B
         for (var l = 0u; l < BM / 64u; l++) {
@@ -84,6 +100,23 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             b_tile[kk * (BM / 4u) + nq] = v;
         }
 //#else
+//#if COL_B
+        // B contiguous down its columns (a transposed view): vec4s along K, spread over
+        // the tile's k-major rows.
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let nn = e / 4u;
+            let kq = e % 4u;
+            let gn = col0 + nn;
+            let gk = k0 + kq * 4u;
+            var v = vec4<f32>(0.0);
+            if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + nn;
+                b_tile[t / 4u][t % 4u] = v[j];
+            }
+        }
+//#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
             let kk = e / BM;
@@ -95,6 +128,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let t = kk * BM + nn;
             b_tile[t / 4u][t % 4u] = v;
         }
+//#endif
 //#endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {

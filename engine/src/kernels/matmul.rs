@@ -9,7 +9,7 @@
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions};
-use super::matmul_params::{COMMON, FULL_WAVE, Params, vec4_loads};
+use super::matmul_params::{COMMON, FULL_WAVE, Load, Params};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, render};
@@ -50,17 +50,25 @@ fn register_code(tm: u32) -> (String, String, String) {
     (decl, inner, store)
 }
 
-/// The template values of the tiled variant; `vec_a` / `vec_b` pick vec4 loads.
-#[allow(clippy::too_many_arguments)]
-pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, vec_a: bool, vec_b: bool) -> Vec<(&'static str, String)> {
+/// The template values of the tiled variant; `la` / `lb` pick each operand's tile
+/// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
+pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Load, lb: Load) -> Vec<(&'static str, String)> {
     let (decl, inner, store) = register_code(tm);
-    let ty = |t: DType, vec: bool| if vec { format!("vec4<{}>", t.wgsl()) } else { t.wgsl().to_string() };
+    let ty = |t: DType, l: Load| {
+        if l.width == 4 {
+            format!("vec4<{}>", t.wgsl())
+        } else {
+            t.wgsl().to_string()
+        }
+    };
     vec![
         ("MATMUL_COMMON", COMMON.into()),
-        ("TYPE_A", ty(ta, vec_a)),
-        ("TYPE_B", ty(tb, vec_b)),
-        ("VEC_A", vec_a.to_string()),
-        ("VEC_B", vec_b.to_string()),
+        ("TYPE_A", ty(ta, la)),
+        ("TYPE_B", ty(tb, lb)),
+        ("VEC_A", (la.width == 4 && !la.col).to_string()),
+        ("VEC_B", (lb.width == 4 && !lb.col).to_string()),
+        ("COL_A", (la.width == 4 && la.col).to_string()),
+        ("COL_B", (lb.width == 4 && lb.col).to_string()),
         ("ACC_DECL", decl),
         ("INNER", inner),
         ("STORE", store),
@@ -310,8 +318,7 @@ fn launch_product(
     let (m, n, k) = (params.m as usize, params.n as usize, params.k as usize);
     let tile = tiled_tile(m, n);
     let tm = tile / 16;
-    let vec_a = vec4_loads(params.a_off, params.a_rs, params.a_cs, [params.a_bs0, params.a_bs1], params.k);
-    let vec_b = vec4_loads(params.b_off, params.b_rs, params.b_cs, [params.b_bs0, params.b_bs1], params.n);
+    let [la, lb] = Load::of_operands(params, &[4]);
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul",
@@ -321,8 +328,8 @@ fn launch_product(
                 c.dtype() as u32,
                 tm as u32,
                 opts.activation as u32,
-                u32::from(vec_a),
-                u32::from(vec_b),
+                la.code(),
+                lb.code(),
             ],
         ),
         4,
@@ -330,7 +337,7 @@ fn launch_product(
             render(
                 "matmul",
                 SOURCE,
-                &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, vec_a, vec_b),
+                &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, la, lb),
             )
         },
     )?;

@@ -7,7 +7,7 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, MatmulOptions, Params};
+use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
@@ -93,45 +93,6 @@ pub const CANDIDATES: [CoopTile; 8] = [
         nbuf: 1,
     },
 ];
-
-/// How the kernel reads one operand: `col` when it is contiguous down its columns
-/// rather than along its rows (a transposed view), and the width of its global loads in
-/// halves (8, 4 or 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Load {
-    pub col: bool,
-    pub width: u32,
-}
-
-impl Load {
-    /// The load of a `rows` x `cols` operand (A: M x K, B: K x N) with row and column
-    /// strides `rs`, `cs`, element offset `off` and batch strides `bs`.
-    pub fn of(rs: u32, cs: u32, off: u32, bs: [u32; 2], rows: u32, cols: u32) -> Load {
-        let width = |stride: u32, len: u32| {
-            [8, 4]
-                .into_iter()
-                .find(|w| [off, stride, bs[0], bs[1], len].iter().all(|v| v % w == 0))
-                .unwrap_or(1)
-        };
-        if cs == 1 {
-            Load {
-                col: false,
-                width: width(rs, cols),
-            }
-        } else if rs == 1 {
-            Load {
-                col: true,
-                width: width(cs, rows),
-            }
-        } else {
-            Load { col: false, width: 1 }
-        }
-    }
-
-    fn code(self) -> u32 {
-        u32::from(self.col) | self.width << 1
-    }
-}
 
 /// Bytes of workgroup memory a variant uses.
 pub fn workgroup_bytes(tile: CoopTile) -> u64 {
@@ -287,22 +248,7 @@ pub(super) fn launch(
     opts: &MatmulOptions,
     batches: u32,
 ) -> Result<(), Error> {
-    let la = Load::of(
-        params.a_rs,
-        params.a_cs,
-        params.a_off,
-        [params.a_bs0, params.a_bs1],
-        params.m,
-        params.k,
-    );
-    let lb = Load::of(
-        params.b_rs,
-        params.b_cs,
-        params.b_off,
-        [params.b_bs0, params.b_bs1],
-        params.k,
-        params.n,
-    );
+    let [la, lb] = Load::of_operands(params, &[8, 4]);
     let tile = opts.coop_tile.unwrap_or_else(|| pick(params.m, params.n, batches));
     let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
     if workgroup_bytes(tile) > limit || tile.threads() > 1024 {

@@ -143,8 +143,52 @@ pub struct Params {
     pub splits: u32,
 }
 
-/// Whether a row-contiguous operand can be loaded as vec4: unit column stride, and
-/// the offset, row stride, batch strides and row length multiples of 4.
-pub fn vec4_loads(off: u32, rs: u32, cs: u32, bs: [u32; 2], cols: u32) -> bool {
-    cs == 1 && [off, rs, bs[0], bs[1], cols].iter().all(|v| v % 4 == 0)
+/// How the kernel reads one operand: `col` when it is contiguous down its columns
+/// rather than along its rows (a transposed view), and the width of its global loads in
+/// halves (8, 4 or 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Load {
+    pub col: bool,
+    pub width: u32,
+}
+
+impl Load {
+    /// The load of a `rows` x `cols` operand (A: M x K, B: K x N) with row and column
+    /// strides `rs`, `cs`, element offset `off` and batch strides `bs`: the first of
+    /// `widths` that the alignment allows, else 1.
+    pub fn of(rs: u32, cs: u32, off: u32, bs: [u32; 2], rows: u32, cols: u32, widths: &[u32]) -> Load {
+        let width = |stride: u32, len: u32| {
+            widths
+                .iter()
+                .copied()
+                .find(|w| [off, stride, bs[0], bs[1], len].iter().all(|v| v % w == 0))
+                .unwrap_or(1)
+        };
+        if cs == 1 {
+            Load {
+                col: false,
+                width: width(rs, cols),
+            }
+        } else if rs == 1 {
+            Load {
+                col: true,
+                width: width(cs, rows),
+            }
+        } else {
+            Load { col: false, width: 1 }
+        }
+    }
+
+    /// The loads of both operands of a launch.
+    pub fn of_operands(p: &Params, widths: &[u32]) -> [Load; 2] {
+        [
+            Load::of(p.a_rs, p.a_cs, p.a_off, [p.a_bs0, p.a_bs1], p.m, p.k, widths),
+            Load::of(p.b_rs, p.b_cs, p.b_off, [p.b_bs0, p.b_bs1], p.k, p.n, widths),
+        ]
+    }
+
+    /// One number for a kernel key.
+    pub fn code(self) -> u32 {
+        u32::from(self.col) | self.width << 1
+    }
 }

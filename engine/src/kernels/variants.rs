@@ -8,7 +8,8 @@
 
 use super::map::MapOp;
 use super::matmul::Activation;
-use super::matmul_coop::{self, CANDIDATES, Load, TILE_128_K64};
+use super::matmul_coop::{self, CANDIDATES, TILE_128_K64};
+use super::matmul_params::Load;
 use super::reduce::ReduceOp;
 use super::softmax::SoftmaxMode;
 use crate::error::Error;
@@ -134,13 +135,16 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         for ta in floats {
             for tc in floats {
                 for tm in [4, 8] {
-                    for (vec_a, vec_b) in [(false, false), (true, true), (true, false), (false, true)] {
-                        push(
-                            &mut out,
-                            "matmul",
-                            include_str!("../../../shaders/matmul.wgsl"),
-                            super::matmul::variant(ta, ta, tc, tm, act, vec_a, vec_b),
-                        )?;
+                    let loads = [(false, 1), (false, 4), (true, 4)].map(|(col, width)| Load { col, width });
+                    for la in loads {
+                        for lb in loads {
+                            push(
+                                &mut out,
+                                "matmul",
+                                include_str!("../../../shaders/matmul.wgsl"),
+                                super::matmul::variant(ta, ta, tc, tm, act, la, lb),
+                            )?;
+                        }
                     }
                 }
             }
