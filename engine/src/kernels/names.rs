@@ -1,6 +1,6 @@
 //! Readable names of kernel variants for the profiler's table and trace: the family
 //! with the choices its key encodes (element types, tile, epilogue, vec4 loads, op),
-//! e.g. `matmul f16,f16->f32 tm8 gelu vec4` or `map add f32 vec4`.
+//! e.g. `matmul f16,f16->f32 tm8 gelu a:row4 b:col4` or `map add f32 vec4`.
 //!
 //! May call: `kernels::{map, matmul_params, reduce, softmax}`, `runtime`, `tensor`.
 
@@ -28,11 +28,14 @@ fn activation(n: u32) -> &'static str {
 /// The readable name of a launch's variant.
 pub fn describe(key: &KernelKey) -> String {
     let v = key.variant;
-    let vec = |a: u32, b: u32| match (a, b) {
-        (1, 1) => " vec4",
-        (1, 0) => " vec4 a",
-        (0, 1) => " vec4 b",
-        _ => "",
+    // Operand loads (`matmul_params::Load::code`): rows or columns, and the width.
+    let load = |code: u32| format!("{}{}", if code & 1 == 1 { "col" } else { "row" }, code >> 1);
+    let loads = |a: u32, b: u32| format!(" a:{} b:{}", load(a), load(b));
+    // A cooperative tile (`CoopTile::packed`): rows x columns of C, K step, buffers.
+    let tile = |t: u32| {
+        let f = |shift: u32| (t >> shift) & 0xf;
+        let (bm, bn) = (f(0) * f(8) * 16, f(4) * f(12) * 16);
+        format!(" {bm}x{bn} k{} x{}", (t >> 16) & 0xff, t >> 24)
     };
     match key.family {
         "map" => {
@@ -48,9 +51,16 @@ pub fn describe(key: &KernelKey) -> String {
             dtype(v[2]),
             v[3],
             activation(v[4]),
-            vec(v[5], v[6])
+            loads(v[5], v[6])
         ),
-        "matmul_coop" => format!("matmul_coop f16,f16->{}{}{}", dtype(v[0]), activation(v[1]), vec(v[2], v[3])),
+        "matmul_coop" => format!(
+            "matmul_coop f16,f16->{}{}{}{}",
+            dtype(v[0]),
+            activation(v[1]),
+            loads(v[2], v[3]),
+            tile(v[4])
+        ),
+        "matmul_splitk" => format!("matmul split-K sum ->{}{}", dtype(v[0]), activation(v[1])),
         "softmax" => {
             let mode = [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward]
                 .into_iter()
