@@ -6,7 +6,7 @@ mod common;
 use common::{Rng, assert_close, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::map::{MapOp, map_into};
-use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last};
+use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows};
 use wgtrain_engine::kernels::softmax::{softmax_backward_into, softmax_into};
 use wgtrain_engine::{Category, DType, Tensor};
 
@@ -202,6 +202,33 @@ fn reductions_match_including_empty_and_long_rows() {
             );
             let max = data.iter().map(|&v| v as f64).fold(f64::NEG_INFINITY, f64::max);
             assert_close(&rt, "max all", &reduce_all(&rt, ReduceOp::Max, &x, "x").unwrap(), &[max], 1);
+        }
+    }
+    finish(&rt);
+}
+
+/// Column sums (bias gradients) over row counts below, at and past one chunk of 64, in
+/// f32 and f16, from an offset view; the same result on a second run (deterministic).
+#[test]
+fn column_sums_match_and_repeat() {
+    let rt = runtime();
+    let mut rng = Rng(31);
+    let mut dtypes = vec![DType::F32];
+    if rt.gpu.caps.shader_f16 {
+        dtypes.push(DType::F16);
+    }
+    for dtype in dtypes {
+        for (rows, cols) in [(1, 5), (64, 3), (65, 300), (1000, 77), (0, 4)] {
+            let data = rng.vec((rows + 1) * cols, -1.0, 1.0);
+            let all = upload(&rt, &data, &[rows + 1, cols], dtype);
+            let x = all.slice(0, 1, rows).unwrap();
+            let held = rounded(&data, dtype);
+            let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| held[(r + 1) * cols + c]).sum()).collect();
+            let got = sum_rows(&rt, &x, Category::Temporary, "db").unwrap();
+            assert_eq!(got.shape(), &[cols]);
+            assert_close(&rt, &format!("sum_rows {rows}x{cols} {dtype}"), &got, &want, rows.max(1));
+            let again = sum_rows(&rt, &x, Category::Temporary, "db").unwrap();
+            assert_eq!(got.to_f32_vec(&rt).unwrap(), again.to_f32_vec(&rt).unwrap(), "bitwise repeatable");
         }
     }
     finish(&rt);

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
-use crate::kernels::reduce::{ReduceOp, reduce_all};
+use crate::kernels::reduce::{ReduceOp, reduce_all, sum_rows};
 use crate::kernels::{cross_entropy as ce, embedding as emb, flash_attention as flash, layernorm as ln};
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -96,7 +96,6 @@ pub fn linear_as(
         &inputs,
         Box::new(move |rt, dy, cats| {
             let dy2 = flatten2(dy)?;
-            let n = dy2.shape()[0];
             let dy_mm = if mixed {
                 half(rt, &dy2, Category::Temporary, "dy.f16")?
             } else {
@@ -117,9 +116,8 @@ pub fn linear_as(
             let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "dw")?;
             let mut out = vec![Some(dx), Some(dw)];
             if has_bias {
-                let ones = Tensor::full(rt, &[1, n], DType::F32, 1.0, Category::Temporary, "ones")?;
-                let db = matmul(rt, &ones, &dy2, DType::F32, &MatmulOptions::default(), cats[2], "db")?;
-                out.push(Some(db.reshape(&[db.numel()])?));
+                let dy2 = if dy2.is_contiguous() { dy2 } else { dy2.contiguous(rt)? };
+                out.push(Some(sum_rows(rt, &dy2, cats[2], "db")?));
             }
             Ok(out)
         }),
@@ -178,11 +176,11 @@ pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Resu
             let db = if b_shape == a_shape {
                 dy.clone()
             } else {
-                // Sum dy over the broadcast leading dims: ones[1, N] @ dy[N, C].
+                // Sum dy over the broadcast leading dims: column sums of dy as [N, C].
                 let rows = dy.numel() / b_shape.iter().product::<usize>().max(1);
-                let ones = Tensor::full(rt, &[1, rows], DType::F32, 1.0, Category::Temporary, "ones")?;
+                let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
                 let dy2 = dy.reshape(&[rows, dy.numel() / rows.max(1)])?;
-                matmul(rt, &ones, &dy2, DType::F32, &MatmulOptions::default(), cats[1], "db")?.reshape(&b_shape)?
+                sum_rows(rt, &dy2, cats[1], "db")?.reshape(&b_shape)?
             };
             Ok(vec![Some(dy.clone()), Some(db)])
         }),

@@ -60,6 +60,11 @@ pub fn describe(key: &KernelKey) -> String {
             loads(v[2], v[3]),
             tile(v[4])
         ),
+        "sum_rows" => format!(
+            "sum_rows {} {}",
+            ["partials", "sums"].get(v[0] as usize).unwrap_or(&"?"),
+            dtype(v[1])
+        ),
         "matmul_splitk" => format!("matmul split-K sum ->{}{}", dtype(v[0]), activation(v[1])),
         "softmax" => {
             let mode = [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward]

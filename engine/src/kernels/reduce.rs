@@ -1,5 +1,6 @@
 //! Reductions (shaders/reduce.wgsl) over the last dimension and over everything: sum,
-//! mean, max, accumulating in f32. Results are f32.
+//! mean, max, accumulating in f32; and column sums over rows (shaders/sum_rows.wgsl,
+//! bias gradients). Results are f32.
 //!
 //! May call: `error`, `kernels::common`, `kernels::map`, `memory`, `runtime`, `tensor`.
 
@@ -130,5 +131,82 @@ pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result
     let partial = Tensor::empty(rt, &[chunks], DType::F32, Category::Temporary, "reduce partials")?;
     launch(rt, first_op, x, (chunks, CHUNK, n), 1.0, &partial)?;
     launch(rt, first_op, &partial, (1, chunks, chunks), scale, &out)?;
+    Ok(out)
+}
+
+const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
+/// Rows each first-pass thread of [`sum_rows`] sums (ROW_CHUNK in shaders/sum_rows.wgsl).
+const ROW_CHUNK: usize = 64;
+
+/// The template values of a [`sum_rows`] pass (mode 0: partials of `dtype` rows; mode
+/// 1: the f32 partials summed).
+pub fn sum_rows_variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
+    vec![
+        ("ENABLE", enables(&[dtype])),
+        ("T", dtype.wgsl().to_string()),
+        ("MODE", mode.to_string()),
+    ]
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SumRowsParams {
+    rows: u32,
+    cols: u32,
+    x_offset: u32,
+    pad: u32,
+}
+
+/// The column sums of a contiguous [N, C] x: a new [C] f32 tensor, summed per chunk of
+/// rows and then over the chunks in order (deterministic, parallel over rows). What a
+/// bias gradient is.
+pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
+    check_tensor("sum_rows x", x, x.dtype())?;
+    require_f16(rt, &[x.dtype()])?;
+    let [rows, cols] = *x.shape() else {
+        return Err(Error::shape("sum_rows", "a [rows, cols] tensor", format!("{:?}", x.shape())));
+    };
+    if !x.is_contiguous() {
+        return Err(Error::shape(
+            "sum_rows",
+            "a contiguous tensor",
+            format!("strides {:?}", x.strides()),
+        ));
+    }
+    let out = Tensor::empty(rt, &[cols], DType::F32, category, label)?;
+    let chunks = rows.div_ceil(ROW_CHUNK);
+    if chunks == 0 || cols == 0 {
+        super::map::fill(rt, &out, 0.0)?;
+        return Ok(out);
+    }
+    if chunks > 65535 {
+        return Err(Error::shape("sum_rows", format!("at most {} rows", 65535 * ROW_CHUNK), rows));
+    }
+    let part = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "sum_rows partials")?;
+    let params = SumRowsParams {
+        rows: rows as u32,
+        cols: cols as u32,
+        x_offset: x.offset() as u32,
+        pad: 0,
+    };
+    let first = rt.kernel(KernelKey::new("sum_rows", &[0, x.dtype() as u32]), 2, || {
+        render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype()))
+    })?;
+    rt.launch(
+        &first,
+        bytemuck::bytes_of(&params),
+        &[x, &part],
+        [cols.div_ceil(256) as u32, chunks as u32, 1],
+    )?;
+    let second = rt.kernel(KernelKey::new("sum_rows", &[1, DType::F32 as u32]), 2, || {
+        render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32))
+    })?;
+    let params = SumRowsParams { x_offset: 0, ..params };
+    rt.launch(
+        &second,
+        bytemuck::bytes_of(&params),
+        &[&part, &out],
+        grid(cols.div_ceil(256) as u32),
+    )?;
     Ok(out)
 }

@@ -160,6 +160,20 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             )?;
         }
     }
+    for t in floats {
+        push(
+            &mut out,
+            "sum_rows",
+            include_str!("../../../shaders/sum_rows.wgsl"),
+            super::reduce::sum_rows_variant(0, t),
+        )?;
+    }
+    push(
+        &mut out,
+        "sum_rows",
+        include_str!("../../../shaders/sum_rows.wgsl"),
+        super::reduce::sum_rows_variant(1, DType::F32),
+    )?;
     // The cooperative matmul: every operand load with the default tile, and every
     // candidate tile with the common loads.
     let loads: Vec<Load> = [false, true]
