@@ -424,23 +424,31 @@ fn embedding_gathers_and_scatter_adds_deterministically() {
         .flat_map(|&i| table[i as usize * c..(i as usize + 1) * c].iter().map(|&x| x as f64))
         .collect();
     assert_close(&rt, "gather", &out, &want, 1);
-    let dout = rng.vec(ids.len() * c, -1.0, 1.0);
-    let dt = upload(&rt, &dout, &[1, ids.len(), c], DType::F32);
-    let base = rng.vec(v * c, -1.0, 1.0);
-    let mut want: Vec<f64> = f64s(&base);
-    for (i, &id) in ids.iter().enumerate() {
-        for j in 0..c {
-            want[id as usize * c + j] += dout[i * c + j] as f64;
+    // The short list takes the one-pass walk; the long one the chunked passes.
+    let long: Vec<i32> = (0..1000).map(|_| (rng.next_u64() % v as u64) as i32).collect();
+    assert_eq!(embedding::scatter_chunks(ids.len(), v, c), 1);
+    assert_eq!(embedding::scatter_chunks(long.len(), v, c), 3);
+    assert_eq!(embedding::scatter_chunks(8192, 50257, 768), 1, "GPT-2's partials exceed the budget");
+    for ids in [ids, long] {
+        let it = Tensor::from_i32(&rt, &ids, &[1, ids.len()], Category::Input, "ids").unwrap();
+        let dout = rng.vec(ids.len() * c, -1.0, 1.0);
+        let dt = upload(&rt, &dout, &[1, ids.len(), c], DType::F32);
+        let base = rng.vec(v * c, -1.0, 1.0);
+        let mut want: Vec<f64> = f64s(&base);
+        for (i, &id) in ids.iter().enumerate() {
+            for j in 0..c {
+                want[id as usize * c + j] += dout[i * c + j] as f64;
+            }
         }
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let dtable = upload(&rt, &base, &[v, c], DType::F32);
+            embedding::scatter_add(&rt, &it, &dt, &dtable).unwrap();
+            assert_close(&rt, &format!("scatter-add of {} ids", ids.len()), &dtable, &want, ids.len());
+            runs.push(dtable.to_f32_vec(&rt).unwrap());
+        }
+        assert_eq!(runs[0], runs[1], "bitwise equal across runs");
     }
-    let mut runs = Vec::new();
-    for _ in 0..2 {
-        let dtable = upload(&rt, &base, &[v, c], DType::F32);
-        embedding::scatter_add(&rt, &it, &dt, &dtable).unwrap();
-        assert_close(&rt, "scatter-add", &dtable, &want, ids.len());
-        runs.push(dtable.to_f32_vec(&rt).unwrap());
-    }
-    assert_eq!(runs[0], runs[1], "bitwise equal across runs");
     finish(&rt);
 }
 

@@ -1,10 +1,11 @@
 //! Embedding gather and its deterministic scatter-add backward (shaders/embedding.wgsl).
 //!
-//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::{common, tensor_ops}`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::tensor_ops::TensorOps;
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -18,16 +19,34 @@ struct Params {
     tokens: u32,
     cols: u32,
     vocab: u32,
-    pad: u32,
+    chunk: u32,
+    chunks: u32,
+    pad: [u32; 3],
 }
 
-/// The template values of one variant (mode 0 gather, 1 scatter-add).
+/// Bytes the chunked scatter-add's partial tables may take; above it (large
+/// vocabularies) the one-pass walk runs instead.
+pub const PARTIAL_BUDGET: usize = 64 << 20;
+/// Fewest tokens per chunk of the chunked scatter-add.
+const MIN_CHUNK: usize = 256;
+
+/// The template values of one variant (mode 0 gather, 1 scatter-add, 2 and 3 the chunked
+/// scatter-add's passes).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
     vec![
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().into()),
         ("MODE", mode.to_string()),
+        ("PARTIALS", (mode >= 2).to_string()),
     ]
+}
+
+/// Chunks of the chunked scatter-add for `n` tokens into a [V, C] table: as many as the
+/// tokens allow (at least MIN_CHUNK each) while the partial tables fit
+/// [`PARTIAL_BUDGET`]; 1 means the one-pass walk.
+pub fn scatter_chunks(n: usize, v: usize, c: usize) -> usize {
+    let fit = PARTIAL_BUDGET / (v * c * 4).max(1);
+    (n / MIN_CHUNK).min(fit).min(65535).max(1)
 }
 
 fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), Error> {
@@ -58,7 +77,9 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
         tokens: n as u32,
         cols: c as u32,
         vocab: v as u32,
-        pad: 0,
+        chunk: 0,
+        chunks: 0,
+        pad: [0; 3],
     };
     rt.launch(
         &kernel,
@@ -82,15 +103,42 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
         ));
     }
     require_f16(rt, &[dtable.dtype()])?;
-    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || {
-        render("embedding", SOURCE, &variant(1, dtable.dtype()))
-    })?;
-    let params = Params {
+    let chunks = scatter_chunks(n, v, c);
+    let mut params = Params {
         tokens: n as u32,
         cols: c as u32,
         vocab: v as u32,
-        pad: 0,
+        chunk: n.div_ceil(chunks) as u32,
+        chunks: chunks as u32,
+        pad: [0; 3],
     };
+    if chunks > 1 {
+        // Chunks walk their tokens in parallel into their own tables, then each element
+        // sums the chunks in order.
+        let part = Tensor::full(rt, &[chunks, v, c], DType::F32, 0.0, Category::Temporary, "embedding partials")?;
+        let k2 = rt.kernel(KernelKey::new("embedding", &[2, dtable.dtype() as u32]), 4, || {
+            render("embedding", SOURCE, &variant(2, dtable.dtype()))
+        })?;
+        rt.launch(
+            &k2,
+            bytemuck::bytes_of(&params),
+            &[ids, dtable, dout, &part],
+            [c.div_ceil(256) as u32, chunks as u32, 1],
+        )?;
+        let k3 = rt.kernel(KernelKey::new("embedding", &[3, dtable.dtype() as u32]), 4, || {
+            render("embedding", SOURCE, &variant(3, dtable.dtype()))
+        })?;
+        return rt.launch(
+            &k3,
+            bytemuck::bytes_of(&params),
+            &[ids, dtable, dout, &part],
+            grid((v * c).div_ceil(256) as u32),
+        );
+    }
+    params.chunk = n as u32;
+    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || {
+        render("embedding", SOURCE, &variant(1, dtable.dtype()))
+    })?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
