@@ -46,7 +46,7 @@ pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
 /// [`PARTIAL_BUDGET`]; 1 means the one-pass walk.
 pub fn scatter_chunks(n: usize, v: usize, c: usize) -> usize {
     let fit = PARTIAL_BUDGET / (v * c * 4).max(1);
-    (n / MIN_CHUNK).min(fit).min(65535).max(1)
+    (n / MIN_CHUNK).min(fit).clamp(1, 65535)
 }
 
 fn check(ids: &Tensor, table: &Tensor) -> Result<(usize, usize, usize), Error> {
