@@ -2,6 +2,7 @@
 //   loss[r] = logsumexp(logits[r]) - logits[r, target[r]]   (0 where target is ignored)
 //   BACKWARD: dlogits[r, j] = (softmax_j - [j == target]) * p.grad_scale
 // dlogits may be the logits' own block (each element is read before it is written).
+// Both may have a row stride above the vocabulary (p.ld: rows padded for aligned loads).
 // Template: ENABLE, T (logits and dlogits type), BACKWARD (true | false).
 {{ENABLE}}
 
@@ -11,7 +12,7 @@ struct Params {
     row_offset: u32,  // first row of this launch (chunking)
     ignore_index: i32,
     grad_scale: f32,
-    _pad0: u32,
+    ld: u32,          // row stride of logits and dlogits (>= cols: rows may be padded)
     _pad1: u32,
     _pad2: u32,
 }
@@ -31,7 +32,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let local_row = wid.x + wid.y * nwg.x;
     if local_row >= p.rows { return; }
     let row = p.row_offset + local_row;
-    let base = row * p.cols;
+    let base = row * p.ld;
     let tgt = targets[row];
     let valid = tgt != p.ignore_index && tgt >= 0 && u32(tgt) < p.cols;
     var m = -3.4028235e38;

@@ -344,10 +344,14 @@ pub fn lm_head_cross_entropy(
     } else {
         None
     };
-    // A chunk of logits must also fit one binding (128 MiB on some adapters).
-    let fits = (rt.alloc.config().max_page / (v.max(1) as u64 * 4)).max(1) as usize;
+    // Logit rows are padded to a multiple of 8 elements, so the matmuls that read them
+    // load aligned vectors (GPT-2's 50257 would leave them one element at a time); the
+    // padding is never read. A chunk must also fit one binding (128 MiB on some
+    // adapters).
+    let ld = v.next_multiple_of(8);
+    let fits = (rt.alloc.config().max_page / (ld.max(1) as u64 * 4)).max(1) as usize;
     let chunk = row_chunk.max(1).min(n.max(1)).min(fits);
-    let logits = Tensor::empty(rt, &[chunk, v], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
+    let logits = Tensor::empty(rt, &[chunk, ld], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
     // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
     // two matmuls. Logits, the loss and the accumulation stay f32.
     let mixed = tape.half_matmuls();
@@ -362,7 +366,7 @@ pub fn lm_head_cross_entropy(
     let grad_half = if mixed && grad {
         Some(Tensor::empty(
             rt,
-            &[chunk, v],
+            &[chunk, ld],
             DType::F16,
             Category::Temporary,
             &format!("{label}.dlogits.f16"),
@@ -374,7 +378,8 @@ pub fn lm_head_cross_entropy(
     for start in (0..n).step_by(chunk) {
         let rows = chunk.min(n - start);
         let hc = h2.slice(0, start, rows)?;
-        let lc = logits.slice(0, 0, rows)?;
+        let lc_rows = logits.slice(0, 0, rows)?;
+        let lc = lc_rows.slice(1, 0, v)?;
         matmul_into(rt, &hc, &wt, &lc, &MatmulOptions::default())?;
         // The fused kernel takes whole tensors: this chunk's targets and losses are copied.
         let tc = targets.slice(0, start, rows)?.contiguous(rt)?;
@@ -384,9 +389,10 @@ pub fn lm_head_cross_entropy(
         if let (Some(dh), Some(dw)) = (&dh, &dw) {
             let lc = match &grad_half {
                 Some(g) => {
+                    // Whole padded rows (the copy writes contiguous memory).
                     let g = g.slice(0, 0, rows)?;
-                    crate::kernels::map::copy_into(rt, &lc, &g)?;
-                    g
+                    crate::kernels::map::copy_into(rt, &lc_rows, &g)?;
+                    g.slice(1, 0, v)?
                 }
                 None => lc,
             };

@@ -22,7 +22,8 @@ struct Params {
     row_offset: u32,
     ignore_index: i32,
     grad_scale: f32,
-    pad: [u32; 3],
+    ld: u32,
+    pad: [u32; 2],
 }
 
 /// The template values of one variant.
@@ -53,14 +54,28 @@ pub fn cross_entropy_rows(
         return Err(Error::shape("cross_entropy logits", "[N, V]", format!("{:?}", logits.shape())));
     };
     let (n, v) = (*n, *v);
-    check_contiguous("cross_entropy logits", logits, &[n, v])?;
+    // Rows of unit stride, each `ld` apart (padded rows allowed); dlogits laid out alike.
+    let ld = logits.strides()[0];
+    if logits.strides()[1] != 1 && v > 1 || ld < v && n > 1 {
+        return Err(Error::shape(
+            "cross_entropy logits",
+            "rows of unit stride, at least V apart",
+            format!("strides {:?}", logits.strides()),
+        ));
+    }
     check_tensor("cross_entropy targets", targets, DType::I32)?;
     check_contiguous("cross_entropy targets", targets, &[n])?;
     check_tensor("cross_entropy losses", losses, DType::F32)?;
     check_contiguous("cross_entropy losses", losses, &[n])?;
     if let Some(d) = dlogits {
         check_tensor("cross_entropy dlogits", d, logits.dtype())?;
-        check_contiguous("cross_entropy dlogits", d, &[n, v])?;
+        if d.shape() != logits.shape() || d.strides() != logits.strides() {
+            return Err(Error::shape(
+                "cross_entropy dlogits",
+                format!("the logits' shape and strides {:?} {:?}", logits.shape(), logits.strides()),
+                format!("{:?} {:?}", d.shape(), d.strides()),
+            ));
+        }
     }
     if rows.end > n || rows.start > rows.end {
         return Err(Error::shape(
@@ -84,7 +99,8 @@ pub fn cross_entropy_rows(
         row_offset: rows.start as u32,
         ignore_index: IGNORE_INDEX,
         grad_scale,
-        pad: [0; 3],
+        ld: ld.max(v) as u32,
+        pad: [0; 2],
     };
     let d = dlogits.unwrap_or(logits);
     rt.launch(

@@ -133,8 +133,76 @@ pub fn output_shape(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, Error> {
     Ok(shape)
 }
 
+/// Vector width the tail split aligns to (the widest operand load).
+const ALIGN: usize = 8;
+
 /// c = act(alpha * a @ b + bias + beta * c); c's rows must be contiguous.
+///
+/// A 2-D product whose operands are aligned for vector loads except for an odd extent
+/// (GPT-2's vocabulary of 50257, with logit rows padded) runs as two: the aligned bulk
+/// with vector loads, and the few leftover rows, columns or K steps with scalar ones
+/// (K's leftover accumulates onto the bulk's result; the split is fixed by the shapes, so
+/// results repeat exactly).
 pub fn matmul_into(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions) -> Result<(), Error> {
+    if let Some(parts) = tail_split(a, b, c, opts)? {
+        for (a, b, c, opts) in &parts {
+            matmul_into(rt, a, b, c, opts)?;
+        }
+        return Ok(());
+    }
+    matmul_whole(rt, a, b, c, opts)
+}
+
+type Part<'a> = (Tensor, Tensor, Tensor, MatmulOptions<'a>);
+
+/// The two products a misaligned extent splits into (see [`matmul_into`]), or None.
+fn tail_split<'a>(a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions<'a>) -> Result<Option<Vec<Part<'a>>>, Error> {
+    let ([m, k], [k2, n], [_, _]) = (a.shape(), b.shape(), c.shape()) else {
+        return Ok(None);
+    };
+    let (m, k, n) = (*m, *k, *n);
+    if k != *k2 || c.shape() != [m, n] || c.strides()[1] != 1 {
+        return Ok(None); // matmul_whole reports it
+    }
+    let aligned = |t: &Tensor, dim: usize| {
+        let other = t.strides()[1 - dim];
+        t.strides()[dim] == 1 && t.offset() % ALIGN == 0 && other % ALIGN == 0
+    };
+    let bulk = |len: usize| len - len % ALIGN;
+    // K, contiguous in A's rows or B's columns: the bulk, then the rest accumulated.
+    if k % ALIGN != 0 && k > ALIGN && opts.activation == Activation::Identity && (aligned(a, 1) || aligned(b, 0)) {
+        let kb = bulk(k);
+        let rest = MatmulOptions {
+            beta: 1.0,
+            bias: None,
+            ..*opts
+        };
+        return Ok(Some(vec![
+            (a.slice(1, 0, kb)?, b.slice(0, 0, kb)?, c.clone(), *opts),
+            (a.slice(1, kb, k - kb)?, b.slice(0, kb, k - kb)?, c.clone(), rest),
+        ]));
+    }
+    // M, contiguous down A's columns: rows of C apart.
+    if m % ALIGN != 0 && m > ALIGN && aligned(a, 0) && a.strides()[1] != 1 {
+        let mb = bulk(m);
+        return Ok(Some(vec![
+            (a.slice(0, 0, mb)?, b.clone(), c.slice(0, 0, mb)?, *opts),
+            (a.slice(0, mb, m - mb)?, b.clone(), c.slice(0, mb, m - mb)?, *opts),
+        ]));
+    }
+    // N, contiguous along B's rows: columns of C apart (not with a bias: the options
+    // borrow it whole).
+    if n % ALIGN != 0 && n > ALIGN && aligned(b, 1) && b.strides()[0] != 1 && opts.bias.is_none() {
+        let nb = bulk(n);
+        return Ok(Some(vec![
+            (a.clone(), b.slice(1, 0, nb)?, c.slice(1, 0, nb)?, *opts),
+            (a.clone(), b.slice(1, nb, n - nb)?, c.slice(1, nb, n - nb)?, *opts),
+        ]));
+    }
+    Ok(None)
+}
+
+fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions) -> Result<(), Error> {
     let shape = output_shape(a, b)?;
     if c.shape() != shape.as_slice() {
         return Err(Error::shape("matmul output", format!("{shape:?}"), format!("{:?}", c.shape())));
