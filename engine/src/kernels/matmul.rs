@@ -166,7 +166,7 @@ fn tail_split<'a>(a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulOptions<'a>) 
     }
     let aligned = |t: &Tensor, dim: usize| {
         let other = t.strides()[1 - dim];
-        t.strides()[dim] == 1 && t.offset() % ALIGN == 0 && other % ALIGN == 0
+        t.strides()[dim] == 1 && t.offset().is_multiple_of(ALIGN) && other.is_multiple_of(ALIGN)
     };
     let bulk = |len: usize| len - len % ALIGN;
     // K, contiguous in A's rows or B's columns: the bulk, then the rest accumulated.
