@@ -24,11 +24,20 @@ fn log_lines_carry_loss_time_and_memory_by_category() {
         .collect();
     let steps: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
     assert_eq!(steps.len(), 6);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let mut last_time = 0.0;
     for (i, s) in steps.iter().enumerate() {
         assert_eq!(s["step"].as_u64(), Some(i as u64 + 1));
         for key in ["lr", "step_ms", "samples_per_s"] {
             assert!(s[key].as_f64().unwrap() > 0.0, "{key}: {s}");
         }
+        // Wall time: seconds since the epoch, in order, within this test's run.
+        let time = s["time"].as_f64().unwrap();
+        assert!(time >= last_time && time <= now && time > now - 600.0, "time {time} now {now}");
+        last_time = time;
         let mem = &s["mem"];
         for key in ["allocated", "reserved", "peak", "num_ooms", "num_alloc_retries"] {
             assert!(mem[key].is_u64(), "mem.{key}: {mem}");

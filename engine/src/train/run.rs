@@ -184,6 +184,7 @@ impl Trainer {
             let line = StepLog {
                 step: self.step,
                 epoch: batch.position.0,
+                time: Some(unix_seconds()),
                 loss: Some(outcome.loss),
                 lr: Some(lr as f64),
                 step_ms: Some(step_s * 1e3),
@@ -220,6 +221,7 @@ impl Trainer {
                 let line = StepLog {
                     step: self.step,
                     epoch: batch.position.0,
+                    time: Some(unix_seconds()),
                     eval: Some(e.clone()),
                     ..Default::default()
                 };
@@ -255,4 +257,12 @@ impl Trainer {
         }
         Ok(summary)
     }
+}
+
+/// Seconds since the Unix epoch, for the log's wall-time axis (0 on a clock set before
+/// 1970).
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

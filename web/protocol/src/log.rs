@@ -78,6 +78,9 @@ pub struct StepLog {
     pub step: u64,
     /// Epoch of the batch.
     pub epoch: u64,
+    /// When the line was written: seconds since the Unix epoch (a wall-time axis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<f64>,
     /// Training loss of the step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
