@@ -126,6 +126,29 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     let peak = log_lines[2]["mem"]["peak"].as_u64().unwrap();
     assert_eq!(most, peak, "the timeline of step 3 peaks at the log's peak");
 
+    // The peak: the log's peak step, its blocks largest first, adding up to the peak.
+    let steps: Vec<&Value> = log_lines.iter().filter(|l| l.get("mem").is_some()).collect();
+    let top = steps.iter().map(|l| l["mem"]["peak"].as_u64().unwrap()).max().unwrap();
+    let top_step = steps.iter().find(|l| l["mem"]["peak"].as_u64() == Some(top)).unwrap()["step"].clone();
+    let (status, p) = json(d.addr, "/api/runs/mlp/peak");
+    assert_eq!(status, 200);
+    assert_eq!((p["step"].clone(), p["peak_bytes"].as_u64()), (top_step, Some(top)), "{p}");
+    let sizes: Vec<u64> = p["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["size"].as_u64().unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "largest first: {sizes:?}");
+    assert_eq!(sizes.iter().sum::<u64>(), top);
+    let by_cat: u64 = p["by_category"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(by_cat, top);
+    assert!(p["blocks"][0]["label"].as_str().is_some_and(|l| !l.is_empty()));
+    let (status, p3) = json(d.addr, "/api/runs/mlp/peak?step=3");
+    assert_eq!((status, p3["peak_bytes"].as_u64()), (200, Some(peak)));
+    assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=x", None).0, 400);
+    assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=99", None).0, 404);
+
     // Exports.
     let (status, head, body) = get(d.addr, "/api/runs/mlp/snapshot.json", None);
     assert_eq!(status, 200);

@@ -4,7 +4,7 @@
 //!
 //! May call: `category`, serde. Called by: the engine's allocator and trainer, the dashboard.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -223,6 +223,85 @@ impl StepMemory {
             ooms,
             events_dropped,
             pages,
+        }
+    }
+}
+
+/// `GET /api/runs/NAME/peak`: what is alive at a step's peak, largest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeakView {
+    /// The step.
+    pub step: u64,
+    /// Bytes alive at the peak (the log's `mem.peak` of the step).
+    pub peak_bytes: u64,
+    /// The allocator event after which the peak holds (0: at the step's start).
+    pub event: u64,
+    /// Those bytes by category.
+    pub by_category: BTreeMap<String, u64>,
+    /// The blocks alive then, largest first.
+    pub blocks: Vec<PeakBlock>,
+}
+
+/// A block alive at the peak.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeakBlock {
+    /// The tensor's label.
+    pub label: String,
+    /// Its category.
+    pub category: Category,
+    /// Bytes of the block.
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Whether the step allocated it (false: it was alive when the step began).
+    pub in_step: bool,
+}
+
+impl StepMemory {
+    /// The blocks alive at the step's peak: the first event after which the live bytes
+    /// are largest (a band is alive from its allocation's event to before its free's).
+    pub fn peak(&self) -> PeakView {
+        let mut deltas: Vec<(u64, i128)> = Vec::with_capacity(2 * self.bands.len());
+        for b in &self.bands {
+            deltas.push((b.start_seq, i128::from(b.size)));
+            deltas.push((b.end_seq, -i128::from(b.size)));
+        }
+        deltas.sort_unstable_by_key(|d| d.0);
+        let (mut live, mut best, mut at) = (0i128, -1i128, 0u64);
+        let mut i = 0;
+        while i < deltas.len() {
+            let seq = deltas[i].0;
+            while i < deltas.len() && deltas[i].0 == seq {
+                live += deltas[i].1;
+                i += 1;
+            }
+            if live > best {
+                (best, at) = (live, seq);
+            }
+        }
+        let mut blocks: Vec<PeakBlock> = self
+            .bands
+            .iter()
+            .filter(|b| b.start_seq <= at && at < b.end_seq)
+            .map(|b| PeakBlock {
+                label: b.label.clone(),
+                category: b.category,
+                size: b.size,
+                requested: b.requested,
+                in_step: b.start_seq > 0,
+            })
+            .collect();
+        blocks.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.label.cmp(&b.label)));
+        let mut by_category = BTreeMap::new();
+        for b in &blocks {
+            *by_category.entry(b.category.name().to_string()).or_insert(0) += b.size;
+        }
+        PeakView {
+            step: self.step,
+            peak_bytes: best.max(0) as u64,
+            event: at,
+            by_category,
+            blocks,
         }
     }
 }

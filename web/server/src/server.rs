@@ -9,6 +9,8 @@
 //! * `/api/runs`: `[{"name", "live", "steps"}]`.
 //! * `/api/runs/{name}`: the run's record without timelines, plus `timeline_steps`.
 //! * `/api/runs/{name}/timeline?step=N`: one step's allocation timeline.
+//! * `/api/runs/{name}/peak[?step=N]`: the blocks alive at the peak of the peak step among
+//!   the kept timelines (or of step N), largest first, with the bytes by category.
 //! * `/api/runs/{name}/stream`: server-sent events, one JSON frame per step (live runs).
 //! * `/api/runs/{name}/snapshot.json`, `/api/runs/{name}/snapshot.pickle`: exports.
 //!
@@ -34,6 +36,7 @@ use wgtrain_protocol::{BenchRecord, Health, RunEntry, RunView};
 
 use crate::recorder::{Recorder, load_record, read_log};
 use crate::{assets, viz};
+use wgtrain_protocol::PeakView;
 use wgtrain_protocol::RunRecord;
 
 /// What the server serves.
@@ -282,6 +285,41 @@ async fn timeline(
     }
 }
 
+async fn peak(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let asked = if q.contains_key("step") { Some(parse_step(&q)?) } else { None };
+    let run = find_run(&s, &name).await?;
+    let found = run.with(|r| match asked {
+        Some(step) => r
+            .timelines
+            .get(&step)
+            .map(|t| t.peak())
+            .ok_or((Some(step), r.timelines.keys().copied().collect::<Vec<_>>())),
+        // The peak step among the kept timelines (the first and the latest steps; each
+        // timeline's peak is its step's `mem.peak` in the log), the first of equals.
+        None => r
+            .timelines
+            .values()
+            .map(|t| t.peak())
+            .fold(None, |best: Option<PeakView>, v| match best {
+                Some(b) if b.peak_bytes >= v.peak_bytes => Some(b),
+                _ => Some(v),
+            })
+            .ok_or((None, Vec::new())),
+    });
+    match found {
+        Ok(view) => Ok(axum::Json(view)),
+        Err((None, _)) => Err(ApiError(StatusCode::NOT_FOUND, "the run has no step timelines yet".into())),
+        Err((Some(step), kept)) => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no timeline kept for step {step}; kept: {kept:?}"),
+        )),
+    }
+}
+
 async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let Run::Live(rec) = find_run(&s, &name).await? else {
         return Err(bad(format!("run {name:?} is finished: read /api/runs/{name} instead of a stream")));
@@ -423,6 +461,7 @@ pub fn router(served: Served) -> Router {
         .route("/api/runs", get(runs))
         .route("/api/runs/{name}", get(run))
         .route("/api/runs/{name}/timeline", get(timeline))
+        .route("/api/runs/{name}/peak", get(peak))
         .route("/api/runs/{name}/stream", get(stream))
         .route("/api/runs/{name}/snapshot.json", get(snapshot_json))
         .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))
