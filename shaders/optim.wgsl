@@ -1,5 +1,6 @@
 // Fused optimizer steps over f32 master weights, one pass per parameter.
-//   MODE 0 check:  found[0] = 1 if any (grad * inv_scale) is inf or NaN
+//   MODE 0 unscale and check: grad *= inv_scale in place; found[0] = 1 if any result is
+//                  inf or NaN (torch's _amp_foreach_non_finite_check_and_unscale_)
 //   MODE 1 AdamW:  PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction)
 //   MODE 2 SGD:    PyTorch's torch.optim.SGD with momentum, dampening, nesterov
 // Updates skip entirely when p.skip_if_found is set and found[0] != 0 (GradScaler).
@@ -41,6 +42,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if i >= p.n { return; }
     let g0 = grad[i] * p.inv_scale;
     if MODE == 0u {
+        grad[i] = g0;
         if !finite(g0) { atomicStore(&found[0], 1u); }
         return;
     }

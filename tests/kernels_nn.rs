@@ -7,7 +7,7 @@ mod common;
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
-use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, check_finite, sgd_step};
+use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step, unscale_and_check};
 use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
 use wgtrain_engine::{Category, DType, Runtime, Tensor};
@@ -569,7 +569,13 @@ fn adamw_and_sgd_match_pytorch_semantics_and_skip_on_overflow() {
     let mut bad = grads[0].clone();
     bad[17] = f32::INFINITY;
     let bt = upload(&rt, &bad, &[n], DType::F32);
-    check_finite(&rt, &bt, 1.0, &found).unwrap();
+    // Unscaling: a finite gradient is halved in place and leaves the flag clear.
+    let good = upload(&rt, &grads[0], &[n], DType::F32);
+    unscale_and_check(&rt, &good, 0.5, &found).unwrap();
+    assert_eq!(found.to_f32_vec(&rt).unwrap(), vec![0.0]);
+    let halved: Vec<f64> = grads[0].iter().map(|&g| 0.5 * g as f64).collect();
+    assert_close(&rt, "unscaled in place", &good, &halved, 1);
+    unscale_and_check(&rt, &bt, 1.0, &found).unwrap();
     adamw_step(
         &rt,
         &h,

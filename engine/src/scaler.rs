@@ -15,8 +15,8 @@
 use crate::autograd::Params;
 use crate::error::Error;
 use crate::kernels::TensorOps;
-use crate::kernels::map::{MapOp, fill, map_into};
-use crate::kernels::optim::check_finite;
+use crate::kernels::map::fill;
+use crate::kernels::optim::unscale_and_check;
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -66,8 +66,7 @@ impl GradScaler {
         let inv = 1.0 / self.scale;
         for p in &params.list {
             if let Some(g) = &p.grad {
-                check_finite(rt, g, inv, &found)?;
-                map_into(rt, MapOp::Scale, Some(g), None, g, inv, 0.0)?;
+                unscale_and_check(rt, g, inv, &found)?;
             }
         }
         Ok(found.to_f32_vec(rt)?[0] != 0.0)

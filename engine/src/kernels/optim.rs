@@ -110,8 +110,10 @@ fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
     Ok(n)
 }
 
-/// Sets found[0] to 1 when any grad * inv_scale is not finite (found is not cleared).
-pub fn check_finite(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), Error> {
+/// Unscales `grad` in place (grad *= inv_scale) and sets found[0] to 1 when any result
+/// is not finite (found is not cleared): one pass, as torch's
+/// `_amp_foreach_non_finite_check_and_unscale_`.
+pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Tensor) -> Result<(), Error> {
     let s = OptimState {
         param: grad,
         grad,
