@@ -132,7 +132,7 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     let top_step = steps.iter().find(|l| l["mem"]["peak"].as_u64() == Some(top)).unwrap()["step"].clone();
     let (status, p) = json(d.addr, "/api/runs/mlp/peak");
     assert_eq!(status, 200);
-    assert_eq!((p["step"].clone(), p["peak_bytes"].as_u64()), (top_step, Some(top)), "{p}");
+    assert_eq!((p["step"].clone(), p["peak_bytes"].as_u64()), (top_step.clone(), Some(top)), "{p}");
     let sizes: Vec<u64> = p["blocks"]
         .as_array()
         .unwrap()
@@ -156,7 +156,94 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     let snap: Value = serde_json::from_slice(&body).unwrap();
     let pages = run["pages"].as_array().unwrap();
     assert_eq!(snap["segments"].as_array().unwrap().len(), pages.len());
-    let (status, _, body) = get(d.addr, "/api/runs/mlp/snapshot.pickle?step=2", None);
+    // memory_viz's replay: every traced block inside a segment, and the live bytes
+    // replayed from the segments back through the trace peak at the log's peak.
+    assert!(head.contains(&format!(".step{top_step}.snapshot.json")), "{head}");
+    let segments = snap["segments"].as_array().unwrap();
+    let trace = snap["device_traces"][0].as_array().unwrap();
+    assert!(!trace.is_empty());
+    let u = |v: &Value| v.as_u64().unwrap();
+    for e in trace {
+        let addr = u(&e["addr"]);
+        assert!(
+            segments
+                .iter()
+                .any(|s| u(&s["address"]) <= addr && addr + u(&e["size"]) <= u(&s["address"]) + u(&s["total_size"])),
+            "{e} lies in no segment"
+        );
+    }
+    let at_end: u64 = segments.iter().map(|s| u(&s["allocated_size"])).sum();
+    let delta: i64 = trace
+        .iter()
+        .map(|e| {
+            if e["action"] == "alloc" {
+                u(&e["size"]) as i64
+            } else {
+                -(u(&e["size"]) as i64)
+            }
+        })
+        .sum();
+    let mut live = at_end as i64 - delta;
+    let mut most = live;
+    for e in trace {
+        live += if e["action"] == "alloc" {
+            u(&e["size"]) as i64
+        } else {
+            -(u(&e["size"]) as i64)
+        };
+        most = most.max(live);
+    }
+    assert_eq!(most as u64, top, "the export's replayed peak is the log's");
+    // Phases and names: the peak's blocks say which phase made them; backward's
+    // temporaries are named after the op they serve.
+    let phases: Vec<&str> = p["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["phase"].as_str().unwrap())
+        .collect();
+    assert!(
+        phases
+            .iter()
+            .all(|ph| ["forward", "backward", "optimizer", "readback", "before the step"].contains(ph)),
+        "{phases:?}"
+    );
+    assert!(
+        phases.contains(&"before the step") && phases.iter().any(|ph| *ph != "before the step"),
+        "{phases:?}"
+    );
+    let backward: Vec<&str> = bands
+        .iter()
+        .filter(|b| b["phase"] == "backward")
+        .map(|b| b["label"].as_str().unwrap())
+        .collect();
+    assert!(
+        backward.iter().any(|l| l.starts_with("layers.") && l.ends_with(".dw")),
+        "{backward:?}"
+    );
+    assert!(!backward.iter().any(|l| ["dx", "dw", "dy"].contains(l)), "{backward:?}");
+    let spans = t["phases"].as_array().unwrap();
+    let names: Vec<&str> = spans.iter().map(|s| s["phase"].as_str().unwrap()).collect();
+    assert_eq!(&names[..3], &["forward", "backward", "readback"][..], "{names:?}");
+    assert!(names.contains(&"optimizer"), "{names:?}");
+    // What-if: the run as configured (its estimate is the measured peak) and others.
+    let (status, w) = json(d.addr, "/api/runs/mlp/whatif");
+    assert_eq!(status, 200);
+    let options = w["options"].as_array().unwrap();
+    assert!(options.len() >= 3, "{w}");
+    assert_eq!(
+        (options[0]["change"].as_str(), u(&options[0]["peak_bytes"])),
+        (Some(""), top),
+        "{w}"
+    );
+    for o in options {
+        assert!(
+            o["policy"]["precision"].is_string() && o["fits"].is_boolean() && u(&o["peak_reserved_bytes"]) >= u(&o["peak_bytes"]),
+            "{o}"
+        );
+    }
+    assert!(options.iter().any(|o| o["policy"]["precision"] == "fp16-mixed"), "{w}");
+    let (_, _, body) = get(d.addr, "/api/runs/mlp/snapshot.pickle?step=2", None);
     assert_eq!(status, 200);
     let pickled: serde_pickle::Value = serde_pickle::value_from_slice(&body, Default::default()).unwrap();
     let text = format!("{pickled:?}");
@@ -403,8 +490,8 @@ fn slow_headers_time_out_and_large_logs_stream() {
             if n == 0 {
                 break;
             }
-            if head.len() < 4096 {
-                head.extend_from_slice(&buf[..n.min(4096)]);
+            if head.len() < 1 << 16 {
+                head.extend_from_slice(&buf[..n]);
             }
             tail = buf[..n].to_vec();
             total += n;

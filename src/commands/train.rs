@@ -47,8 +47,9 @@ pub struct TrainArgs {
     /// Kernel timings for the dashboard's table (a `wgtrain bench --json` file).
     #[arg(long, value_name = "FILE", requires = "dashboard")]
     bench: Option<PathBuf>,
-    /// Delete the checkpoints already in checkpoint.dir (a fresh run into a folder that
-    /// holds checkpoints is refused otherwise).
+    /// Delete the checkpoints already in checkpoint.dir and replace the --log file (a
+    /// fresh run into a folder that holds checkpoints, or onto a log that holds a run,
+    /// is refused otherwise).
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
     /// Keep no memory record with the log (no timelines, no FILE.memory.json).

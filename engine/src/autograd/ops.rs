@@ -455,9 +455,16 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         Box::new(move |rt, g, cats| {
             let mut inner = Tape::new().with_half_matmuls(mixed);
             let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
-            let out = f(&mut inner, rt, &vars)?;
+            // The segment's forward again, under its own labels, then its backward.
+            let scope = rt.alloc.set_scope(None);
+            rt.phase("recompute");
+            let out = f(&mut inner, rt, &vars);
+            rt.phase("backward");
+            let out = out?;
             let wanted: Vec<&Var> = vars.iter().collect();
-            let grads = inner.gradients_of(rt, &out, g.clone(), &wanted)?;
+            let grads = inner.gradients_of(rt, &out, g.clone(), &wanted);
+            rt.alloc.set_scope(scope);
+            let grads = grads?;
             // Parameter gradients are counted as gradients, not temporaries.
             grads
                 .into_iter()

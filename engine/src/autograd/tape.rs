@@ -35,6 +35,8 @@ struct Node {
     output: VarId,
     inputs: Vec<VarId>,
     backward: BackwardFn,
+    /// The output's label: what its backward allocates is named after it.
+    label: Option<std::sync::Arc<str>>,
 }
 
 /// Called with a parameter whose gradient is final (optimizer-in-backward).
@@ -228,6 +230,7 @@ impl Tape {
                 output: id,
                 inputs: inputs.iter().map(|v| v.id).collect(),
                 backward,
+                label: value.block().label().map(Into::into),
             });
         }
         Var { id, value }
@@ -318,7 +321,10 @@ impl Tape {
                     }
                 })
                 .collect();
-            let input_grads = (node.backward)(rt, &grad_out, &categories)?;
+            let outer = rt.alloc.set_scope(node.label.clone());
+            let input_grads = (node.backward)(rt, &grad_out, &categories);
+            rt.alloc.set_scope(outer);
+            let input_grads = input_grads?;
             drop(grad_out);
             for (input, g) in node.inputs.iter().zip(input_grads) {
                 let Some(g) = g else {

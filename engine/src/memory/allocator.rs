@@ -295,6 +295,11 @@ impl Block {
         &self.buffer
     }
 
+    /// The label it was allocated under.
+    pub fn label(&self) -> Option<String> {
+        self.shared.pool().describe(self.id).map(|(_, label)| label)
+    }
+
     /// Byte offset of the block in its page (aligned for storage binding).
     pub fn offset(&self) -> u64 {
         self.placement.offset
@@ -438,6 +443,17 @@ impl Allocator {
     /// the tensor they write).
     pub fn label_of(&self, block: &Block) -> Option<String> {
         self.shared.pool().describe(block.id).map(|(_, label)| label)
+    }
+
+    /// Stamps the allocator's events with the step's phase from now on.
+    pub fn set_phase(&self, phase: &'static str) {
+        self.shared.pool().set_phase(phase);
+    }
+
+    /// Names the blocks allocated from now on after `scope` (`scope.label`), or as
+    /// asked with None; returns the scope it replaces (autograd sets it per backward op).
+    pub fn set_scope(&self, scope: Option<std::sync::Arc<str>>) -> Option<std::sync::Arc<str>> {
+        self.shared.pool().set_scope(scope)
     }
 
     /// Whether guard bytes are on.

@@ -121,6 +121,11 @@ pub struct Pool<B: PageBackend> {
     pub(super) events_dropped: u64,
     pub(super) step: u64,
     pub(super) epoch: Instant,
+    /// The phase of the step the host is in ("forward", "backward", ...; "" for none).
+    pub(super) phase: &'static str,
+    /// While a backward op runs, the label of the value it differentiates: the blocks
+    /// it allocates are named after it (`h.3.attn.c_attn` + `dx`).
+    pub(super) scope: Option<std::sync::Arc<str>>,
 }
 
 pub(super) fn pool_index(kind: PoolKind) -> usize {
@@ -152,7 +157,20 @@ impl<B: PageBackend> Pool<B> {
             events_dropped: 0,
             step: 0,
             epoch: Instant::now(),
+            phase: "",
+            scope: None,
         }
+    }
+
+    /// The phase that events are stamped with from now on.
+    pub fn set_phase(&mut self, phase: &'static str) {
+        self.phase = phase;
+    }
+
+    /// Names the blocks allocated from now on after `scope` (None: as asked); returns
+    /// the scope it replaces.
+    pub fn set_scope(&mut self, scope: Option<std::sync::Arc<str>>) -> Option<std::sync::Arc<str>> {
+        std::mem::replace(&mut self.scope, scope)
     }
 
     /// The sizing in use.
@@ -222,6 +240,14 @@ impl<B: PageBackend> Pool<B> {
 
     /// Allocates `requested` bytes; the returned block is at least that large.
     pub fn alloc(&mut self, requested: u64, category: Category, label: &str) -> Result<Placement, AllocError> {
+        let scoped;
+        let label = match &self.scope {
+            Some(scope) if !label.starts_with(&**scope) => {
+                scoped = format!("{scope}.{label}");
+                scoped.as_str()
+            }
+            _ => label,
+        };
         let size = self.block_size_for(requested);
         if size > self.config.max_page {
             return Err(AllocError::TooLarge {
@@ -546,6 +572,7 @@ impl<B: PageBackend> Pool<B> {
             requested: 0,
             category: None,
             label: String::new(),
+            phase: self.phase.to_string(),
         }
     }
 

@@ -194,10 +194,12 @@ impl Runtime {
         self.recorder().collect_profile()
     }
 
-    /// The host enters phase `name` of a step ("forward", "backward", "optimizer",
-    /// "data wait", "readback"; "" ends the phase): launches recorded from now on carry
-    /// it, and the profiler keeps the host's span. Nothing while not profiling.
+    /// The host enters phase `name` of a step ("forward", "backward", "recompute",
+    /// "optimizer", "data wait", "readback"; "" ends the phase): the allocator's events
+    /// carry it from now on and, while profiling, so do the launches recorded, and the
+    /// profiler keeps the host's span.
     pub fn phase(&self, name: &'static str) {
+        self.alloc.set_phase(name);
         if self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
             self.recorder().mark(name);
         }

@@ -317,7 +317,7 @@ impl Config {
         Config::parse(&text, overrides)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         self.check_ranges()?;
         if !(self.train.lr.is_finite() && self.train.lr > 0.0) {

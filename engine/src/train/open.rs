@@ -4,11 +4,11 @@
 //! with the plan's cap, and the model.
 //!
 //! May call: `device`, `error`, `memory`, `runtime`, `train::{build, config, error,
-//! plan, trainer}`. Called by: the CLI, tests.
+//! plan, trainer}`, `wgtrain_protocol`. Called by: the CLI, tests.
 
 use std::sync::Arc;
 
-use super::build::{load_data, resolve_precision};
+use super::build::{Loaded, load_data, resolve_precision};
 use super::config::Config;
 use super::error::TrainError;
 use super::plan::plan;
@@ -56,5 +56,22 @@ impl Trainer {
         let mut trainer = Trainer::assemble(config, rt, data)?;
         trainer.notes = notes;
         Ok(trainer)
+    }
+
+    /// The estimated peak of this run's config and of each single change of its memory
+    /// settings (`plan::what_if`), against the cap, else the device's memory. Advisory:
+    /// a failure is logged and gives none.
+    pub fn what_if(&self) -> Vec<wgtrain_protocol::WhatIf> {
+        let data = Loaded {
+            train: self.train.clone(),
+            eval: self.eval.clone(),
+            outputs: self.outputs,
+            unigram_entropy: self.unigram_entropy,
+        };
+        let limit = self.rt.alloc.stats().cap.or(self.rt.gpu.caps.memory_bytes);
+        super::plan::what_if(&self.config, &self.rt.gpu, &data, limit).unwrap_or_else(|e| {
+            tracing::warn!("the what-if estimates failed: {e}");
+            Vec::new()
+        })
     }
 }

@@ -20,13 +20,14 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::build::{Loaded, load_data, resolve_precision};
-use super::config::{Config, ConfigError};
+use super::config::{Config, ConfigError, Precision};
 use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
+use wgtrain_protocol::WhatIf;
 
 /// Model states from the formulas, in bytes.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -279,4 +280,99 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
         }
     }
     Err(ConfigError::Invalid(format!("nothing fits {what} ({}): {}", format_bytes(limit), tried.join("; "))).into())
+}
+
+/// The memory settings of `config` as the what-if view shows them.
+fn policy_of(config: &Config) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
+    let micro = config
+        .train
+        .micro_batch_size
+        .unwrap_or(config.train.batch_size)
+        .min(config.train.batch_size);
+    let mut p = BTreeMap::new();
+    p.insert("precision".into(), config.memory.precision()?.name().into());
+    if config.model.kind == "gpt" {
+        p.insert("checkpoint".into(), checkpoint_name(config.memory.checkpoint_every()?).into());
+    }
+    p.insert("micro_batch_size".into(), micro.into());
+    p.insert("optimizer_in_backward".into(), config.memory.optimizer_in_backward.into());
+    Ok(p)
+}
+
+/// The run's config with one memory setting changed at a time (precision, checkpointing,
+/// half the micro-batch, optimizer-in-backward), each with what changed; the run as
+/// configured first. Changes the config rules forbid (e.g. optimizer-in-backward with
+/// clipping) or the adapter cannot run (fp16 without SHADER_F16) are left out.
+fn what_if_configs(config: &Config, gpu: &Gpu) -> Result<Vec<(String, Config)>, TrainError> {
+    let mut out = vec![(String::new(), config.clone())];
+    let mut with = |change: String, f: &dyn Fn(&mut Config)| {
+        let mut c = config.clone();
+        f(&mut c);
+        if c.validate().is_ok() {
+            out.push((change, c));
+        }
+    };
+    match config.memory.precision()? {
+        Precision::Fp32 if gpu.caps.shader_f16 => with("memory.precision = fp16-mixed".into(), &|c| {
+            c.memory.precision = Some("fp16-mixed".into());
+            c.memory.optimizer_in_backward = false;
+        }),
+        Precision::Fp16Mixed => with("memory.precision = fp32".into(), &|c| c.memory.precision = Some("fp32".into())),
+        _ => {}
+    }
+    if config.model.kind == "gpt" {
+        let now = config.memory.checkpoint_every()?;
+        let mut choices = checkpoint_choices(config.model.n_layer);
+        choices.retain(|&k| k != now && (k == 0 || k == 1 || now == 0));
+        for k in choices {
+            with(format!("memory.checkpoint = {}", checkpoint_name(k)), &|c| {
+                c.memory.checkpoint = Some(checkpoint_name(k))
+            });
+        }
+    }
+    let micro = config
+        .train
+        .micro_batch_size
+        .unwrap_or(config.train.batch_size)
+        .min(config.train.batch_size);
+    if micro >= 2 {
+        with(format!("train.micro_batch_size = {}", micro / 2), &|c| {
+            c.train.micro_batch_size = Some(micro / 2);
+            c.memory.optimizer_in_backward = false;
+        });
+    }
+    let oib = !config.memory.optimizer_in_backward;
+    with(format!("memory.optimizer_in_backward = {oib}"), &|c| {
+        c.memory.optimizer_in_backward = oib
+    });
+    Ok(out)
+}
+
+/// What-if: the estimated peak of `config` (as it runs, after fit) and of each single
+/// change of its memory settings, measured against `limit` (the cap, else the device's
+/// memory). Each is the exact estimate (a dry run), so this costs a few dry steps.
+pub fn what_if(config: &Config, gpu: &Arc<Gpu>, data: &Loaded, limit: Option<u64>) -> Result<Vec<WhatIf>, TrainError> {
+    let rt = dry_runtime(gpu.clone())?;
+    let mut out = Vec::new();
+    for (change, candidate) in what_if_configs(config, gpu)? {
+        let e = match estimate_on(&rt, &candidate, data) {
+            Ok(e) => e,
+            // A change that cannot even be planned (a block past the adapter's binding
+            // limit, say) is not an option; the run itself is unaffected.
+            Err(e) if !change.is_empty() => {
+                tracing::debug!("what-if {change}: {e}");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        out.push(WhatIf {
+            change,
+            policy: policy_of(&candidate)?,
+            peak_bytes: e.peak_bytes,
+            peak_reserved_bytes: e.peak_reserved_bytes,
+            by_category: e.by_category,
+            fits: limit.map(|l| e.peak_reserved_bytes <= l),
+        });
+    }
+    Ok(out)
 }

@@ -34,8 +34,9 @@ pub struct RunOptions {
     pub log: Option<PathBuf>,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
-    /// Delete the checkpoints already in `checkpoint.dir` (a fresh run into a folder
-    /// that holds checkpoints is refused otherwise).
+    /// Delete the checkpoints already in `checkpoint.dir` and replace the log (a fresh
+    /// run into a folder that holds checkpoints, or onto a log that holds a run, is
+    /// refused otherwise).
     pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
@@ -68,6 +69,24 @@ pub struct RunSummary {
 impl Trainer {
     /// Runs to the configured end (or until asked to stop).
     pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        // A fresh run never appends to another run's log: refused, or replaced on request.
+        if let (Some(path), None) = (&options.log, &options.resume)
+            && std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+        {
+            if !options.overwrite {
+                return Err(TrainError::Engine(Error::invalid(
+                    "log",
+                    format!(
+                        "{} already holds a run: give another --log, continue that run with --resume, or replace it with --overwrite",
+                        path.display()
+                    ),
+                )));
+            }
+            std::fs::remove_file(path).map_err(|e| TrainError::Log {
+                path: path.display().to_string(),
+                source: e,
+            })?;
+        }
         // The folder is checked, mended and locked before anything is trained.
         let held = match &self.config.checkpoint.dir {
             Some(dir) => {
@@ -124,6 +143,7 @@ impl Trainer {
             total_steps: total,
             notes: self.notes.clone(),
             cap: self.rt.alloc.stats().cap,
+            whatif: if wants_memory { self.what_if() } else { Vec::new() },
         };
         for o in &observers {
             o.start(&info)?;

@@ -31,6 +31,8 @@ pub struct Trainer {
     pub(super) opt: Optimizer,
     pub(super) train: Arc<dyn Dataset>,
     pub(super) eval: Arc<dyn Dataset>,
+    /// Classes or vocabulary size (the data's outputs).
+    pub(super) outputs: usize,
     /// Unigram entropy of the training text in nats (language models on text).
     pub unigram_entropy: Option<f64>,
     /// The loss scaler (fp16-mixed only).
@@ -58,6 +60,7 @@ impl Trainer {
             opt,
             train: data.train,
             eval: data.eval,
+            outputs: data.outputs,
             unigram_entropy: data.unigram_entropy,
             scaler,
             notes: Vec::new(),

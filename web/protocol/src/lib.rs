@@ -16,5 +16,5 @@ pub use bytes::{format_bytes, short_bytes};
 pub use category::{Category, PoolKind};
 pub use device::{AdapterReport, CoopMatrixConfig, LimitsReport};
 pub use log::{EvalLog, KernelRow, MemLog, StepLog};
-pub use memory::{AllocId, Band, BlockView, Event, EventKind, PageId, PageView, PeakBlock, PeakView, StepMemory};
-pub use run::{BenchRecord, Frame, Health, RunEntry, RunInfo, RunRecord, RunView};
+pub use memory::{AllocId, Band, BlockView, Event, EventKind, PageId, PageView, PeakBlock, PeakView, PhaseSpan, StepMemory};
+pub use run::{BenchRecord, Frame, Health, RunEntry, RunInfo, RunRecord, RunView, WhatIf, WhatIfView};

@@ -54,6 +54,10 @@ pub struct Event {
     pub category: Option<Category>,
     /// The allocation's label.
     pub label: String,
+    /// The phase of the step when it happened ("forward", "backward", "recompute",
+    /// "optimizer", ...; empty outside a step).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phase: String,
 }
 
 /// One block of a page.
@@ -113,6 +117,26 @@ pub struct Band {
     /// The free's place among the step's events (the event count if it outlived the step).
     #[serde(default)]
     pub end_seq: u64,
+    /// The phase of the step that allocated it (empty: alive before the step began).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phase: String,
+    /// The page holding the block.
+    #[serde(default)]
+    pub page: Option<PageId>,
+    /// The block's offset in its page.
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// A stretch of a step's allocator events spent in one phase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhaseSpan {
+    /// "forward", "backward", "recompute", "optimizer", "readback", ...
+    pub phase: String,
+    /// The first event of the stretch.
+    pub start_seq: u64,
+    /// The last event of the stretch.
+    pub end_seq: u64,
 }
 
 /// The memory story of one step.
@@ -134,6 +158,9 @@ pub struct StepMemory {
     pub events_dropped: u64,
     /// Pages and their blocks at the step's end.
     pub pages: Vec<PageView>,
+    /// The step's phases over its events, in order.
+    #[serde(default)]
+    pub phases: Vec<PhaseSpan>,
 }
 
 impl StepMemory {
@@ -152,9 +179,19 @@ impl StepMemory {
             .filter(|e| matches!(e.kind, EventKind::Alloc | EventKind::Free))
             .count() as u64;
         let mut seq = 0u64;
+        let mut phases: Vec<PhaseSpan> = Vec::new();
         for e in events {
             if matches!(e.kind, EventKind::Alloc | EventKind::Free) {
                 seq += 1;
+                match phases.last_mut() {
+                    Some(last) if last.phase == e.phase => last.end_seq = seq,
+                    _ if e.phase.is_empty() => {}
+                    _ => phases.push(PhaseSpan {
+                        phase: e.phase.clone(),
+                        start_seq: seq,
+                        end_seq: seq,
+                    }),
+                }
             }
             let category = e.category.unwrap_or(Category::Other);
             match (e.kind, e.alloc) {
@@ -170,6 +207,9 @@ impl StepMemory {
                         end_us: duration,
                         start_seq: seq,
                         end_seq: count + 1,
+                        phase: e.phase.clone(),
+                        page: e.page,
+                        offset: e.offset,
                     });
                 }
                 (EventKind::Free, Some(id)) => match open.remove(&id) {
@@ -188,6 +228,9 @@ impl StepMemory {
                             end_us: rel(e.time_us),
                             start_seq: 0,
                             end_seq: seq,
+                            phase: String::new(),
+                            page: e.page,
+                            offset: e.offset,
                         })
                     }
                 },
@@ -210,6 +253,9 @@ impl StepMemory {
                         end_us: duration,
                         start_seq: 0,
                         end_seq: count + 1,
+                        phase: String::new(),
+                        page: Some(page.id),
+                        offset: b.offset,
                     });
                 }
             }
@@ -223,6 +269,7 @@ impl StepMemory {
             ooms,
             events_dropped,
             pages,
+            phases,
         }
     }
 }
@@ -255,6 +302,9 @@ pub struct PeakBlock {
     pub requested: u64,
     /// Whether the step allocated it (false: it was alive when the step began).
     pub in_step: bool,
+    /// The phase that allocated it ("forward", "backward", "recompute", "optimizer";
+    /// "before the step" for blocks alive when it began).
+    pub phase: String,
 }
 
 impl StepMemory {
@@ -289,6 +339,11 @@ impl StepMemory {
                 size: b.size,
                 requested: b.requested,
                 in_step: b.start_seq > 0,
+                phase: if b.start_seq == 0 || b.phase.is_empty() {
+                    "before the step".into()
+                } else {
+                    b.phase.clone()
+                },
             })
             .collect();
         blocks.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.label.cmp(&b.label)));

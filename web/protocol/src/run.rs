@@ -27,6 +27,39 @@ pub struct RunInfo {
     pub notes: Vec<String>,
     /// The cap or budget on reserved bytes.
     pub cap: Option<u64>,
+    /// The estimated peak of this run's config under other memory policies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whatif: Vec<WhatIf>,
+}
+
+/// One policy of `GET /api/runs/NAME/whatif`: the run's config with some memory
+/// settings changed, and the exact estimate's peak for it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WhatIf {
+    /// What differs from the run (empty for the run as configured), e.g.
+    /// "memory.precision = fp16-mixed".
+    pub change: String,
+    /// The memory settings it runs under: precision, checkpoint, micro_batch_size,
+    /// optimizer_in_backward.
+    pub policy: BTreeMap<String, serde_json::Value>,
+    /// Estimated peak bytes in live blocks.
+    pub peak_bytes: u64,
+    /// Estimated peak bytes in pages (what the device must hold).
+    pub peak_reserved_bytes: u64,
+    /// Estimated bytes per category at the peak.
+    pub by_category: BTreeMap<String, u64>,
+    /// Whether the reserved peak fits the cap (else the device's memory); None when
+    /// neither is known.
+    pub fits: Option<bool>,
+}
+
+/// `GET /api/runs/NAME/whatif`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WhatIfView {
+    /// The bound the policies are measured against (cap, else device memory).
+    pub limit_bytes: Option<u64>,
+    /// The run as configured first, then each change.
+    pub options: Vec<WhatIf>,
 }
 
 /// What the dashboard knows of one run (the recorder's record; saved beside the log as

@@ -3,8 +3,11 @@
 //! step out to live clients through a bounded broadcast queue. It never waits on a
 //! client: a client that falls behind loses frames, and those are counted.
 //!
-//! At the run's end the record is written beside the log (`NAME.memory.json`, whole or
-//! not at all) so `wgtrain dashboard --runs DIR` shows the same views later.
+//! The record is written beside the log (`NAME.memory.json`, whole or not at all) as
+//! the run goes (every [`SAVE_EVERY`] at most, off the training thread) and at its end,
+//! so `wgtrain dashboard --runs DIR` shows the same views later, also of a run that was
+//! killed or is still training. Timelines kept: the first steps, the latest ones, and
+//! the step with the largest peak.
 //!
 //! May call: `wgtrain_engine::{files, train}`, `wgtrain_protocol`. Called by: `server`, the CLI.
 
@@ -24,10 +27,22 @@ pub const KEEP_LAST: usize = 20;
 /// Frames a live client may fall behind before it loses some.
 pub const QUEUE: usize = 256;
 
-fn keep_timeline(record: &mut RunRecord, memory: StepMemory) {
+/// How often the record is saved while the run goes on (at most; on a thread of its own).
+pub const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps `memory`'s timeline: the first [`KEEP_FIRST`] steps, the latest [`KEEP_LAST`],
+/// and the step with the largest peak so far (`peak_step`), which is never dropped.
+fn keep_timeline(record: &mut RunRecord, memory: StepMemory, peak_step: Option<u64>) {
     record.timelines.insert(memory.step, memory);
-    while record.timelines.len() > KEEP_FIRST + KEEP_LAST {
-        let drop = *record.timelines.keys().nth(KEEP_FIRST).expect("more than KEEP_FIRST");
+    let limit = KEEP_FIRST + KEEP_LAST + usize::from(peak_step.is_some());
+    while record.timelines.len() > limit {
+        let drop = record
+            .timelines
+            .keys()
+            .skip(KEEP_FIRST)
+            .find(|&&s| Some(s) != peak_step)
+            .copied()
+            .expect("more than KEEP_FIRST + 1");
         record.timelines.remove(&drop);
     }
 }
@@ -39,6 +54,20 @@ pub struct Recorder {
     tx: broadcast::Sender<Arc<String>>,
     dropped: AtomicU64,
     save_to: Option<PathBuf>,
+    saving: Arc<Saving>,
+    /// The first step with the largest `mem.peak` so far, and that peak.
+    peak: Mutex<Option<(u64, u64)>>,
+}
+
+/// The record's saves: at most one in flight, and never an older state over a newer.
+#[derive(Default)]
+struct Saving {
+    /// Taken while a save writes; holds the version last written.
+    written: Mutex<u64>,
+    /// The version of the latest state handed to a save.
+    version: AtomicU64,
+    /// When the last save was started.
+    last: Mutex<Option<std::time::Instant>>,
 }
 
 impl Recorder {
@@ -51,6 +80,8 @@ impl Recorder {
             tx,
             dropped: AtomicU64::new(0),
             save_to,
+            saving: Arc::default(),
+            peak: Mutex::new(None),
         })
     }
 
@@ -99,11 +130,58 @@ impl Recorder {
 
     /// Writes the record (without the lines, which the log has) to `path` atomically.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let mut record = self.record();
-        record.lines.clear();
-        let text = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
-        write_atomically(path, &text)
+        let version = self.saving.version.fetch_add(1, Ordering::SeqCst) + 1;
+        write_record(&self.saving, path, &self.saved_record(), version)
     }
+
+    fn saved_record(&self) -> RunRecord {
+        let r = self.lock();
+        RunRecord {
+            info: r.info.clone(),
+            lines: Vec::new(),
+            timelines: r.timelines.clone(),
+            pages: r.pages.clone(),
+            finished: r.finished,
+        }
+    }
+
+    /// Saves the record on a thread of its own if [`SAVE_EVERY`] has passed since the
+    /// last save: a run killed mid-training keeps its timelines, and training does not
+    /// wait on the disk. A failure is logged; the final save at the end reports it too.
+    fn save_soon(&self) {
+        let Some(path) = self.save_to.clone() else { return };
+        {
+            let mut last = self.saving.last.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SAVE_EVERY) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let record = self.saved_record();
+        let version = self.saving.version.fetch_add(1, Ordering::SeqCst) + 1;
+        let saving = self.saving.clone();
+        let spawned = std::thread::Builder::new().name("wgtrain-record".into()).spawn(move || {
+            if let Err(e) = write_record(&saving, &path, &record, version) {
+                tracing::warn!("could not save the run record {}: {e}", path.display());
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("could not start saving the run record: {e}");
+        }
+    }
+}
+
+/// Writes `record` (state `version`) to `path` atomically unless a newer state was
+/// written already.
+fn write_record(saving: &Saving, path: &Path, record: &RunRecord, version: u64) -> std::io::Result<()> {
+    let mut written = saving.written.lock().unwrap_or_else(|p| p.into_inner());
+    if *written >= version {
+        return Ok(());
+    }
+    let text = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    write_atomically(path, &text)?;
+    *written = version;
+    Ok(())
 }
 
 impl Observer for Recorder {
@@ -124,8 +202,17 @@ impl Observer for Recorder {
             r.lines.push(line.clone());
             if let Some(m) = memory {
                 r.pages = m.pages.clone();
-                keep_timeline(&mut r, m.clone());
+                let mut peak = self.peak.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(mem) = &line.mem
+                    && peak.is_none_or(|(_, p)| mem.peak > p)
+                {
+                    *peak = Some((line.step, mem.peak));
+                }
+                keep_timeline(&mut r, m.clone(), peak.map(|p| p.0));
             }
+        }
+        if memory.is_some() {
+            self.save_soon();
         }
         self.send(&Frame::Line {
             line: line.clone(),

@@ -11,8 +11,11 @@
 //! * `/api/runs/{name}/timeline?step=N`: one step's allocation timeline.
 //! * `/api/runs/{name}/peak[?step=N]`: the blocks alive at the peak of the peak step among
 //!   the kept timelines (or of step N), largest first, with the bytes by category.
+//! * `/api/runs/{name}/whatif`: the estimated peak of the run's config under other
+//!   memory policies (precision, checkpointing, micro-batch, optimizer-in-backward).
 //! * `/api/runs/{name}/stream`: server-sent events, one JSON frame per step (live runs).
-//! * `/api/runs/{name}/snapshot.json`, `/api/runs/{name}/snapshot.pickle`: exports.
+//! * `/api/runs/{name}/snapshot.json[?step=N]`, `/api/runs/{name}/snapshot.pickle[?step=N]`:
+//!   memory_viz exports of one step (default: the peak step), named after it.
 //!
 //! May call: `recorder`, `viz`, `assets`, `wgtrain_protocol`. Called by: `lib`.
 
@@ -36,8 +39,8 @@ use wgtrain_protocol::{BenchRecord, Health, RunEntry, RunView};
 
 use crate::recorder::{Recorder, load_record, read_log};
 use crate::{assets, viz};
-use wgtrain_protocol::PeakView;
 use wgtrain_protocol::RunRecord;
+use wgtrain_protocol::{PageView, StepMemory, WhatIfView};
 
 /// What the server serves.
 pub struct Served {
@@ -290,34 +293,26 @@ async fn peak(
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let asked = if q.contains_key("step") { Some(parse_step(&q)?) } else { None };
     let run = find_run(&s, &name).await?;
-    let found = run.with(|r| match asked {
-        Some(step) => r
-            .timelines
-            .get(&step)
-            .map(|t| t.peak())
-            .ok_or((Some(step), r.timelines.keys().copied().collect::<Vec<_>>())),
-        // The peak step among the kept timelines (the first and the latest steps; each
-        // timeline's peak is its step's `mem.peak` in the log), the first of equals.
-        None => r
-            .timelines
-            .values()
-            .map(|t| t.peak())
-            .fold(None, |best: Option<PeakView>, v| match best {
-                Some(b) if b.peak_bytes >= v.peak_bytes => Some(b),
-                _ => Some(v),
-            })
-            .ok_or((None, Vec::new())),
-    });
-    match found {
-        Ok(view) => Ok(axum::Json(view)),
-        Err((None, _)) => Err(ApiError(StatusCode::NOT_FOUND, "the run has no step timelines yet".into())),
-        Err((Some(step), kept)) => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no timeline kept for step {step}; kept: {kept:?}"),
-        )),
+    match chosen_timeline(&run, &q)? {
+        (_, Some(t)) => Ok(axum::Json(t.peak())),
+        (_, None) => Err(ApiError(StatusCode::NOT_FOUND, "the run has no step timelines yet".into())),
     }
+}
+
+async fn whatif(State(s): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    let run = find_run(&s, &name).await?;
+    let info = run.with(|r| r.info.clone());
+    let Some(info) = info else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            "the run has no record of its config (a log without NAME.memory.json)".into(),
+        ));
+    };
+    Ok(axum::Json(WhatIfView {
+        limit_bytes: info.cap.or(info.device.memory_bytes),
+        options: info.whatif,
+    }))
 }
 
 async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -333,22 +328,41 @@ async fn stream(State(s): State<Shared>, Path(name): Path<String>) -> Result<Res
     Ok(Sse::new(frames).keep_alive(KeepAlive::default()).into_response())
 }
 
-fn export_of(run: &Run, q: &HashMap<String, String>) -> Result<viz::Snapshot, ApiError> {
+/// The step an export or a peak view is about: `?step=N`, else the kept timeline with
+/// the largest peak (the log's peak step; the first of equals).
+fn chosen_timeline(run: &Run, q: &HashMap<String, String>) -> Result<(Vec<PageView>, Option<StepMemory>), ApiError> {
     let wanted = match q.get("step") {
         Some(_) => Some(parse_step(q)?),
         None => None,
     };
-    let (pages, step) = run.with(|r| {
+    let (pages, step, kept) = run.with(|r| {
         let step = match wanted {
             Some(step) => r.timelines.get(&step).cloned(),
-            None => r.timelines.values().last().cloned(),
+            None => r
+                .timelines
+                .values()
+                .map(|t| (t, t.peak().peak_bytes))
+                .fold(None, |best: Option<(&StepMemory, u64)>, (t, p)| match best {
+                    Some((_, bp)) if bp >= p => best,
+                    _ => Some((t, p)),
+                })
+                .map(|(t, _)| t.clone()),
         };
-        (r.pages.clone(), step)
+        (r.pages.clone(), step, r.timelines.keys().copied().collect::<Vec<_>>())
     });
     match (wanted, step) {
-        (Some(w), None) => Err(ApiError(StatusCode::NOT_FOUND, format!("no timeline kept for step {w}"))),
-        (_, step) => Ok(viz::snapshot(&pages, &step.iter().collect::<Vec<_>>())),
+        (Some(w), None) => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no timeline kept for step {w}; kept: {kept:?}"),
+        )),
+        (_, step) => Ok((pages, step)),
     }
+}
+
+fn export_of(run: &Run, q: &HashMap<String, String>) -> Result<(viz::Snapshot, String), ApiError> {
+    let (pages, step) = chosen_timeline(run, q)?;
+    let suffix = step.as_ref().map_or(String::new(), |s| format!(".step{}", s.step));
+    Ok((viz::snapshot(&pages, step.as_ref()), suffix))
 }
 
 async fn snapshot_json(
@@ -357,11 +371,11 @@ async fn snapshot_json(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let run = find_run(&s, &name).await?;
-    let snap = export_of(&run, &q)?;
+    let (snap, suffix) = export_of(&run, &q)?;
     let mut resp = axum::Json(snap).into_response();
     resp.headers_mut().insert(
         header::CONTENT_DISPOSITION,
-        HeaderValue::from_str(&download_name(&name, ".snapshot.json"))
+        HeaderValue::from_str(&download_name(&name, &format!("{suffix}.snapshot.json")))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     );
     Ok(resp)
@@ -373,11 +387,12 @@ async fn snapshot_pickle(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let run = find_run(&s, &name).await?;
-    let bytes = viz::to_pickle(&export_of(&run, &q)?).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let (snap, suffix) = export_of(&run, &q)?;
+    let bytes = viz::to_pickle(&snap).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_DISPOSITION, download_name(&name, ".pickle")),
+            (header::CONTENT_DISPOSITION, download_name(&name, &format!("{suffix}.pickle"))),
         ],
         bytes,
     )
@@ -462,6 +477,7 @@ pub fn router(served: Served) -> Router {
         .route("/api/runs/{name}", get(run))
         .route("/api/runs/{name}/timeline", get(timeline))
         .route("/api/runs/{name}/peak", get(peak))
+        .route("/api/runs/{name}/whatif", get(whatif))
         .route("/api/runs/{name}/stream", get(stream))
         .route("/api/runs/{name}/snapshot.json", get(snapshot_json))
         .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))

@@ -1,8 +1,9 @@
 //! Export of a run's memory in PyTorch's `torch.cuda.memory._snapshot()` layout, which
-//! pytorch.org/memory_viz opens as a pickle: `segments` (our pages, each with its
-//! blocks) and `device_traces` (one device's alloc / free_completed events, built from
-//! a step's timeline). Addresses are synthetic: page id * 2^40 + offset for segments,
-//! and a counter for the trace. A block's label and category become its one frame.
+//! pytorch.org/memory_viz opens as a pickle: `segments` (our pages at a step's end,
+//! each with its blocks) and `device_traces` (that step's alloc / free_completed
+//! events). Addresses are (page id + 1) * 2^40 + offset, in the segments and the trace
+//! alike, so every traced block lies inside its segment. A block's label gives its
+//! frames (the label and each enclosing module path).
 //!
 //! May call: `wgtrain_protocol`. Called by: `server`.
 
@@ -62,20 +63,50 @@ pub struct Snapshot {
     device_traces: Vec<Vec<TraceEntry>>,
 }
 
-fn frame(label: &str, category: &str) -> Vec<Frame> {
-    vec![Frame {
-        filename: format!("wgtrain:{category}"),
-        line: 0,
-        name: label.to_string(),
-    }]
+/// Where page `id` sits in the exported address space (never 0).
+fn page_base(id: u64) -> u64 {
+    (id + 1) << 40
 }
 
-/// The snapshot of `pages` (now) and the trace of `steps` (in order).
-pub fn snapshot(pages: &[PageView], steps: &[&StepMemory]) -> Snapshot {
+/// A block's frames, innermost first as memory_viz lists a stack: the label, then each
+/// enclosing module path (`h.3.attn.c_attn.dx`, `h.3.attn.c_attn`, `h.3.attn`, `h.3`,
+/// `h`), so its stack view groups blocks by layer and op. The file names the category
+/// and the phase that allocated it.
+fn frames(label: &str, category: &str, phase: &str) -> Vec<Frame> {
+    let filename = if phase.is_empty() {
+        format!("wgtrain/{category}")
+    } else {
+        format!("wgtrain/{category}/{phase}")
+    };
+    let mut out = vec![Frame {
+        filename: filename.clone(),
+        line: 0,
+        name: label.to_string(),
+    }];
+    let mut rest = label;
+    while let Some(i) = rest.rfind('.') {
+        rest = &rest[..i];
+        out.push(Frame {
+            filename: filename.clone(),
+            line: 0,
+            name: rest.to_string(),
+        });
+    }
+    out
+}
+
+/// The snapshot of one step: its pages at the step's end as segments, and its
+/// allocations and frees as the trace, at the blocks' own addresses (page base +
+/// offset), so memory_viz can replay the trace back from the segments: blocks alive
+/// across the whole step are in the segments only, blocks made in the step have their
+/// `alloc`, blocks freed in it their `free_completed`. Without a step, the segments
+/// alone (`pages`).
+pub fn snapshot(pages: &[PageView], step: Option<&StepMemory>) -> Snapshot {
+    let pages = step.map_or(pages, |s| s.pages.as_slice());
     let segments = pages
         .iter()
         .map(|p| {
-            let base = p.id << 40;
+            let base = page_base(p.id);
             let blocks: Vec<VizBlock> = p
                 .blocks
                 .iter()
@@ -85,7 +116,7 @@ pub fn snapshot(pages: &[PageView], steps: &[&StepMemory]) -> Snapshot {
                     requested_size: b.requested,
                     state: if b.allocated { "active_allocated" } else { "inactive" },
                     frames: match (&b.label, b.category) {
-                        (Some(l), Some(c)) => frame(l, c.name()),
+                        (Some(l), Some(c)) => frames(l, c.name(), ""),
                         _ => Vec::new(),
                     },
                 })
@@ -108,29 +139,28 @@ pub fn snapshot(pages: &[PageView], steps: &[&StepMemory]) -> Snapshot {
         })
         .collect();
     let mut trace = Vec::new();
-    let (mut base_us, mut next_addr) = (0u64, 1u64 << 60);
-    for s in steps {
-        // In the step's event order (ties: frees first, as a block is reused); a block
-        // that outlives the step is freed at its end so the next step starts clean.
-        let mut events: Vec<(u64, bool, u64, u64, &Band)> = Vec::new();
+    if let Some(s) = step {
+        // In the step's event order; at one event, a free before an allocation.
+        let mut events: Vec<(u64, bool, u64, &Band)> = Vec::new();
         for b in &s.bands {
-            let addr = next_addr;
-            next_addr += b.size.max(1);
-            events.push((b.start_seq, true, b.start_us, addr, b));
-            events.push((b.end_seq, false, b.end_us.min(s.duration_us), addr, b));
+            if b.start_seq > 0 {
+                events.push((b.start_seq, true, b.start_us, b));
+            }
+            if b.end_seq <= s.events {
+                events.push((b.end_seq, false, b.end_us.min(s.duration_us), b));
+            }
         }
         events.sort_by_key(|e| (e.0, e.1));
-        for (_, alloc, t, addr, b) in events {
+        for (_, alloc, t, b) in events {
             trace.push(TraceEntry {
                 action: if alloc { "alloc" } else { "free_completed" },
-                addr,
+                addr: b.page.map_or(0, page_base) + b.offset,
                 size: b.size,
                 stream: 0,
-                time_us: base_us + t,
-                frames: frame(&b.label, b.category.name()),
+                time_us: t,
+                frames: frames(&b.label, b.category.name(), &b.phase),
             });
         }
-        base_us += s.duration_us + 1;
     }
     Snapshot {
         segments,
