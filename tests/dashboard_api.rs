@@ -571,3 +571,78 @@ fn names_with_spaces_and_accents_tokens_with_url_characters_and_relative_paths()
     assert!(text.contains("broken.jsonl line 2"), "{text}");
     assert!(!text.contains(dir.to_str().unwrap()), "an absolute path leaked: {text}");
 }
+
+/// Kills the child on drop (a failed assertion leaves no process behind).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_run_killed_mid_training_keeps_its_timelines() {
+    use std::io::BufRead;
+    let dir = temp("killed");
+    let log = dir.join("killed.jsonl");
+    let bin = env!("CARGO_BIN_EXE_wgtrain");
+    let mut sets = vec!["train", "--quiet", "--log", log.to_str().unwrap()];
+    for s in [
+        "model.hidden=[32]",
+        "data.train_limit=2560",
+        "data.eval_limit=64",
+        "train.batch_size=64",
+        "train.steps=1000000",
+        "train.eval_every=1000000",
+    ] {
+        sets.extend(["--set", s]);
+    }
+    let mut trainer = Child(std::process::Command::new(bin).args(&sets).spawn().unwrap());
+    // Wait for steps and for a saved record holding some of them; then SIGKILL.
+    let start = std::time::Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(180), "no record saved while training");
+        let lines = std::fs::read_to_string(&log).map(|t| t.lines().count()).unwrap_or(0);
+        let kept = wgtrain_web::recorder::load_record(&log).map(|r| r.timelines.len()).unwrap_or(0);
+        if lines >= 5 && kept >= 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    trainer.0.kill().unwrap();
+    trainer.0.wait().unwrap();
+    let logged: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+
+    // `wgtrain dashboard --runs` over the folder shows the killed run's timelines.
+    let mut dash = Child(
+        std::process::Command::new(bin)
+            .args(["dashboard", "--runs", dir.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = String::new();
+    std::io::BufReader::new(dash.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let url = first.split_whitespace().nth(1).unwrap_or_else(|| panic!("{first}"));
+    let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().unwrap();
+    let (status, run) = json(addr, "/api/runs/killed");
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["finished"], false, "a killed run never finished");
+    assert!(run["info"]["parameters"].as_u64().is_some());
+    let steps: Vec<u64> = run["timeline_steps"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
+    assert!(steps.len() >= 3 && steps[..3] == [1, 2, 3], "{steps:?}");
+    for step in steps {
+        let (status, t) = json(addr, &format!("/api/runs/killed/timeline?step={step}"));
+        assert_eq!(status, 200);
+        let line = logged.iter().find(|l| l["step"] == step).expect("a kept step is in the log");
+        let (_, p) = json(addr, &format!("/api/runs/killed/peak?step={step}"));
+        assert!(!t["bands"].as_array().unwrap().is_empty());
+        assert_eq!(p["peak_bytes"], line["mem"]["peak"], "step {step}");
+    }
+}

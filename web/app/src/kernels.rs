@@ -37,7 +37,7 @@ fn phases(k: &KernelRow) -> String {
 
 /// The kernel table of the profiled step nearest `chosen`, sorted by time.
 #[component]
-pub fn StepKernels(lines: RwSignal<Vec<StepLog>>, chosen: RwSignal<Option<u64>>) -> impl IntoView {
+pub fn StepKernels(lines: RwSignal<Vec<StepLog>>, chosen: Memo<Option<u64>>) -> impl IntoView {
     move || {
         let all = lines.get();
         let Some(line) = profiled_step(&all, chosen.get()) else {

@@ -1,0 +1,213 @@
+//! What fills memory at the chosen step's peak (by default the run's peak step): the
+//! bytes by category and the largest blocks alive then, with the op that made each and
+//! the phase it was made in; and what other memory policies would need, from the
+//! exact estimate (`/api/runs/NAME/whatif`), against the cap or the device's memory.
+//!
+//! May call: the app's `Ctx`, `wgtrain_protocol`, leptos. Called by: the app.
+
+use leptos::prelude::*;
+use wgtrain_protocol::{Category, PeakView, WhatIfView, format_bytes};
+
+use crate::{Ctx, api, get_json};
+
+/// Blocks listed before "show all".
+const SHOWN: usize = 12;
+
+/// The phase the step was in at allocator event `event`.
+fn phase_at(t: &wgtrain_protocol::StepMemory, event: u64) -> String {
+    t.phases
+        .iter()
+        .find(|p| p.start_seq <= event && event <= p.end_seq)
+        .map_or_else(|| "start of the step".into(), |p| p.phase.clone())
+}
+
+/// What would shrink the largest category, in the engine's terms.
+fn advice(p: &PeakView) -> Option<&'static str> {
+    let (name, _) = p.by_category.iter().max_by_key(|(_, b)| **b)?;
+    Some(match name.as_str() {
+        "activation" => "activations lead: activation checkpointing, a smaller micro-batch, or fp16-mixed shrink them (see what-if)",
+        "temporary" => "backward's temporaries lead: a smaller micro-batch or checkpointing shrink them (see what-if)",
+        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's; sharding (ZeRO) would split it",
+        "gradient" => "gradients lead: optimizer-in-backward frees each as soon as it is applied (see what-if)",
+        "parameter" => "parameters lead: a smaller model, or parameter sharding",
+        _ => return None,
+    })
+}
+
+/// The peak panel (see the module).
+#[component]
+pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
+    let all = RwSignal::new(false);
+    let body = move || {
+        let Some(t) = ctx.timeline.get() else {
+            return view! { <p class="empty">"no step recorded yet"</p> }.into_any();
+        };
+        let p = t.peak();
+        let total = p.peak_bytes.max(1) as f64;
+        let chosen = ctx.chosen.get();
+        let note = match chosen {
+            Some(c) if c != p.step => format!(" (step {c} has no timeline kept; the nearest kept step)"),
+            None => " (the run's peak step; click a step in the memory chart for another)".into(),
+            _ => String::new(),
+        };
+        let bar = Category::ALL
+            .iter()
+            .filter_map(|c| {
+                let b = *p.by_category.get(c.name())?;
+                (b > 0).then(|| {
+                    view! {
+                        <div style=format!("width:{:.2}%;background:{}", 100.0 * b as f64 / total, c.colour())
+                            title=format!("{} {}", c.name(), format_bytes(b))></div>
+                    }
+                })
+            })
+            .collect_view();
+        let shares = p
+            .by_category
+            .iter()
+            .filter(|(_, b)| **b > 0)
+            .map(|(c, b)| format!("{c} {} ({:.0}%)", format_bytes(*b), 100.0 * *b as f64 / total))
+            .collect::<Vec<_>>()
+            .join(" · ");
+        let top = p.blocks.first().cloned();
+        let adv = advice(&p);
+        let n = p.blocks.len();
+        let rows = move || {
+            let shown = if all.get() { n } else { n.min(SHOWN) };
+            p.blocks
+                .iter()
+                .take(shown)
+                .map(|b| {
+                    view! {
+                        <tr>
+                            <td><span class="swatch" style=format!("background:{}", b.category.colour())></span>{b.label.clone()}</td>
+                            <td>{b.category.name()}</td>
+                            <td class="num">{format_bytes(b.size)}</td>
+                            <td class="num">{format!("{:.1}%", 100.0 * b.size as f64 / total)}</td>
+                            <td>{b.phase.clone()}</td>
+                        </tr>
+                    }
+                })
+                .collect_view()
+        };
+        view! {
+            <div class="facts">
+                <span>"step " <b id="peak-step">{p.step}</b>{note}</span>
+                <span>"peak " <b id="peak-bytes" data-bytes=p.peak_bytes.to_string()>{format_bytes(p.peak_bytes)}</b></span>
+                <span>"during " <b id="peak-phase">{phase_at(&t, p.event)}</b>{format!(" (allocator event {} of {})", p.event, t.events)}</span>
+            </div>
+            {top.map(|b| view! {
+                <p class="headline" id="peak-top" data-label=b.label.clone()>
+                    "largest: " <b>{b.label.clone()}</b>
+                    {format!(" · {} · {} · made in {}", format_bytes(b.size), b.category.name(), b.phase)}
+                </p>
+            })}
+            <div class="page" id="peak-bar">{bar}</div>
+            <p class="small">{shares}</p>
+            {adv.map(|a| view! { <p class="advice">{a}</p> })}
+            <table id="peak-blocks">
+                <tr><th>"block"</th><th>"category"</th><th class="num">"size"</th><th class="num">"of peak"</th><th>"made in"</th></tr>
+                {rows}
+            </table>
+            {(n > SHOWN).then(|| view! {
+                <button id="peak-all" on:click=move |_| all.update(|a| *a = !*a)>
+                    {move || if all.get() { "show the largest".to_string() } else { format!("show all {n} blocks") }}
+                </button>
+            })}
+        }
+        .into_any()
+    };
+    view! {
+        <section id="peak-panel">
+            <h2>"What fills memory at the peak"</h2>
+            {body}
+        </section>
+    }
+}
+
+/// The what-if panel (see the module).
+#[component]
+pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
+    let view_ = RwSignal::new(None::<Result<WhatIfView, String>>);
+    Effect::new(move |_| {
+        let Some(name) = ctx.run_name.get() else { return };
+        // Again once the run's facts arrive (a live run sends them at its start).
+        let _ = ctx.run.with(|r| r.info.is_some());
+        leptos::task::spawn_local(async move {
+            let got = get_json::<WhatIfView>(&api(&name, "/whatif")).await;
+            if ctx.run_name.get_untracked().as_deref() == Some(name.as_str()) {
+                view_.set(Some(got));
+            }
+        });
+    });
+    let body = move || match view_.get() {
+        None => view! { <p class="empty">"estimating..."</p> }.into_any(),
+        Some(Err(e)) => view! { <p class="empty">{e}</p> }.into_any(),
+        Some(Ok(w)) if w.options.is_empty() => {
+            view! { <p class="empty">"no estimates recorded for this run (runs record them when a dashboard or --log watches)"</p> }.into_any()
+        }
+        Some(Ok(w)) => {
+            let limit = w.limit_bytes;
+            let base = w.options[0].peak_bytes.max(1) as f64;
+            let most = w.options.iter().map(|o| o.peak_reserved_bytes).max().unwrap_or(1).max(1) as f64;
+            // The bars span the options (and the limit when it is near them).
+            let scale = match limit {
+                Some(l) if (l as f64) < 1.5 * most => l as f64 * 1.05,
+                _ => most * 1.05,
+            };
+            let limit_shown = limit.filter(|l| (*l as f64) <= scale);
+            let get = |o: &wgtrain_protocol::WhatIf, k: &str| {
+                o.policy.get(k).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).unwrap_or_default()
+            };
+            let rows = w
+                .options
+                .iter()
+                .map(|o| {
+                    let change = if o.change.is_empty() { "as run".to_string() } else { o.change.clone() };
+                    let fits = match o.fits {
+                        Some(true) => "fits",
+                        Some(false) => "does not fit",
+                        None => "?",
+                    };
+                    let class = if o.fits == Some(false) { "nofit" } else { "" };
+                    view! {
+                        <tr class=class data-change=o.change.clone() data-peak=o.peak_bytes.to_string()>
+                            <td>{change}</td>
+                            <td>{get(o, "precision")}</td>
+                            <td>{get(o, "checkpoint")}</td>
+                            <td class="num">{get(o, "micro_batch_size")}</td>
+                            <td class="num">{format_bytes(o.peak_bytes)}</td>
+                            <td class="num">{format_bytes(o.peak_reserved_bytes)}</td>
+                            <td class="num">{format!("{:+.0}%", 100.0 * (o.peak_bytes as f64 / base - 1.0))}</td>
+                            <td>{fits}</td>
+                            <td class="barcell" title="solid: peak allocated; light: peak reserved">
+                                <div class="hbar reserved" style=format!("width:{:.1}%", 100.0 * o.peak_reserved_bytes as f64 / scale)>
+                                    <div class="hbar" style=format!("width:{:.1}%", 100.0 * o.peak_bytes as f64 / o.peak_reserved_bytes.max(1) as f64)></div>
+                                </div>
+                                {limit_shown.map(|l| view! { <div class="limit" style=format!("left:{:.1}%", 100.0 * l as f64 / scale)></div> })}</td>
+                        </tr>
+                    }
+                })
+                .collect_view();
+            view! {
+                <p class="small">{match limit {
+                    Some(l) => format!("estimated peaks of this run's config with one memory setting changed; \"fits\": reserved within {} (the cap, else the device's memory{})",
+                        format_bytes(l), if limit_shown.is_some() { ", the red line" } else { "" }),
+                    None => "estimated peaks of this run's config with one memory setting changed".to_string(),
+                }}</p>
+                <table id="whatif-table">
+                    <tr><th>"change"</th><th>"precision"</th><th>"checkpoint"</th><th class="num">"micro-batch"</th>
+                        <th class="num">"peak"</th><th class="num">"reserved"</th><th class="num">"peak vs run"</th><th>"fits"</th><th>"peak / reserved"</th></tr>
+                    {rows}
+                </table>
+            }
+            .into_any()
+        }
+    };
+    view! {
+        <section id="whatif">
+            <h2>"What if: other memory policies (exact estimate)"</h2>
+            {body}
+        </section>
+    }
+}
