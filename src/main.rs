@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List every GPU adapter on every backend with its features and limits.
+    /// List the GPU adapters (native backends; GL with --gl or when none) with features and limits.
     Devices(commands::devices::DevicesArgs),
     /// Run benchmarks and print a table (and JSON with --json).
     Bench(commands::bench::BenchArgs),
@@ -35,7 +35,22 @@ enum Command {
     Profile(commands::profile::ProfileArgs),
 }
 
+/// Without a desktop session (no `XDG_RUNTIME_DIR`, no `WAYLAND_DISPLAY`: a server, a
+/// container, CI) Mesa's Vulkan drivers still look for a Wayland display while wgpu
+/// enumerates adapters, and libwayland prints `error: XDG_RUNTIME_DIR is invalid or not
+/// set in the environment.` for every look, alarming and meaningless: there is no
+/// display to find. Naming a display path that cannot exist makes that look fail
+/// quietly. A real session (either variable set) is left alone.
+fn quiet_missing_display() {
+    let unset = |k: &str| std::env::var_os(k).is_none_or(|v| v.is_empty());
+    if cfg!(target_os = "linux") && unset("XDG_RUNTIME_DIR") && unset("WAYLAND_DISPLAY") && unset("WAYLAND_SOCKET") {
+        // SAFETY: the first thing main does, before any thread exists.
+        unsafe { std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/wgtrain-no-display") };
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_missing_display();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WGTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

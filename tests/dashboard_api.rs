@@ -628,14 +628,21 @@ fn a_run_killed_mid_training_keeps_its_timelines() {
             .unwrap(),
     );
     let mut first = String::new();
-    std::io::BufReader::new(dash.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    std::io::BufReader::new(dash.0.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
     let url = first.split_whitespace().nth(1).unwrap_or_else(|| panic!("{first}"));
     let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().unwrap();
     let (status, run) = json(addr, "/api/runs/killed");
     assert_eq!(status, 200, "{run}");
     assert_eq!(run["finished"], false, "a killed run never finished");
     assert!(run["info"]["parameters"].as_u64().is_some());
-    let steps: Vec<u64> = run["timeline_steps"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
+    let steps: Vec<u64> = run["timeline_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
     assert!(steps.len() >= 3 && steps[..3] == [1, 2, 3], "{steps:?}");
     for step in steps {
         let (status, t) = json(addr, &format!("/api/runs/killed/timeline?step={step}"));

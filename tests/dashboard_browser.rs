@@ -1,7 +1,10 @@
 //! The dashboard in a real headless Chromium (Debian's `chromium`, which the README's
 //! test command installs): the page opens before training starts, follows the run
 //! live, and must show the run's real numbers (the peak equals the log's, the step
-//! count, the last loss, the pages, a profiled step's kernel table). Screenshots of each view are saved under
+//! count, the last loss, the pages, a profiled step's kernel table); from a runs folder
+//! it opens on the peak (the largest block's name without any interaction), shows the
+//! what-if estimates, opens a step clicked in the memory chart, and compares two runs.
+//! Screenshots of each view are saved under
 //! target/dashboard-screenshots (and WGTRAIN_SCREENSHOT_DIR when set, e.g. docs/).
 
 use std::path::{Path, PathBuf};
@@ -148,8 +151,9 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert_eq!(rows.len(), logged.len().min(25), "{table}");
     assert!(rows[0].starts_with(logged[0]["name"].as_str().unwrap()), "{table}");
 
-    // Allocator pages: as many as the recorder's last step saw.
-    let pages = rec.with(|r| r.pages.len());
+    // Allocator pages: those of the step shown (by default the peak step), at its peak.
+    let shown_step = number(&tl.get_attribute_value("data-step").unwrap().unwrap()) as u64;
+    let pages = rec.with(|r| r.timelines[&shown_step].pages.len());
     let shown_pages = tab.find_element("#page-count").unwrap().get_inner_text().unwrap();
     assert_eq!(number(&shown_pages) as usize, pages);
 
@@ -174,7 +178,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     if let Ok(extra) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
         outs.push(PathBuf::from(extra));
     }
-    for view in ["memory", "timeline", "allocator", "training"] {
+    for view in ["memory", "peak-panel", "whatif", "timeline", "allocator", "training"] {
         let png = tab
             .find_element(&format!("#{view}"))
             .unwrap()
@@ -186,6 +190,29 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
             std::fs::write(out.join(format!("dashboard-{view}.png")), &png).unwrap();
         }
     }
+
+    // A second run beside it in the folder, to compare with.
+    let other = Config::parse(
+        "",
+        &[
+            "model.hidden=[16]".into(),
+            "data.train_limit=1280".into(),
+            "data.eval_limit=200".into(),
+            "train.batch_size=64".into(),
+            "train.steps=20".into(),
+            "train.lr=3e-3".into(),
+        ],
+    )
+    .unwrap();
+    let other_log = dir.join("other.jsonl");
+    Trainer::new(other, None)
+        .unwrap()
+        .run(&RunOptions {
+            log: Some(other_log.clone()),
+            observer: Some(Recorder::new("other", Some(record_path(&other_log)))),
+            ..Default::default()
+        })
+        .unwrap();
 
     // The same run, finished, from its files (`wgtrain dashboard --runs`).
     let finished = Dashboard::start(Options {
@@ -208,4 +235,80 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let status = tab2.find_element("#status").unwrap().get_inner_text().unwrap();
     assert!(status.contains("finished"), "{status}");
     tab2.wait_for_element("#timeline-chart").unwrap();
+
+    // The peak, first, without any interaction: the peak step's largest block by name.
+    let peak_step = steps.iter().find(|l| l["mem"]["peak"].as_u64() == Some(peak)).unwrap()["step"]
+        .as_u64()
+        .unwrap();
+    let expected = rec.with(|r| r.timelines[&peak_step].peak());
+    let top = tab2.wait_for_element("#peak-top").unwrap();
+    assert_eq!(
+        top.get_attribute_value("data-label").unwrap().as_deref(),
+        Some(expected.blocks[0].label.as_str())
+    );
+    assert!(top.get_inner_text().unwrap().contains(&expected.blocks[0].label));
+    let shown = tab2
+        .find_element("#peak-bytes")
+        .unwrap()
+        .get_attribute_value("data-bytes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&shown), peak as f64);
+    assert_eq!(
+        number(&tab2.find_element("#peak-step").unwrap().get_inner_text().unwrap()),
+        peak_step as f64
+    );
+    let rows = tab2.find_element("#peak-blocks").unwrap().get_inner_text().unwrap();
+    assert!(rows.contains(&expected.blocks[1].label), "{rows}");
+    assert!(rows.contains("backward") || rows.contains("forward"), "{rows}");
+
+    // What-if: the run as configured (its estimate is the log's peak) and other policies.
+    tab2.wait_for_element("#whatif-table").unwrap();
+    let whatif = rec.with(|r| r.info.clone().unwrap().whatif);
+    assert!(whatif.len() >= 3);
+    let first = tab2.find_element("#whatif-table tr[data-change=\"\"]").unwrap();
+    assert_eq!(number(&first.get_attribute_value("data-peak").unwrap().unwrap()), peak as f64);
+    let table = tab2.find_element("#whatif-table").unwrap().get_inner_text().unwrap();
+    for w in &whatif[1..] {
+        assert!(table.contains(&w.change), "{} missing from {table}", w.change);
+    }
+
+    // A click in the memory chart opens that step: its timeline, its peak, the URL.
+    let chart = tab2.find_element("#memory-chart").unwrap();
+    let b = chart.get_box_model().unwrap();
+    let (left, width) = (b.content.top_left.x, b.width);
+    let (top_y, height) = (b.content.top_left.y, b.height);
+    // The plot spans x 72..890 of the 900 units across, steps 1..STEPS.
+    let target = STEPS;
+    let x = left + width * 890.0 / 900.0 - 1.0;
+    tab2.click_point(headless_chrome::browser::tab::point::Point {
+        x,
+        y: top_y + height * 0.5,
+    })
+    .unwrap();
+    tab2.wait_for_element(&format!("#timeline-chart[data-step=\"{target}\"]"))
+        .expect("the clicked step's timeline");
+    let step_shown = tab2.find_element("#peak-step").unwrap().get_inner_text().unwrap();
+    assert_eq!(number(&step_shown), target as f64);
+    let at_target = rec.with(|r| r.timelines[&target].peak());
+    assert_eq!(
+        tab2.find_element("#peak-top")
+            .unwrap()
+            .get_attribute_value("data-label")
+            .unwrap()
+            .as_deref(),
+        Some(at_target.blocks[0].label.as_str())
+    );
+    assert!(tab2.get_url().contains(&format!("step={target}")), "{}", tab2.get_url());
+
+    // Run comparison: the other run's loss over this one's, and their config difference.
+    tab2.find_element("#compare input[data-run=\"other\"]").unwrap().click().unwrap();
+    tab2.wait_for_element("#loss-chart path[data-series=\"other train loss\"]")
+        .expect("the compared run's loss");
+    let diff = tab2.wait_for_element("#config-diff").unwrap().get_inner_text().unwrap();
+    assert!(
+        diff.contains("train.lr") && diff.contains("model.hidden") && !diff.contains("train.batch_size"),
+        "{diff}"
+    );
+    assert!(tab2.get_url().contains("compare=other"), "{}", tab2.get_url());
 }

@@ -1,4 +1,5 @@
-//! `wgtrain devices [--json]`: every adapter with the facts kernels choose by.
+//! `wgtrain devices [--json] [--gl]`: every adapter with the facts kernels choose by
+//! (GL's adapters too with --gl, or when no native backend has one).
 //!
 //! May call: `wgtrain_engine::device`, `commands`.
 
@@ -14,11 +15,14 @@ pub struct DevicesArgs {
     /// Print JSON (a list, one object per adapter).
     #[arg(long)]
     json: bool,
+    /// Also probe the GL backend (`--adapter gl` selects its adapter).
+    #[arg(long)]
+    gl: bool,
 }
 
 /// Lists adapters.
 pub fn run(args: DevicesArgs) -> CliResult {
-    let adapters = device::list_adapters();
+    let adapters = device::list_adapters_for(args.gl.then_some("gl"));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&adapters)?);
         return Ok(());

@@ -142,25 +142,54 @@ pub struct Gpu {
     uncaptured: Arc<Mutex<Vec<DeviceError>>>,
 }
 
-fn make_instance() -> wgpu::Instance {
+fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     if std::env::var_os("WGPU_BACKEND").is_none() {
-        desc.backends = wgpu::Backends::all();
+        desc.backends = backends;
     }
     // Validation layers are for debugging wgpu itself; they cost time and print noise.
     desc.flags.remove(wgpu::InstanceFlags::VALIDATION);
     wgpu::Instance::new(desc)
 }
 
-/// Every adapter on every backend, in enumeration order (what `--adapter N` indexes).
+fn adapters_on(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    let instance = make_instance(backends);
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+/// Every adapter on the native backends (Vulkan, Metal, DX12, WebGPU), in enumeration
+/// order (what `--adapter N` indexes); GL's too only when no native one exists. GL is
+/// not probed otherwise: on a machine without a display Mesa's EGL prints
+/// `XDG_RUNTIME_DIR is invalid` for nothing, and GL lacks most compute features.
 pub fn enumerate_adapters() -> Vec<wgpu::Adapter> {
-    let instance = make_instance();
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    enumerate_adapters_for(None)
+}
+
+/// As [`enumerate_adapters`], with GL's adapters also when `selector` asks for them
+/// (the backend name "gl", or an index past the native adapters).
+pub fn enumerate_adapters_for(selector: Option<&str>) -> Vec<wgpu::Adapter> {
+    let native = adapters_on(wgpu::Backends::all() - wgpu::Backends::GL);
+    let sel = selector.map(|s| s.trim().to_ascii_lowercase());
+    let wants_gl = match sel.as_deref() {
+        Some("gl") => true,
+        Some(s) => s.parse::<usize>().is_ok_and(|i| i >= native.len()),
+        None => false,
+    };
+    if native.is_empty() || wants_gl {
+        drop(native);
+        return adapters_on(wgpu::Backends::all());
+    }
+    native
 }
 
 /// Reports for every adapter.
 pub fn list_adapters() -> Vec<AdapterReport> {
-    enumerate_adapters()
+    list_adapters_for(None)
+}
+
+/// Reports for the adapters [`enumerate_adapters_for`] finds.
+pub fn list_adapters_for(selector: Option<&str>) -> Vec<AdapterReport> {
+    enumerate_adapters_for(selector)
         .iter()
         .enumerate()
         .map(|(i, a)| report::adapter_report(i, a))
@@ -220,7 +249,7 @@ pub fn choose_adapter(adapters: &[wgpu::Adapter], selector: Option<&str>) -> Res
 impl Gpu {
     /// Opens the adapter `selector` names (see [`choose_adapter`]).
     pub fn open(selector: Option<&str>) -> Result<Gpu, DeviceError> {
-        let mut adapters = enumerate_adapters();
+        let mut adapters = enumerate_adapters_for(selector);
         let index = choose_adapter(&adapters, selector)?;
         let adapter = adapters.swap_remove(index);
         Gpu::open_adapter(index, adapter)

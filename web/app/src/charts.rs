@@ -7,7 +7,7 @@
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
-use wgtrain_protocol::StepLog;
+use wgtrain_protocol::{Category, StepLog};
 
 /// The plot's size in SVG units (it scales to its box).
 pub const W: f64 = 900.0;
@@ -32,12 +32,16 @@ pub fn y_span() -> (f64, f64) {
 
 /// Round ticks covering [lo, hi]: about `n` of them at 1, 2 or 5 x 10^k.
 pub fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
-    if !(hi > lo) || !lo.is_finite() || !hi.is_finite() {
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) || !lo.is_finite() || !hi.is_finite() {
         return vec![lo];
     }
     let raw = (hi - lo) / n.max(1) as f64;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
     let first = (lo / step).ceil() * step;
     (0..)
         .map(|i| first + i as f64 * step)
@@ -153,7 +157,7 @@ pub fn number(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
         "0".into()
-    } else if a >= 1e6 || a < 1e-3 {
+    } else if !(1e-3..1e6).contains(&a) {
         format!("{v:.1e}")
     } else if a >= 100.0 || (v - v.round()).abs() < 1e-9 {
         format!("{v:.0}")
@@ -279,7 +283,9 @@ impl Brush {
         move || {
             let (s, n) = (start.get()?, now.get()?);
             let (top, bottom) = y_span();
-            Some(view! { <rect class="brush" x=s.min(n) y=top width=(n - s).abs() height=bottom - top fill="#4e79a7" fill-opacity="0.15" /> })
+            Some(
+                view! { <rect class="brush" x=s.min(n) y=top width=(n - s).abs() height=bottom - top fill="#4e79a7" fill-opacity="0.15" /> },
+            )
         }
     }
 }
@@ -320,7 +326,11 @@ pub fn line_chart(id: &'static str, series: Vec<Series>, o: ChartOptions, zoom: 
             log: true,
         }
     } else {
-        let lo = if ylo >= 0.0 && ylo < 0.5 * yhi { 0.0 } else { ylo - 0.05 * (yhi - ylo) };
+        let lo = if ylo >= 0.0 && ylo < 0.5 * yhi {
+            0.0
+        } else {
+            ylo - 0.05 * (yhi - ylo)
+        };
         let hi = yhi + 0.08 * (yhi - lo).max(1e-9);
         let ticks = nice_ticks(lo, hi, 4);
         Scale {
@@ -375,4 +385,13 @@ pub fn line_chart(id: &'static str, series: Vec<Series>, o: ChartOptions, zoom: 
         </svg>
     }
     .into_any()
+}
+
+/// The categories' colours.
+pub fn legend() -> impl IntoView {
+    view! {
+        <div class="legend">
+            {Category::ALL.iter().map(|c| view! { <span style=format!("--c:{}", c.colour())>{c.name()}</span> }).collect_view()}
+        </div>
+    }
 }

@@ -2,13 +2,13 @@
 //! line, the cap drawn, the peak marked; hovering shows a step's numbers and a click
 //! opens that step in the peak, timeline and allocator views.
 //!
-//! May call: `charts`, the app's `Ctx`, `wgtrain_protocol`, leptos. Called by: the app.
+//! May call: `charts`, `state`, `wgtrain_protocol`, leptos. Called by: the app.
 
 use leptos::prelude::*;
 use wgtrain_protocol::{Category, StepLog, format_bytes, short_bytes};
 
-use crate::charts::{Brush, H, Scale, W, axes, byte_ticks, x_span, y_span};
-use crate::{Ctx, bytes, legend, steps};
+use crate::charts::{Brush, H, Scale, W, axes, byte_ticks, legend, x_span, y_span};
+use crate::state::{Ctx, bytes, steps};
 
 /// The memory chart (see the module).
 #[component]
@@ -91,7 +91,11 @@ pub fn MemoryView(ctx: Ctx) -> impl IntoView {
         let index_at = move |ev: &web_sys::MouseEvent| -> Option<usize> {
             let px = Brush::svg_x(ev)?;
             let v = x.invert(px);
-            steps_at.iter().enumerate().min_by(|a, b| (*a.1 as f64 - v).abs().total_cmp(&(*b.1 as f64 - v).abs())).map(|(i, _)| i)
+            steps_at
+                .iter()
+                .enumerate()
+                .min_by(|a, b| (*a.1 as f64 - v).abs().total_cmp(&(*b.1 as f64 - v).abs()))
+                .map(|(i, _)| i)
         };
         let index_click = index_at.clone();
         let clicked_steps: Vec<u64> = s.iter().map(|l| l.step).collect();
@@ -124,8 +128,7 @@ pub fn MemoryView(ctx: Ctx) -> impl IntoView {
                     <text x=x1 - 2.0 y=y.at(c) - 4.0 font-size="11" text-anchor="end" fill="#c0392b">"cap"</text>
                 })}
                 {chosen_x.map(|p| view! { <line id="chosen-step" x1=p x2=p y1=yt y2=yb stroke="#1d2330" stroke-width="2" stroke-opacity="0.5" data-step=chosen.unwrap_or(0).to_string() /> })}
-                <circle id="peak-marker" cx=xs[pi] cy=y.at(pv) r="5" fill="#c0392b" data-step=peak_step.to_string()
-                    on:mouseup=move |ev| { ev.stop_propagation(); ctx.choose(peak_step) } style="cursor:pointer" />
+                <circle id="peak-marker" cx=xs[pi] cy=y.at(pv) r="5" fill="#c0392b" data-step=peak_step.to_string() />
                 <text x=xs[pi] y=y.at(pv) - 8.0 font-size="11" text-anchor="middle">"peak"</text>
                 {move || hover.get().and_then(|i| xs.get(i).copied()).map(|p| view! { <line x1=p x2=p y1=yt y2=yb stroke="#555" /> })}
                 {brush.view()}

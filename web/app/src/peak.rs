@@ -3,12 +3,12 @@
 //! the phase it was made in; and what other memory policies would need, from the
 //! exact estimate (`/api/runs/NAME/whatif`), against the cap or the device's memory.
 //!
-//! May call: the app's `Ctx`, `wgtrain_protocol`, leptos. Called by: the app.
+//! May call: `state`, `wgtrain_protocol`, leptos. Called by: the app.
 
 use leptos::prelude::*;
 use wgtrain_protocol::{Category, PeakView, WhatIfView, format_bytes};
 
-use crate::{Ctx, api, get_json};
+use crate::state::{Ctx, api, get_json};
 
 /// Blocks listed before "show all".
 const SHOWN: usize = 12;
@@ -144,7 +144,8 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
         None => view! { <p class="empty">"estimating..."</p> }.into_any(),
         Some(Err(e)) => view! { <p class="empty">{e}</p> }.into_any(),
         Some(Ok(w)) if w.options.is_empty() => {
-            view! { <p class="empty">"no estimates recorded for this run (runs record them when a dashboard or --log watches)"</p> }.into_any()
+            view! { <p class="empty">"no estimates recorded for this run (runs record them when a dashboard or --log watches)"</p> }
+                .into_any()
         }
         Some(Ok(w)) => {
             let limit = w.limit_bytes;
@@ -157,7 +158,10 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
             };
             let limit_shown = limit.filter(|l| (*l as f64) <= scale);
             let get = |o: &wgtrain_protocol::WhatIf, k: &str| {
-                o.policy.get(k).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).unwrap_or_default()
+                o.policy
+                    .get(k)
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                    .unwrap_or_default()
             };
             let rows = w
                 .options

@@ -4,15 +4,16 @@
 //! kernel table where the step was profiled. Beside it the allocator's pages at that
 //! step's peak (or at its end): each page a bar of its blocks.
 //!
-//! May call: `charts`, `kernels`, the app's `Ctx`, `wgtrain_protocol`, leptos. Called
+//! May call: `charts`, `kernels`, `state`, `wgtrain_protocol`, leptos. Called
 //! by: the app.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use wgtrain_protocol::{Category, PageView, StepMemory, format_bytes, short_bytes};
 
-use crate::charts::{H, Scale, W, axes, byte_ticks, x_span, y_span};
-use crate::{Ctx, encode, kernels, legend, token_query};
+use crate::charts::{H, Scale, W, axes, byte_ticks, legend, x_span, y_span};
+use crate::kernels;
+use crate::state::{Ctx, encode, token_query};
 
 const FREE: &str = "#d9dce3";
 
@@ -102,7 +103,13 @@ pub fn TimelineView(ctx: Ctx) -> impl IntoView {
                 for (k, &(tm, yv)) in pts.iter().enumerate() {
                     let next = pts.get(k + 1).map_or(end, |p| p.0);
                     lower.push(format!("{:.1},{:.1} {:.1},{:.1}", x.at(tm), y.at(yv), x.at(next), y.at(yv)));
-                    upper.push(format!("{:.1},{:.1} {:.1},{:.1}", x.at(next), y.at(yv + size), x.at(tm), y.at(yv + size)));
+                    upper.push(format!(
+                        "{:.1},{:.1} {:.1},{:.1}",
+                        x.at(next),
+                        y.at(yv + size),
+                        x.at(tm),
+                        y.at(yv + size)
+                    ));
                 }
                 upper.reverse();
                 let points = format!("{} {}", lower.join(" "), upper.join(" "));
@@ -111,7 +118,11 @@ pub fn TimelineView(ctx: Ctx) -> impl IntoView {
                     b.label,
                     format_bytes(b.size),
                     b.category,
-                    if b.phase.is_empty() { "alive before the step" } else { b.phase.as_str() }
+                    if b.phase.is_empty() {
+                        "alive before the step"
+                    } else {
+                        b.phase.as_str()
+                    }
                 );
                 view! {
                     <polygon points=points fill=b.category.colour()
@@ -237,7 +248,12 @@ pub fn AllocatorView(ctx: Ctx) -> impl IntoView {
             .map(|b| b.size)
             .max()
             .unwrap_or(0);
-        let used_total: u64 = pages.iter().flat_map(|p| p.blocks.iter()).filter(|b| b.allocated).map(|b| b.size).sum();
+        let used_total: u64 = pages
+            .iter()
+            .flat_map(|p| p.blocks.iter())
+            .filter(|b| b.allocated)
+            .map(|b| b.size)
+            .sum();
         let events: Vec<String> = l
             .iter()
             .filter_map(|x| x.event.as_ref().map(|e| format!("step {}: {e}", x.step)))
@@ -283,7 +299,11 @@ pub fn AllocatorView(ctx: Ctx) -> impl IntoView {
     };
     let export = move |kind: &str| {
         let step = ctx.timeline.get().map(|t| format!("?step={}", t.step)).unwrap_or_default();
-        let q = if step.is_empty() { token_query(true) } else { format!("{step}{}", token_query(false)) };
+        let q = if step.is_empty() {
+            token_query(true)
+        } else {
+            format!("{step}{}", token_query(false))
+        };
         format!("/api/runs/{}/snapshot.{kind}{q}", encode(&name()))
     };
     view! {

@@ -3,7 +3,7 @@
 //! the loss scale, over steps or wall time, zoomed by dragging; the compared runs'
 //! config differences; the device, the run's config and kernel timings.
 //!
-//! May call: `charts`, `kernels`, the app's `Ctx`, `wgtrain_protocol`, leptos. Called
+//! May call: `charts`, `kernels`, `state`, `wgtrain_protocol`, leptos. Called
 //! by: the app.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,8 @@ use leptos::prelude::*;
 use wgtrain_protocol::{RunView, StepLog, format_bytes};
 
 use crate::charts::{ChartOptions, Series, XAxis, line_chart, number, smooth};
-use crate::{Ctx, api, get_json, kernels, steps};
+use crate::kernels;
+use crate::state::{Ctx, api, get_json, steps};
 
 /// Colours of compared runs, in order.
 const OTHERS: [&str; 6] = ["#f28e2b", "#76b7b2", "#b07aa1", "#9c755f", "#edc948", "#59a14f"];
@@ -73,7 +74,11 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
         let t0 = l.iter().find_map(|x| x.time);
         let pt = |lines: &[StepLog], value: fn(&StepLog) -> Option<f64>| -> Vec<(f64, f64)> {
             let t0 = lines.iter().find_map(|x| x.time);
-            lines.iter().filter(|x| x.is_step()).filter_map(|x| Some((ax.of(x, t0)?, value(x)?))).collect()
+            lines
+                .iter()
+                .filter(|x| x.is_step())
+                .filter_map(|x| Some((ax.of(x, t0)?, value(x)?)))
+                .collect()
         };
         let w = smoothing.get();
         let loss = pt(&l, |x| x.loss);
@@ -154,7 +159,13 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
     };
     let compare_list = move || {
         let current = ctx.run_name.get();
-        let entries: Vec<String> = ctx.runs.get().into_iter().map(|r| r.name).filter(|n| Some(n) != current.as_ref()).collect();
+        let entries: Vec<String> = ctx
+            .runs
+            .get()
+            .into_iter()
+            .map(|r| r.name)
+            .filter(|n| Some(n) != current.as_ref())
+            .collect();
         if entries.is_empty() {
             return view! { <span class="small">"no other runs to compare (a runs folder with several logs has them)"</span> }.into_any();
         }
@@ -214,7 +225,10 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
                     ("adapter".into(), d.name.clone()),
                     ("backend".into(), d.backend.clone()),
                     ("driver".into(), d.driver.clone()),
-                    ("memory".into(), d.memory_bytes.map(format_bytes).unwrap_or_else(|| "not reported".into())),
+                    (
+                        "memory".into(),
+                        d.memory_bytes.map(format_bytes).unwrap_or_else(|| "not reported".into()),
+                    ),
                     ("features".into(), d.features.join(", ")),
                     ("parameters".into(), info.parameters.to_string()),
                     ("notes".into(), info.notes.join("; ")),
