@@ -180,6 +180,9 @@ pub struct Series {
     pub faint: bool,
 }
 
+/// A series' name, colour and visible points.
+type Named = (String, String, Vec<(f64, f64)>);
+
 /// How a line chart is drawn.
 pub struct ChartOptions {
     /// The y axis' labels.
@@ -355,7 +358,7 @@ pub fn line_chart(id: &'static str, series: Vec<Series>, o: ChartOptions, zoom: 
                 .enumerate()
                 .map(|(i, p)| format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, x.at(p.0), y.at(p.1)))
                 .collect();
-            let dots = (!s.faint && pts.len() <= 200).then(|| {
+            let dots = (!s.faint && pts.len() <= 60).then(|| {
                 pts.iter()
                     .map(|p| view! { <circle cx=x.at(p.0) cy=y.at(p.1) r="2" fill=s.colour.clone() /> })
                     .collect_view()
@@ -371,18 +374,61 @@ pub fn line_chart(id: &'static str, series: Vec<Series>, o: ChartOptions, zoom: 
         .map(|m| view! { <line x1=x.at(*m) x2=x.at(*m) y1=top y2=bottom stroke="#c0392b" stroke-dasharray="2,2" /> })
         .collect_view();
     let brush = Brush::new();
-    let y_ticks = y.ticks(4);
+    let y_ticks = y.ticks(6);
+    // Hover: the nearest x of the solid series, each one's value there highlighted.
+    let hover = RwSignal::new(None::<f64>);
+    let solid: Vec<Named> = series
+        .iter()
+        .filter(|s| !s.faint)
+        .map(|s| (s.name.clone(), s.colour.clone(), s.points.iter().filter(visible).copied().collect()))
+        .collect();
+    let xs_all: Vec<f64> = solid.iter().flat_map(|s| s.2.iter().map(|p| p.0)).collect();
+    let y_fmt = o.y_fmt;
+    let at_x = move |v: f64, pts: &[(f64, f64)]| -> Option<(f64, f64)> {
+        pts.iter()
+            .copied()
+            .min_by(|a, b| (a.0 - v).abs().total_cmp(&(b.0 - v).abs()))
+            .filter(|p| (p.0 - v).abs() <= (xhi - xlo) / 50.0)
+    };
+    let hover_view = {
+        let solid = solid.clone();
+        move || {
+            let v = hover.get()?;
+            let dots = solid
+                .iter()
+                .filter_map(|(_, c, pts)| {
+                    at_x(v, pts).map(|p| view! { <circle cx=x.at(p.0) cy=y.at(p.1) r="4" fill="none" stroke=c.clone() stroke-width="2" /> })
+                })
+                .collect_view();
+            Some(view! { <line x1=x.at(v) x2=x.at(v) y1=top y2=bottom stroke="#555" stroke-dasharray="2,2" />{dots} })
+        }
+    };
+    let tip = move || {
+        let v = hover.get()?;
+        let parts: Vec<String> = solid
+            .iter()
+            .filter_map(|(n, _, pts)| at_x(v, pts).map(|p| format!("{n} {}", y_fmt(p.1))))
+            .collect();
+        (!parts.is_empty()).then(|| format!("{} {} · {}", o.x_name, number(v), parts.join(" · ")))
+    };
+    let nearest_x = move |ev: &web_sys::MouseEvent| -> Option<f64> {
+        let v = x.invert(Brush::svg_x(ev)?);
+        xs_all.iter().copied().min_by(|a, b| (a - v).abs().total_cmp(&(b - v).abs()))
+    };
     view! {
         <div class="legend">{legend}</div>
         <svg id=id class="chart" viewBox=format!("0 0 {W} {H}") data-zoomed=o.zoom.is_some().to_string()
             on:mousedown=move |ev| brush.down(&ev)
-            on:mousemove=move |ev| brush.moved(&ev)
+            on:mousemove=move |ev| { brush.moved(&ev); hover.set(nearest_x(&ev)) }
+            on:mouseleave=move |_| hover.set(None)
             on:mouseup=move |ev| if let Some(r) = brush.up(&ev, x) { zoom.set(Some(r)) }>
             {axes(x, y, o.y_fmt, y_ticks, o.x_name.to_string())}
             {marks}
             {paths}
+            {hover_view}
             {brush.view()}
         </svg>
+        <div class="tip chart-tip">{tip}</div>
     }
     .into_any()
 }
