@@ -177,9 +177,6 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                     view! {
                         <tr class=class data-change=o.change.clone() data-peak=o.peak_bytes.to_string()>
                             <td>{change}</td>
-                            <td>{get(o, "precision")}</td>
-                            <td>{get(o, "checkpoint")}</td>
-                            <td class="num">{get(o, "micro_batch_size")}</td>
                             <td class="num">{format_bytes(o.peak_bytes)}</td>
                             <td class="num">{format_bytes(o.peak_reserved_bytes)}</td>
                             <td class="num">{format!("{:+.0}%", 100.0 * (o.peak_bytes as f64 / base - 1.0))}</td>
@@ -193,15 +190,22 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                     }
                 })
                 .collect_view();
+            let run = &w.options[0];
+            let as_run = ["precision", "checkpoint", "micro_batch_size", "optimizer_in_backward"]
+                .iter()
+                .filter(|k| run.policy.contains_key(**k))
+                .map(|k| format!("{} {}", k.replace('_', " "), get(run, k)))
+                .collect::<Vec<_>>()
+                .join(", ");
             view! {
+                <p class="small" id="whatif-run">{format!("as run: {as_run}")}</p>
                 <p class="small">{match limit {
                     Some(l) => format!("estimated peaks of this run's config with one memory setting changed; \"fits\": reserved within {} (the cap, else the device's memory{})",
                         format_bytes(l), if limit_shown.is_some() { ", the red line" } else { "" }),
                     None => "estimated peaks of this run's config with one memory setting changed".to_string(),
                 }}</p>
                 <table id="whatif-table">
-                    <tr><th>"change"</th><th>"precision"</th><th>"checkpoint"</th><th class="num">"micro-batch"</th>
-                        <th class="num">"peak"</th><th class="num">"reserved"</th><th class="num">"peak vs run"</th><th>"fits"</th><th>"peak / reserved"</th></tr>
+                    <tr><th>"change"</th><th class="num">"peak"</th><th class="num">"reserved"</th><th class="num">"peak vs run"</th><th>"fits"</th><th>"peak / reserved"</th></tr>
                     {rows}
                 </table>
             }
