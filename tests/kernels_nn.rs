@@ -424,18 +424,22 @@ fn embedding_gathers_and_scatter_adds_deterministically() {
         .flat_map(|&i| table[i as usize * c..(i as usize + 1) * c].iter().map(|&x| x as f64))
         .collect();
     assert_close(&rt, "gather", &out, &want, 1);
-    // The short list takes the one-pass walk; the long one the chunked passes.
+    // The short lists take the sorted walk (one of them over more than a tile of
+    // tokens, and with an id past the table); the long one the chunked passes.
     let long: Vec<i32> = (0..1000).map(|_| (rng.next_u64() % v as u64) as i32).collect();
+    let mut sorted: Vec<i32> = (0..300).map(|_| (rng.next_u64() % v as u64) as i32).collect();
+    sorted[17] = v as i32;
     assert_eq!(embedding::scatter_chunks(ids.len(), v, c), 1);
+    assert_eq!(embedding::scatter_chunks(sorted.len(), v, c), 1);
     assert_eq!(embedding::scatter_chunks(long.len(), v, c), 3);
     assert_eq!(embedding::scatter_chunks(8192, 50257, 768), 1, "GPT-2's partials exceed the budget");
-    for ids in [ids, long] {
+    for ids in [ids, sorted, long] {
         let it = Tensor::from_i32(&rt, &ids, &[1, ids.len()], Category::Input, "ids").unwrap();
         let dout = rng.vec(ids.len() * c, -1.0, 1.0);
         let dt = upload(&rt, &dout, &[1, ids.len(), c], DType::F32);
         let base = rng.vec(v * c, -1.0, 1.0);
         let mut want: Vec<f64> = f64s(&base);
-        for (i, &id) in ids.iter().enumerate() {
+        for (i, &id) in ids.iter().enumerate().filter(|(_, id)| (**id as usize) < v) {
             for j in 0..c {
                 want[id as usize * c + j] += dout[i * c + j] as f64;
             }
@@ -448,6 +452,16 @@ fn embedding_gathers_and_scatter_adds_deterministically() {
             runs.push(dtable.to_f32_vec(&rt).unwrap());
         }
         assert_eq!(runs[0], runs[1], "bitwise equal across runs");
+        if embedding::scatter_chunks(ids.len(), v, c) == 1 {
+            // The sorted walk adds each id's rows in token order, as one thread would.
+            let mut seq = base.clone();
+            for (i, &id) in ids.iter().enumerate().filter(|(_, id)| (**id as usize) < v) {
+                for j in 0..c {
+                    seq[id as usize * c + j] += dout[i * c + j];
+                }
+            }
+            assert_eq!(runs[0], seq, "the sorted walk adds in token order");
+        }
     }
     finish(&rt);
 }

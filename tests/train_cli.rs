@@ -1,7 +1,7 @@
 //! `wgtrain train` end to end on Fashion-MNIST subsets: the JSONL log, resume equal to
 //! an uninterrupted run step for step, a corrupted checkpoint refused, a save killed
-//! mid-way leaving the previous checkpoint loadable, and config errors that say what
-//! is wrong.
+//! mid-way leaving the previous checkpoint loadable, config errors that say what is
+//! wrong, and a fresh run refusing another run's log.
 
 mod cli;
 
@@ -425,4 +425,28 @@ fn optimizer_in_backward_gives_the_same_losses_with_a_lower_peak() {
         &[],
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be combined with gradient accumulation"));
+}
+
+#[test]
+fn a_fresh_run_never_appends_to_another_runs_log() {
+    let dir = scratch("logreuse");
+    let log = dir.join("run.jsonl");
+    let ckpt = dir.join("ckpt");
+    let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=2"]);
+    args.extend(["--log".into(), log.display().to_string()]);
+    run_ok(&args, &[]);
+    let first = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(losses(&log).len(), 2);
+    // Again onto the same log: refused before training, the log untouched.
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let out = wgtrain(&refs, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already holds a run") && err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), first);
+    // With --overwrite: a new run in its place, not appended.
+    args.push("--overwrite".into());
+    run_ok(&args, &[]);
+    let steps: Vec<u64> = losses(&log).iter().map(|l| l.0).collect();
+    assert_eq!(steps, [1, 2]);
 }

@@ -30,20 +30,21 @@ pub const PARTIAL_BUDGET: usize = 64 << 20;
 /// Fewest tokens per chunk of the chunked scatter-add.
 const MIN_CHUNK: usize = 256;
 
-/// The template values of one variant (mode 0 gather, 1 scatter-add, 2 and 3 the chunked
-/// scatter-add's passes).
+/// The template values of one variant (mode 0 gather; 1 and 4 the sorted scatter-add's
+/// rank and walk; 2 and 3 the chunked scatter-add's passes).
 pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
     vec![
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().into()),
         ("MODE", mode.to_string()),
-        ("PARTIALS", (mode >= 2).to_string()),
+        ("PARTIALS", (mode == 2 || mode == 3).to_string()),
+        ("SORTED", (mode == 1 || mode == 4).to_string()),
     ]
 }
 
 /// Chunks of the chunked scatter-add for `n` tokens into a [V, C] table: as many as the
 /// tokens allow (at least MIN_CHUNK each) while the partial tables fit
-/// [`PARTIAL_BUDGET`]; 1 means the one-pass walk.
+/// [`PARTIAL_BUDGET`]; 1 means the sorted walk instead.
 pub fn scatter_chunks(n: usize, v: usize, c: usize) -> usize {
     let fit = PARTIAL_BUDGET / (v * c * 4).max(1);
     (n / MIN_CHUNK).min(fit).clamp(1, 65535)
@@ -90,7 +91,8 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
     Ok(out)
 }
 
-/// dtable[ids[i], :] += dout[i, :], in token order.
+/// dtable[ids[i], :] += dout[i, :], in token order: chunked into partial tables where
+/// they fit [`PARTIAL_BUDGET`], else by a stable sort of the tokens by id.
 pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -> Result<(), Error> {
     let (n, v, c) = check(ids, dtable)?;
     check_tensor("embedding dout", dout, dtable.dtype())?;
@@ -135,14 +137,28 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
             grid((v * c).div_ceil(256) as u32),
         );
     }
+    // Sorted: rank the tokens by (id, position), then each id's first position walks its
+    // tokens in order, all ids in parallel.
     params.chunk = n as u32;
-    let kernel = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 3, || {
+    let perm = Tensor::empty(rt, &[n], DType::I32, Category::Temporary, "embedding order")?;
+    let rank = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 4, || {
         render("embedding", SOURCE, &variant(1, dtable.dtype()))
     })?;
     rt.launch(
-        &kernel,
+        &rank,
         bytemuck::bytes_of(&params),
-        &[ids, dtable, dout],
-        grid(c.div_ceil(256) as u32),
+        &[ids, dtable, dout, &perm],
+        grid(n.div_ceil(256) as u32),
+    )?;
+    let walk = rt.kernel(KernelKey::new("embedding", &[4, dtable.dtype() as u32]), 4, || {
+        render("embedding", SOURCE, &variant(4, dtable.dtype()))
+    })?;
+    rt.launch_with_work(
+        &walk,
+        bytemuck::bytes_of(&params),
+        &[ids, dtable, dout, &perm],
+        grid((n * c).div_ceil(256) as u32),
+        Some((n * c) as f64),
+        1,
     )
 }

@@ -89,7 +89,16 @@ pub fn describe(key: &KernelKey) -> String {
             "optim {}",
             ["unscale + non-finite check", "adamw", "sgd"].get(v[0] as usize).unwrap_or(&"?")
         ),
-        "embedding" => format!("embedding {} {}", if v[0] == 0 { "gather" } else { "scatter-add" }, dtype(v[1])),
+        "embedding" => format!(
+            "embedding {} {}",
+            match v[0] {
+                0 => "gather",
+                1 => "scatter-add rank",
+                4 => "scatter-add sorted walk",
+                _ => "scatter-add chunked",
+            },
+            dtype(v[1])
+        ),
         "cross_entropy" => format!("cross_entropy {}{}", dtype(v[0]), if v[1] == 1 { " +backward" } else { "" }),
         "flash_attention" => format!(
             "flash_attention {} {}{} d{} tile{} {}",

@@ -122,7 +122,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 super::cross_entropy::variant(t, backward),
             )?;
         }
-        for mode in 0..4 {
+        for mode in 0..5 {
             push(
                 &mut out,
                 "embedding",
