@@ -145,6 +145,40 @@ fn fp16_mixed_trains_like_fp32_and_logs_scale_and_skips() {
 }
 
 #[test]
+fn the_step_without_read_backs_equals_the_step_that_reads_the_flag_first() {
+    // Without clipping, fp16-mixed skips overflowing updates on the device and reads
+    // the flag at the step's end; with clipping (at a norm never reached) it reads the
+    // flag before the update. The runs must agree bit for bit, skipped steps included.
+    let dir = temp("ondevice");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let base = [
+        "train.steps=14",
+        "data.eval_limit=4",
+        "memory.precision=\"fp16-mixed\"",
+        "memory.init_scale=1e9",
+        ckpt.as_str(),
+    ];
+    let run = |clip: &str| {
+        let mut s = sets(&base);
+        s.extend(sets(&[clip]));
+        train(config("char_gpt.toml", &s), &dir).1
+    };
+    let on_device = run("train.grad_clip=0");
+    let read_first = run("train.grad_clip=1e30");
+    let skipped = |l: &Value| l["skipped"].as_bool().unwrap();
+    let pattern: Vec<bool> = on_device.iter().map(skipped).collect();
+    assert!(
+        pattern.contains(&true) && pattern.contains(&false),
+        "some steps skipped, not all: {pattern:?}"
+    );
+    for (a, b) in on_device.iter().zip(&read_first) {
+        for k in ["loss", "scale", "skipped"] {
+            assert_eq!(a[k], b[k], "step {} {k}", a["step"]);
+        }
+    }
+}
+
+#[test]
 fn fp16_mixed_without_shader_f16_is_a_clear_error_or_the_asked_fallback() {
     let dir = temp("nof16");
     let bin = env!("CARGO_BIN_EXE_wgtrain");

@@ -34,6 +34,8 @@ pub struct Optimizer {
     found_inf: Option<Tensor>,
     /// States made but not yet used (SGD's first use copies the gradient in).
     fresh: std::collections::HashSet<usize>,
+    /// The fresh states the current step used (given back if the step is undone).
+    used_fresh: Vec<usize>,
 }
 
 impl Optimizer {
@@ -45,6 +47,7 @@ impl Optimizer {
             state: Vec::new(),
             found_inf: None,
             fresh: Default::default(),
+            used_fresh: Vec::new(),
         }
     }
 
@@ -61,6 +64,13 @@ impl Optimizer {
     /// memory the step needs is allocated before any parameter changes, so a step that
     /// runs out of memory leaves parameters and state as they were (and can be retried).
     pub fn step(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<(), Error> {
+        self.step_unless(rt, params, lr, None)
+    }
+
+    /// [`Optimizer::step`], each update skipped on the device when `found` (a flag on
+    /// the device, GradScaler's inf/NaN check) is non-zero: nothing waits for the flag.
+    /// A caller that then reads a set flag calls [`Optimizer::undo_skipped_step`].
+    pub fn step_unless(&mut self, rt: &Runtime, params: &Params, lr: f32, found: Option<&Tensor>) -> Result<(), Error> {
         if self.state.len() < params.list.len() {
             self.state.resize_with(params.list.len(), || None);
         }
@@ -71,9 +81,17 @@ impl Optimizer {
         }
         self.begin_step(rt, params.list.len())?;
         for (i, p) in params.list.iter().enumerate() {
-            self.update_param(rt, i, p, lr)?;
+            self.update_param_unless(rt, i, p, lr, found)?;
         }
         Ok(())
+    }
+
+    /// Undoes the bookkeeping of a step whose updates the device skipped: the step
+    /// count and the fresh states are as if the step had not been taken (PyTorch's
+    /// GradScaler does not call the optimizer's step then).
+    pub fn undo_skipped_step(&mut self) {
+        self.step = self.step.saturating_sub(1);
+        self.fresh.extend(self.used_fresh.drain(..));
     }
 
     /// Starts a step: counts it and makes room for `n_params` states. A step is one
@@ -88,6 +106,7 @@ impl Optimizer {
             self.found_inf = Some(f);
         }
         self.step += 1;
+        self.used_fresh.clear();
         Ok(())
     }
 
@@ -109,12 +128,29 @@ impl Optimizer {
 
     /// Updates parameter `i` from its gradient (nothing if it has none).
     pub fn update_param(&mut self, rt: &Runtime, i: usize, p: &crate::autograd::Param, lr: f32) -> Result<(), Error> {
+        self.update_param_unless(rt, i, p, lr, None)
+    }
+
+    fn update_param_unless(
+        &mut self,
+        rt: &Runtime,
+        i: usize,
+        p: &crate::autograd::Param,
+        lr: f32,
+        skip: Option<&Tensor>,
+    ) -> Result<(), Error> {
         let Some(grad) = &p.grad else { return Ok(()) };
         self.ensure_state(rt, i, p)?;
         // SGD's first use of a buffer copies the gradient into it (PyTorch).
         let first = self.fresh.remove(&i);
+        if first {
+            self.used_fresh.push(i);
+        }
         let (m, v) = self.state[i].as_ref().expect("made above");
-        let found = self.found_inf.as_ref().expect("begin_step made it");
+        let (found, skip_if_found) = match skip {
+            Some(f) => (f, true),
+            None => (self.found_inf.as_ref().expect("begin_step made it"), false),
+        };
         let s = OptimState {
             param: &p.value,
             grad,
@@ -122,8 +158,8 @@ impl Optimizer {
             v,
         };
         match self.rule {
-            Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, false),
-            Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, false),
+            Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, skip_if_found),
+            Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, skip_if_found),
         }
     }
 }

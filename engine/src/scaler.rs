@@ -61,6 +61,13 @@ impl GradScaler {
     /// Divides every gradient by the scale; returns true if any was inf or NaN (the
     /// step must then be skipped).
     pub fn unscale(&self, rt: &Runtime, params: &Params) -> Result<bool, Error> {
+        let found = self.unscale_on_device(rt, params)?;
+        Ok(found.to_f32_vec(rt)?[0] != 0.0)
+    }
+
+    /// [`GradScaler::unscale`] without reading the answer back: the flag stays on the
+    /// device (non-zero: some gradient was inf or NaN), for kernels that skip on it.
+    pub fn unscale_on_device(&self, rt: &Runtime, params: &Params) -> Result<Tensor, Error> {
         let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
         fill(rt, &found, 0.0)?;
         let inv = 1.0 / self.scale;
@@ -69,7 +76,7 @@ impl GradScaler {
                 unscale_and_check(rt, g, inv, &found)?;
             }
         }
-        Ok(found.to_f32_vec(rt)?[0] != 0.0)
+        Ok(found)
     }
 
     /// Updates the scale after a step (`found_inf`: the step was skipped).

@@ -49,7 +49,7 @@ pub struct Runtime {
     pub gpu: Arc<Gpu>,
     /// The allocator every tensor lives in.
     pub alloc: Allocator,
-    cache: PipelineCache,
+    cache: Arc<PipelineCache>,
     recorder: Mutex<Box<dyn Recorder>>,
     timestamps: bool,
     profiling: std::sync::atomic::AtomicBool,
@@ -59,6 +59,21 @@ impl Runtime {
     /// A runtime on `gpu` with a fresh allocator. With `options.dry` it is the memory
     /// estimate's dry run: the allocator keeps its books only and launches are dropped.
     pub fn new(gpu: Arc<Gpu>, options: AllocatorOptions) -> Result<Runtime, Error> {
+        Runtime::with_cache(gpu, options, Arc::default())
+    }
+
+    /// A dry runtime (the estimate's) on this runtime's device that shares its compiled
+    /// pipelines: what the estimate compiles, the run reuses, and the other way round.
+    pub fn dry_beside(&self) -> Result<Runtime, Error> {
+        let options = AllocatorOptions {
+            debug: Some(false),
+            cap: None,
+            dry: true,
+        };
+        Runtime::with_cache(self.gpu.clone(), options, self.cache.clone())
+    }
+
+    fn with_cache(gpu: Arc<Gpu>, options: AllocatorOptions, cache: Arc<PipelineCache>) -> Result<Runtime, Error> {
         let dry = options.dry;
         let alloc = Allocator::new(gpu.clone(), options)?;
         let recorder: Box<dyn Recorder> = if dry {
@@ -70,7 +85,7 @@ impl Runtime {
             timestamps: gpu.caps.timestamps && !dry,
             gpu,
             alloc,
-            cache: PipelineCache::default(),
+            cache,
             recorder: Mutex::new(recorder),
             profiling: std::sync::atomic::AtomicBool::new(false),
         })

@@ -69,7 +69,7 @@ impl Trainer {
             unigram_entropy: self.unigram_entropy,
         };
         let limit = self.rt.alloc.stats().cap.or(self.rt.gpu.caps.memory_bytes);
-        super::plan::what_if(&self.config, &self.rt.gpu, &data, limit).unwrap_or_else(|e| {
+        super::plan::what_if(&self.config, &self.rt, &data, limit).unwrap_or_else(|e| {
             tracing::warn!("the what-if estimates failed: {e}");
             Vec::new()
         })

@@ -350,11 +350,12 @@ fn what_if_configs(config: &Config, gpu: &Gpu) -> Result<Vec<(String, Config)>, 
 
 /// What-if: the estimated peak of `config` (as it runs, after fit) and of each single
 /// change of its memory settings, measured against `limit` (the cap, else the device's
-/// memory). Each is the exact estimate (a dry run), so this costs a few dry steps.
-pub fn what_if(config: &Config, gpu: &Arc<Gpu>, data: &Loaded, limit: Option<u64>) -> Result<Vec<WhatIf>, TrainError> {
-    let rt = dry_runtime(gpu.clone())?;
+/// memory). Each is the exact estimate (a dry run beside `beside`, sharing its compiled
+/// pipelines), so this costs a few dry steps.
+pub fn what_if(config: &Config, beside: &Runtime, data: &Loaded, limit: Option<u64>) -> Result<Vec<WhatIf>, TrainError> {
+    let rt = Arc::new(beside.dry_beside()?);
     let mut out = Vec::new();
-    for (change, candidate) in what_if_configs(config, gpu)? {
+    for (change, candidate) in what_if_configs(config, &beside.gpu)? {
         let e = match estimate_on(&rt, &candidate, data) {
             Ok(e) => e,
             // A change that cannot even be planned (a block past the adapter's binding

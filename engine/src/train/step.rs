@@ -1,9 +1,11 @@
 //! One optimizer step: forward and backward over the batch in micro-batches (the
 //! accumulated gradients equal the whole batch's), unscale and the inf/NaN check under
-//! fp16-mixed, clipping, the update, the scaler's update; the variant that applies
-//! updates inside backward; and the step that survives running out of memory.
+//! fp16-mixed, clipping, the update, the scaler's update; under fp16-mixed without
+//! clipping the whole step runs without a read-back until its end (the updates skip on
+//! the device); the variant that applies updates inside backward; and the step that
+//! survives running out of memory.
 //!
-//! May call: `autograd`, `data`, `memory`, `optim`, `runtime`, `train::{error,
+//! May call: `autograd`, `data`, `memory`, `optim`, `runtime`, `tensor`, `train::{error,
 //! trainer}`. Called by: `train::{run, plan}`.
 
 use super::error::TrainError;
@@ -15,6 +17,7 @@ use crate::kernels::TensorOps;
 use crate::memory::format_bytes;
 use crate::optim::clip_grad_norm;
 use crate::runtime::Runtime;
+use crate::tensor::Tensor;
 
 /// Splits a batch into consecutive parts of at most `micro` examples.
 fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
@@ -54,12 +57,20 @@ impl Trainer {
     /// batch's targets (the backward seed), so the accumulated gradients equal the whole
     /// batch's. Returns the batch's mean loss; gradients are left in `params`.
     pub fn compute_gradients(&mut self, batch: &HostBatch) -> Result<f64, TrainError> {
+        let losses = self.forward_backward(batch)?;
+        self.rt.phase("readback");
+        read_losses(&self.rt, &losses)
+    }
+
+    /// Forward and backward over `batch`'s micro-batches, reading nothing back: each
+    /// micro-batch's loss stays on the device with its weight in the batch's mean.
+    fn forward_backward(&mut self, batch: &HostBatch) -> Result<Vec<(Tensor, f64)>, TrainError> {
         let micro = match self.config.train.micro_batch_size {
             Some(m) if m > 0 && m < batch.examples => m,
             _ => batch.examples,
         };
         let total_targets = batch.targets.len().max(1);
-        let mut loss_sum = 0.0f64;
+        let mut losses = Vec::new();
         for part in split_batch(batch, micro) {
             let rows = part.targets.len();
             let weight = rows as f32 / total_targets as f32;
@@ -69,10 +80,9 @@ impl Trainer {
             let loss = self.model.loss(&mut tape, &self.rt, &self.params, &part)?;
             self.rt.phase("backward");
             tape.backward_with(&self.rt, &loss, seed, &mut self.params)?;
-            self.rt.phase("readback");
-            loss_sum += loss.value.to_f32_vec(&self.rt)?[0] as f64 * weight as f64;
+            losses.push((loss.value, weight as f64));
         }
-        Ok(loss_sum)
+        Ok(losses)
     }
 
     /// One training step on `batch`; returns the loss and, under fp16-mixed, whether
@@ -81,6 +91,9 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
         if self.config.memory.optimizer_in_backward {
             return Ok((self.train_step_in_backward(batch, lr)?, false));
+        }
+        if self.scaler.is_some() && self.config.train.grad_clip <= 0.0 {
+            return self.train_step_on_device(batch, lr);
         }
         let loss = self.compute_gradients(batch)?;
         self.rt.phase("optimizer");
@@ -100,6 +113,30 @@ impl Trainer {
             scaler.update(skipped);
         }
         self.params.zero_grad();
+        Ok((loss, skipped))
+    }
+
+    /// A fp16-mixed step with no host read-back until its end: the gradients are
+    /// unscaled and checked on the device, the optimizer's updates skip there when the
+    /// check found an inf or NaN, and only then are the losses and the flag read (one
+    /// wait per step, so the host records the next launches while the device runs).
+    /// The same arithmetic as the step that reads the flag first.
+    fn train_step_on_device(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+        let losses = self.forward_backward(batch)?;
+        self.rt.phase("optimizer");
+        let scaler = self.scaler.as_ref().expect("fp16-mixed has a scaler");
+        let found = scaler.unscale_on_device(&self.rt, &self.params)?;
+        self.opt.step_unless(&self.rt, &self.params, lr, Some(&found))?;
+        self.params.zero_grad();
+        self.rt.phase("readback");
+        let loss = read_losses(&self.rt, &losses)?;
+        let skipped = found.to_f32_vec(&self.rt)?[0] != 0.0;
+        if skipped {
+            self.opt.undo_skipped_step();
+        }
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(skipped);
+        }
         Ok((loss, skipped))
     }
 
@@ -167,4 +204,13 @@ impl Trainer {
         }
         Ok(value)
     }
+}
+
+/// The batch's mean loss from its micro-batches' losses on the device (one wait).
+fn read_losses(rt: &Runtime, losses: &[(Tensor, f64)]) -> Result<f64, TrainError> {
+    let mut sum = 0.0;
+    for (loss, weight) in losses {
+        sum += loss.to_f32_vec(rt)?[0] as f64 * weight;
+    }
+    Ok(sum)
 }
