@@ -10,6 +10,10 @@
 //! submission writing only its own slots; after [`RING_SLOTS`] launches the ring starts
 //! over.
 //!
+//! Passes: untimed launches share one compute pass until the next submission or other
+//! use of the encoder (each dispatch is its own synchronization scope, so the order of
+//! reads and writes holds); a pass per launch cost the host several microseconds each.
+//!
 //! Timestamps: while timing is on, each launch's compute pass writes the shared query
 //! set (the first launch its beginning, every launch its end); this is the seam where
 //! per-launch timestamps go.
@@ -84,6 +88,9 @@ pub struct DeviceRecorder {
     params: wgpu::Buffer,
     staged: Vec<u8>,
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass launches share while nothing times them (ended before any other
+    /// use of the encoder and at a submit).
+    pass: Option<wgpu::ComputePass<'static>>,
     slot: u64,
     /// Slots below this one are already written to the device.
     written: u64,
@@ -126,6 +133,7 @@ impl DeviceRecorder {
             params,
             staged: vec![0; (PARAM_SLOT * RING_SLOTS) as usize],
             encoder: None,
+            pass: None,
             slot: 0,
             written: 0,
             queries,
@@ -135,6 +143,7 @@ impl DeviceRecorder {
     }
 
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
         let device = &self.gpu.device;
         self.encoder
             .get_or_insert_with(|| device.create_command_encoder(&Default::default()))
@@ -183,16 +192,33 @@ impl Recorder for DeviceRecorder {
         };
         // The query set is borrowed by the pass descriptor; take the encoder apart from self.
         let device = &self.gpu.device;
-        let encoder = self
-            .encoder
-            .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-        {
+        let offset = [(slot * PARAM_SLOT) as u32];
+        if timestamp_writes.is_none() {
+            // Untimed launches share one pass (each dispatch is still its own
+            // synchronization scope): a pass per launch costs the host time.
+            let pass = match &mut self.pass {
+                Some(pass) => pass,
+                None => {
+                    let encoder = self
+                        .encoder
+                        .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+                    self.pass.insert(encoder.begin_compute_pass(&Default::default()).forget_lifetime())
+                }
+            };
+            pass.set_pipeline(&kernel.pipeline);
+            pass.set_bind_group(0, &bind, &offset);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        } else {
+            self.pass = None;
+            let encoder = self
+                .encoder
+                .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes,
             });
             pass.set_pipeline(&kernel.pipeline);
-            pass.set_bind_group(0, &bind, &[(slot * PARAM_SLOT) as u32]);
+            pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         if self.slot - self.written >= SUBMIT_EVERY {
@@ -201,6 +227,7 @@ impl Recorder for DeviceRecorder {
     }
 
     fn submit(&mut self) {
+        self.pass = None;
         if let Some(encoder) = self.encoder.take() {
             if self.slot > self.written {
                 let (from, to) = ((self.written * PARAM_SLOT) as usize, (self.slot * PARAM_SLOT) as usize);
