@@ -3,7 +3,8 @@
 // A[z] is M x K, B[z] is K x N; element (r, c) of X[z] sits at
 //   x_off + (z / batch1) * x_bs0 + (z % batch1) * x_bs1 + r * x_rs + c * x_cs.
 // Each workgroup of 16 x 16 threads computes a (16*TM) x (16*TM) tile of C, each
-// thread TM x TM of it in vec4 registers, stepping K by 16 through workgroup memory.
+// thread TM x TM of it in vec4 registers, stepping K by 16 through workgroup memory;
+// the next K tile's global loads are in flight while the current one is multiplied.
 // Template: ENABLE, TA, TB, TC (element types), TM (4 or 8), ACT (epilogue on v), and
 // the register code generated for TM by the host (ACC_DECL, INNER, STORE): named
 // registers instead of indexed private arrays, which drivers may spill to memory;
@@ -45,20 +46,37 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let col0 = wid.x * BM;
     let tid = lid.y * 16u + lid.x;
 {{ACC_DECL}}
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+//#if VEC_A
+    var ra: array<vec4<f32>, BM / 64u>;
+//#else
+//#if COL_A
+    var ra: array<vec4<f32>, BM / 64u>;
+//#else
+    var ra: array<f32, BM * BK / 256u>;
+//#endif
+//#endif
+//#if VEC_B
+    var rb: array<vec4<f32>, BM / 64u>;
+//#else
+//#if COL_B
+    var rb: array<vec4<f32>, BM / 64u>;
+//#else
+    var rb: array<f32, BM * BK / 256u>;
+//#endif
+//#endif
+    // Each turn loads tile k0 into registers, multiplies the previous tile (already in
+    // workgroup memory) while those loads are in flight, then stores tile k0.
+    var k0 = 0u;
+    loop {
+        // Global -> registers (tile k0; zeros past K).
 //#if VEC_A
         for (var l = 0u; l < BM / 64u; l++) {
             let e = tid + l * 256u;
-            let mm = e / 4u;
-            let kq = e % 4u;
-            let gm = row0 + mm;
-            let gk = k0 + kq * 4u;
+            let gm = row0 + e / 4u;
+            let gk = k0 + (e % 4u) * 4u;
             var v = vec4<f32>(0.0);
             if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
-            for (var j = 0u; j < 4u; j++) {
-                let t = (kq * 4u + j) * BM + mm;
-                a_tile[t / 4u][t % 4u] = v[j];
-            }
+            ra[l] = v;
         }
 //#else
 //#if COL_A
@@ -66,38 +84,31 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // the tile's own (k-major) layout.
         for (var l = 0u; l < BM / 64u; l++) {
             let e = tid + l * 256u;
-            let kk = e / (BM / 4u);
-            let mq = e % (BM / 4u);
-            let gk = k0 + kk;
-            let gm = row0 + mq * 4u;
+            let gk = k0 + e / (BM / 4u);
+            let gm = row0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
             if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
-            a_tile[kk * (BM / 4u) + mq] = v;
+            ra[l] = v;
         }
 //#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
-            let mm = e / BK;
-            let kk = e % BK;
-            let gm = row0 + mm;
-            let gk = k0 + kk;
+            let gm = row0 + e / BK;
+            let gk = k0 + e % BK;
             var v = 0.0;
             if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
-            let t = kk * BM + mm;
-            a_tile[t / 4u][t % 4u] = v;
+            ra[l] = v;
         }
 //#endif
 //#endif
 //#if VEC_B
         for (var l = 0u; l < BM / 64u; l++) {
             let e = tid + l * 256u;
-            let kk = e / (BM / 4u);
-            let nq = e % (BM / 4u);
-            let gk = k0 + kk;
-            let gn = col0 + nq * 4u;
+            let gk = k0 + e / (BM / 4u);
+            let gn = col0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
             if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
-            b_tile[kk * (BM / 4u) + nq] = v;
+            rb[l] = v;
         }
 //#else
 //#if COL_B
@@ -105,39 +116,84 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // the tile's k-major rows.
         for (var l = 0u; l < BM / 64u; l++) {
             let e = tid + l * 256u;
-            let nn = e / 4u;
-            let kq = e % 4u;
-            let gn = col0 + nn;
-            let gk = k0 + kq * 4u;
+            let gn = col0 + e / 4u;
+            let gk = k0 + (e % 4u) * 4u;
             var v = vec4<f32>(0.0);
             if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
+            rb[l] = v;
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let gk = k0 + e / BM;
+            let gn = col0 + e % BM;
+            var v = 0.0;
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            rb[l] = v;
+        }
+//#endif
+//#endif
+        if k0 > 0u {
+            for (var kk = 0u; kk < BK; kk++) {
+                // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in
+                // columns, so a warp reads whole vec4s without bank conflicts.
+                let base = (kk * BM) / 4u;
+{{INNER}}
+            }
+            workgroupBarrier();
+        }
+        if k0 >= p.k { break; }
+        // Registers -> tiles.
+//#if VEC_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / 4u;
+            let kq = e % 4u;
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + mm;
+                a_tile[t / 4u][t % 4u] = ra[l][j];
+            }
+        }
+//#else
+//#if COL_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            a_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = ra[l];
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let t = (e % BK) * BM + e / BK;
+            a_tile[t / 4u][t % 4u] = ra[l];
+        }
+//#endif
+//#endif
+//#if VEC_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            b_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = rb[l];
+        }
+//#else
+//#if COL_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let nn = e / 4u;
+            let kq = e % 4u;
             for (var j = 0u; j < 4u; j++) {
                 let t = (kq * 4u + j) * BM + nn;
-                b_tile[t / 4u][t % 4u] = v[j];
+                b_tile[t / 4u][t % 4u] = rb[l][j];
             }
         }
 //#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
-            let kk = e / BM;
-            let nn = e % BM;
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            var v = 0.0;
-            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
-            let t = kk * BM + nn;
-            b_tile[t / 4u][t % 4u] = v;
+            let t = (e / BM) * BM + e % BM;
+            b_tile[t / 4u][t % 4u] = rb[l];
         }
 //#endif
 //#endif
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in columns,
-            // so a warp reads whole vec4s without bank conflicts.
-            let base = (kk * BM) / 4u;
-{{INNER}}
-        }
-        workgroupBarrier();
+        k0 += BK;
     }
 {{STORE}}
 }
