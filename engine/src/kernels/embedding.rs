@@ -8,7 +8,7 @@ use super::common::{check_contiguous, check_tensor, enables, require_f16};
 use super::tensor_ops::TensorOps;
 use crate::error::Error;
 use crate::memory::Category;
-use crate::runtime::{KernelKey, Runtime, grid, render};
+use crate::runtime::{Kernel, KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/embedding.wgsl");
@@ -71,9 +71,7 @@ pub fn gather(rt: &Runtime, ids: &Tensor, table: &Tensor, label: &str) -> Result
     let mut shape = ids.shape().to_vec();
     shape.push(c);
     let out = Tensor::empty(rt, &shape, table.dtype(), Category::Activation, label)?;
-    let kernel = rt.kernel(KernelKey::new("embedding", &[0, table.dtype() as u32]), 3, || {
-        render("embedding", SOURCE, &variant(0, table.dtype()))
-    })?;
+    let kernel = embedding_kernel(rt, 0, table.dtype())?;
     let params = Params {
         tokens: n as u32,
         cols: c as u32,
@@ -106,59 +104,37 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
     }
     require_f16(rt, &[dtable.dtype()])?;
     let chunks = scatter_chunks(n, v, c);
-    let mut params = Params {
+    let params = Params {
         tokens: n as u32,
         cols: c as u32,
         vocab: v as u32,
-        chunk: n.div_ceil(chunks) as u32,
+        chunk: if chunks > 1 { n.div_ceil(chunks) } else { n } as u32,
         chunks: chunks as u32,
         pad: [0; 3],
+    };
+    let pass = |mode: u32, scratch: &Tensor, groups: [u32; 3]| -> Result<(), Error> {
+        let kernel = embedding_kernel(rt, mode, dtable.dtype())?;
+        rt.launch(&kernel, bytemuck::bytes_of(&params), &[ids, dtable, dout, scratch], groups)
     };
     if chunks > 1 {
         // Chunks walk their tokens in parallel into their own tables, then each element
         // sums the chunks in order.
         let part = Tensor::full(rt, &[chunks, v, c], DType::F32, 0.0, Category::Temporary, "embedding partials")?;
-        let k2 = rt.kernel(KernelKey::new("embedding", &[2, dtable.dtype() as u32]), 4, || {
-            render("embedding", SOURCE, &variant(2, dtable.dtype()))
-        })?;
-        rt.launch(
-            &k2,
-            bytemuck::bytes_of(&params),
-            &[ids, dtable, dout, &part],
-            [c.div_ceil(256) as u32, chunks as u32, 1],
-        )?;
-        let k3 = rt.kernel(KernelKey::new("embedding", &[3, dtable.dtype() as u32]), 4, || {
-            render("embedding", SOURCE, &variant(3, dtable.dtype()))
-        })?;
-        return rt.launch(
-            &k3,
-            bytemuck::bytes_of(&params),
-            &[ids, dtable, dout, &part],
-            grid((v * c).div_ceil(256) as u32),
-        );
+        pass(2, &part, [c.div_ceil(256) as u32, chunks as u32, 1])?;
+        return pass(3, &part, grid((v * c).div_ceil(256) as u32));
     }
     // Sorted: rank the tokens by (id, position), then each id's first position walks its
     // tokens in order, all ids in parallel.
-    params.chunk = n as u32;
     let perm = Tensor::empty(rt, &[n], DType::I32, Category::Temporary, "embedding order")?;
-    let rank = rt.kernel(KernelKey::new("embedding", &[1, dtable.dtype() as u32]), 4, || {
-        render("embedding", SOURCE, &variant(1, dtable.dtype()))
-    })?;
-    rt.launch(
-        &rank,
-        bytemuck::bytes_of(&params),
-        &[ids, dtable, dout, &perm],
-        grid(n.div_ceil(256) as u32),
-    )?;
-    let walk = rt.kernel(KernelKey::new("embedding", &[4, dtable.dtype() as u32]), 4, || {
-        render("embedding", SOURCE, &variant(4, dtable.dtype()))
-    })?;
-    rt.launch_with_work(
-        &walk,
-        bytemuck::bytes_of(&params),
-        &[ids, dtable, dout, &perm],
-        grid((n * c).div_ceil(256) as u32),
-        Some((n * c) as f64),
-        1,
-    )
+    pass(1, &perm, grid(n.div_ceil(256) as u32))?;
+    pass(4, &perm, grid((n * c).div_ceil(256) as u32))
+}
+
+/// The compiled variant `mode` of the embedding kernel (gather binds 3 tensors, the
+/// backward passes 4).
+fn embedding_kernel(rt: &Runtime, mode: u32, dtype: DType) -> Result<std::sync::Arc<Kernel>, Error> {
+    let storage = if mode == 0 { 3 } else { 4 };
+    rt.kernel(KernelKey::new("embedding", &[mode, dtype as u32]), storage, || {
+        render("embedding", SOURCE, &variant(mode, dtype))
+    })
 }

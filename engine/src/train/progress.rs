@@ -28,6 +28,8 @@ enum Sink {
 pub struct ProgressBar {
     sink: Sink,
     total: u64,
+    /// The bar width the style was made for (the style is rebuilt only when it changes).
+    styled: std::sync::atomic::AtomicUsize,
 }
 
 /// `d` as h:mm:ss or m:ss.
@@ -94,7 +96,6 @@ impl ProgressBar {
     pub fn new(total: u64, done: u64) -> ProgressBar {
         let sink = if std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(indicatif::ProgressStyle::with_template("{bar:.cyan/blue} {msg}").expect("a valid template"));
             bar.set_position(done);
             Sink::Bar(bar)
         } else {
@@ -103,7 +104,11 @@ impl ProgressBar {
                 started: Instant::now(),
             }
         };
-        ProgressBar { sink, total }
+        ProgressBar {
+            sink,
+            total,
+            styled: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        }
     }
 
     fn say(&self, text: String) {
@@ -126,12 +131,14 @@ impl Observer for ProgressBar {
                 let columns = console::Term::stderr().size().1 as usize;
                 let columns = if columns == 0 { 80 } else { columns };
                 let width = bar_width(columns);
-                let style = if width == 0 {
-                    "{msg}".to_string()
-                } else {
-                    format!("{{bar:{width}.cyan/blue}} {{msg}}")
-                };
-                bar.set_style(indicatif::ProgressStyle::with_template(&style).expect("a valid template"));
+                if self.styled.swap(width, std::sync::atomic::Ordering::Relaxed) != width {
+                    let style = if width == 0 {
+                        "{msg}".to_string()
+                    } else {
+                        format!("{{bar:{width}.cyan/blue}} {{msg}}")
+                    };
+                    bar.set_style(indicatif::ProgressStyle::with_template(&style).expect("a valid template"));
+                }
                 bar.set_position(line.step);
                 let eta = (line.step < self.total).then(|| bar.eta());
                 let room = columns.saturating_sub(width + usize::from(width > 0) + 1);
