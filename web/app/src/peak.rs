@@ -27,11 +27,17 @@ fn advice(p: &PeakView) -> Option<&'static str> {
     Some(match name.as_str() {
         "activation" => "activations lead: activation checkpointing, a smaller micro-batch, or fp16-mixed shrink them (see what-if)",
         "temporary" => "backward's temporaries lead: a smaller micro-batch or checkpointing shrink them (see what-if)",
-        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's; sharding (ZeRO) would split it",
+        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's (sharding it across devices is not built yet)",
         "gradient" => "gradients lead: optimizer-in-backward frees each as soon as it is applied (see what-if)",
-        "parameter" => "parameters lead: a smaller model, or parameter sharding",
+        "parameter" => "parameters lead: a smaller model (sharding parameters across devices is not built yet)",
         _ => return None,
     })
+}
+
+/// A relative change as a whole signed percentage ("-0%" shown as "+0%").
+fn percent_change(r: f64) -> String {
+    let p = (100.0 * r).round();
+    format!("{:+.0}%", if p == 0.0 { 0.0 } else { p })
 }
 
 /// The peak panel (see the module).
@@ -179,7 +185,7 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                             <td>{change}</td>
                             <td class="num">{format_bytes(o.peak_bytes)}</td>
                             <td class="num">{format_bytes(o.peak_reserved_bytes)}</td>
-                            <td class="num">{format!("{:+.0}%", 100.0 * (o.peak_bytes as f64 / base - 1.0))}</td>
+                            <td class="num">{percent_change(o.peak_bytes as f64 / base - 1.0)}</td>
                             <td>{fits}</td>
                             <td class="barcell" title="solid: peak allocated; light: peak reserved">
                                 <div class="hbar reserved" style=format!("width:{:.1}%", 100.0 * o.peak_reserved_bytes as f64 / scale)>
