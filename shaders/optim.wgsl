@@ -4,7 +4,8 @@
 //   MODE 1 AdamW:  PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction)
 //   MODE 2 SGD:    PyTorch's torch.optim.SGD with momentum, dampening, nesterov
 // Updates skip entirely when p.skip_if_found is set and found[0] != 0 (GradScaler).
-// Gradients are multiplied by p.inv_scale first (1 when not scaling).
+// Gradients are multiplied by p.inv_scale first (1 when not scaling). The weights and
+// the gradient may start at an element offset (one rank's shard of a parameter).
 // Template: MODE.
 
 struct Params {
@@ -20,6 +21,10 @@ struct Params {
     bias_correction1: f32,
     bias_correction2_sqrt: f32,
     inv_scale: f32,
+    param_offset: u32, // elements: the update may touch a shard of a parameter
+    grad_offset: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -40,14 +45,16 @@ fn finite(x: f32) -> bool {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;
     if i >= p.n { return; }
-    let g0 = grad[i] * p.inv_scale;
+    let gi = p.grad_offset + i;
+    let g0 = grad[gi] * p.inv_scale;
     if MODE == 0u {
-        grad[i] = g0;
+        grad[gi] = g0;
         if !finite(g0) { atomicStore(&found[0], 1u); }
         return;
     }
     if p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u { return; }
-    var w = param[i];
+    let wi = p.param_offset + i;
+    var w = param[wi];
     if MODE == 1u {
         w = w * (1.0 - p.lr * p.weight_decay);
         let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g0;
@@ -64,5 +71,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if p.nesterov != 0u { g = g + p.beta1 * buf; } else { g = buf; }
         w = w - p.lr * g;
     }
-    param[i] = w;
+    param[wi] = w;
 }

@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod memory;
 pub mod nn;
 pub mod optim;
+pub mod parallel;
 pub mod runtime;
 pub mod scaler;
 pub mod tensor;

@@ -167,6 +167,13 @@ impl Optimizer {
 /// The global L2 norm of every gradient; if it exceeds `max_norm`, scales the gradients
 /// by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm.
 pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f32, Error> {
+    let norm = grad_square_sum(rt, params)?.sqrt() as f32;
+    scale_grads(rt, params, clip_coef(norm, max_norm))?;
+    Ok(norm)
+}
+
+/// The sum of the squares of every gradient element (read back: one wait per gradient).
+pub fn grad_square_sum(rt: &Runtime, params: &Params) -> Result<f64, Error> {
     let mut total = 0.0f64;
     for p in &params.list {
         let Some(g) = &p.grad else { continue };
@@ -175,8 +182,16 @@ pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f3
         let s = reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?;
         total += s.to_f32_vec(rt)?[0] as f64;
     }
-    let norm = total.sqrt() as f32;
-    let coef = max_norm / (norm + 1e-6);
+    Ok(total)
+}
+
+/// clip_grad_norm_'s factor for a global norm: max_norm / (norm + 1e-6).
+pub fn clip_coef(norm: f32, max_norm: f32) -> f32 {
+    max_norm / (norm + 1e-6)
+}
+
+/// Multiplies every gradient by `coef` in place when it is below 1 (clipping).
+pub fn scale_grads(rt: &Runtime, params: &Params, coef: f32) -> Result<(), Error> {
     if coef < 1.0 {
         for p in &params.list {
             if let Some(g) = &p.grad {
@@ -184,7 +199,7 @@ pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f3
             }
         }
     }
-    Ok(norm)
+    Ok(())
 }
 
 /// Linear warmup to `base` over `warmup` steps, then cosine decay to `min_lr` at

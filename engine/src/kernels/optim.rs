@@ -28,6 +28,9 @@ struct Params {
     bias_correction1: f32,
     bias_correction2_sqrt: f32,
     inv_scale: f32,
+    param_offset: u32,
+    grad_offset: u32,
+    pad: [u32; 2],
 }
 
 /// The template values of one variant (0 check, 1 AdamW, 2 SGD).
@@ -76,9 +79,9 @@ pub struct Sgd {
 
 /// Where a step reads and writes: one parameter's tensors.
 pub struct OptimState<'a> {
-    /// f32 master weights.
+    /// f32 master weights (a contiguous view at any offset: a shard of a parameter).
     pub param: &'a Tensor,
-    /// f32 gradient (scaled by the loss scale, if any).
+    /// f32 gradient, scaled by the loss scale if any (a contiguous view at any offset).
     pub grad: &'a Tensor,
     /// AdamW exp_avg, or SGD's momentum buffer.
     pub m: &'a Tensor,
@@ -91,7 +94,7 @@ fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
     for (what, t) in [("param", s.param), ("grad", s.grad), ("m", s.m), ("v", s.v)] {
         check_tensor(what, t, DType::F32)?;
         check_contiguous(what, t, s.param.shape())?;
-        if t.offset() != 0 {
+        if t.offset() != 0 && (what == "m" || what == "v") && !std::ptr::eq(t, s.grad) {
             return Err(Error::shape(
                 format!("optimizer {what}"),
                 "a whole tensor (offset 0)",
@@ -125,6 +128,8 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
     let params = Params {
         n: n as u32,
         inv_scale,
+        param_offset: grad.offset() as u32,
+        grad_offset: grad.offset() as u32,
         ..Default::default()
     };
     rt.launch(
@@ -162,6 +167,9 @@ pub fn adamw_step(
         bias_correction1: bc1,
         bias_correction2_sqrt: bc2.sqrt(),
         inv_scale,
+        param_offset: s.param.offset() as u32,
+        grad_offset: s.grad.offset() as u32,
+        pad: [0; 2],
     };
     let kernel = rt.kernel(KernelKey::new("optim", &[1]), 5, || render("optim", SOURCE, &variant(1)))?;
     rt.launch(
@@ -196,6 +204,8 @@ pub fn sgd_step(
         beta2: h.dampening,
         weight_decay: h.weight_decay,
         inv_scale,
+        param_offset: s.param.offset() as u32,
+        grad_offset: s.grad.offset() as u32,
         ..Default::default()
     };
     let kernel = rt.kernel(KernelKey::new("optim", &[2]), 5, || render("optim", SOURCE, &variant(2)))?;

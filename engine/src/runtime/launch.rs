@@ -181,6 +181,12 @@ impl Runtime {
         Ok(block.write(byte_offset, bytes)?)
     }
 
+    /// Reads `len` bytes at `byte_offset` of `block` back, after what is recorded.
+    pub fn read_range(&self, block: &Block, byte_offset: u64, len: u64) -> Result<Vec<u8>, Error> {
+        self.flush();
+        Ok(block.read_range(byte_offset, len)?)
+    }
+
     /// Reads `block`'s requested bytes back, after what is recorded.
     pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
         self.flush();

@@ -1,5 +1,5 @@
-//! The training configuration: a TOML file with [model], [data], [train], [memory] and
-//! [checkpoint] sections, overridable with `--set section.key=value`. Unknown keys are
+//! The training configuration: a TOML file with [model], [data], [train], [memory],
+//! [checkpoint] and [parallel] sections, overridable with `--set section.key=value`. Unknown keys are
 //! errors, so a typo never trains silently with a default.
 //!
 //! May call: `nn::gpt` (the GPT sizes the engine builds).
@@ -22,6 +22,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Checkpoints.
     pub checkpoint: CheckpointConfig,
+    /// Training over several devices.
+    pub parallel: ParallelConfig,
 }
 
 /// [model]
@@ -253,6 +255,101 @@ pub struct CheckpointConfig {
     pub every: u64,
 }
 
+/// [parallel]: one run over several devices, each with its share of every batch.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelConfig {
+    /// One adapter selector per device, as `--adapter` takes them; a selector may repeat
+    /// (several devices on one adapter). Empty: one device, `--adapter`'s.
+    pub devices: Vec<String>,
+    /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients.
+    pub zero: u8,
+    /// "none" (more is not built yet).
+    pub offload: String,
+    /// Gradient bucket size in MiB (reduced as backward makes them final).
+    pub bucket_mb: f64,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            devices: Vec::new(),
+            zero: 0,
+            offload: "none".into(),
+            bucket_mb: 25.0,
+        }
+    }
+}
+
+impl ParallelConfig {
+    /// Devices of the run (1 when `devices` is empty).
+    pub fn world(&self) -> usize {
+        self.devices.len().max(1)
+    }
+
+    /// Whether the run goes through the multi-device step (any `devices` given).
+    pub fn enabled(&self) -> bool {
+        !self.devices.is_empty()
+    }
+
+    /// The bucket size in bytes.
+    pub fn bucket_bytes(&self) -> usize {
+        (self.bucket_mb * 1048576.0) as usize
+    }
+
+    fn validate(&self, config: &Config) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.devices.len() > MAX_DEVICES {
+            return bad(format!(
+                "parallel.devices lists {} devices; at most {MAX_DEVICES}",
+                self.devices.len()
+            ));
+        }
+        if let Some(d) = self.devices.iter().find(|d| d.trim().is_empty()) {
+            return bad(format!("parallel.devices has an empty selector '{d}'"));
+        }
+        match self.zero {
+            0..=2 => {}
+            3 => return bad("parallel.zero = 3 (parameters sharded) is not built yet; use 0, 1 or 2".into()),
+            z => return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {z}")),
+        }
+        match self.offload.as_str() {
+            "none" => {}
+            "optimizer" | "optimizer+parameters" => {
+                return bad(format!("parallel.offload = \"{}\" is not built yet; use \"none\"", self.offload));
+            }
+            o => {
+                return bad(format!(
+                    "parallel.offload must be \"none\", \"optimizer\" or \"optimizer+parameters\", got \"{o}\""
+                ));
+            }
+        }
+        if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0 && self.bucket_mb <= 65536.0) {
+            return bad(format!("parallel.bucket_mb must be in (0, 65536], got {}", self.bucket_mb));
+        }
+        if !self.enabled() {
+            return Ok(());
+        }
+        let n = self.world();
+        if !config.train.batch_size.is_multiple_of(n) {
+            return bad(format!(
+                "train.batch_size {} does not split evenly over the {n} devices of parallel.devices",
+                config.train.batch_size
+            ));
+        }
+        if config.memory.optimizer_in_backward {
+            return bad("memory.optimizer_in_backward cannot be combined with parallel.devices yet".into());
+        }
+        if config.memory.fit || config.memory.checkpoint_auto() {
+            return bad("memory.fit and memory.checkpoint = \"auto\" do not plan multi-device runs yet: set the micro-batch and checkpointing by hand".into());
+        }
+        Ok(())
+    }
+}
+
+/// Most devices in one run.
+pub const MAX_DEVICES: usize = 64;
+
 /// A configuration error, said in the user's terms.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -383,7 +480,7 @@ impl Config {
         if self.train.epochs == 0 && self.train.steps.is_none() {
             return bad("train.epochs is 0 and train.steps is unset: nothing to do".into());
         }
-        Ok(())
+        self.parallel.validate(self)
     }
 
     /// Every numeric setting against its documented range (README, "Settings"), before

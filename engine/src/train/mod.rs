@@ -4,7 +4,7 @@
 //! out-of-memory recovery), `eval`, `state`, `checkpoint` and `checkpoint_dir` (what a
 //! checkpoint holds, its files, and the folder's rules), `plan` (the estimate and the fit to a budget: depends on `build` and
 //! `step`, never on `run`), `open` (a trainer from a config, on a runtime of its own or
-//! one handed in), `run` (the loop), `profile` (the step's kernels timed, `wgtrain profile`), `observe` (its observers: `log` the JSONL writer,
+//! one handed in), `parallel` (one step over several devices: data parallel, ZeRO 1-2), `run` (the loop), `profile` (the step's kernels timed, `wgtrain profile`), `observe` (its observers: `log` the JSONL writer,
 //! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
 //! of a transformers checkpoint, for `wgtrain step`).
 //!
@@ -22,6 +22,7 @@ pub mod log;
 pub mod model;
 pub mod observe;
 pub mod open;
+pub mod parallel;
 pub mod plan;
 pub mod profile;
 pub mod progress;

@@ -32,7 +32,7 @@ pub struct EvalBatch {
 }
 
 /// A model the trainer can train.
-pub trait Trainable {
+pub trait Trainable: Send + Sync {
     /// The mean loss of `batch` on `tape`; backward from it fills `params`' gradients.
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, batch: &HostBatch) -> Result<Var, Error>;
     /// The loss (and, for classifiers, the correct count) of one evaluation batch.

@@ -22,17 +22,37 @@ impl Trainer {
     /// Loads the data, opens the adapter `adapter` names, and builds the run (after
     /// `memory.fit` or `memory.checkpoint = "auto"` chose the micro-batch and
     /// checkpointing); the runtime's cap is `memory.cap`, else `memory.budget`.
+    /// A multi-device run (`parallel.devices`) opens each device it lists instead, with
+    /// the same cap on each.
     pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         let data = load_data(&config)?;
+        if config.parallel.enabled() {
+            let mut rts = Vec::new();
+            let cap = cap_of(&config)?;
+            for selector in &config.parallel.devices {
+                let gpu = Arc::new(Gpu::open(Some(selector)).map_err(Error::from)?);
+                rts.push(Arc::new(Runtime::new(
+                    gpu,
+                    AllocatorOptions {
+                        debug: Some(config.memory.debug),
+                        cap: cap.clone(),
+                        dry: false,
+                    },
+                )?));
+            }
+            let mut trainer = Trainer::on_runtimes(config, rts, data)?;
+            if adapter.is_some() {
+                trainer
+                    .notes
+                    .push("--adapter is not used: parallel.devices names the devices".into());
+            }
+            return Ok(trainer);
+        }
         let gpu = Arc::new(Gpu::open(adapter).map_err(Error::from)?);
         let (config, mut notes) = resolve_precision(config, &gpu)?;
         let (config, fit_notes) = plan(config, &gpu, &data)?;
         notes.extend(fit_notes);
-        let limit = config.memory.cap.as_ref().or(config.memory.budget.as_ref());
-        let cap = match limit {
-            Some(text) => Some(MemoryCap::parse(text).map_err(Error::from)?),
-            None => None,
-        };
+        let cap = cap_of(&config)?;
         let rt = Arc::new(Runtime::new(
             gpu,
             AllocatorOptions {
@@ -50,10 +70,45 @@ impl Trainer {
     /// the caller's): loads the data, applies the precision rule and the plan.
     pub fn with_runtime(config: Config, rt: Arc<Runtime>) -> Result<Trainer, TrainError> {
         let data = load_data(&config)?;
+        if config.parallel.enabled() {
+            return Trainer::on_runtimes(config, vec![rt], data);
+        }
         let (config, mut notes) = resolve_precision(config, &rt.gpu)?;
         let (config, fit_notes) = plan(config, &rt.gpu, &data)?;
         notes.extend(fit_notes);
         let mut trainer = Trainer::assemble(config, rt, data)?;
+        trainer.notes = notes;
+        Ok(trainer)
+    }
+
+    /// Builds a multi-device run on runtimes made by the caller, one per entry of
+    /// `parallel.devices`, in rank order. Every device must be able to run the
+    /// precision the first one runs.
+    pub fn with_runtimes(config: Config, rts: Vec<Arc<Runtime>>) -> Result<Trainer, TrainError> {
+        let data = load_data(&config)?;
+        Trainer::on_runtimes(config, rts, data)
+    }
+
+    fn on_runtimes(config: Config, rts: Vec<Arc<Runtime>>, data: Loaded) -> Result<Trainer, TrainError> {
+        if rts.len() != config.parallel.world() {
+            return Err(Error::invalid(
+                "parallel.devices",
+                format!("{} devices listed but {} runtimes given", config.parallel.world(), rts.len()),
+            )
+            .into());
+        }
+        let (config, notes) = resolve_precision(config, &rts[0].gpu)?;
+        for rt in &rts[1..] {
+            // A device that cannot run what the first runs cannot join.
+            let (theirs, _) = resolve_precision(config.clone(), &rt.gpu)?;
+            if theirs.memory.precision != config.memory.precision {
+                return Err(TrainError::NoF16(rt.gpu.report.name.clone()));
+            }
+        }
+        let mut rts = rts.into_iter();
+        let first = rts.next().expect("at least one device");
+        let mut trainer = Trainer::assemble(config, first, data)?;
+        trainer.join(rts.collect())?;
         trainer.notes = notes;
         Ok(trainer)
     }
@@ -74,4 +129,13 @@ impl Trainer {
             Vec::new()
         })
     }
+}
+
+/// The allocator cap a config asks for: `memory.cap`, else `memory.budget`.
+fn cap_of(config: &Config) -> Result<Option<MemoryCap>, TrainError> {
+    let limit = config.memory.cap.as_ref().or(config.memory.budget.as_ref());
+    Ok(match limit {
+        Some(text) => Some(MemoryCap::parse(text).map_err(Error::from)?),
+        None => None,
+    })
 }

@@ -123,6 +123,13 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     rt.alloc.empty_cache();
     let batch = data.first_batch(config.train.batch_size)?;
     let mut trainer = Trainer::assemble(config.clone(), rt.clone(), data.clone())?;
+    // A multi-device run: rank 0's peak (its shards are the largest), beside dry peers.
+    if config.parallel.enabled() {
+        let peers = (1..config.parallel.world())
+            .map(|_| rt.dry_beside().map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        trainer.join(peers)?;
+    }
     let mut best: Option<(u64, [u64; 7])> = None;
     let mut reserved = 0u64;
     let mut own = [0u64; 7];

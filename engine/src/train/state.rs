@@ -14,7 +14,6 @@ use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::optim::Rule;
 use crate::tensor::Tensor;
 
 impl Trainer {
@@ -28,18 +27,20 @@ impl Trainer {
                 shape: p.value.shape().to_vec(),
                 data: p.value.to_f32_vec(&self.rt)?,
             });
-            if let Some(Some((m, v))) = self.opt.state.get(i) {
+            // Whole, as one device's: gathered from the shards of a ZeRO run.
+            if let Some((m, v)) = self.optimizer_state_host(i)? {
                 let names = self.opt.state_names(&p.name);
+                let shape = p.value.shape().to_vec();
                 optimizer.push(HostTensor {
                     name: names[0].clone(),
-                    shape: m.shape().to_vec(),
-                    data: m.to_f32_vec(&self.rt)?,
+                    shape: shape.clone(),
+                    data: m,
                 });
-                if matches!(self.opt.rule, Rule::AdamW(_)) {
+                if let Some(v) = v {
                     optimizer.push(HostTensor {
                         name: names[1].clone(),
-                        shape: v.shape().to_vec(),
-                        data: v.to_f32_vec(&self.rt)?,
+                        shape,
+                        data: v,
                     });
                 }
             }
@@ -143,17 +144,23 @@ impl Trainer {
                     .map_err(|_| mismatch(format!("scaler_growth_tracker '{tracker}' is not a number")))?;
             }
         }
+        // Every device gets the weights; each its part of the optimizer state (any
+        // number of devices resumes any checkpoint: the files hold the whole state).
+        self.share_weights()?;
         self.opt.state = (0..self.params.list.len()).map(|_| None).collect();
         let by_name: BTreeMap<&str, &HostTensor> = data.optimizer.iter().map(|t| (t.name.as_str(), t)).collect();
-        for (i, p) in self.params.list.iter().enumerate() {
+        for i in 0..self.params.list.len() {
+            let p = &self.params.list[i];
             let names = self.opt.state_names(&p.name);
+            let numel = p.value.numel();
             if let Some(m) = by_name.get(names[0].as_str()) {
-                let m = Tensor::from_f32(&self.rt, &m.data, &m.shape, Category::OptimizerState, &names[0])?;
-                let v = match by_name.get(names[1].as_str()) {
-                    Some(v) => Tensor::from_f32(&self.rt, &v.data, &v.shape, Category::OptimizerState, &names[1])?,
-                    None => m.clone(),
-                };
-                self.opt.state[i] = Some((m, v));
+                let v = by_name.get(names[1].as_str());
+                for t in std::iter::once(m).chain(v) {
+                    if t.data.len() != numel {
+                        return Err(mismatch(format!("{} holds {} values, the parameter {numel}", t.name, t.data.len())).into());
+                    }
+                }
+                self.place_optimizer_state(i, &m.data, v.map(|v| v.data.as_slice()))?;
             }
         }
         self.step = step;

@@ -20,7 +20,7 @@ use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
 /// Splits a batch into consecutive parts of at most `micro` examples.
-fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
+pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
     if micro >= batch.examples {
         return vec![batch.clone()];
     }
@@ -89,6 +89,9 @@ impl Trainer {
     /// the step was skipped for a non-finite gradient. Gradients are unscaled before
     /// clipping, and the scale is updated after the step (torch.amp.GradScaler's order).
     pub fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+        if self.world.is_some() {
+            return self.parallel_step(batch, lr);
+        }
         if self.config.memory.optimizer_in_backward {
             return Ok((self.train_step_in_backward(batch, lr)?, false));
         }
@@ -158,9 +161,12 @@ impl Trainer {
                 Err(e) if e.is_out_of_memory() => {
                     // No gradient of the failed attempt may leak into the retry.
                     self.params.zero_grad();
-                    // Let the device finish what was recorded so the pages really go.
-                    let _ = self.rt.sync();
-                    let freed = self.rt.alloc.empty_cache();
+                    // Let the devices finish what was recorded so the pages really go.
+                    let mut freed = 0;
+                    for rt in self.runtimes() {
+                        let _ = rt.sync();
+                        freed += rt.alloc.empty_cache();
+                    }
                     let micro = self.config.train.micro_batch_size.unwrap_or(batch.examples).min(batch.examples);
                     if !retried {
                         retried = true;
@@ -207,7 +213,7 @@ impl Trainer {
 }
 
 /// The batch's mean loss from its micro-batches' losses on the device (one wait).
-fn read_losses(rt: &Runtime, losses: &[(Tensor, f64)]) -> Result<f64, TrainError> {
+pub(super) fn read_losses(rt: &Runtime, losses: &[(Tensor, f64)]) -> Result<f64, TrainError> {
     let mut sum = 0.0;
     for (loss, weight) in losses {
         sum += loss.to_f32_vec(rt)?[0] as f64 * weight;

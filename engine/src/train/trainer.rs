@@ -42,6 +42,8 @@ pub struct Trainer {
     pub(super) step: u64,
     pub(super) epoch: u64,
     pub(super) index: u64,
+    /// The other devices of a multi-device run (`train::parallel`).
+    pub(super) world: Option<super::parallel::World>,
 }
 
 impl Trainer {
@@ -67,6 +69,7 @@ impl Trainer {
             step: 0,
             epoch: 0,
             index: 0,
+            world: None,
         })
     }
 
