@@ -30,7 +30,18 @@ pub fn mem_log(s: &MemoryStats) -> MemLog {
         fragmentation: s.fragmentation(),
         num_ooms: s.num_ooms,
         num_alloc_retries: s.num_alloc_retries,
+        devices: Vec::new(),
     }
+}
+
+/// A log line's `mem` for a run over `devices` (rank order): the first device's figures,
+/// and each device's in `devices` when there is more than one.
+pub fn mem_log_devices(devices: &[MemoryStats]) -> MemLog {
+    let mut mem = mem_log(&devices[0]);
+    if devices.len() > 1 {
+        mem.devices = devices.iter().map(mem_log).collect();
+    }
+    mem
 }
 
 /// Appends each step's and evaluation's line to a JSONL file, written whole per line:

@@ -61,8 +61,11 @@ pub struct Estimate {
     pub by_category: BTreeMap<String, u64>,
     /// Each category's own peak (they need not coincide).
     pub category_peaks: BTreeMap<String, u64>,
-    /// The formulas' model states.
+    /// The formulas' model states (per device: ZeRO's shards on a multi-device run).
     pub model_states: ModelStates,
+    /// A multi-device run: each device's peak allocated bytes, in rank order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_peaks: Vec<u64>,
 }
 
 impl Estimate {
@@ -90,6 +93,10 @@ impl Estimate {
         }
         out += &format!("  {:<16} {:>12}\n", "peak allocated", format_bytes(self.peak_bytes));
         out += &format!("  {:<16} {:>12}\n", "peak reserved", format_bytes(self.peak_reserved_bytes));
+        if !self.device_peaks.is_empty() {
+            let peaks: Vec<String> = self.device_peaks.iter().map(|b| format_bytes(*b)).collect();
+            out += &format!("  {:<16} {}\n", "peak per device", peaks.join(", "));
+        }
         let m = &self.model_states;
         out += &format!(
             "  model states by formula: {} parameters -> {} weights + {} gradients + {} optimizer state",
@@ -133,9 +140,14 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     let mut best: Option<(u64, [u64; 7])> = None;
     let mut reserved = 0u64;
     let mut own = [0u64; 7];
+    let mut device_peaks = vec![0u64; trainer.world_size()];
     for _ in 0..2 {
-        rt.alloc.reset_peaks();
+        let rts = trainer.runtimes();
+        rts.iter().for_each(|r| r.alloc.reset_peaks());
         trainer.train_step(&batch, config.train.lr)?;
+        for (peak, r) in device_peaks.iter_mut().zip(&rts) {
+            *peak = (*peak).max(r.alloc.stats().allocated.peak);
+        }
         let s = rt.alloc.stats();
         if best.is_none_or(|(p, _)| s.allocated.peak > p) {
             best = Some((s.allocated.peak, s.at_peak));
@@ -148,6 +160,13 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     let (peak, at_peak) = best.expect("two steps ran");
     let elements = trainer.params.numel() as u64;
     let optimizer_per = if config.train.optimizer == "sgd" { 4 } else { 8 };
+    // ZeRO: rank 0's shards (the largest) of the sharded states.
+    let shards = crate::parallel::Shards {
+        world: config.parallel.world(),
+        numels: trainer.params.list.iter().map(|p| p.value.numel()).collect(),
+    };
+    let owned = shards.owned(0) as u64;
+    let zero = if config.parallel.enabled() { config.parallel.zero } else { 0 };
     let micro = config
         .train
         .micro_batch_size
@@ -165,9 +184,10 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         model_states: ModelStates {
             elements,
             parameters: 4 * elements,
-            gradients: 4 * elements,
-            optimizer_state: optimizer_per * elements,
+            gradients: 4 * if zero >= 2 { owned } else { elements },
+            optimizer_state: optimizer_per * if zero >= 1 { owned } else { elements },
         },
+        device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
     };
     drop(trainer);
     rt.alloc.empty_cache();

@@ -18,7 +18,7 @@ use wgtrain_protocol::{EvalLog, RunInfo, StepLog, StepMemory};
 use super::checkpoint;
 use super::checkpoint_dir::{CheckpointDir, Start};
 use super::error::TrainError;
-use super::log::{LogWriter, mem_log, repair_log};
+use super::log::{LogWriter, mem_log_devices, repair_log};
 use super::observe::Observer;
 use super::profile::kernel_rows;
 use super::progress::ProgressBar;
@@ -171,7 +171,9 @@ impl Trainer {
             let Some(batch) = loader.next_batch() else { break };
             let batch = batch?;
             let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
-            self.rt.alloc.reset_peaks();
+            for rt in self.runtimes() {
+                rt.alloc.reset_peaks();
+            }
             let step_start_us = self.rt.alloc.now_us();
             let step_start = Instant::now();
             let scale = self.scaler.as_ref().map(|s| s.scale as f64);
@@ -189,7 +191,10 @@ impl Trainer {
             } else {
                 None
             };
-            let guard = self.rt.alloc.end_step();
+            let mut guard = self.rt.alloc.end_step();
+            for rt in &self.runtimes()[1..] {
+                guard = guard.and(rt.alloc.end_step());
+            }
             let step_s = step_start.elapsed().as_secs_f64();
             guard.map_err(Error::from)?;
             self.step += 1;
@@ -212,7 +217,7 @@ impl Trainer {
                 tokens_per_s: tokens_per_example.map(|t| t as f64 * samples_per_s),
                 model_tflops: Some(model_tflops),
                 mfu: peak.map(|p| model_tflops / p),
-                mem: Some(mem_log(&self.rt.alloc.stats())),
+                mem: Some(mem_log_devices(&self.device_stats())),
                 gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6),
                 kernels: kernels.map(|(rows, _)| rows),
                 scale,

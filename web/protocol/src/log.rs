@@ -33,6 +33,10 @@ pub struct MemLog {
     pub num_ooms: u64,
     /// Cache flushes to retry an allocation so far.
     pub num_alloc_retries: u64,
+    /// A multi-device run: each device's own figures, in rank order (the line's other
+    /// fields are the first device's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<MemLog>,
 }
 
 /// One kernel's row of a step's profile, as torch.profiler's `key_averages()` gives it.
