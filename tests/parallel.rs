@@ -90,9 +90,19 @@ fn every_zero_stage_matches_one_device_step_for_step() {
     let dir = scratch("parallel-gpt");
     let one = losses(&gpt_run(&dir, "one", 0, &[]));
     assert!(one.windows(2).any(|w| w[1].1 < w[0].1), "the reference run learns: {one:?}");
-    for (devices, zero) in [(1, 1), (2, 0), (2, 1), (2, 2), (3, 0), (3, 2)] {
-        let name = format!("d{devices}z{zero}");
-        let log = gpt_run(&dir, &name, devices, &[&format!("parallel.zero={zero}")]);
+    for (devices, zero, offload) in [
+        (1, 1, "none"),
+        (2, 0, "none"),
+        (2, 1, "none"),
+        (2, 2, "none"),
+        (3, 0, "none"),
+        (3, 2, "none"),
+        (2, 1, "optimizer"),
+        (3, 2, "optimizer"),
+    ] {
+        let name = format!("d{devices}z{zero}{offload}");
+        let sets = [format!("parallel.zero={zero}"), format!("parallel.offload=\"{offload}\"")];
+        let log = gpt_run(&dir, &name, devices, &[&sets[0], &sets[1]]);
         assert_close(&name, &one, &losses(&log), 1e-4);
         if devices > 1 {
             for peaks in device_peaks(&log) {
@@ -104,6 +114,20 @@ fn every_zero_stage_matches_one_device_step_for_step() {
     let half = losses(&gpt_run(&dir, "half", 0, &["memory.precision=\"fp16-mixed\""]));
     let log = gpt_run(&dir, "half-d2z2", 2, &["memory.precision=\"fp16-mixed\"", "parallel.zero=2"]);
     assert_close("fp16-mixed zero 2", &half, &losses(&log), 1e-4);
+    let sets = [
+        "memory.precision=\"fp16-mixed\"",
+        "parallel.zero=1",
+        "parallel.offload=\"optimizer\"",
+    ];
+    let log = gpt_run(&dir, "half-d2z1off", 2, &sets);
+    assert_close("fp16-mixed zero 1 offloaded", &half, &losses(&log), 1e-4);
+    // The offloaded state is in host memory, none of it on the devices.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().filter(|l| l.contains("\"mem\"")).last().unwrap()).unwrap();
+    assert!(last["mem"]["host"]["optimizer_state"].as_u64().unwrap() > 0, "{last}");
+    for d in last["mem"]["devices"].as_array().unwrap() {
+        assert_eq!(d["by_category"]["optimizer_state"].as_u64(), Some(0), "{d}");
+    }
 }
 
 #[test]
@@ -154,7 +178,7 @@ fn a_run_resumes_onto_another_number_of_devices() {
     // The same run stopped after 3 steps on two devices, resumed on three, and on one.
     let part = gpt_run(&dir, "part", 2, &["parallel.zero=2", "train.steps=3"]);
     let ckpt = dir.join("part.ckpt");
-    for (name, devices) in [("on3", 3usize), ("on1", 0)] {
+    for (name, devices, offload) in [("on3", 3usize, "optimizer"), ("on1", 0, "none")] {
         let resumed = dir.join(format!("{name}.jsonl"));
         std::fs::copy(&part, &resumed).unwrap();
         let copy = dir.join(format!("{name}.ckpt"));
@@ -165,7 +189,10 @@ fn a_run_resumes_onto_another_number_of_devices() {
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(&entry, &to).unwrap();
         }
-        let mut sets = vec!["train.steps=6".to_string(), "parallel.zero=1".into()];
+        let mut sets = vec!["train.steps=6".to_string()];
+        if devices > 0 {
+            sets.extend(["parallel.zero=1".to_string(), format!("parallel.offload=\"{offload}\"")]);
+        }
         sets.push(format!("checkpoint.dir=\"{}\"", copy.display()));
         let text = corpus(&dir);
         let mut args: Vec<String> = vec!["train".into(), "--quiet".into()];
@@ -216,7 +243,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn the_estimate_equals_each_devices_measured_peak() {
     let dir = scratch("parallel-estimate");
     let text = corpus(&dir);
-    for zero in [0, 1, 2] {
+    for (zero, offload) in [(0, "none"), (1, "none"), (2, "none"), (2, "optimizer")] {
         let sets = [
             "model.kind=\"gpt\"".to_string(),
             "data.kind=\"chars\"".into(),
@@ -228,6 +255,7 @@ fn the_estimate_equals_each_devices_measured_peak() {
             "train.batch_size=12".into(),
             "parallel.devices=[\"0\",\"0\",\"0\"]".into(),
             format!("parallel.zero={zero}"),
+            format!("parallel.offload=\"{offload}\""),
         ];
         let mut args: Vec<String> = vec!["estimate".into(), "--json".into()];
         for s in &sets {
@@ -240,12 +268,7 @@ fn the_estimate_equals_each_devices_measured_peak() {
             .iter()
             .map(|v| v.as_u64().unwrap())
             .collect();
-        let log = gpt_run(
-            &dir,
-            &format!("z{zero}"),
-            3,
-            &[&format!("parallel.zero={zero}"), "train.grad_clip=0"],
-        );
+        let log = gpt_run(&dir, &format!("z{zero}{offload}"), 3, &[&sets[9], &sets[10], "train.grad_clip=0"]);
         let measured = device_peaks(&log);
         // From the second step on (the optimizer state exists), as the estimate's.
         for peaks in &measured[1..] {
@@ -258,6 +281,10 @@ fn the_estimate_equals_each_devices_measured_peak() {
         let shard = |bytes: u64| m[if bytes == 4 { "gradients" } else { "optimizer_state" }].as_u64().unwrap();
         assert_eq!(m["parameters"].as_u64().unwrap(), 4 * psi);
         assert_eq!(shard(4) == 4 * psi, zero < 2, "zero {zero}: gradients {}", shard(4));
+        if offload != "none" {
+            assert_eq!(shard(8), 0, "offloaded optimizer state is not on the device");
+            continue;
+        }
         assert_eq!(shard(8) == 8 * psi, zero < 1, "zero {zero}: optimizer state {}", shard(8));
         if zero >= 1 {
             assert!(shard(8) <= 8 * psi.div_ceil(3) + 8 * 64, "{}", shard(8));
@@ -275,6 +302,8 @@ fn bad_parallel_settings_are_refused_with_the_reason() {
         ("parallel.zero=3", "not built yet"),
         ("parallel.offload=\"disk\"", "parallel.offload must be"),
         ("parallel.bucket_mb=0", "parallel.bucket_mb must be in"),
+        ("parallel.offload=\"optimizer\"", "need parallel.devices"),
+        ("parallel.offload=\"optimizer+parameters\"", "not built yet"),
         ("parallel.devices=[\"0\",\"no-such-adapter\"]", "no-such-adapter"),
     ] {
         let args = [

@@ -214,3 +214,75 @@ pub fn lr_at(step: u64, base: f32, warmup: u64, total: u64, min_lr: f32, cosine:
     let progress = ((step - warmup) as f32 / (total - warmup) as f32).min(1.0);
     min_lr + 0.5 * (base - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
 }
+
+/// An optimizer whose state lives in host memory (`parallel.offload = "optimizer"`,
+/// ZeRO-Offload's CPU optimizer): the same update rules as the kernels, over f32 slices,
+/// spread over the host's cores. The step count is the caller's.
+#[derive(Default)]
+pub struct HostOptimizer {
+    /// Per parameter: (first moment or momentum buffer, second moment; empty for SGD).
+    pub state: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl HostOptimizer {
+    /// Bytes of state held.
+    pub fn bytes(&self) -> u64 {
+        self.state.iter().flatten().map(|(m, v)| 4 * (m.len() + v.len()) as u64).sum()
+    }
+
+    /// Updates `weights` (parameter `i`'s shard) from `grad` with `rule` at step `step`
+    /// (counting from 1), as the device kernels do (torch.optim.AdamW / SGD).
+    pub fn update(&mut self, rule: &Rule, i: usize, weights: &mut [f32], grad: &[f32], lr: f32, step: u32) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 14;
+        if self.state.len() <= i {
+            self.state.resize_with(i + 1, || None);
+        }
+        let fresh = self.state[i].is_none();
+        let n = weights.len();
+        let (m, v) = self.state[i].get_or_insert_with(|| {
+            let second = if matches!(rule, Rule::AdamW(_)) { n } else { 0 };
+            (vec![0.0; n], vec![0.0; second])
+        });
+        match *rule {
+            Rule::AdamW(h) => {
+                let (b1, b2) = h.betas;
+                let bc1 = 1.0 - b1.powi(step as i32);
+                let bc2_sqrt = (1.0 - b2.powi(step as i32)).sqrt();
+                let decay = 1.0 - lr * h.weight_decay;
+                let step_size = lr / bc1;
+                weights
+                    .par_chunks_mut(CHUNK)
+                    .zip(grad.par_chunks(CHUNK))
+                    .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                    .for_each(|((w, g), (m, v))| {
+                        for k in 0..w.len() {
+                            let mi = b1 * m[k] + (1.0 - b1) * g[k];
+                            let vi = b2 * v[k] + (1.0 - b2) * g[k] * g[k];
+                            m[k] = mi;
+                            v[k] = vi;
+                            let denom = vi.sqrt() / bc2_sqrt + h.eps;
+                            w[k] = w[k] * decay - step_size * mi / denom;
+                        }
+                    });
+            }
+            Rule::Sgd(h) => {
+                weights
+                    .par_chunks_mut(CHUNK)
+                    .zip(grad.par_chunks(CHUNK))
+                    .zip(m.par_chunks_mut(CHUNK))
+                    .for_each(|((w, g), m)| {
+                        for k in 0..w.len() {
+                            let mut gk = g[k] + h.weight_decay * w[k];
+                            if h.momentum != 0.0 {
+                                let buf = if fresh { gk } else { h.momentum * m[k] + (1.0 - h.dampening) * gk };
+                                m[k] = buf;
+                                gk = if h.nesterov { gk + h.momentum * buf } else { buf };
+                            }
+                            w[k] -= lr * gk;
+                        }
+                    });
+            }
+        }
+    }
+}

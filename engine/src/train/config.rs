@@ -264,7 +264,8 @@ pub struct ParallelConfig {
     pub devices: Vec<String>,
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients.
     pub zero: u8,
-    /// "none" (more is not built yet).
+    /// "none", or "optimizer": optimizer state and the update in host memory
+    /// (ZeRO-Offload; needs zero >= 1). "optimizer+parameters" is not built yet.
     pub offload: String,
     /// Gradient bucket size in MiB (reduced as backward makes them final).
     pub bucket_mb: f64,
@@ -315,8 +316,14 @@ impl ParallelConfig {
         }
         match self.offload.as_str() {
             "none" => {}
-            "optimizer" | "optimizer+parameters" => {
-                return bad(format!("parallel.offload = \"{}\" is not built yet; use \"none\"", self.offload));
+            "optimizer" if self.zero == 0 && self.enabled() => {
+                return bad(
+                    "parallel.offload = \"optimizer\" needs parallel.zero >= 1 (each device's host thread updates its shard)".into(),
+                );
+            }
+            "optimizer" => {}
+            "optimizer+parameters" => {
+                return bad("parallel.offload = \"optimizer+parameters\" is not built yet; use \"none\" or \"optimizer\"".into());
             }
             o => {
                 return bad(format!(
@@ -328,6 +335,9 @@ impl ParallelConfig {
             return bad(format!("parallel.bucket_mb must be in (0, 65536], got {}", self.bucket_mb));
         }
         if !self.enabled() {
+            if self.zero > 0 || self.offload != "none" {
+                return bad("parallel.zero and parallel.offload need parallel.devices (e.g. [\"0\"] for one device)".into());
+            }
             return Ok(());
         }
         let n = self.world();

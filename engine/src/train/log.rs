@@ -31,6 +31,7 @@ pub fn mem_log(s: &MemoryStats) -> MemLog {
         num_ooms: s.num_ooms,
         num_alloc_retries: s.num_alloc_retries,
         devices: Vec::new(),
+        host: Default::default(),
     }
 }
 

@@ -12,6 +12,9 @@
 //! - zero 2: as 1, and the full gradients are freed as soon as their bucket is reduced:
 //!   only shard gradients remain;
 //! after a sharded update the ranks gather each other's updated shards (all-gather).
+//! With `offload = "optimizer"` (ZeRO-Offload) the reduced shard gradients stay in host
+//! memory, where the optimizer state lives and the update runs (`optim::HostOptimizer`);
+//! the updated shards go straight from there to every device.
 //! GradScaler's inf/NaN check and clipping's global norm span every rank's shard.
 //! Checkpoints hold the whole state, as a single device's, so a run resumes onto any
 //! number of devices.
@@ -32,7 +35,7 @@ use crate::data::HostBatch;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::{Category, MemoryStats};
-use crate::optim::{Optimizer, Rule, clip_coef, grad_square_sum, scale_grads};
+use crate::optim::{HostOptimizer, Optimizer, Rule, clip_coef, grad_square_sum, scale_grads};
 use crate::parallel::collective::sum_range;
 use crate::parallel::{Collective, HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
@@ -58,6 +61,8 @@ pub struct World {
     shards: Shards,
     zero: u8,
     bucket_bytes: usize,
+    /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
+    offload: Vec<HostOptimizer>,
 }
 
 /// What a rank's thread borrows for a step.
@@ -66,6 +71,7 @@ struct Rank<'a> {
     model: &'a dyn Trainable,
     params: &'a mut Params,
     opt: &'a mut Optimizer,
+    host: Option<&'a mut HostOptimizer>,
 }
 
 /// What every rank's step shares.
@@ -78,6 +84,7 @@ struct StepPlan<'a> {
     scaler: Option<&'a GradScaler>,
     grad_clip: f32,
     lr: f32,
+    offload: bool,
 }
 
 impl Trainer {
@@ -106,6 +113,11 @@ impl Trainer {
             },
             zero: self.config.parallel.zero,
             bucket_bytes: self.config.parallel.bucket_bytes().max(4),
+            offload: if self.config.parallel.offload == "none" {
+                Vec::new()
+            } else {
+                (0..self.config.parallel.world()).map(|_| HostOptimizer::default()).collect()
+            },
         });
         Ok(())
     }
@@ -120,6 +132,16 @@ impl Trainer {
         let mut out = vec![self.rt.alloc.stats()];
         if let Some(w) = &self.world {
             out.extend(w.peers.iter().map(|p| p.rt.alloc.stats()));
+        }
+        out
+    }
+
+    /// Host memory of the run by category (the offloaded optimizer state), if any.
+    pub fn host_bytes(&self) -> std::collections::BTreeMap<String, u64> {
+        let state: u64 = self.world.iter().flat_map(|w| &w.offload).map(HostOptimizer::bytes).sum();
+        let mut out = std::collections::BTreeMap::new();
+        if self.world.as_ref().is_some_and(|w| !w.offload.is_empty()) {
+            out.insert(Category::OptimizerState.name().to_string(), state);
         }
         out
     }
@@ -163,12 +185,17 @@ impl Trainer {
             scaler: scaler.as_ref(),
             grad_clip: config.train.grad_clip,
             lr,
+            offload: !world.offload.is_empty(),
         };
+        let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
+        hosts.resize_with(n, || None);
+        let mut hosts = hosts.into_iter();
         let mut ranks = vec![Rank {
             rt,
             model: &**model,
             params,
             opt,
+            host: hosts.next().flatten(),
         }];
         for p in &mut world.peers {
             ranks.push(Rank {
@@ -176,6 +203,7 @@ impl Trainer {
                 model: &*p.model,
                 params: &mut p.params,
                 opt: &mut p.opt,
+                host: hosts.next().flatten(),
             });
         }
         let results: Vec<Result<(f64, bool), Error>> = std::thread::scope(|s| {
@@ -240,7 +268,13 @@ fn is_abort(e: Option<&Error>) -> bool {
 /// One rank's step: forward and backward over its part in micro-batches, the buckets
 /// reduced as backward finishes them, then the update of what this rank owns.
 fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> Result<(f64, bool), Error> {
-    let Rank { rt, model, params, opt } = rank;
+    let Rank {
+        rt,
+        model,
+        params,
+        opt,
+        host,
+    } = rank;
     let mut reducer = Reducer::new(comm, plan, params.list.len());
     let mut losses = Vec::new();
     if part.examples > 0 {
@@ -266,14 +300,16 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     rt.phase("reduce");
     reducer.finish(rt, params)?;
     rt.phase("optimizer");
-    let skipped = if plan.zero == 0 {
+    let skipped = if let Some(host) = host {
+        update_on_host(rt, params, opt, host, &mut reducer, comm, plan)?
+    } else if plan.zero == 0 {
         update(rt, params, opt, comm, plan)?
     } else {
         let shard = shard_params(params, &mut reducer, plan, comm.rank())?;
         let skipped = update(rt, &shard, opt, comm, plan)?;
         drop(shard);
         rt.phase("gather");
-        gather_params(rt, params, plan.shards, comm)?;
+        gather_params(rt, params, plan.shards, comm, None)?;
         skipped
     };
     params.zero_grad();
@@ -338,22 +374,80 @@ fn shard_params(params: &Params, reducer: &mut Reducer, plan: &StepPlan, rank: u
     Ok(out)
 }
 
-/// All-gather of the updated shards: this rank's shards read back and every other
-/// rank's written into this rank's weights.
-fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm) -> Result<(), Error> {
+/// The update under `offload = "optimizer"`: the reduced shard gradients are on the
+/// host already; unscale and check, clip and update there, then every rank writes
+/// every rank's updated shard into its weights.
+fn update_on_host(
+    rt: &Runtime,
+    params: &Params,
+    opt: &mut Optimizer,
+    host: &mut HostOptimizer,
+    reducer: &mut Reducer,
+    comm: &HostComm,
+    plan: &StepPlan,
+) -> Result<bool, Error> {
     let rank = comm.rank();
-    let mut mine = Vec::with_capacity(shards.owned(rank));
-    for (i, p) in params.list.iter().enumerate() {
-        let r = shards.range(i, rank);
-        if r.is_empty() {
-            continue;
+    let grads = &mut reducer.host_grads;
+    let mut found = false;
+    if let Some(sc) = plan.scaler {
+        let inv = 1.0 / sc.scale;
+        for g in grads.iter_mut().flatten() {
+            g.iter_mut().for_each(|x| *x *= inv);
+            found |= g.iter().any(|x| !x.is_finite());
         }
-        let bytes = rt.read_range(p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64)?;
-        mine.extend_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(&bytes));
     }
+    if comm.any(found).map_err(collective)? {
+        return Ok(true);
+    }
+    if plan.grad_clip > 0.0 {
+        let local: f64 = grads.iter().flatten().flat_map(|g| g.iter()).map(|&x| x as f64 * x as f64).sum();
+        let coef = clip_coef(comm.sum_f64(local).map_err(collective)?.sqrt() as f32, plan.grad_clip);
+        if coef < 1.0 {
+            grads.iter_mut().flatten().for_each(|g| g.iter_mut().for_each(|x| *x *= coef));
+        }
+    }
+    opt.step += 1;
+    let mut mine = Vec::with_capacity(plan.shards.owned(rank));
+    for (i, p) in params.list.iter().enumerate() {
+        let r = plan.shards.range(i, rank);
+        let Some(g) = grads[i].take() else { continue };
+        let bytes = rt.read_range(p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64)?;
+        let mut w = bytemuck::pod_collect_to_vec::<u8, f32>(&bytes);
+        // The estimate's dry run has no values to update (and must not hold the state).
+        if rt.runs_kernels() {
+            host.update(&opt.rule, i, &mut w, &g, plan.lr, opt.step);
+        }
+        mine.extend_from_slice(&w);
+    }
+    rt.phase("gather");
+    gather_params(rt, params, plan.shards, comm, Some(mine))?;
+    Ok(false)
+}
+
+/// All-gather of the updated shards: this rank's shards (read back, or `mine` when the
+/// host holds them) exchanged and every rank's written into this rank's weights (its
+/// own too when they come from the host).
+fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm, mine: Option<Vec<f32>>) -> Result<(), Error> {
+    let rank = comm.rank();
+    let from_host = mine.is_some();
+    let mine = match mine {
+        Some(v) => v,
+        None => {
+            let mut mine = Vec::with_capacity(shards.owned(rank));
+            for (i, p) in params.list.iter().enumerate() {
+                let r = shards.range(i, rank);
+                if r.is_empty() {
+                    continue;
+                }
+                let bytes = rt.read_range(p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64)?;
+                mine.extend_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(&bytes));
+            }
+            mine
+        }
+    };
     let all = comm.all_gather_vecs(mine).map_err(collective)?;
     for (other, theirs) in all.iter().enumerate() {
-        if other == rank {
+        if other == rank && !from_host {
             continue;
         }
         let mut at = 0;
@@ -389,6 +483,8 @@ struct Reducer<'a> {
     reduced: Vec<Option<Tensor>>,
     /// Reduced shard gradients (stage 2).
     shard_grads: Vec<Option<Tensor>>,
+    /// Reduced shard gradients kept on the host (offload).
+    host_grads: Vec<Option<Vec<f32>>>,
 }
 
 impl<'a> Reducer<'a> {
@@ -401,6 +497,7 @@ impl<'a> Reducer<'a> {
             seen: vec![false; n],
             reduced: (0..n).map(|_| None).collect(),
             shard_grads: (0..n).map(|_| None).collect(),
+            host_grads: (0..n).map(|_| None).collect(),
         }
     }
 
@@ -464,6 +561,14 @@ impl<'a> Reducer<'a> {
             let mut sum = vec![0.0f32; r.len()];
             sum_range(&all, start + r.start..start + r.end, &mut sum);
             let label = format!("{name}.grad");
+            if self.plan.offload {
+                // The update runs on the host: the device's gradient is done with.
+                drop(g);
+                if !sum.is_empty() {
+                    self.host_grads[i] = Some(sum);
+                }
+                continue;
+            }
             match self.plan.zero {
                 0 | 1 => {
                     // The sum goes into this rank's own gradient (its whole or its shard).
@@ -495,6 +600,17 @@ impl Trainer {
     /// shards above stage 0): (first moment or momentum, second moment for AdamW).
     pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<(Vec<f32>, Option<Vec<f32>>)>, Error> {
         let adam = matches!(self.opt.rule, Rule::AdamW(_));
+        if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
+            let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
+            for host in &w.offload {
+                if let Some(Some((m, v))) = host.state.get(i) {
+                    any = true;
+                    m_all.extend_from_slice(m);
+                    v_all.extend_from_slice(v);
+                }
+            }
+            return Ok(any.then_some((m_all, adam.then_some(v_all))));
+        }
         let mut sources: Vec<(&Runtime, &Optimizer)> = vec![(&self.rt, &self.opt)];
         if let Some(w) = self.world.as_ref().filter(|w| w.zero > 0) {
             sources.extend(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
@@ -520,6 +636,16 @@ impl Trainer {
         let shape = p.value.shape().to_vec();
         let zero = self.world.as_ref().map_or(0, |w| w.zero);
         let world = self.world_size();
+        if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
+            for (rank, host) in w.offload.iter_mut().enumerate() {
+                let r = crate::parallel::shard_range(m.len(), rank, world);
+                if host.state.len() <= i {
+                    host.state.resize_with(i + 1, || None);
+                }
+                host.state[i] = (!r.is_empty()).then(|| (m[r.clone()].to_vec(), v.map(|v| v[r].to_vec()).unwrap_or_default()));
+            }
+            return Ok(());
+        }
         let mut targets: Vec<(&Runtime, &mut Optimizer)> = vec![(&self.rt, &mut self.opt)];
         if let Some(w) = &mut self.world {
             targets.extend(w.peers.iter_mut().map(|p| (&*p.rt, &mut p.opt)));
@@ -559,6 +685,7 @@ impl Trainer {
                 q.value = Tensor::from_f32(&peer.rt, &host, p.value.shape(), Category::Parameter, &p.name)?;
             }
         }
+        w.offload.iter_mut().for_each(|h| h.state.clear());
         for peer in &mut w.peers {
             peer.opt.step = self.opt.step;
             peer.opt.state = (0..peer.params.list.len()).map(|_| None).collect();

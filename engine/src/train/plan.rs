@@ -185,7 +185,12 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
             elements,
             parameters: 4 * elements,
             gradients: 4 * if zero >= 2 { owned } else { elements },
-            optimizer_state: optimizer_per * if zero >= 1 { owned } else { elements },
+            // Offloaded optimizer state lives in host memory, not on the device.
+            optimizer_state: if config.parallel.enabled() && config.parallel.offload != "none" {
+                0
+            } else {
+                optimizer_per * if zero >= 1 { owned } else { elements }
+            },
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
     };

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
-use wgtrain_protocol::{EvalLog, RunInfo, StepLog, StepMemory};
+use wgtrain_protocol::{EvalLog, MemLog, RunInfo, StepLog, StepMemory};
 
 use super::checkpoint;
 use super::checkpoint_dir::{CheckpointDir, Start};
@@ -217,7 +217,10 @@ impl Trainer {
                 tokens_per_s: tokens_per_example.map(|t| t as f64 * samples_per_s),
                 model_tflops: Some(model_tflops),
                 mfu: peak.map(|p| model_tflops / p),
-                mem: Some(mem_log_devices(&self.device_stats())),
+                mem: Some(MemLog {
+                    host: self.host_bytes(),
+                    ..mem_log_devices(&self.device_stats())
+                }),
                 gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6),
                 kernels: kernels.map(|(rows, _)| rows),
                 scale,

@@ -37,6 +37,9 @@ pub struct MemLog {
     /// fields are the first device's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<MemLog>,
+    /// Bytes held in host memory by category (offloaded state), when any is.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host: BTreeMap<String, u64>,
 }
 
 /// One kernel's row of a step's profile, as torch.profiler's `key_averages()` gives it.
