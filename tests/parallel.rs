@@ -123,7 +123,7 @@ fn every_zero_stage_matches_one_device_step_for_step() {
     assert_close("fp16-mixed zero 1 offloaded", &half, &losses(&log), 1e-4);
     // The offloaded state is in host memory, none of it on the devices.
     let text = std::fs::read_to_string(&log).unwrap();
-    let last: serde_json::Value = serde_json::from_str(text.lines().filter(|l| l.contains("\"mem\"")).last().unwrap()).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().rfind(|l| l.contains("\"mem\"")).unwrap()).unwrap();
     assert!(last["mem"]["host"]["optimizer_state"].as_u64().unwrap() > 0, "{last}");
     for d in last["mem"]["devices"].as_array().unwrap() {
         assert_eq!(d["by_category"]["optimizer_state"].as_u64(), Some(0), "{d}");

@@ -35,7 +35,7 @@ impl Trainer {
                     gpu,
                     AllocatorOptions {
                         debug: Some(config.memory.debug),
-                        cap: cap.clone(),
+                        cap,
                         dry: false,
                     },
                 )?));

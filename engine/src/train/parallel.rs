@@ -10,18 +10,20 @@
 //! - zero 1: each rank keeps the sum of its shard only (in its full gradient) and its
 //!   optimizer updates only its shard, with state for that shard alone;
 //! - zero 2: as 1, and the full gradients are freed as soon as their bucket is reduced:
-//!   only shard gradients remain;
-//! after a sharded update the ranks gather each other's updated shards (all-gather).
+//!   only shard gradients remain.
+//!
+//! After a sharded update the ranks gather each other's updated shards (all-gather).
 //! With `offload = "optimizer"` (ZeRO-Offload) the reduced shard gradients stay in host
 //! memory, where the optimizer state lives and the update runs (`optim::HostOptimizer`);
 //! the updated shards go straight from there to every device.
+//!
 //! GradScaler's inf/NaN check and clipping's global norm span every rank's shard.
 //! Checkpoints hold the whole state, as a single device's, so a run resumes onto any
 //! number of devices.
 //!
 //! May call: `autograd`, `data`, `device`, `error`, `kernels`, `memory`, `optim`,
 //! `parallel`, `runtime`, `scaler`, `tensor`, `train::{build, config, error, model,
-//! step, trainer}`. Called by: `train::{open, plan, run, state, step}`.
+//! step, trainer, world}`. Called by: `train::{open, plan, run, state, step}`.
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ use super::error::TrainError;
 use super::model::Trainable;
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
+use super::world::{Peer, World};
 use crate::autograd::{Param, Params, Tape};
 use crate::data::HostBatch;
 use crate::error::Error;
@@ -42,28 +45,9 @@ use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
 use crate::tensor::Tensor;
 
-/// A device of a multi-device run other than the first.
-pub struct Peer {
-    /// Its runtime.
-    pub rt: Arc<Runtime>,
-    /// Its copy of the parameters (whole: stages 0-2 keep every weight on every rank).
-    pub params: Params,
-    model: Box<dyn Trainable>,
-    opt: Optimizer,
-}
-
-/// The devices beyond the first and what joins them.
-pub struct World {
-    group: HostGroup,
-    comms: Vec<HostComm>,
-    /// Ranks 1.. (rank 0 is the trainer's own).
-    pub peers: Vec<Peer>,
-    shards: Shards,
-    zero: u8,
-    bucket_bytes: usize,
-    /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
-    offload: Vec<HostOptimizer>,
-}
+/// One parameter's optimizer state on the host: (first moment or momentum, second
+/// moment for AdamW).
+pub(super) type HostState = (Vec<f32>, Option<Vec<f32>>);
 
 /// What a rank's thread borrows for a step.
 struct Rank<'a> {
@@ -598,7 +582,7 @@ impl<'a> Reducer<'a> {
 impl Trainer {
     /// Parameter `i`'s optimizer state on the host, whole (gathered from the ranks'
     /// shards above stage 0): (first moment or momentum, second moment for AdamW).
-    pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<(Vec<f32>, Option<Vec<f32>>)>, Error> {
+    pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
         let adam = matches!(self.opt.rule, Rule::AdamW(_));
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
             let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);

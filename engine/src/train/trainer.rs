@@ -43,7 +43,7 @@ pub struct Trainer {
     pub(super) epoch: u64,
     pub(super) index: u64,
     /// The other devices of a multi-device run (`train::parallel`).
-    pub(super) world: Option<super::parallel::World>,
+    pub(super) world: Option<super::world::World>,
 }
 
 impl Trainer {

@@ -1,0 +1,36 @@
+//! The devices of a multi-device run beyond the first, and what joins them: the state
+//! `train::parallel` steps over, held by the trainer.
+//!
+//! May call: `autograd`, `optim`, `parallel`, `runtime`, `train::model`. Called by:
+//! `train::{parallel, trainer}`.
+
+use std::sync::Arc;
+
+use super::model::Trainable;
+use crate::autograd::Params;
+use crate::optim::{HostOptimizer, Optimizer};
+use crate::parallel::{HostComm, HostGroup, Shards};
+use crate::runtime::Runtime;
+
+/// A device of a multi-device run other than the first.
+pub struct Peer {
+    /// Its runtime.
+    pub rt: Arc<Runtime>,
+    /// Its copy of the parameters (whole: stages 0-2 keep every weight on every rank).
+    pub params: Params,
+    pub(super) model: Box<dyn Trainable>,
+    pub(super) opt: Optimizer,
+}
+
+/// The devices beyond the first and what joins them.
+pub struct World {
+    pub(super) group: HostGroup,
+    pub(super) comms: Vec<HostComm>,
+    /// Ranks 1.. (rank 0 is the trainer's own).
+    pub peers: Vec<Peer>,
+    pub(super) shards: Shards,
+    pub(super) zero: u8,
+    pub(super) bucket_bytes: usize,
+    /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
+    pub(super) offload: Vec<HostOptimizer>,
+}
