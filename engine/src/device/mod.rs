@@ -5,9 +5,10 @@
 //! they made a tiled matmul 15x slower); every launch validates shapes, strides and
 //! ranges on the host instead (see `kernels`).
 //!
-//! May call: wgpu, `report`. Called by: the allocator, kernels, the CLI.
+//! May call: wgpu, `report`, `transfer`. Called by: the allocator, kernels, the CLI.
 
 pub mod report;
+pub mod transfer;
 
 use std::sync::{Arc, Mutex};
 

@@ -21,6 +21,7 @@ use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, Pipeline
 use super::profile::{StepTrace, Work};
 use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
 use crate::device::Gpu;
+use crate::device::transfer::Download;
 use crate::error::Error;
 use crate::memory::{Allocator, AllocatorOptions, Block};
 
@@ -185,6 +186,57 @@ impl Runtime {
     pub fn read_range(&self, block: &Block, byte_offset: u64, len: u64) -> Result<Vec<u8>, Error> {
         self.flush();
         Ok(block.read_range(byte_offset, len)?)
+    }
+
+    /// Starts copying byte ranges (block, offset, length) to the host, after what is
+    /// recorded; finish it on any thread. A dry runtime's yields zeros.
+    pub fn download(&self, ranges: &[(&Block, u64, u64)]) -> Result<Download, Error> {
+        self.flush();
+        let len = ranges.iter().map(|r| r.2).sum();
+        if !self.runs_kernels() {
+            return Ok(Download::zeros(len));
+        }
+        let raw = ranges
+            .iter()
+            .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+        Ok(self.gpu.download(&refs)?)
+    }
+
+    /// Copies `data` into byte ranges (block, offset, length) laid end to end, after
+    /// what is recorded (nothing on a dry runtime).
+    pub fn upload(&self, ranges: &[(&Block, u64, u64)], data: &[u8]) -> Result<(), Error> {
+        self.flush();
+        if !self.runs_kernels() {
+            return Ok(());
+        }
+        let raw = ranges
+            .iter()
+            .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+        Ok(self.gpu.upload(&refs, data)?)
+    }
+
+    /// A byte range of `block` as (buffer, absolute offset, length), checked to lie
+    /// inside its request, for copies made on another thread (`Gpu::upload`); None on a
+    /// dry runtime, which has no buffers to copy.
+    pub fn target(&self, block: &Block, byte_offset: u64, len: u64) -> Result<Option<(wgpu::Buffer, u64, u64)>, Error> {
+        if byte_offset + len > block.requested().next_multiple_of(4) {
+            return Err(Error::invalid(
+                "copy",
+                format!(
+                    "bytes {byte_offset}..{} outside a {}-byte block",
+                    byte_offset + len,
+                    block.requested()
+                ),
+            ));
+        }
+        if !self.runs_kernels() {
+            return Ok(None);
+        }
+        Ok(Some((block.buffer().clone(), block.offset() + byte_offset, len)))
     }
 
     /// Reads `block`'s requested bytes back, after what is recorded.

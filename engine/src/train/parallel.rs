@@ -30,19 +30,18 @@ use std::sync::Arc;
 use super::build::{build_model, optimizer_rule};
 use super::error::TrainError;
 use super::model::Trainable;
+use super::reducer::{Reducer, transfer};
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
-use super::world::{Peer, World};
+use super::world::{Peer, StepPlan, World};
 use crate::autograd::{Param, Params, Tape};
 use crate::data::HostBatch;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::{Category, MemoryStats};
 use crate::optim::{HostOptimizer, Optimizer, Rule, clip_coef, grad_square_sum, scale_grads};
-use crate::parallel::collective::sum_range;
 use crate::parallel::{Collective, HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
-use crate::scaler::GradScaler;
 use crate::tensor::Tensor;
 
 /// One parameter's optimizer state on the host: (first moment or momentum, second
@@ -56,19 +55,6 @@ struct Rank<'a> {
     params: &'a mut Params,
     opt: &'a mut Optimizer,
     host: Option<&'a mut HostOptimizer>,
-}
-
-/// What every rank's step shares.
-struct StepPlan<'a> {
-    shards: &'a Shards,
-    zero: u8,
-    bucket_bytes: usize,
-    micro: Option<usize>,
-    total_targets: usize,
-    scaler: Option<&'a GradScaler>,
-    grad_clip: f32,
-    lr: f32,
-    offload: bool,
 }
 
 impl Trainer {
@@ -259,8 +245,65 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         opt,
         host,
     } = rank;
-    let mut reducer = Reducer::new(comm, plan, params.list.len());
+    let n_params = params.list.len();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reducer = Reducer::new(plan, comm.rank(), n_params, tx);
     let mut losses = Vec::new();
+    let gpu = rt.runs_kernels().then(|| rt.gpu.clone());
+    // Backward and the buckets' exchanges overlap: this thread records, the transfer
+    // thread waits for each bucket's copy and reduces it.
+    let host_grads = std::thread::scope(|s| -> Result<_, Error> {
+        let worker = s.spawn(|| {
+            let out = transfer(rx, comm, gpu, plan.offload, n_params);
+            if let Err(e) = &out {
+                comm.abort(&e.to_string());
+            }
+            out
+        });
+        let recorded = forward_backward(rt, model, params, part, plan, &mut reducer, &mut losses);
+        // Whatever happened, the queue closes so the worker ends.
+        let finished = recorded.and_then(|_| {
+            rt.phase("reduce");
+            reducer.finish(rt, params)
+        });
+        reducer.close();
+        let reduced = worker
+            .join()
+            .unwrap_or_else(|_| Err(Error::invalid("gradient reduction", "the transfer thread panicked")));
+        finished?;
+        reduced
+    })?;
+    reducer.restore(params);
+    rt.phase("optimizer");
+    let skipped = if let Some(host) = host {
+        update_on_host(rt, params, opt, host, host_grads, comm, plan)?
+    } else if plan.zero == 0 {
+        update(rt, params, opt, comm, plan)?
+    } else {
+        let shard = shard_params(params, &mut reducer, plan, comm.rank())?;
+        let skipped = update(rt, &shard, opt, comm, plan)?;
+        drop(shard);
+        rt.phase("gather");
+        gather_params(rt, params, plan.shards, comm, None)?;
+        skipped
+    };
+    params.zero_grad();
+    rt.phase("readback");
+    let loss = read_losses(rt, &losses).map_err(|e| Error::invalid("parallel step", e.to_string()))?;
+    Ok((loss, skipped))
+}
+
+/// Forward and backward over this rank's part in micro-batches; the last backward
+/// hands each finished gradient to the reducer.
+fn forward_backward(
+    rt: &Runtime,
+    model: &dyn Trainable,
+    params: &mut Params,
+    part: &HostBatch,
+    plan: &StepPlan,
+    reducer: &mut Reducer,
+    losses: &mut Vec<(Tensor, f64)>,
+) -> Result<(), Error> {
     if part.examples > 0 {
         let micro = plan.micro.filter(|&m| m > 0 && m < part.examples).unwrap_or(part.examples);
         let pieces = split_batch(part, micro);
@@ -281,25 +324,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
             losses.push((loss.value, weight as f64));
         }
     }
-    rt.phase("reduce");
-    reducer.finish(rt, params)?;
-    rt.phase("optimizer");
-    let skipped = if let Some(host) = host {
-        update_on_host(rt, params, opt, host, &mut reducer, comm, plan)?
-    } else if plan.zero == 0 {
-        update(rt, params, opt, comm, plan)?
-    } else {
-        let shard = shard_params(params, &mut reducer, plan, comm.rank())?;
-        let skipped = update(rt, &shard, opt, comm, plan)?;
-        drop(shard);
-        rt.phase("gather");
-        gather_params(rt, params, plan.shards, comm, None)?;
-        skipped
-    };
-    params.zero_grad();
-    rt.phase("readback");
-    let loss = read_losses(rt, &losses).map_err(|e| Error::invalid("parallel step", e.to_string()))?;
-    Ok((loss, skipped))
+    Ok(())
 }
 
 /// Unscale and check, clip and update `params` (the whole model at stage 0, this rank's
@@ -366,12 +391,11 @@ fn update_on_host(
     params: &Params,
     opt: &mut Optimizer,
     host: &mut HostOptimizer,
-    reducer: &mut Reducer,
+    mut grads: Vec<Option<Vec<f32>>>,
     comm: &HostComm,
     plan: &StepPlan,
 ) -> Result<bool, Error> {
     let rank = comm.rank();
-    let grads = &mut reducer.host_grads;
     let mut found = false;
     if let Some(sc) = plan.scaler {
         let inv = 1.0 / sc.scale;
@@ -391,17 +415,16 @@ fn update_on_host(
         }
     }
     opt.step += 1;
-    let mut mine = Vec::with_capacity(plan.shards.owned(rank));
-    for (i, p) in params.list.iter().enumerate() {
+    let mut mine = read_shards(rt, params, plan.shards, rank)?;
+    let mut at = 0;
+    for (i, g) in grads.iter().enumerate() {
         let r = plan.shards.range(i, rank);
-        let Some(g) = grads[i].take() else { continue };
-        let bytes = rt.read_range(p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64)?;
-        let mut w = bytemuck::pod_collect_to_vec::<u8, f32>(&bytes);
+        let w = &mut mine[at..at + r.len()];
+        at += r.len();
         // The estimate's dry run has no values to update (and must not hold the state).
-        if rt.runs_kernels() {
-            host.update(&opt.rule, i, &mut w, &g, plan.lr, opt.step);
+        if let Some(g) = g.as_ref().filter(|_| rt.runs_kernels()) {
+            host.update(&opt.rule, i, w, g, plan.lr, opt.step);
         }
-        mine.extend_from_slice(&w);
     }
     rt.phase("gather");
     gather_params(rt, params, plan.shards, comm, Some(mine))?;
@@ -416,20 +439,13 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
     let from_host = mine.is_some();
     let mine = match mine {
         Some(v) => v,
-        None => {
-            let mut mine = Vec::with_capacity(shards.owned(rank));
-            for (i, p) in params.list.iter().enumerate() {
-                let r = shards.range(i, rank);
-                if r.is_empty() {
-                    continue;
-                }
-                let bytes = rt.read_range(p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64)?;
-                mine.extend_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(&bytes));
-            }
-            mine
-        }
+        None => read_shards(rt, params, shards, rank)?,
     };
     let all = comm.all_gather_vecs(mine).map_err(collective)?;
+    // Every other rank's shards (and this rank's own when they come from the host),
+    // in one upload.
+    let mut ranges = Vec::new();
+    let mut data: Vec<f32> = Vec::new();
     for (other, theirs) in all.iter().enumerate() {
         if other == rank && !from_host {
             continue;
@@ -443,140 +459,26 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
             let values = theirs
                 .get(at..at + r.len())
                 .ok_or_else(|| Error::invalid("all-gather", format!("rank {other} sent too few weights")))?;
-            rt.write(
-                p.value.block(),
-                ((p.value.offset() + r.start) * 4) as u64,
-                bytemuck::cast_slice(values),
-            )?;
+            ranges.push((p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64));
+            data.extend_from_slice(values);
             at += r.len();
         }
     }
-    Ok(())
+    rt.upload(&ranges, bytemuck::cast_slice(&data))
 }
 
-/// DDP's reducer: gradients gathered into buckets in the order backward finishes
-/// them, each full bucket reduced across the ranks at once.
-struct Reducer<'a> {
-    comm: &'a HostComm,
-    plan: &'a StepPlan<'a>,
-    /// (parameter, its gradient if this rank made one, its shape, its name).
-    pending: Vec<(usize, Option<Tensor>, Vec<usize>, String)>,
-    pending_bytes: usize,
-    seen: Vec<bool>,
-    /// Reduced whole gradients (stages 0, 1), put back into the parameters at the end.
-    reduced: Vec<Option<Tensor>>,
-    /// Reduced shard gradients (stage 2).
-    shard_grads: Vec<Option<Tensor>>,
-    /// Reduced shard gradients kept on the host (offload).
-    host_grads: Vec<Option<Vec<f32>>>,
-}
-
-impl<'a> Reducer<'a> {
-    fn new(comm: &'a HostComm, plan: &'a StepPlan<'a>, n: usize) -> Reducer<'a> {
-        Reducer {
-            comm,
-            plan,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            seen: vec![false; n],
-            reduced: (0..n).map(|_| None).collect(),
-            shard_grads: (0..n).map(|_| None).collect(),
-            host_grads: (0..n).map(|_| None).collect(),
-        }
-    }
-
-    /// A parameter's gradient is final on this rank: into the bucket with it.
-    fn ready(&mut self, rt: &Runtime, i: usize, p: &mut Param) -> Result<(), Error> {
-        if std::mem::replace(&mut self.seen[i], true) {
-            return Ok(());
-        }
-        self.pending_bytes += p.value.numel() * 4;
-        self.pending.push((i, p.grad.take(), p.value.shape().to_vec(), p.name.clone()));
-        if self.pending_bytes >= self.plan.bucket_bytes {
-            self.flush(rt)?;
-        }
-        Ok(())
-    }
-
-    /// Parameters backward never reported (unused, or no backward on an empty share),
-    /// then the last bucket; the reduced whole gradients go back into `params`.
-    fn finish(&mut self, rt: &Runtime, params: &mut Params) -> Result<(), Error> {
-        for (i, p) in params.list.iter_mut().enumerate() {
-            self.ready(rt, i, p)?;
-        }
-        self.flush(rt)?;
-        for (p, g) in params.list.iter_mut().zip(&mut self.reduced) {
-            p.grad = g.take();
-        }
-        Ok(())
-    }
-
-    /// Reduces the bucket: its gradients read back and concatenated (zeros for one
-    /// this rank has none of), exchanged, and each rank's part summed in rank order.
-    fn flush(&mut self, rt: &Runtime) -> Result<(), Error> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let rank = self.comm.rank();
-        let mut flat: Vec<f32> = Vec::with_capacity(self.pending_bytes / 4);
-        let mut starts = Vec::with_capacity(self.pending.len());
-        for (_, g, shape, _) in &self.pending {
-            starts.push(flat.len());
-            match g {
-                Some(t) => flat.extend(t.to_f32_vec(rt)?),
-                None => flat.resize(flat.len() + shape.iter().product::<usize>(), 0.0),
-            }
-        }
-        let all = self.comm.all_gather_vecs(flat).map_err(collective)?;
-        if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != all[0].len()) {
-            return Err(Error::invalid(
-                "gradient bucket",
-                format!("rank {r} sent {} gradient elements where rank 0 sent {}", v.len(), all[0].len()),
-            ));
-        }
-        for ((i, g, shape, name), start) in self.pending.drain(..).zip(starts) {
-            let numel: usize = shape.iter().product();
-            let whole = 0..numel;
-            let r = if self.plan.zero == 0 {
-                whole
-            } else {
-                self.plan.shards.range(i, rank)
-            };
-            let mut sum = vec![0.0f32; r.len()];
-            sum_range(&all, start + r.start..start + r.end, &mut sum);
-            let label = format!("{name}.grad");
-            if self.plan.offload {
-                // The update runs on the host: the device's gradient is done with.
-                drop(g);
-                if !sum.is_empty() {
-                    self.host_grads[i] = Some(sum);
-                }
-                continue;
-            }
-            match self.plan.zero {
-                0 | 1 => {
-                    // The sum goes into this rank's own gradient (its whole or its shard).
-                    let t = match g {
-                        Some(t) if t.is_contiguous() && t.offset() == 0 => t,
-                        _ => Tensor::full(rt, &shape, crate::tensor::DType::F32, 0.0, Category::Gradient, &label)?,
-                    };
-                    if !sum.is_empty() {
-                        rt.write(t.block(), (r.start * 4) as u64, bytemuck::cast_slice(&sum))?;
-                    }
-                    self.reduced[i] = Some(t);
-                }
-                _ => {
-                    drop(g);
-                    if !sum.is_empty() {
-                        let t = Tensor::from_f32(rt, &sum, &[sum.len()], Category::Gradient, &format!("{label}.shard"))?;
-                        self.shard_grads[i] = Some(t);
-                    }
-                }
-            }
-        }
-        self.pending_bytes = 0;
-        Ok(())
-    }
+/// This rank's shard of every parameter's weights, end to end, in one download.
+fn read_shards(rt: &Runtime, params: &Params, shards: &Shards, rank: usize) -> Result<Vec<f32>, Error> {
+    let ranges: Vec<_> = params
+        .list
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p, shards.range(i, rank)))
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
+        .collect();
+    let bytes = rt.download(&ranges)?.finish()?;
+    Ok(bytemuck::pod_collect_to_vec(&bytes))
 }
 
 impl Trainer {

@@ -1,8 +1,8 @@
 //! The devices of a multi-device run beyond the first, and what joins them: the state
-//! `train::parallel` steps over, held by the trainer.
+//! `train::parallel` steps over, held by the trainer; and what a step's ranks share.
 //!
-//! May call: `autograd`, `optim`, `parallel`, `runtime`, `train::model`. Called by:
-//! `train::{parallel, trainer}`.
+//! May call: `autograd`, `optim`, `parallel`, `runtime`, `scaler`, `train::model`.
+//! Called by: `train::{parallel, reducer, trainer}`.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use crate::autograd::Params;
 use crate::optim::{HostOptimizer, Optimizer};
 use crate::parallel::{HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
+use crate::scaler::GradScaler;
 
 /// A device of a multi-device run other than the first.
 pub struct Peer {
@@ -33,4 +34,17 @@ pub struct World {
     pub(super) bucket_bytes: usize,
     /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
     pub(super) offload: Vec<HostOptimizer>,
+}
+
+/// What every rank's step shares.
+pub(super) struct StepPlan<'a> {
+    pub(super) shards: &'a Shards,
+    pub(super) zero: u8,
+    pub(super) bucket_bytes: usize,
+    pub(super) micro: Option<usize>,
+    pub(super) total_targets: usize,
+    pub(super) scaler: Option<&'a GradScaler>,
+    pub(super) grad_clip: f32,
+    pub(super) lr: f32,
+    pub(super) offload: bool,
 }

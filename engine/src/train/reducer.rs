@@ -1,0 +1,236 @@
+//! DDP's reducer for a multi-device step: gradients gathered into buckets in the order
+//! backward finishes them; each full bucket's copy to the host is started at once and
+//! handed to the rank's transfer thread, which waits for it, exchanges the bucket with
+//! the other ranks, sums this rank's part in rank order and copies the sums back to the
+//! device, while backward goes on. Every allocation and free stays on the rank's own
+//! thread, in program order, so the memory record (and the estimate) is the same from
+//! run to run.
+//!
+//! May call: `autograd`, `device`, `error`, `kernels`, `memory`, `parallel`, `runtime`,
+//! `tensor`, `train::world`. Called by: `train::parallel`.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+
+use super::world::StepPlan;
+use crate::autograd::{Param, Params};
+use crate::device::Gpu;
+use crate::device::transfer::Download;
+use crate::error::Error;
+use crate::kernels::TensorOps;
+use crate::memory::Category;
+use crate::parallel::collective::sum_range;
+use crate::parallel::{Collective, HostComm};
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+
+/// A bucket on its way: the copy of its gradients, and where each sum goes.
+pub(super) struct Job {
+    download: Download,
+    /// Per parameter of the bucket: its index, its element count, whether this rank
+    /// has a gradient for it (in the download) and the part of it this rank sums.
+    entries: Vec<(usize, usize, bool, Range<usize>)>,
+    /// Where the sums go on the device, in entry order (none under offload).
+    targets: Vec<(wgpu::Buffer, u64, u64)>,
+}
+
+/// What the transfer thread hands back: the reduced shard gradients kept on the host
+/// (offload), by parameter.
+pub(super) type HostGrads = Vec<Option<Vec<f32>>>;
+
+/// Runs on a rank's transfer thread until the reducer is done: each bucket exchanged,
+/// summed and written back through `gpu` (none on the estimate's dry run), or kept on
+/// the host under offload.
+pub(super) fn transfer(
+    jobs: Receiver<Job>,
+    comm: &HostComm,
+    gpu: Option<Arc<Gpu>>,
+    offload: bool,
+    n_params: usize,
+) -> Result<HostGrads, Error> {
+    let mut host: HostGrads = (0..n_params).map(|_| None).collect();
+    for job in jobs {
+        let bytes = job.download.finish()?;
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        // The bucket as every rank lays it out: zeros where this rank has no gradient.
+        let mut flat = Vec::with_capacity(job.entries.iter().map(|e| e.1).sum());
+        let mut at = 0;
+        for &(_, numel, has, _) in &job.entries {
+            if has {
+                flat.extend_from_slice(&got[at..at + numel]);
+                at += numel;
+            } else {
+                flat.resize(flat.len() + numel, 0.0);
+            }
+        }
+        let all = comm
+            .all_gather_vecs(flat)
+            .map_err(|e| Error::invalid("collective", e.to_string()))?;
+        if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != all[0].len()) {
+            return Err(Error::invalid(
+                "gradient bucket",
+                format!("rank {r} sent {} gradient elements where rank 0 sent {}", v.len(), all[0].len()),
+            ));
+        }
+        let mut sums: Vec<f32> = Vec::with_capacity(job.entries.iter().map(|e| e.3.len()).sum());
+        let mut start = 0;
+        for (i, numel, _, r) in &job.entries {
+            let mut sum = vec![0.0f32; r.len()];
+            sum_range(&all, start + r.start..start + r.end, &mut sum);
+            start += numel;
+            if offload {
+                host[*i] = (!sum.is_empty()).then_some(sum);
+            } else {
+                sums.extend_from_slice(&sum);
+            }
+        }
+        if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
+            let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+            gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
+        }
+    }
+    Ok(host)
+}
+
+/// The rank's side: buckets filled from backward's hook, handed to the transfer thread.
+pub(super) struct Reducer<'a> {
+    plan: &'a StepPlan<'a>,
+    rank: usize,
+    jobs: Option<Sender<Job>>,
+    /// (parameter, its gradient if this rank made one, its shape, its name).
+    pending: Vec<(usize, Option<Tensor>, Vec<usize>, String)>,
+    pending_bytes: usize,
+    seen: Vec<bool>,
+    /// Whole gradients (stages 0, 1) being reduced in place, put back at the end.
+    reduced: Vec<Option<Tensor>>,
+    /// Shard gradients (stage 2) the sums are written into.
+    pub(super) shard_grads: Vec<Option<Tensor>>,
+}
+
+impl<'a> Reducer<'a> {
+    pub(super) fn new(plan: &'a StepPlan<'a>, rank: usize, n: usize, jobs: Sender<Job>) -> Reducer<'a> {
+        Reducer {
+            plan,
+            rank,
+            jobs: Some(jobs),
+            pending: Vec::new(),
+            pending_bytes: 0,
+            seen: vec![false; n],
+            reduced: (0..n).map(|_| None).collect(),
+            shard_grads: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    /// A parameter's gradient is final on this rank: into the bucket with it.
+    pub(super) fn ready(&mut self, rt: &Runtime, i: usize, p: &mut Param) -> Result<(), Error> {
+        if std::mem::replace(&mut self.seen[i], true) {
+            return Ok(());
+        }
+        self.pending_bytes += p.value.numel() * 4;
+        self.pending.push((i, p.grad.take(), p.value.shape().to_vec(), p.name.clone()));
+        if self.pending_bytes >= self.plan.bucket_bytes {
+            self.flush(rt)?;
+        }
+        Ok(())
+    }
+
+    /// Parameters backward never reported (unused, or no backward on an empty share),
+    /// then the last bucket; closes the transfer thread's queue.
+    pub(super) fn finish(&mut self, rt: &Runtime, params: &mut Params) -> Result<(), Error> {
+        for (i, p) in params.list.iter_mut().enumerate() {
+            self.ready(rt, i, p)?;
+        }
+        self.flush(rt)?;
+        self.jobs = None;
+        Ok(())
+    }
+
+    /// Closes the transfer thread's queue (also when the step failed on the way).
+    pub(super) fn close(&mut self) {
+        self.jobs = None;
+    }
+
+    /// Once the transfer thread is done: the reduced whole gradients go back into
+    /// `params`.
+    pub(super) fn restore(&mut self, params: &mut Params) {
+        for (p, g) in params.list.iter_mut().zip(&mut self.reduced) {
+            p.grad = g.take();
+        }
+    }
+
+    /// Starts the bucket's copy to the host and hands it to the transfer thread; the
+    /// tensors the sums will land in are made (stage 2) or kept (stages 0, 1) here.
+    fn flush(&mut self, rt: &Runtime) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut entries = Vec::with_capacity(self.pending.len());
+        let mut sources = Vec::new();
+        let mut dests: Vec<(Tensor, u64, u64)> = Vec::new();
+        for (i, g, shape, name) in self.pending.drain(..) {
+            let numel: usize = shape.iter().product();
+            let r = if self.plan.zero == 0 {
+                0..numel
+            } else {
+                self.plan.shards.range(i, self.rank)
+            };
+            let g = match g {
+                Some(t) if !(t.is_contiguous() && t.offset() == 0) => Some(t.contiguous(rt)?),
+                other => other,
+            };
+            entries.push((i, numel, g.is_some(), r.clone()));
+            if let Some(t) = &g {
+                sources.push(t.clone());
+            }
+            if self.plan.offload {
+                continue;
+            }
+            let label = format!("{name}.grad");
+            match self.plan.zero {
+                0 | 1 => {
+                    // The sum lands in this rank's own gradient (its whole or its shard).
+                    let t = match g {
+                        Some(t) => t,
+                        None => Tensor::full(rt, &shape, DType::F32, 0.0, Category::Gradient, &label)?,
+                    };
+                    if !r.is_empty() {
+                        dests.push((t.clone(), (r.start * 4) as u64, (r.len() * 4) as u64));
+                    }
+                    self.reduced[i] = Some(t);
+                }
+                _ => {
+                    if !r.is_empty() {
+                        let t = Tensor::empty(rt, &[r.len()], DType::F32, Category::Gradient, &format!("{label}.shard"))?;
+                        dests.push((t.clone(), 0, (r.len() * 4) as u64));
+                        self.shard_grads[i] = Some(t);
+                    }
+                }
+            }
+        }
+        let ranges: Vec<_> = sources.iter().map(|t| (t.block(), 0u64, (t.numel() * 4) as u64)).collect();
+        let download = rt.download(&ranges)?;
+        // Stage 2 and offload: the whole gradients go now (the copy was recorded first).
+        drop(sources);
+        let targets = dests
+            .iter()
+            .map(|(t, o, l)| rt.target(t.block(), *o, *l))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        drop(dests);
+        self.pending_bytes = 0;
+        let job = Job {
+            download,
+            entries,
+            targets,
+        };
+        match &self.jobs {
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| Error::invalid("gradient reduction", "the transfer thread stopped")),
+            None => Err(Error::invalid("gradient reduction", "a bucket after the last")),
+        }
+    }
+}
