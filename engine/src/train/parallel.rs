@@ -30,7 +30,7 @@ use std::sync::Arc;
 use super::build::{build_model, optimizer_rule};
 use super::error::TrainError;
 use super::model::Trainable;
-use super::reducer::{Reducer, transfer};
+use super::reducer::{Reducer, timing, transfer};
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
 use super::world::{Peer, StepPlan, World};
@@ -250,6 +250,8 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     let mut reducer = Reducer::new(plan, comm.rank(), n_params, tx);
     let mut losses = Vec::new();
     let gpu = rt.runs_kernels().then(|| rt.gpu.clone());
+    let clock = std::time::Instant::now();
+    let mut marks = Vec::new();
     // Backward and the buckets' exchanges overlap: this thread records, the transfer
     // thread waits for each bucket's copy and reduces it.
     let host_grads = std::thread::scope(|s| -> Result<_, Error> {
@@ -261,18 +263,21 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
             out
         });
         let recorded = forward_backward(rt, model, params, part, plan, &mut reducer, &mut losses);
+        marks.push(clock.elapsed());
         // Whatever happened, the queue closes so the worker ends.
         let finished = recorded.and_then(|_| {
             rt.phase("reduce");
             reducer.finish(rt, params)
         });
         reducer.close();
+        marks.push(clock.elapsed());
         let reduced = worker
             .join()
             .unwrap_or_else(|_| Err(Error::invalid("gradient reduction", "the transfer thread panicked")));
         finished?;
         reduced
     })?;
+    marks.push(clock.elapsed());
     reducer.restore(params);
     rt.phase("optimizer");
     let skipped = if let Some(host) = host {
@@ -288,8 +293,22 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         skipped
     };
     params.zero_grad();
+    marks.push(clock.elapsed());
     rt.phase("readback");
     let loss = read_losses(rt, &losses).map_err(|e| Error::invalid("parallel step", e.to_string()))?;
+    marks.push(clock.elapsed());
+    if timing() {
+        let ms: Vec<String> = marks.iter().map(|d| format!("{:.1}", d.as_secs_f64() * 1e3)).collect();
+        eprintln!(
+            "{{\"rank\": {}, \"marks_ms\": {{\"backward_recorded\": {}, \"reduce_queued\": {}, \"reduced\": {}, \"updated\": {}, \"loss_read\": {}}}}}",
+            comm.rank(),
+            ms[0],
+            ms[1],
+            ms[2],
+            ms[3],
+            ms[4]
+        );
+    }
     Ok((loss, skipped))
 }
 

@@ -50,8 +50,18 @@ pub(super) fn transfer(
     n_params: usize,
 ) -> Result<HostGrads, Error> {
     let mut host: HostGrads = (0..n_params).map(|_| None).collect();
+    let mut times = [0.0f64; 4];
+    let mut clock = std::time::Instant::now();
+    let mut lap = |slot: usize, times: &mut [f64; 4]| {
+        times[slot] += clock.elapsed().as_secs_f64() * 1e3;
+        clock = std::time::Instant::now();
+    };
+    let mut moved = 0u64;
     for job in jobs {
+        lap(3, &mut times);
+        moved += job.download.len();
         let bytes = job.download.finish()?;
+        lap(0, &mut times);
         let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         // The bucket as every rank lays it out: zeros where this rank has no gradient.
         let mut flat = Vec::with_capacity(job.entries.iter().map(|e| e.1).sum());
@@ -67,6 +77,7 @@ pub(super) fn transfer(
         let all = comm
             .all_gather_vecs(flat)
             .map_err(|e| Error::invalid("collective", e.to_string()))?;
+        lap(1, &mut times);
         if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != all[0].len()) {
             return Err(Error::invalid(
                 "gradient bucket",
@@ -85,12 +96,30 @@ pub(super) fn transfer(
                 sums.extend_from_slice(&sum);
             }
         }
+        lap(2, &mut times);
         if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
             let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
             gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
         }
+        lap(2, &mut times);
+    }
+    if timing() {
+        eprintln!(
+            "{{\"rank\": {}, \"transfer\": {{\"download_ms\": {:.1}, \"exchange_ms\": {:.1}, \"sum_upload_ms\": {:.1}, \"idle_ms\": {:.1}, \"bytes\": {moved}}}}}",
+            comm.rank(),
+            times[0],
+            times[1],
+            times[2],
+            times[3]
+        );
     }
     Ok(host)
+}
+
+/// Whether `WGTRAIN_PARALLEL_TIMES` asks for each rank's host timings of each step on
+/// stderr (a diagnostic of the transfer path).
+pub(super) fn timing() -> bool {
+    std::env::var("WGTRAIN_PARALLEL_TIMES").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The rank's side: buckets filled from backward's hook, handed to the transfer thread.
