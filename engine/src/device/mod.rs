@@ -141,6 +141,8 @@ pub struct Gpu {
     pub caps: Capabilities,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Vec<DeviceError>>>,
+    /// Staging buffers kept for reuse by host transfers (`transfer`).
+    pub(crate) staging: transfer::Pools,
 }
 
 fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
@@ -322,6 +324,7 @@ impl Gpu {
             caps,
             lost,
             uncaptured,
+            staging: Default::default(),
         })
     }
 

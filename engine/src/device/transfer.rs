@@ -3,14 +3,43 @@
 //! through mapped staging buffers of at most [`CHUNK`] bytes, all submitted at once.
 //! A download is started on one thread and finished on any other (the reducer's
 //! transfer thread), so the copy runs while the device goes on with backward.
-//! Measured on an H100 (shared/GPU.md): one 1 GiB staging buffer read back at
-//! 1.1 GB/s, 64 MiB ones at 5.8 GB/s; mapped uploads at 16 GB/s against write_buffer's 4.
+//! Staging buffers are kept and reused (`Pools`): making a mapped buffer pins host
+//! memory, which cost more than the copy itself when every bucket made its own.
 //!
 //! May call: wgpu, `device`. Called by: `runtime`, `train::parallel`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::{DeviceError, Gpu};
+
+/// Staging buffers kept per size class: for downloads (unmapped, ready to be copied
+/// into) and for uploads (mapped, ready to be written).
+#[derive(Default)]
+pub struct Pools {
+    down: Mutex<Vec<(u64, wgpu::Buffer)>>,
+    up: Arc<Mutex<Vec<(u64, wgpu::Buffer)>>>,
+}
+
+/// Most buffers a pool keeps per direction.
+const KEEP: usize = 48;
+
+/// The size class of a staging buffer for `n` bytes: a power of two from 1 MiB to CHUNK.
+fn class(n: u64) -> u64 {
+    n.next_power_of_two().clamp(1 << 20, CHUNK)
+}
+
+fn take(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64) -> Option<wgpu::Buffer> {
+    let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+    let at = pool.iter().position(|(s, _)| *s == size)?;
+    Some(pool.swap_remove(at).1)
+}
+
+fn give(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64, buffer: wgpu::Buffer) {
+    let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < KEEP {
+        pool.push((size, buffer));
+    }
+}
 
 /// Largest staging buffer.
 pub const CHUNK: u64 = 64 << 20;
@@ -22,7 +51,8 @@ pub type Range<'a> = (&'a wgpu::Buffer, u64, u64);
 /// for; [`Download::finish`] waits for them and returns the bytes in range order.
 pub struct Download {
     gpu: Option<Arc<Gpu>>,
-    staging: Vec<(wgpu::Buffer, u64)>,
+    /// (buffer, bytes used, its size class).
+    staging: Vec<(wgpu::Buffer, u64, u64)>,
     index: Option<wgpu::SubmissionIndex>,
     len: u64,
 }
@@ -86,9 +116,32 @@ impl Download {
 
     /// Waits for the copies and reads the bytes back.
     pub fn finish(self) -> Result<Vec<u8>, DeviceError> {
-        let Some(gpu) = self.gpu else {
-            return Ok(vec![0; self.len as usize]);
+        let mut out = Vec::with_capacity(self.len as usize);
+        self.finish_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Waits for the copies and appends the bytes, as f32 values, to `out`.
+    pub fn finish_f32_into(self, out: &mut Vec<f32>) -> Result<(), DeviceError> {
+        let Some(gpu) = self.gpu.clone() else {
+            out.resize(out.len() + (self.len / 4) as usize, 0.0);
+            return Ok(());
         };
+        self.read(&gpu, |bytes| match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            Ok(v) => out.extend_from_slice(v),
+            Err(_) => out.extend(bytemuck::pod_collect_to_vec::<u8, f32>(bytes)),
+        })
+    }
+
+    fn finish_into(self, out: &mut Vec<u8>) -> Result<(), DeviceError> {
+        let Some(gpu) = self.gpu.clone() else {
+            out.resize(out.len() + self.len as usize, 0);
+            return Ok(());
+        };
+        self.read(&gpu, |bytes| out.extend_from_slice(bytes))
+    }
+
+    fn read(self, gpu: &Arc<Gpu>, mut sink: impl FnMut(&[u8])) -> Result<(), DeviceError> {
         if let Some(index) = self.index {
             gpu.device
                 .poll(wgpu::PollType::Wait {
@@ -97,18 +150,17 @@ impl Download {
                 })
                 .map_err(|e| DeviceError::Lost(e.to_string()))?;
         }
-        let mut out = Vec::with_capacity(self.len as usize);
-        for (buffer, size) in &self.staging {
+        for (buffer, size, class) in self.staging {
             let view = buffer
-                .slice(..*size)
+                .slice(..size)
                 .get_mapped_range()
                 .map_err(|e| DeviceError::Readback(e.to_string()))?;
-            out.extend_from_slice(&view);
+            sink(&view);
             drop(view);
             buffer.unmap();
+            give(&gpu.staging.down, class, buffer);
         }
-        gpu.check()?;
-        Ok(out)
+        gpu.check()
     }
 }
 
@@ -122,16 +174,19 @@ impl Gpu {
         let sizes = chunked(ranges.iter().map(|r| r.2), |r, at, chunk, into, n| {
             copies.push((r, at, chunk, into, n))
         });
-        let staging: Vec<(wgpu::Buffer, u64)> = sizes
+        let staging: Vec<(wgpu::Buffer, u64, u64)> = sizes
             .iter()
             .map(|&size| {
-                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgtrain download"),
-                    size,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
+                let c = class(size);
+                let b = take(&self.staging.down, c).unwrap_or_else(|| {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("wgtrain download"),
+                        size: c,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
                 });
-                (b, size)
+                (b, size, c)
             })
             .collect();
         let len = sizes.iter().sum();
@@ -144,7 +199,7 @@ impl Gpu {
             encoder.copy_buffer_to_buffer(src, offset + at, &staging[chunk].0, into, n);
         }
         let index = self.queue.submit([encoder.finish()]);
-        for (b, size) in &staging {
+        for (b, size, _) in &staging {
             b.slice(..*size).map_async(wgpu::MapMode::Read, |_| {});
         }
         Ok(Download {
@@ -175,15 +230,20 @@ impl Gpu {
         if sizes.is_empty() {
             return Ok(());
         }
-        let staging: Vec<wgpu::Buffer> = sizes
+        // Mapped buffers from the pool, or new ones mapped at creation.
+        let staging: Vec<(wgpu::Buffer, u64)> = sizes
             .iter()
             .map(|&size| {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgtrain upload"),
-                    size,
-                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: true,
-                })
+                let c = class(size);
+                let b = take(&self.staging.up, c).unwrap_or_else(|| {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("wgtrain upload"),
+                        size: c,
+                        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                        mapped_at_creation: true,
+                    })
+                });
+                (b, c)
             })
             .collect();
         let mut at_data = 0usize;
@@ -191,7 +251,7 @@ impl Gpu {
         {
             let mut views: Vec<wgpu::BufferViewMut> = staging
                 .iter()
-                .map(|b| b.slice(..).get_mapped_range_mut())
+                .map(|(b, _)| b.slice(..).get_mapped_range_mut())
                 .collect::<Result<_, _>>()
                 .map_err(|e| DeviceError::Validation(e.to_string()))?;
             for &(r, at, chunk, into, n) in &copies {
@@ -199,14 +259,24 @@ impl Gpu {
                 views[chunk]
                     .slice(into as usize..(into + n) as usize)
                     .copy_from_slice(&data[at_data..at_data + n as usize]);
-                encoder.copy_buffer_to_buffer(&staging[chunk], into, dst, offset + at, n);
+                encoder.copy_buffer_to_buffer(&staging[chunk].0, into, dst, offset + at, n);
                 at_data += n as usize;
             }
         }
-        for b in &staging {
+        for (b, _) in &staging {
             b.unmap();
         }
         self.queue.submit([encoder.finish()]);
+        // Each buffer goes back to the pool once the copy is done and it is mapped again.
+        for (b, c) in staging {
+            let pool = self.staging.up.clone();
+            let again = b.clone();
+            b.slice(..).map_async(wgpu::MapMode::Write, move |r| {
+                if r.is_ok() {
+                    give(&pool, c, again);
+                }
+            });
+        }
         self.check()
     }
 }

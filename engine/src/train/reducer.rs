@@ -60,18 +60,24 @@ pub(super) fn transfer(
     for job in jobs {
         lap(3, &mut times);
         moved += job.download.len();
-        let bytes = job.download.finish()?;
-        lap(0, &mut times);
-        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         // The bucket as every rank lays it out: zeros where this rank has no gradient.
-        let mut flat = Vec::with_capacity(job.entries.iter().map(|e| e.1).sum());
-        let mut at = 0;
-        for &(_, numel, has, _) in &job.entries {
-            if has {
-                flat.extend_from_slice(&got[at..at + numel]);
-                at += numel;
-            } else {
-                flat.resize(flat.len() + numel, 0.0);
+        let total = job.entries.iter().map(|e| e.1).sum();
+        let mut flat = Vec::with_capacity(total);
+        if job.entries.iter().all(|e| e.2) {
+            job.download.finish_f32_into(&mut flat)?;
+            lap(0, &mut times);
+        } else {
+            let mut got = Vec::new();
+            job.download.finish_f32_into(&mut got)?;
+            lap(0, &mut times);
+            let mut at = 0;
+            for &(_, numel, has, _) in &job.entries {
+                if has {
+                    flat.extend_from_slice(&got[at..at + numel]);
+                    at += numel;
+                } else {
+                    flat.resize(flat.len() + numel, 0.0);
+                }
             }
         }
         let all = comm
@@ -84,17 +90,17 @@ pub(super) fn transfer(
                 format!("rank {r} sent {} gradient elements where rank 0 sent {}", v.len(), all[0].len()),
             ));
         }
-        let mut sums: Vec<f32> = Vec::with_capacity(job.entries.iter().map(|e| e.3.len()).sum());
-        let mut start = 0;
+        // This rank's part of each parameter, summed in rank order, end to end.
+        let mut sums = vec![0.0f32; job.entries.iter().map(|e| e.3.len()).sum()];
+        let (mut start, mut at) = (0, 0);
         for (i, numel, _, r) in &job.entries {
-            let mut sum = vec![0.0f32; r.len()];
-            sum_range(&all, start + r.start..start + r.end, &mut sum);
-            start += numel;
-            if offload {
-                host[*i] = (!sum.is_empty()).then_some(sum);
-            } else {
-                sums.extend_from_slice(&sum);
+            let dst = &mut sums[at..at + r.len()];
+            sum_range(&all, start + r.start..start + r.end, dst);
+            if offload && !r.is_empty() {
+                host[*i] = Some(dst.to_vec());
             }
+            start += numel;
+            at += r.len();
         }
         lap(2, &mut times);
         if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
