@@ -123,25 +123,24 @@ impl Download {
 
     /// Waits for the copies and appends the bytes, as f32 values, to `out`.
     pub fn finish_f32_into(self, out: &mut Vec<f32>) -> Result<(), DeviceError> {
-        let Some(gpu) = self.gpu.clone() else {
-            out.resize(out.len() + (self.len / 4) as usize, 0.0);
-            return Ok(());
-        };
-        self.read(&gpu, |bytes| match bytemuck::try_cast_slice::<u8, f32>(bytes) {
-            Ok(v) => out.extend_from_slice(v),
-            Err(_) => out.extend(bytemuck::pod_collect_to_vec::<u8, f32>(bytes)),
-        })
+        let start = out.len();
+        out.resize(start + (self.len / 4) as usize, 0.0);
+        let Some(gpu) = self.gpu.clone() else { return Ok(()) };
+        self.read(&gpu, bytemuck::cast_slice_mut(&mut out[start..]))
     }
 
     fn finish_into(self, out: &mut Vec<u8>) -> Result<(), DeviceError> {
-        let Some(gpu) = self.gpu.clone() else {
-            out.resize(out.len() + self.len as usize, 0);
-            return Ok(());
-        };
-        self.read(&gpu, |bytes| out.extend_from_slice(bytes))
+        let start = out.len();
+        out.resize(start + self.len as usize, 0);
+        let Some(gpu) = self.gpu.clone() else { return Ok(()) };
+        self.read(&gpu, &mut out[start..])
     }
 
-    fn read(self, gpu: &Arc<Gpu>, mut sink: impl FnMut(&[u8])) -> Result<(), DeviceError> {
+    /// Waits for the copies and copies the staging buffers into `out` (their length),
+    /// several threads at once: a mapped buffer reads slowly from one core.
+    fn read(self, gpu: &Arc<Gpu>, out: &mut [u8]) -> Result<(), DeviceError> {
+        use rayon::prelude::*;
+        const PIECE: usize = 1 << 20;
         if let Some(index) = self.index {
             gpu.device
                 .poll(wgpu::PollType::Wait {
@@ -150,12 +149,17 @@ impl Download {
                 })
                 .map_err(|e| DeviceError::Lost(e.to_string()))?;
         }
+        let mut rest = out;
         for (buffer, size, class) in self.staging {
             let view = buffer
                 .slice(..size)
                 .get_mapped_range()
                 .map_err(|e| DeviceError::Readback(e.to_string()))?;
-            sink(&view);
+            let (dst, tail) = rest.split_at_mut(size as usize);
+            rest = tail;
+            dst.par_chunks_mut(PIECE)
+                .zip(view.par_chunks(PIECE))
+                .for_each(|(d, s)| d.copy_from_slice(s));
             drop(view);
             buffer.unmap();
             give(&gpu.staging.down, class, buffer);
@@ -262,6 +266,7 @@ impl Gpu {
                 encoder.copy_buffer_to_buffer(&staging[chunk].0, into, dst, offset + at, n);
                 at_data += n as usize;
             }
+            drop(views);
         }
         for (b, _) in &staging {
             b.unmap();
