@@ -312,3 +312,90 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     );
     assert!(tab2.get_url().contains("compare=other"), "{}", tab2.get_url());
 }
+
+#[test]
+fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-browser-devices-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("two.jsonl");
+    let config = Config::parse(
+        "",
+        &[
+            "data.train_limit=384".into(),
+            "data.eval_limit=100".into(),
+            "train.batch_size=64".into(),
+            "train.steps=6".into(),
+            "model.hidden=[32]".into(),
+            "parallel.devices=[\"0\",\"0\"]".into(),
+            "parallel.zero=2".into(),
+            "parallel.offload=\"optimizer\"".into(),
+        ],
+    )
+    .unwrap();
+    Trainer::new(config, None)
+        .unwrap()
+        .run(&RunOptions {
+            log: Some(log.clone()),
+            observer: Some(Recorder::new("two", Some(record_path(&log)))),
+            ..Default::default()
+        })
+        .unwrap();
+    // Each device's largest peak over the run, from the log.
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &Value| v.get("mem").is_some())
+        .collect();
+    let want: Vec<u64> = (0..2)
+        .map(|d| {
+            lines
+                .iter()
+                .map(|v| v["mem"]["devices"][d]["peak"].as_u64().unwrap())
+                .max()
+                .unwrap()
+        })
+        .collect();
+    let host = lines.last().unwrap()["mem"]["host"]["optimizer_state"].as_u64().unwrap();
+    assert!(host > 0);
+
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let browser = Browser::new(
+        LaunchOptions::default_builder()
+            .path(Some(chromium()))
+            .headless(true)
+            .sandbox(false)
+            .window_size(Some((1400, 3000)))
+            .build()
+            .unwrap(),
+    )
+    .expect("Chromium starts");
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(120));
+    tab.navigate_to(&format!("{}?run=two", d.url())).unwrap();
+    tab.wait_for_element("#devices-chart[data-devices=\"2\"]").unwrap();
+    let rows = tab.find_elements("#devices-table .device-row").unwrap();
+    assert_eq!(rows.len(), 2, "one row per device");
+    for (d, row) in rows.iter().enumerate() {
+        let peak = number(&row.get_attribute_value("data-peak-bytes").unwrap().unwrap());
+        assert_eq!(peak as u64, want[d], "device {d}'s peak against the log");
+    }
+    let shown = tab.find_element("#host-memory").unwrap();
+    assert_eq!(number(&shown.get_attribute_value("data-host-bytes").unwrap().unwrap()) as u64, host);
+    let png = tab
+        .find_element("#devices")
+        .unwrap()
+        .capture_screenshot(CaptureScreenshotFormatOption::Png)
+        .unwrap();
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-devices.png");
+    std::fs::write(&out, &png).unwrap();
+    if let Ok(dir) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
+        std::fs::write(Path::new(&dir).join("dashboard-devices.png"), png).unwrap();
+    }
+}

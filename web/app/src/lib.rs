@@ -13,6 +13,7 @@
 //! `wgtrain_protocol`, leptos, web-sys. Called by: the browser.
 
 mod charts;
+mod devices;
 mod kernels;
 mod memory;
 mod peak;
@@ -202,6 +203,7 @@ fn App() -> impl IntoView {
         })}
         <main>
             <memory::MemoryView ctx=ctx />
+            <devices::DevicesView ctx=ctx />
             <peak::PeakPanel ctx=ctx />
             <peak::WhatIfPanel ctx=ctx />
             <timeline::TimelineView ctx=ctx />
