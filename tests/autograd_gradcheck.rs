@@ -79,7 +79,7 @@ fn linear_both_layouts_with_bias() {
         let bi = params.add("b", upload(&rt, &b, &[o], DType::F32));
         let mut tape = Tape::new();
         let xv = tape.constant(upload(&rt, &x, &[n, i], DType::F32));
-        let (wv, bv) = (tape.param(&params, wi), tape.param(&params, bi));
+        let (wv, bv) = (tape.param(&params, wi).unwrap(), tape.param(&params, bi).unwrap());
         let y = ops::linear(&mut tape, &rt, &xv, &wv, Some(&bv), layout, "y").unwrap();
         let l = dot_loss(&mut tape, &rt, &y, &g);
         tape.backward(&rt, &l, &mut params).unwrap();
@@ -115,7 +115,7 @@ fn activations_add_and_input_gradients() {
         let xi = params.add("x", upload(&rt, &x, &[n, i], DType::F32));
         let wi = params.add("w", upload(&rt, &w, &[o, i], DType::F32));
         let mut tape = Tape::new();
-        let (xv, wv) = (tape.param(&params, xi), tape.param(&params, wi));
+        let (xv, wv) = (tape.param(&params, xi).unwrap(), tape.param(&params, wi).unwrap());
         let h = ops::linear(&mut tape, &rt, &xv, &wv, None, WeightLayout::OutIn, "h").unwrap();
         let a = if act == "relu" {
             ops::relu(&mut tape, &rt, &h, "a")
@@ -179,10 +179,10 @@ fn layernorm_embedding_and_cross_entropy() {
     let tg_t = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
     let mut tape = Tape::new();
     let (tv, wv, bv, hv) = (
-        tape.param(&params, ti),
-        tape.param(&params, wi),
-        tape.param(&params, bi),
-        tape.param(&params, hi),
+        tape.param(&params, ti).unwrap(),
+        tape.param(&params, wi).unwrap(),
+        tape.param(&params, bi).unwrap(),
+        tape.param(&params, hi).unwrap(),
     );
     let e = ops::embedding(&mut tape, &rt, &ids_t, &tv, "emb").unwrap();
     let h = ops::layernorm(&mut tape, &rt, &e, &wv, &bv, 1e-5, "ln").unwrap();
@@ -244,7 +244,7 @@ fn gradients_accumulate_across_backward_calls_and_zero_grad_frees_them() {
     for _ in 0..2 {
         let mut tape = Tape::new();
         let x = tape.constant(upload(&rt, &[1.0, 1.0], &[1, 2], DType::F32));
-        let w = tape.param(&params, wi);
+        let w = tape.param(&params, wi).unwrap();
         let y = ops::linear(&mut tape, &rt, &x, &w, None, WeightLayout::OutIn, "y").unwrap();
         let l = dot_loss(&mut tape, &rt, &y, &[1.0, 1.0]);
         tape.backward(&rt, &l, &mut params).unwrap();
@@ -257,7 +257,7 @@ fn gradients_accumulate_across_backward_calls_and_zero_grad_frees_them() {
     // no_grad records nothing and keeps no activations for backward.
     let mut tape = Tape::no_grad();
     let x = tape.constant(upload(&rt, &[1.0, 1.0], &[1, 2], DType::F32));
-    let w = tape.param(&params, wi);
+    let w = tape.param(&params, wi).unwrap();
     let y = ops::linear(&mut tape, &rt, &x, &w, None, WeightLayout::OutIn, "y").unwrap();
     assert_eq!(y.value.to_f32_vec(&rt).unwrap(), vec![3.0, 7.0]);
     finish(&rt);

@@ -16,7 +16,7 @@ use wgtrain_engine::{Category, DType, Tensor};
 fn grads_of(rt: &wgtrain_engine::Runtime, params: &mut Params, seed: f32, x: &[f32]) -> Vec<f32> {
     let mut tape = Tape::new();
     let xv = tape.constant(upload(rt, x, &[2, 3], DType::F32));
-    let w = tape.param(params, 0);
+    let w = tape.param(params, 0).unwrap();
     let logits = ops::linear(&mut tape, rt, &xv, &w, None, WeightLayout::OutIn, "logits").unwrap();
     let tg = Tensor::from_i32(rt, &[0, 1], &[2], Category::Input, "t").unwrap();
     let loss = ops::cross_entropy_mean(&mut tape, rt, &logits, &tg, 2, 16, "loss").unwrap();

@@ -80,7 +80,7 @@ pub fn run(args: TrainArgs) -> CliResult {
         "training on {} ({}): {} parameters, {} steps",
         trainer.rt.gpu.report.name,
         trainer.rt.gpu.report.backend,
-        trainer.params.numel(),
+        trainer.parameter_count(),
         trainer.total_steps()
     );
     let recorder = ((args.log.is_some() && !args.no_record) || args.dashboard.is_some()).then(|| {

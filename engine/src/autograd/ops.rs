@@ -441,6 +441,9 @@ pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var
 /// internals stay alive; the output is recorded as one node whose backward runs `f`
 /// again on a fresh tape and backpropagates through it. `f` must be deterministic (the
 /// engine has no dropout, so there is no RNG state to replay).
+///
+/// On a tape that gathers sharded parameters (ZeRO 3), the segment's parameters are not
+/// kept: backward gathers them again, so they live only while their layer runs.
 pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, Error> {
     let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
     let mixed = tape.half_matmuls();
@@ -449,11 +452,28 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
         f(&mut inner, rt, &vars)?
     };
+    let gather = tape.gatherer();
+    let kept: Vec<(Option<Tensor>, Option<usize>)> = values
+        .into_iter()
+        .zip(inputs)
+        .map(|(t, v)| match gather.as_ref().and(tape.leaf_index(v.id)) {
+            Some(index) => (None, Some(index)),
+            None => (Some(t), None),
+        })
+        .collect();
     Ok(tape.record(
         out.value,
         inputs,
         Box::new(move |rt, g, cats| {
             let mut inner = Tape::new().with_half_matmuls(mixed);
+            let values = kept
+                .iter()
+                .map(|(t, index)| match (t, index, &gather) {
+                    (Some(t), _, _) => Ok(t.clone()),
+                    (None, Some(i), Some(gather)) => gather.gather(*i),
+                    _ => Err(Error::invalid("checkpoint", "an input was neither kept nor gatherable")),
+                })
+                .collect::<Result<Vec<Tensor>, Error>>()?;
             let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
             // The segment's forward again, under its own labels, then its backward.
             let scope = rt.alloc.set_scope(None);

@@ -39,6 +39,14 @@ struct Node {
     label: Option<std::sync::Arc<str>>,
 }
 
+/// Where a tape takes parameters from when they are sharded across devices (ZeRO 3):
+/// the whole value of parameter `index`, gathered for this use and freed when the last
+/// user lets it go.
+pub trait Gather: Send + Sync {
+    /// Parameter `index`, whole.
+    fn gather(&self, index: usize) -> Result<Tensor, Error>;
+}
+
 /// Called with a parameter whose gradient is final (optimizer-in-backward).
 pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), Error> + 'a;
 
@@ -96,6 +104,7 @@ pub struct Tape {
     grad_enabled: bool,
     half_matmuls: bool,
     grad_prescale: f32,
+    gather: Option<std::sync::Arc<dyn Gather>>,
 }
 
 impl Default for Tape {
@@ -155,7 +164,24 @@ impl Tape {
             grad_enabled: true,
             half_matmuls: false,
             grad_prescale: 1.0,
+            gather: None,
         }
+    }
+
+    /// This tape taking parameters from `gather` (ZeRO 3) instead of `Params`' values.
+    pub fn with_gather(mut self, gather: Option<std::sync::Arc<dyn Gather>>) -> Tape {
+        self.gather = gather;
+        self
+    }
+
+    /// Where this tape gathers parameters from, if they are sharded.
+    pub fn gatherer(&self) -> Option<std::sync::Arc<dyn Gather>> {
+        self.gather.clone()
+    }
+
+    /// The parameter a leaf value stands for, if it is one.
+    pub fn leaf_index(&self, id: VarId) -> Option<usize> {
+        self.leaves.get(&id).copied()
     }
 
     /// The gradient backward will be seeded with (the loss scale times any
@@ -204,16 +230,18 @@ impl Tape {
         Var { id, value }
     }
 
-    /// Parameter `index` of `params` as a leaf whose gradient accumulates there.
-    pub fn param(&mut self, params: &Params, index: usize) -> Var {
+    /// Parameter `index` of `params` as a leaf whose gradient accumulates there (its
+    /// value gathered whole first when the tape gathers: ZeRO 3).
+    pub fn param(&mut self, params: &Params, index: usize) -> Result<Var, Error> {
+        let value = match &self.gather {
+            Some(g) => g.gather(index)?,
+            None => params.list[index].value.clone(),
+        };
         let id = self.fresh();
         if self.grad_enabled {
             self.leaves.insert(id, index);
         }
-        Var {
-            id,
-            value: params.list[index].value.clone(),
-        }
+        Ok(Var { id, value })
     }
 
     fn fresh(&mut self) -> VarId {

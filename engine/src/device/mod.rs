@@ -5,9 +5,10 @@
 //! they made a tiled matmul 15x slower); every launch validates shapes, strides and
 //! ranges on the host instead (see `kernels`).
 //!
-//! May call: wgpu, `report`, `transfer`. Called by: the allocator, kernels, the CLI.
+//! May call: wgpu, `report`, `staging`. Called by: the allocator, kernels, the CLI.
 
 pub mod report;
+pub mod staging;
 pub mod transfer;
 
 use std::sync::{Arc, Mutex};
@@ -142,7 +143,7 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Vec<DeviceError>>>,
     /// Staging buffers kept for reuse by host transfers (`transfer`).
-    pub(crate) staging: transfer::Pools,
+    pub(crate) staging: staging::Pools,
 }
 
 fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {

@@ -6,43 +6,13 @@
 //! Staging buffers are kept and reused (`Pools`): making a mapped buffer pins host
 //! memory, which cost more than the copy itself when every bucket made its own.
 //!
-//! May call: wgpu, `device`. Called by: `runtime`, `train::parallel`.
+//! May call: wgpu, `device`, `device::staging`. Called by: `runtime`, `train::parallel`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+pub use super::staging::CHUNK;
+use super::staging::{class, give, take};
 use super::{DeviceError, Gpu};
-
-/// Staging buffers kept per size class: for downloads (unmapped, ready to be copied
-/// into) and for uploads (mapped, ready to be written).
-#[derive(Default)]
-pub struct Pools {
-    down: Mutex<Vec<(u64, wgpu::Buffer)>>,
-    up: Arc<Mutex<Vec<(u64, wgpu::Buffer)>>>,
-}
-
-/// Most buffers a pool keeps per direction.
-const KEEP: usize = 48;
-
-/// The size class of a staging buffer for `n` bytes: a power of two from 1 MiB to CHUNK.
-fn class(n: u64) -> u64 {
-    n.next_power_of_two().clamp(1 << 20, CHUNK)
-}
-
-fn take(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64) -> Option<wgpu::Buffer> {
-    let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
-    let at = pool.iter().position(|(s, _)| *s == size)?;
-    Some(pool.swap_remove(at).1)
-}
-
-fn give(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64, buffer: wgpu::Buffer) {
-    let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
-    if pool.len() < KEEP {
-        pool.push((size, buffer));
-    }
-}
-
-/// Largest staging buffer.
-pub const CHUNK: u64 = 64 << 20;
 
 /// A range of a device buffer: (buffer, byte offset, bytes), both multiples of 4.
 pub type Range<'a> = (&'a wgpu::Buffer, u64, u64);

@@ -362,8 +362,8 @@ impl Gpt {
         }
         let c = &self.config;
         let p = |tape: &mut Tape, i: usize| tape.param(params, i);
-        let wte = p(tape, self.wte);
-        let wpe = p(tape, self.wpe);
+        let wte = p(tape, self.wte)?;
+        let wpe = p(tape, self.wpe)?;
         let tok = ops::embedding(tape, rt, ids, &wte, "wte")?;
         let positions: Vec<i32> = (0..t as i32).collect();
         let pos_ids = Tensor::from_i32(rt, &positions, &[t], Category::Input, "positions")?;
@@ -373,8 +373,8 @@ impl Gpt {
             let ids = [blk.ln_1, blk.c_attn, blk.attn_proj, blk.ln_2, blk.c_fc, blk.mlp_proj];
             let mut vars = vec![x.clone()];
             for (w, bias) in ids {
-                vars.push(p(tape, w));
-                vars.push(p(tape, bias));
+                vars.push(p(tape, w)?);
+                vars.push(p(tape, bias)?);
             }
             let (eps, nh) = (c.layer_norm_epsilon as f32, c.n_head);
             let recompute = self.checkpoint_every > 0 && i % self.checkpoint_every == 0;
@@ -386,7 +386,7 @@ impl Gpt {
                 block(tape, rt, i, eps, nh, &vars)?
             };
         }
-        let (w, bb) = (p(tape, self.ln_f.0), p(tape, self.ln_f.1));
+        let (w, bb) = (p(tape, self.ln_f.0)?, p(tape, self.ln_f.1)?);
         let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;
         debug_assert_eq!(h.value.shape(), &[b, t, c.n_embd]);
         Ok((h, wte))

@@ -48,7 +48,7 @@ impl Mlp {
     pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, x: Tensor) -> Result<Var, Error> {
         let mut h = tape.constant(x);
         for (i, &(w, b)) in self.layers.iter().enumerate() {
-            let (wv, bv) = (tape.param(params, w), tape.param(params, b));
+            let (wv, bv) = (tape.param(params, w)?, tape.param(params, b)?);
             h = ops::linear(tape, rt, &h, &wv, Some(&bv), WeightLayout::OutIn, &format!("layers.{i}"))?;
             if i + 1 < self.layers.len() {
                 h = ops::relu(tape, rt, &h, &format!("layers.{i}.relu"))?;

@@ -126,6 +126,7 @@ pub struct HostGroup {
 }
 
 /// One rank's handle on a [`HostGroup`].
+#[derive(Clone)]
 pub struct HostComm {
     rank: usize,
     shared: Arc<Shared>,

@@ -262,7 +262,8 @@ pub struct ParallelConfig {
     /// One adapter selector per device, as `--adapter` takes them; a selector may repeat
     /// (several devices on one adapter). Empty: one device, `--adapter`'s.
     pub devices: Vec<String>,
-    /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients.
+    /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients,
+    /// 3 and parameters (gathered per use).
     pub zero: u8,
     /// "none", or "optimizer": optimizer state and the update in host memory
     /// (ZeRO-Offload; needs zero >= 1). "optimizer+parameters" is not built yet.
@@ -309,10 +310,8 @@ impl ParallelConfig {
         if let Some(d) = self.devices.iter().find(|d| d.trim().is_empty()) {
             return bad(format!("parallel.devices has an empty selector '{d}'"));
         }
-        match self.zero {
-            0..=2 => {}
-            3 => return bad("parallel.zero = 3 (parameters sharded) is not built yet; use 0, 1 or 2".into()),
-            z => return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {z}")),
+        if self.zero > 3 {
+            return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {}", self.zero));
         }
         match self.offload.as_str() {
             "none" => {}

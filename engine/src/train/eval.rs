@@ -34,6 +34,9 @@ impl Trainer {
     fn evaluate_in(&self, batch: usize) -> Result<EvalLog, TrainError> {
         let n = self.eval.len();
         let (mut loss_sum, mut count, mut correct) = (0.0f64, 0usize, 0usize);
+        // ZeRO stage 3: the weights whole on the first device for the evaluation.
+        let whole = self.whole_params()?;
+        let params = whole.as_ref().unwrap_or(&self.params);
         for start in (0..n).step_by(batch.max(1)) {
             let mut b = HostBatch::default();
             for i in start..(start + batch).min(n) {
@@ -41,7 +44,7 @@ impl Trainer {
                 b.examples += 1;
             }
             let mut tape = Tape::no_grad().with_half_matmuls(self.scaler.is_some());
-            let result = self.model.evaluate(&mut tape, &self.rt, &self.params, &b)?;
+            let result = self.model.evaluate(&mut tape, &self.rt, params, &b)?;
             loss_sum += result.loss * result.rows as f64;
             count += result.rows;
             correct += result.correct.unwrap_or(0);

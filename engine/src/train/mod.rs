@@ -4,7 +4,7 @@
 //! out-of-memory recovery), `eval`, `state`, `checkpoint` and `checkpoint_dir` (what a
 //! checkpoint holds, its files, and the folder's rules), `plan` (the estimate and the fit to a budget: depends on `build` and
 //! `step`, never on `run`), `open` (a trainer from a config, on a runtime of its own or
-//! one handed in), `parallel` (one step over several devices: data parallel, ZeRO 1-2) and `reducer` (its gradient buckets), `world` (the devices beyond the first), `run` (the loop), `profile` (the step's kernels timed, `wgtrain profile`), `observe` (its observers: `log` the JSONL writer,
+//! one handed in), `parallel` (one step over several devices: data parallel, ZeRO 1-3) and `reducer` (its gradient buckets), `world` (the devices beyond the first), `zero3` (parameters sharded between steps), `shard_state` (its state whole for checkpoints), `run` (the loop), `profile` (the step's kernels timed, `wgtrain profile`), `observe` (its observers: `log` the JSONL writer,
 //! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
 //! of a transformers checkpoint, for `wgtrain step`).
 //!
@@ -28,10 +28,12 @@ pub mod profile;
 pub mod progress;
 pub mod reducer;
 pub mod run;
+pub mod shard_state;
 pub mod state;
 pub mod step;
 pub mod trainer;
 pub mod world;
+pub mod zero3;
 
 pub use config::Config;
 pub use error::TrainError;

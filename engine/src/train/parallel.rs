@@ -1,4 +1,4 @@
-//! One run over several devices (`[parallel]`): data parallel with ZeRO stages 0-2.
+//! One run over several devices (`[parallel]`): data parallel with ZeRO stages 0-3.
 //!
 //! Rank 0 is the trainer's own runtime, parameters, model and optimizer; ranks 1..N are
 //! [`Peer`]s built the same way from the same seed, so every rank starts with the same
@@ -10,7 +10,9 @@
 //! - zero 1: each rank keeps the sum of its shard only (in its full gradient) and its
 //!   optimizer updates only its shard, with state for that shard alone;
 //! - zero 2: as 1, and the full gradients are freed as soon as their bucket is reduced:
-//!   only shard gradients remain.
+//!   only shard gradients remain;
+//! - zero 3: as 2, and the weights too are kept as shards between uses
+//!   (`train::zero3`: the tapes gather each parameter whole when the model asks).
 //!
 //! After a sharded update the ranks gather each other's updated shards (all-gather).
 //! With `offload = "optimizer"` (ZeRO-Offload) the reduced shard gradients stay in host
@@ -34,27 +36,32 @@ use super::reducer::{Reducer, timing, transfer};
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
 use super::world::{Peer, StepPlan, World};
-use crate::autograd::{Param, Params, Tape};
+use super::zero3::{ShardGather, split_shards};
+use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
 use crate::error::Error;
-use crate::kernels::TensorOps;
 use crate::memory::{Category, MemoryStats};
-use crate::optim::{HostOptimizer, Optimizer, Rule, clip_coef, grad_square_sum, scale_grads};
+use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_grads};
 use crate::parallel::{Collective, HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
-/// One parameter's optimizer state on the host: (first moment or momentum, second
-/// moment for AdamW).
-pub(super) type HostState = (Vec<f32>, Option<Vec<f32>>);
+/// A rank's host shards of every parameter (stage 3), one vector per parameter.
+type Shards3 = Vec<Vec<f32>>;
+
+/// What a rank's step reports: its share of the loss, whether the update was skipped,
+/// and (stage 3) its updated host shards.
+type RankOutcome = (f64, bool, Option<Shards3>);
 
 /// What a rank's thread borrows for a step.
 struct Rank<'a> {
-    rt: &'a Runtime,
+    rt: &'a Arc<Runtime>,
     model: &'a dyn Trainable,
     params: &'a mut Params,
     opt: &'a mut Optimizer,
     host: Option<&'a mut HostOptimizer>,
+    /// Stage 3: where its tapes gather parameters from.
+    gather: Option<Arc<dyn Gather>>,
 }
 
 impl Trainer {
@@ -73,6 +80,13 @@ impl Trainer {
             });
         }
         let (group, comms) = HostGroup::new(peers.len() + 1);
+        let (gather_group, gather_comms) = HostGroup::new(peers.len() + 1);
+        let shapes = self
+            .params
+            .list
+            .iter()
+            .map(|p| (p.value.shape().to_vec(), p.name.clone()))
+            .collect();
         self.world = Some(World {
             group,
             comms,
@@ -88,7 +102,14 @@ impl Trainer {
             } else {
                 (0..self.config.parallel.world()).map(|_| HostOptimizer::default()).collect()
             },
+            shapes,
+            host_shards: Vec::new(),
+            gather_group,
+            gather_comms,
         });
+        if self.config.parallel.zero >= 3 {
+            self.shard_weights()?;
+        }
         Ok(())
     }
 
@@ -160,33 +181,50 @@ impl Trainer {
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
         let mut hosts = hosts.into_iter();
+        // Stage 3: each rank's tape gathers parameters from every rank's host shards.
+        let shapes = Arc::new(world.shapes.clone());
+        let gather = |r: usize, rt: &Arc<Runtime>| -> Option<Arc<dyn Gather>> {
+            (world.zero >= 3).then(|| {
+                Arc::new(ShardGather {
+                    comm: world.gather_comms[r].clone(),
+                    rt: rt.clone(),
+                    mine: world.host_shards[r].clone(),
+                    shapes: shapes.clone(),
+                }) as Arc<dyn Gather>
+            })
+        };
         let mut ranks = vec![Rank {
             rt,
             model: &**model,
             params,
             opt,
             host: hosts.next().flatten(),
+            gather: gather(0, rt),
         }];
-        for p in &mut world.peers {
+        for (k, p) in world.peers.iter_mut().enumerate() {
+            let g = gather(k + 1, &p.rt);
             ranks.push(Rank {
                 rt: &p.rt,
                 model: &*p.model,
                 params: &mut p.params,
                 opt: &mut p.opt,
                 host: hosts.next().flatten(),
+                gather: g,
             });
         }
-        let results: Vec<Result<(f64, bool), Error>> = std::thread::scope(|s| {
+        let gather_comms = &world.gather_comms;
+        let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .into_iter()
                 .zip(&parts)
-                .zip(&world.comms)
-                .map(|((rank, part), comm)| {
+                .zip(world.comms.iter().zip(gather_comms))
+                .map(|((rank, part), (comm, gather_comm))| {
                     let plan = &plan;
                     s.spawn(move || {
                         let out = rank_step(rank, part, comm, plan);
                         if let Err(e) = &out {
                             comm.abort(&e.to_string());
+                            gather_comm.abort(&e.to_string());
                         }
                         out
                     })
@@ -203,11 +241,13 @@ impl Trainer {
         let mut loss = 0.0;
         let mut skipped = false;
         let mut first_error = None;
+        let mut shards = Vec::new();
         for r in results {
             match r {
-                Ok((l, s)) => {
+                Ok((l, s, mine)) => {
                     loss += l;
                     skipped |= s;
+                    shards.extend(mine.map(Arc::new));
                 }
                 // The rank that failed says why; the others only say that they stopped.
                 Err(e) if first_error.is_none() || is_abort(first_error.as_ref()) => first_error = Some(e),
@@ -216,11 +256,15 @@ impl Trainer {
         }
         if let Some(e) = first_error {
             world.group.reset();
+            world.gather_group.reset();
             self.params.zero_grad();
             for p in &mut world.peers {
                 p.params.zero_grad();
             }
             return Err(e.into());
+        }
+        if shards.len() == n {
+            world.host_shards = shards;
         }
         if let Some(sc) = &mut self.scaler {
             sc.update(skipped);
@@ -237,13 +281,14 @@ fn is_abort(e: Option<&Error>) -> bool {
 
 /// One rank's step: forward and backward over its part in micro-batches, the buckets
 /// reduced as backward finishes them, then the update of what this rank owns.
-fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> Result<(f64, bool), Error> {
+fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> Result<RankOutcome, Error> {
     let Rank {
         rt,
         model,
         params,
         opt,
         host,
+        gather,
     } = rank;
     let n_params = params.list.len();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -262,7 +307,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
             }
             out
         });
-        let recorded = forward_backward(rt, model, params, part, plan, &mut reducer, &mut losses);
+        let recorded = forward_backward(rt, model, params, part, plan, gather, &mut reducer, &mut losses);
         marks.push(clock.elapsed());
         // Whatever happened, the queue closes so the worker ends.
         let finished = recorded.and_then(|_| {
@@ -280,8 +325,11 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     marks.push(clock.elapsed());
     reducer.restore(params);
     rt.phase("optimizer");
+    let mut new_shards = None;
     let skipped = if let Some(host) = host {
-        update_on_host(rt, params, opt, host, host_grads, comm, plan)?
+        let (skipped, mine) = update_on_host(rt, params, opt, host, host_grads, comm, plan)?;
+        new_shards = mine;
+        skipped
     } else if plan.zero == 0 {
         update(rt, params, opt, comm, plan)?
     } else {
@@ -289,7 +337,13 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         let skipped = update(rt, &shard, opt, comm, plan)?;
         drop(shard);
         rt.phase("gather");
-        gather_params(rt, params, plan.shards, comm, None)?;
+        if plan.zero >= 3 {
+            // The shards stay sharded; the host copy the next gathers read is refreshed.
+            let flat = read_shards(rt, params, plan, comm.rank())?;
+            new_shards = Some(split_shards(&flat, plan.shards, comm.rank()));
+        } else {
+            gather_params(rt, params, plan.shards, comm, None)?;
+        }
         skipped
     };
     params.zero_grad();
@@ -309,17 +363,19 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
             ms[4]
         );
     }
-    Ok((loss, skipped))
+    Ok((loss, skipped, new_shards))
 }
 
 /// Forward and backward over this rank's part in micro-batches; the last backward
 /// hands each finished gradient to the reducer.
+#[allow(clippy::too_many_arguments)]
 fn forward_backward(
     rt: &Runtime,
     model: &dyn Trainable,
     params: &mut Params,
     part: &HostBatch,
     plan: &StepPlan,
+    gather: Option<Arc<dyn Gather>>,
     reducer: &mut Reducer,
     losses: &mut Vec<(Tensor, f64)>,
 ) -> Result<(), Error> {
@@ -330,7 +386,10 @@ fn forward_backward(
         for (k, piece) in pieces.iter().enumerate() {
             let weight = piece.targets.len() as f32 / plan.total_targets as f32;
             let seed = weight * plan.scaler.map_or(1.0, |s| s.scale);
-            let mut tape = Tape::new().with_half_matmuls(plan.scaler.is_some()).with_grad_prescale(seed);
+            let mut tape = Tape::new()
+                .with_half_matmuls(plan.scaler.is_some())
+                .with_grad_prescale(seed)
+                .with_gather(gather.clone());
             rt.phase("forward");
             let loss = model.loss(&mut tape, rt, params, piece)?;
             rt.phase("backward");
@@ -380,8 +439,12 @@ fn shard_params(params: &Params, reducer: &mut Reducer, plan: &StepPlan, rank: u
     let mut out = Params::default();
     for (i, p) in params.list.iter().enumerate() {
         let r = plan.shards.range(i, rank);
-        let flat = p.value.reshape(&[p.value.numel()])?;
-        let value = flat.slice(0, r.start, r.len())?;
+        // Stage 3 holds the shard itself; below, it is a view of the whole weights.
+        let value = if plan.zero >= 3 {
+            p.value.clone()
+        } else {
+            p.value.reshape(&[p.value.numel()])?.slice(0, r.start, r.len())?
+        };
         let grad = if r.is_empty() {
             None
         } else if plan.zero == 1 {
@@ -413,7 +476,7 @@ fn update_on_host(
     mut grads: Vec<Option<Vec<f32>>>,
     comm: &HostComm,
     plan: &StepPlan,
-) -> Result<bool, Error> {
+) -> Result<(bool, Option<Shards3>), Error> {
     let rank = comm.rank();
     let mut found = false;
     if let Some(sc) = plan.scaler {
@@ -424,7 +487,7 @@ fn update_on_host(
         }
     }
     if comm.any(found).map_err(collective)? {
-        return Ok(true);
+        return Ok((true, None));
     }
     if plan.grad_clip > 0.0 {
         let local: f64 = grads.iter().flatten().flat_map(|g| g.iter()).map(|&x| x as f64 * x as f64).sum();
@@ -434,7 +497,7 @@ fn update_on_host(
         }
     }
     opt.step += 1;
-    let mut mine = read_shards(rt, params, plan.shards, rank)?;
+    let mut mine = read_shards(rt, params, plan, rank)?;
     let mut at = 0;
     for (i, g) in grads.iter().enumerate() {
         let r = plan.shards.range(i, rank);
@@ -446,8 +509,19 @@ fn update_on_host(
         }
     }
     rt.phase("gather");
+    if plan.zero >= 3 {
+        // Stage 3: this rank's device shards take the update; the host copy is it.
+        let ranges: Vec<_> = params
+            .list
+            .iter()
+            .filter(|p| p.value.numel() > 0)
+            .map(|p| (p.value.block(), (p.value.offset() * 4) as u64, (p.value.numel() * 4) as u64))
+            .collect();
+        rt.upload(&ranges, bytemuck::cast_slice(&mine))?;
+        return Ok((false, Some(split_shards(&mine, plan.shards, rank))));
+    }
     gather_params(rt, params, plan.shards, comm, Some(mine))?;
-    Ok(false)
+    Ok((false, None))
 }
 
 /// All-gather of the updated shards: this rank's shards (read back, or `mine` when the
@@ -458,7 +532,17 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
     let from_host = mine.is_some();
     let mine = match mine {
         Some(v) => v,
-        None => read_shards(rt, params, shards, rank)?,
+        None => {
+            let ranges: Vec<_> = params
+                .list
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p, shards.range(i, rank)))
+                .filter(|(_, r)| !r.is_empty())
+                .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
+                .collect();
+            bytemuck::pod_collect_to_vec(&rt.download(&ranges)?.finish()?)
+        }
     };
     let all = comm.all_gather_vecs(mine).map_err(collective)?;
     // Every other rank's shards (and this rank's own when they come from the host),
@@ -487,114 +571,25 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
 }
 
 /// This rank's shard of every parameter's weights, end to end, in one download.
-fn read_shards(rt: &Runtime, params: &Params, shards: &Shards, rank: usize) -> Result<Vec<f32>, Error> {
+fn read_shards(rt: &Runtime, params: &Params, plan: &StepPlan, rank: usize) -> Result<Vec<f32>, Error> {
     let ranges: Vec<_> = params
         .list
         .iter()
         .enumerate()
-        .map(|(i, p)| (p, shards.range(i, rank)))
+        // Stage 3's weights are the shards themselves (from element 0).
+        .map(|(i, p)| {
+            (
+                p,
+                if plan.zero >= 3 {
+                    0..p.value.numel()
+                } else {
+                    plan.shards.range(i, rank)
+                },
+            )
+        })
         .filter(|(_, r)| !r.is_empty())
         .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
         .collect();
     let bytes = rt.download(&ranges)?.finish()?;
     Ok(bytemuck::pod_collect_to_vec(&bytes))
-}
-
-impl Trainer {
-    /// Parameter `i`'s optimizer state on the host, whole (gathered from the ranks'
-    /// shards above stage 0): (first moment or momentum, second moment for AdamW).
-    pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
-        let adam = matches!(self.opt.rule, Rule::AdamW(_));
-        if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
-            let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
-            for host in &w.offload {
-                if let Some(Some((m, v))) = host.state.get(i) {
-                    any = true;
-                    m_all.extend_from_slice(m);
-                    v_all.extend_from_slice(v);
-                }
-            }
-            return Ok(any.then_some((m_all, adam.then_some(v_all))));
-        }
-        let mut sources: Vec<(&Runtime, &Optimizer)> = vec![(&self.rt, &self.opt)];
-        if let Some(w) = self.world.as_ref().filter(|w| w.zero > 0) {
-            sources.extend(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
-        }
-        let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
-        for (rt, opt) in sources {
-            if let Some(Some((m, v))) = opt.state.get(i) {
-                any = true;
-                m_all.extend(m.to_f32_vec(rt)?);
-                if adam {
-                    v_all.extend(v.to_f32_vec(rt)?);
-                }
-            }
-        }
-        Ok(any.then_some((m_all, adam.then_some(v_all))))
-    }
-
-    /// Installs parameter `i`'s whole optimizer state on every rank (each rank's shard
-    /// of it above stage 0).
-    pub(super) fn place_optimizer_state(&mut self, i: usize, m: &[f32], v: Option<&[f32]>) -> Result<(), Error> {
-        let p = &self.params.list[i];
-        let names = self.opt.state_names(&p.name);
-        let shape = p.value.shape().to_vec();
-        let zero = self.world.as_ref().map_or(0, |w| w.zero);
-        let world = self.world_size();
-        if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
-            for (rank, host) in w.offload.iter_mut().enumerate() {
-                let r = crate::parallel::shard_range(m.len(), rank, world);
-                if host.state.len() <= i {
-                    host.state.resize_with(i + 1, || None);
-                }
-                host.state[i] = (!r.is_empty()).then(|| (m[r.clone()].to_vec(), v.map(|v| v[r].to_vec()).unwrap_or_default()));
-            }
-            return Ok(());
-        }
-        let mut targets: Vec<(&Runtime, &mut Optimizer)> = vec![(&self.rt, &mut self.opt)];
-        if let Some(w) = &mut self.world {
-            targets.extend(w.peers.iter_mut().map(|p| (&*p.rt, &mut p.opt)));
-        }
-        for (rank, (rt, opt)) in targets.into_iter().enumerate() {
-            let (range, shape) = if zero == 0 {
-                (0..m.len(), shape.clone())
-            } else {
-                let r = crate::parallel::shard_range(m.len(), rank, world);
-                let len = r.len();
-                (r, vec![len])
-            };
-            if opt.state.len() <= i {
-                opt.state.resize_with(i + 1, || None);
-            }
-            if range.is_empty() {
-                opt.state[i] = None;
-                continue;
-            }
-            let mt = Tensor::from_f32(rt, &m[range.clone()], &shape, Category::OptimizerState, &names[0])?;
-            let vt = match v {
-                Some(v) => Tensor::from_f32(rt, &v[range], &shape, Category::OptimizerState, &names[1])?,
-                None => mt.clone(),
-            };
-            opt.state[i] = Some((mt, vt));
-        }
-        Ok(())
-    }
-
-    /// Gives every rank rank 0's weights and optimizer step count (after a restore).
-    pub(super) fn share_weights(&mut self) -> Result<(), Error> {
-        let Some(w) = &mut self.world else { return Ok(()) };
-        for (i, p) in self.params.list.iter().enumerate() {
-            let host = p.value.to_f32_vec(&self.rt)?;
-            for peer in &mut w.peers {
-                let q = &mut peer.params.list[i];
-                q.value = Tensor::from_f32(&peer.rt, &host, p.value.shape(), Category::Parameter, &p.name)?;
-            }
-        }
-        w.offload.iter_mut().for_each(|h| h.state.clear());
-        for peer in &mut w.peers {
-            peer.opt.step = self.opt.step;
-            peer.opt.state = (0..peer.params.list.len()).map(|_| None).collect();
-        }
-        Ok(())
-    }
 }

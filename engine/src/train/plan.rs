@@ -158,7 +158,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         }
     }
     let (peak, at_peak) = best.expect("two steps ran");
-    let elements = trainer.params.numel() as u64;
+    let elements = trainer.parameter_count() as u64;
     let optimizer_per = if config.train.optimizer == "sgd" { 4 } else { 8 };
     // ZeRO: rank 0's shards (the largest) of the sharded states.
     let shards = crate::parallel::Shards {
@@ -183,7 +183,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         category_peaks: Category::ALL.iter().map(|c| (c.name().to_string(), own[c.index()])).collect(),
         model_states: ModelStates {
             elements,
-            parameters: 4 * elements,
+            parameters: 4 * if zero >= 3 { owned } else { elements },
             gradients: 4 * if zero >= 2 { owned } else { elements },
             // Offloaded optimizer state lives in host memory, not on the device.
             optimizer_state: if config.parallel.enabled() && config.parallel.offload != "none" {

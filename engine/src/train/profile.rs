@@ -151,7 +151,7 @@ impl Trainer {
     /// Model FLOPs of one example (forward and backward): 6N + 12·L·T·C per token for a
     /// GPT (N without the position embedding), 6N for the MLP.
     pub fn model_flops_per_example(&self) -> f64 {
-        let n = self.params.numel() as f64;
+        let n = self.parameter_count() as f64;
         let m = &self.config.model;
         if m.kind == "gpt" {
             let (l, t, c) = (m.n_layer as f64, m.block_size as f64, m.n_embd as f64);

@@ -162,7 +162,7 @@ impl<'a> Reducer<'a> {
         if std::mem::replace(&mut self.seen[i], true) {
             return Ok(());
         }
-        self.pending_bytes += p.value.numel() * 4;
+        self.pending_bytes += self.plan.shards.numels[i] * 4;
         self.pending.push((i, p.grad.take(), p.value.shape().to_vec(), p.name.clone()));
         if self.pending_bytes >= self.plan.bucket_bytes {
             self.flush(rt)?;
@@ -204,7 +204,7 @@ impl<'a> Reducer<'a> {
         let mut sources = Vec::new();
         let mut dests: Vec<(Tensor, u64, u64)> = Vec::new();
         for (i, g, shape, name) in self.pending.drain(..) {
-            let numel: usize = shape.iter().product();
+            let numel = self.plan.shards.numels[i];
             let r = if self.plan.zero == 0 {
                 0..numel
             } else {

@@ -139,7 +139,7 @@ impl Trainer {
         let info = RunInfo {
             device: self.rt.gpu.report.clone(),
             config: serde_json::to_value(&self.config).unwrap_or_default(),
-            parameters: self.params.numel() as u64,
+            parameters: self.parameter_count() as u64,
             total_steps: total,
             notes: self.notes.clone(),
             cap: self.rt.alloc.stats().cap,

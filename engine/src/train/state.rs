@@ -12,7 +12,6 @@ use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
 use super::config::Config;
 use super::error::TrainError;
 use super::trainer::Trainer;
-use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
@@ -22,15 +21,16 @@ impl Trainer {
         let mut model = Vec::new();
         let mut optimizer = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {
+            // Whole, as one device's: gathered from the shards at ZeRO stage 3.
             model.push(HostTensor {
                 name: p.name.clone(),
-                shape: p.value.shape().to_vec(),
-                data: p.value.to_f32_vec(&self.rt)?,
+                shape: self.param_shape(i),
+                data: self.param_host(i)?,
             });
             // Whole, as one device's: gathered from the shards of a ZeRO run.
             if let Some((m, v)) = self.optimizer_state_host(i)? {
                 let names = self.opt.state_names(&p.name);
-                let shape = p.value.shape().to_vec();
+                let shape = self.param_shape(i);
                 optimizer.push(HostTensor {
                     name: names[0].clone(),
                     shape: shape.clone(),
@@ -110,14 +110,8 @@ impl Trainer {
                 .params
                 .find(&t.name)
                 .ok_or_else(|| mismatch(format!("unknown parameter {}", t.name)))?;
-            if self.params.list[i].value.shape() != t.shape.as_slice() {
-                return Err(mismatch(format!(
-                    "{} is {:?}, the model has {:?}",
-                    t.name,
-                    t.shape,
-                    self.params.list[i].value.shape()
-                ))
-                .into());
+            if self.param_shape(i) != t.shape {
+                return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, self.param_shape(i))).into());
             }
             self.params.list[i].value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
         }
@@ -152,7 +146,7 @@ impl Trainer {
         for i in 0..self.params.list.len() {
             let p = &self.params.list[i];
             let names = self.opt.state_names(&p.name);
-            let numel = p.value.numel();
+            let numel = self.param_shape(i).iter().product::<usize>();
             if let Some(m) = by_name.get(names[0].as_str()) {
                 let v = by_name.get(names[1].as_str());
                 for t in std::iter::once(m).chain(v) {

@@ -17,7 +17,7 @@ use crate::scaler::GradScaler;
 pub struct Peer {
     /// Its runtime.
     pub rt: Arc<Runtime>,
-    /// Its copy of the parameters (whole: stages 0-2 keep every weight on every rank).
+    /// Its copy of the parameters (whole at stages 0-2; its shards at stage 3).
     pub params: Params,
     pub(super) model: Box<dyn Trainable>,
     pub(super) opt: Optimizer,
@@ -34,6 +34,14 @@ pub struct World {
     pub(super) bucket_bytes: usize,
     /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
     pub(super) offload: Vec<HostOptimizer>,
+    /// Stage 3: the parameters' whole shapes and names, in the model's order.
+    pub(super) shapes: Vec<(Vec<usize>, String)>,
+    /// Stage 3: each rank's shards on the host (what gathers exchange), in rank order.
+    pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
+    /// Stage 3: a group of its own for the gathers, which run on the ranks' compute
+    /// threads while the transfer threads use `comms`.
+    pub(super) gather_group: HostGroup,
+    pub(super) gather_comms: Vec<HostComm>,
 }
 
 /// What every rank's step shares.

@@ -1,0 +1,121 @@
+//! A multi-device run's state seen whole: the optimizer state gathered from the
+//! ranks' shards for a checkpoint, a checkpoint's state placed back on any number of
+//! ranks, and rank 0's weights shared with the others after a restore.
+//!
+//! May call: `error`, `kernels`, `memory`, `optim`, `parallel`, `runtime`, `tensor`,
+//! `train::{trainer, world, zero3}`. Called by: `train::state`.
+
+use super::trainer::Trainer;
+use crate::error::Error;
+use crate::kernels::TensorOps;
+use crate::memory::Category;
+use crate::optim::{Optimizer, Rule};
+use crate::runtime::Runtime;
+use crate::tensor::Tensor;
+
+/// One parameter's optimizer state on the host: (first moment or momentum, second
+/// moment for AdamW).
+pub(super) type HostState = (Vec<f32>, Option<Vec<f32>>);
+
+impl Trainer {
+    /// Parameter `i`'s optimizer state on the host, whole (gathered from the ranks'
+    /// shards above stage 0): (first moment or momentum, second moment for AdamW).
+    pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
+        let adam = matches!(self.opt.rule, Rule::AdamW(_));
+        if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
+            let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
+            for host in &w.offload {
+                if let Some(Some((m, v))) = host.state.get(i) {
+                    any = true;
+                    m_all.extend_from_slice(m);
+                    v_all.extend_from_slice(v);
+                }
+            }
+            return Ok(any.then_some((m_all, adam.then_some(v_all))));
+        }
+        let mut sources: Vec<(&Runtime, &Optimizer)> = vec![(&self.rt, &self.opt)];
+        if let Some(w) = self.world.as_ref().filter(|w| w.zero > 0) {
+            sources.extend(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
+        }
+        let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
+        for (rt, opt) in sources {
+            if let Some(Some((m, v))) = opt.state.get(i) {
+                any = true;
+                m_all.extend(m.to_f32_vec(rt)?);
+                if adam {
+                    v_all.extend(v.to_f32_vec(rt)?);
+                }
+            }
+        }
+        Ok(any.then_some((m_all, adam.then_some(v_all))))
+    }
+
+    /// Installs parameter `i`'s whole optimizer state on every rank (each rank's shard
+    /// of it above stage 0).
+    pub(super) fn place_optimizer_state(&mut self, i: usize, m: &[f32], v: Option<&[f32]>) -> Result<(), Error> {
+        let p = &self.params.list[i];
+        let names = self.opt.state_names(&p.name);
+        let shape = p.value.shape().to_vec();
+        let zero = self.world.as_ref().map_or(0, |w| w.zero);
+        let world = self.world_size();
+        if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
+            for (rank, host) in w.offload.iter_mut().enumerate() {
+                let r = crate::parallel::shard_range(m.len(), rank, world);
+                if host.state.len() <= i {
+                    host.state.resize_with(i + 1, || None);
+                }
+                host.state[i] = (!r.is_empty()).then(|| (m[r.clone()].to_vec(), v.map(|v| v[r].to_vec()).unwrap_or_default()));
+            }
+            return Ok(());
+        }
+        let mut targets: Vec<(&Runtime, &mut Optimizer)> = vec![(&self.rt, &mut self.opt)];
+        if let Some(w) = &mut self.world {
+            targets.extend(w.peers.iter_mut().map(|p| (&*p.rt, &mut p.opt)));
+        }
+        for (rank, (rt, opt)) in targets.into_iter().enumerate() {
+            let (range, shape) = if zero == 0 {
+                (0..m.len(), shape.clone())
+            } else {
+                let r = crate::parallel::shard_range(m.len(), rank, world);
+                let len = r.len();
+                (r, vec![len])
+            };
+            if opt.state.len() <= i {
+                opt.state.resize_with(i + 1, || None);
+            }
+            if range.is_empty() {
+                opt.state[i] = None;
+                continue;
+            }
+            let mt = Tensor::from_f32(rt, &m[range.clone()], &shape, Category::OptimizerState, &names[0])?;
+            let vt = match v {
+                Some(v) => Tensor::from_f32(rt, &v[range], &shape, Category::OptimizerState, &names[1])?,
+                None => mt.clone(),
+            };
+            opt.state[i] = Some((mt, vt));
+        }
+        Ok(())
+    }
+
+    /// Gives every rank rank 0's weights and optimizer step count (after a restore).
+    pub(super) fn share_weights(&mut self) -> Result<(), Error> {
+        if self.sharded_weights() {
+            self.shard_weights()?;
+        }
+        let sharded = self.sharded_weights();
+        let Some(w) = &mut self.world else { return Ok(()) };
+        for (i, p) in self.params.list.iter().enumerate().filter(|_| !sharded) {
+            let host = p.value.to_f32_vec(&self.rt)?;
+            for peer in &mut w.peers {
+                let q = &mut peer.params.list[i];
+                q.value = Tensor::from_f32(&peer.rt, &host, p.value.shape(), Category::Parameter, &p.name)?;
+            }
+        }
+        w.offload.iter_mut().for_each(|h| h.state.clear());
+        for peer in &mut w.peers {
+            peer.opt.step = self.opt.step;
+            peer.opt.state = (0..peer.params.list.len()).map(|_| None).collect();
+        }
+        Ok(())
+    }
+}
