@@ -101,6 +101,7 @@ fn every_zero_stage_matches_one_device_step_for_step() {
         (3, 2, "optimizer"),
         (2, 3, "none"),
         (3, 3, "optimizer"),
+        (2, 3, "optimizer+parameters"),
     ] {
         let name = format!("d{devices}z{zero}{offload}");
         let sets = [format!("parallel.zero={zero}"), format!("parallel.offload=\"{offload}\"")];
@@ -121,6 +122,18 @@ fn every_zero_stage_matches_one_device_step_for_step() {
     let ckpt = losses(&gpt_run(&dir, "ckpt", 0, &["memory.checkpoint=\"every-layer\""]));
     let log = gpt_run(&dir, "ckpt-d3z3", 3, &["memory.checkpoint=\"every-layer\"", "parallel.zero=3"]);
     assert_close("zero 3, every-layer checkpointing", &ckpt, &losses(&log), 1e-4);
+    let sets = [
+        "memory.checkpoint=\"every-layer\"",
+        "parallel.zero=3",
+        "parallel.offload=\"optimizer+parameters\"",
+    ];
+    let log = gpt_run(&dir, "ckpt-d2z3offp", 2, &sets);
+    assert_close(
+        "zero 3, parameters offloaded, every-layer checkpointing",
+        &ckpt,
+        &losses(&log),
+        1e-4,
+    );
     let sets = [
         "memory.precision=\"fp16-mixed\"",
         "parallel.zero=3",
@@ -257,6 +270,7 @@ fn the_estimate_equals_each_devices_measured_peak() {
         (2, "optimizer"),
         (3, "none"),
         (3, "optimizer"),
+        (3, "optimizer+parameters"),
     ] {
         let sets = [
             "model.kind=\"gpt\"".to_string(),
@@ -297,6 +311,9 @@ fn the_estimate_equals_each_devices_measured_peak() {
         assert_eq!(shard(4) == 4 * psi, zero < 2, "zero {zero}: gradients {}", shard(4));
         if offload != "none" {
             assert_eq!(shard(8), 0, "offloaded optimizer state is not on the device");
+            if offload == "optimizer+parameters" {
+                assert_eq!(m["parameters"].as_u64(), Some(0), "offloaded weights are not on the device");
+            }
             continue;
         }
         assert_eq!(shard(8) == 8 * psi, zero < 1, "zero {zero}: optimizer state {}", shard(8));
@@ -316,7 +333,7 @@ fn bad_parallel_settings_are_refused_with_the_reason() {
         ("parallel.offload=\"disk\"", "parallel.offload must be"),
         ("parallel.bucket_mb=0", "parallel.bucket_mb must be in"),
         ("parallel.offload=\"optimizer\"", "need parallel.devices"),
-        ("parallel.offload=\"optimizer+parameters\"", "not built yet"),
+        ("parallel.offload=\"optimizer+parameters\"", "need parallel.devices"),
         ("parallel.devices=[\"0\",\"no-such-adapter\"]", "no-such-adapter"),
     ] {
         let args = [

@@ -265,8 +265,8 @@ pub struct ParallelConfig {
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients,
     /// 3 and parameters (gathered per use).
     pub zero: u8,
-    /// "none", or "optimizer": optimizer state and the update in host memory
-    /// (ZeRO-Offload; needs zero >= 1). "optimizer+parameters" is not built yet.
+    /// "none"; "optimizer": optimizer state and the update in host memory (ZeRO-Offload;
+    /// needs zero >= 1); "optimizer+parameters": the weights' shards too (zero = 3).
     pub offload: String,
     /// Gradient bucket size in MiB (reduced as backward makes them final).
     pub bucket_mb: f64,
@@ -321,9 +321,10 @@ impl ParallelConfig {
                 );
             }
             "optimizer" => {}
-            "optimizer+parameters" => {
-                return bad("parallel.offload = \"optimizer+parameters\" is not built yet; use \"none\" or \"optimizer\"".into());
+            "optimizer+parameters" if self.zero < 3 && self.enabled() => {
+                return bad("parallel.offload = \"optimizer+parameters\" needs parallel.zero = 3 (the parameters sharded)".into());
             }
+            "optimizer+parameters" => {}
             o => {
                 return bad(format!(
                     "parallel.offload must be \"none\", \"optimizer\" or \"optimizer+parameters\", got \"{o}\""

@@ -62,6 +62,8 @@ struct Rank<'a> {
     host: Option<&'a mut HostOptimizer>,
     /// Stage 3: where its tapes gather parameters from.
     gather: Option<Arc<dyn Gather>>,
+    /// Parameters offloaded: its shards, which live on the host only.
+    host_weights: Option<Arc<Shards3>>,
 }
 
 impl Trainer {
@@ -104,6 +106,7 @@ impl Trainer {
             },
             shapes,
             host_shards: Vec::new(),
+            offload_params: self.config.parallel.offload == "optimizer+parameters",
             gather_group,
             gather_comms,
         });
@@ -133,6 +136,10 @@ impl Trainer {
         let mut out = std::collections::BTreeMap::new();
         if self.world.as_ref().is_some_and(|w| !w.offload.is_empty()) {
             out.insert(Category::OptimizerState.name().to_string(), state);
+        }
+        if let Some(w) = self.world.as_ref().filter(|w| w.offload_params) {
+            let weights: usize = w.host_shards.iter().flat_map(|s| s.iter()).map(Vec::len).sum();
+            out.insert(Category::Parameter.name().to_string(), 4 * weights as u64);
         }
         out
     }
@@ -200,9 +207,11 @@ impl Trainer {
             opt,
             host: hosts.next().flatten(),
             gather: gather(0, rt),
+            host_weights: world.offload_params.then(|| world.host_shards[0].clone()),
         }];
         for (k, p) in world.peers.iter_mut().enumerate() {
             let g = gather(k + 1, &p.rt);
+            let host_weights = world.offload_params.then(|| world.host_shards[k + 1].clone());
             ranks.push(Rank {
                 rt: &p.rt,
                 model: &*p.model,
@@ -210,6 +219,7 @@ impl Trainer {
                 opt: &mut p.opt,
                 host: hosts.next().flatten(),
                 gather: g,
+                host_weights,
             });
         }
         let gather_comms = &world.gather_comms;
@@ -289,6 +299,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         opt,
         host,
         gather,
+        host_weights,
     } = rank;
     let n_params = params.list.len();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -327,7 +338,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     rt.phase("optimizer");
     let mut new_shards = None;
     let skipped = if let Some(host) = host {
-        let (skipped, mine) = update_on_host(rt, params, opt, host, host_grads, comm, plan)?;
+        let (skipped, mine) = update_on_host(rt, params, opt, host, host_grads, host_weights, comm, plan)?;
         new_shards = mine;
         skipped
     } else if plan.zero == 0 {
@@ -468,12 +479,14 @@ fn shard_params(params: &Params, reducer: &mut Reducer, plan: &StepPlan, rank: u
 /// The update under `offload = "optimizer"`: the reduced shard gradients are on the
 /// host already; unscale and check, clip and update there, then every rank writes
 /// every rank's updated shard into its weights.
+#[allow(clippy::too_many_arguments)]
 fn update_on_host(
     rt: &Runtime,
     params: &Params,
     opt: &mut Optimizer,
     host: &mut HostOptimizer,
     mut grads: Vec<Option<Vec<f32>>>,
+    host_weights: Option<Arc<Shards3>>,
     comm: &HostComm,
     plan: &StepPlan,
 ) -> Result<(bool, Option<Shards3>), Error> {
@@ -497,7 +510,11 @@ fn update_on_host(
         }
     }
     opt.step += 1;
-    let mut mine = read_shards(rt, params, plan, rank)?;
+    // The weights to update: from the host when they live there, else read back.
+    let mut mine = match &host_weights {
+        Some(w) => w.iter().flatten().copied().collect(),
+        None => read_shards(rt, params, plan, rank)?,
+    };
     let mut at = 0;
     for (i, g) in grads.iter().enumerate() {
         let r = plan.shards.range(i, rank);
@@ -509,6 +526,9 @@ fn update_on_host(
         }
     }
     rt.phase("gather");
+    if host_weights.is_some() {
+        return Ok((false, Some(split_shards(&mine, plan.shards, rank))));
+    }
     if plan.zero >= 3 {
         // Stage 3: this rank's device shards take the update; the host copy is it.
         let ranges: Vec<_> = params

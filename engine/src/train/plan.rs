@@ -161,10 +161,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     let elements = trainer.parameter_count() as u64;
     let optimizer_per = if config.train.optimizer == "sgd" { 4 } else { 8 };
     // ZeRO: rank 0's shards (the largest) of the sharded states.
-    let shards = crate::parallel::Shards {
-        world: config.parallel.world(),
-        numels: trainer.params.list.iter().map(|p| p.value.numel()).collect(),
-    };
+    let shards = trainer.shards();
     let owned = shards.owned(0) as u64;
     let zero = if config.parallel.enabled() { config.parallel.zero } else { 0 };
     let micro = config
@@ -183,7 +180,11 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         category_peaks: Category::ALL.iter().map(|c| (c.name().to_string(), own[c.index()])).collect(),
         model_states: ModelStates {
             elements,
-            parameters: 4 * if zero >= 3 { owned } else { elements },
+            parameters: if config.parallel.enabled() && config.parallel.offload == "optimizer+parameters" {
+                0
+            } else {
+                4 * if zero >= 3 { owned } else { elements }
+            },
             gradients: 4 * if zero >= 2 { owned } else { elements },
             // Offloaded optimizer state lives in host memory, not on the device.
             optimizer_state: if config.parallel.enabled() && config.parallel.offload != "none" {

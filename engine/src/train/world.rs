@@ -38,6 +38,8 @@ pub struct World {
     pub(super) shapes: Vec<(Vec<usize>, String)>,
     /// Stage 3: each rank's shards on the host (what gathers exchange), in rank order.
     pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
+    /// `offload = "optimizer+parameters"`: the shards live on the host only.
+    pub(super) offload_params: bool,
     /// Stage 3: a group of its own for the gathers, which run on the ranks' compute
     /// threads while the transfer threads use `comms`.
     pub(super) gather_group: HostGroup,

@@ -46,20 +46,23 @@ impl Gather for ShardGather {
     }
 }
 
-/// Replaces each whole parameter of `params` by this rank's shard (on the device) and
-/// returns the shard's values (for the host copy).
+/// Replaces each whole parameter of `params` by this rank's shard (on the device; an
+/// empty tensor when `on_host`: the weights then live in host memory only) and returns
+/// the shard's values (for the host copy).
 pub(super) fn shard_in_place(
     rt: &Runtime,
     params: &mut Params,
     shards: &Shards,
     rank: usize,
     whole: &[Vec<f32>],
+    on_host: bool,
 ) -> Result<Vec<Vec<f32>>, Error> {
     let mut mine = Vec::with_capacity(params.list.len());
     for (i, p) in params.list.iter_mut().enumerate() {
         let r = shards.range(i, rank);
         let part = whole[i][r].to_vec();
-        p.value = Tensor::from_f32(rt, &part, &[part.len()], Category::Parameter, &p.name)?;
+        let kept: &[f32] = if on_host { &[] } else { &part };
+        p.value = Tensor::from_f32(rt, kept, &[kept.len()], Category::Parameter, &p.name)?;
         p.grad = None;
         mine.push(part);
     }
@@ -90,9 +93,17 @@ impl Trainer {
             .map(|p| p.value.to_f32_vec(&self.rt))
             .collect::<Result<_, _>>()?;
         let Some(w) = self.world.as_mut() else { return Ok(()) };
-        let mut host = vec![Arc::new(shard_in_place(&self.rt, &mut self.params, &w.shards, 0, &whole)?)];
+        let on_host = w.offload_params;
+        let mut host = vec![Arc::new(shard_in_place(&self.rt, &mut self.params, &w.shards, 0, &whole, on_host)?)];
         for (k, peer) in w.peers.iter_mut().enumerate() {
-            host.push(Arc::new(shard_in_place(&peer.rt, &mut peer.params, &w.shards, k + 1, &whole)?));
+            host.push(Arc::new(shard_in_place(
+                &peer.rt,
+                &mut peer.params,
+                &w.shards,
+                k + 1,
+                &whole,
+                on_host,
+            )?));
         }
         w.host_shards = host;
         Ok(())
@@ -117,6 +128,17 @@ impl Trainer {
         match self.world.as_ref().filter(|w| w.zero >= 3) {
             Some(w) => w.shapes[i].0.clone(),
             None => self.params.list[i].value.shape().to_vec(),
+        }
+    }
+
+    /// How the parameters are cut over the run's devices (one shard each on one device).
+    pub fn shards(&self) -> Shards {
+        match &self.world {
+            Some(w) => w.shards.clone(),
+            None => Shards {
+                world: 1,
+                numels: self.params.list.iter().map(|p| p.value.numel()).collect(),
+            },
         }
     }
 
