@@ -178,7 +178,8 @@ fn an_mlp_with_accumulation_matches_one_device() {
     let three = run(
         "three",
         &[
-            "parallel.devices=[\"0\",\"0\",\"0\"]",
+            // Adapter indices may be written as numbers.
+            "parallel.devices=[0, 0, 0]",
             "parallel.zero=2",
             "train.micro_batch_size=7",
         ],

@@ -260,7 +260,9 @@ pub struct CheckpointConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelConfig {
     /// One adapter selector per device, as `--adapter` takes them; a selector may repeat
-    /// (several devices on one adapter). Empty: one device, `--adapter`'s.
+    /// (several devices on one adapter); an index may be written as a number. Empty: one
+    /// device, `--adapter`'s.
+    #[serde(deserialize_with = "selectors")]
     pub devices: Vec<String>,
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients,
     /// 3 and parameters (gathered per use).
@@ -355,6 +357,23 @@ impl ParallelConfig {
         }
         Ok(())
     }
+}
+
+/// Adapter selectors: strings, or adapter indices written as numbers (`[0, 1]`).
+fn selectors<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Selector {
+        Name(String),
+        Index(u32),
+    }
+    Ok(Vec::<Selector>::deserialize(d)?
+        .into_iter()
+        .map(|s| match s {
+            Selector::Name(n) => n,
+            Selector::Index(i) => i.to_string(),
+        })
+        .collect())
 }
 
 /// Most devices in one run.
