@@ -172,17 +172,22 @@ pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f3
     Ok(norm)
 }
 
-/// The sum of the squares of every gradient element (read back: one wait per gradient).
+/// The sum of the squares of every gradient element: one sum per gradient on the
+/// device, all read back at once (one wait), added up in parameter order in f64.
 pub fn grad_square_sum(rt: &Runtime, params: &Params) -> Result<f64, Error> {
-    let mut total = 0.0f64;
+    let mut sums = Vec::new();
     for p in &params.list {
         let Some(g) = &p.grad else { continue };
         let sq = Tensor::empty(rt, g.shape(), DType::F32, Category::Temporary, "grad^2")?;
         map_into(rt, MapOp::Mul, Some(g), Some(g), &sq, 1.0, 1.0)?;
-        let s = reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?;
-        total += s.to_f32_vec(rt)?[0] as f64;
+        sums.push(reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?);
     }
-    Ok(total)
+    let ranges: Vec<_> = sums.iter().map(|s| (s.block(), 0u64, 4u64)).collect();
+    let bytes = rt.download(&ranges)?.finish().map_err(Error::from)?;
+    Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)
+        .into_iter()
+        .map(f64::from)
+        .sum())
 }
 
 /// clip_grad_norm_'s factor for a global norm: max_norm / (norm + 1e-6).
