@@ -184,10 +184,7 @@ pub fn grad_square_sum(rt: &Runtime, params: &Params) -> Result<f64, Error> {
     }
     let ranges: Vec<_> = sums.iter().map(|s| (s.block(), 0u64, 4u64)).collect();
     let bytes = rt.download(&ranges)?.finish().map_err(Error::from)?;
-    Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)
-        .into_iter()
-        .map(f64::from)
-        .sum())
+    Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes).into_iter().map(f64::from).sum())
 }
 
 /// clip_grad_norm_'s factor for a global norm: max_norm / (norm + 1e-6).

@@ -76,8 +76,19 @@ pub fn run(args: TrainArgs) -> CliResult {
     for note in &trainer.notes {
         eprintln!("{note}");
     }
+    let p = &trainer.config.parallel;
+    let devices = if p.enabled() {
+        let offload = if p.offload == "none" {
+            String::new()
+        } else {
+            format!(", {} offloaded to the host", p.offload)
+        };
+        format!(" and {} more device(s): ZeRO stage {}{offload}", trainer.world_size() - 1, p.zero)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "training on {} ({}): {} parameters, {} steps",
+        "training on {} ({}){devices}: {} parameters, {} steps",
         trainer.rt.gpu.report.name,
         trainer.rt.gpu.report.backend,
         trainer.parameter_count(),
