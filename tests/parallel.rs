@@ -363,3 +363,15 @@ fn bad_parallel_settings_are_refused_with_the_reason() {
         assert!(!err.contains("panicked"), "{set}: {err}");
     }
 }
+
+#[test]
+fn a_device_out_of_memory_halves_the_micro_batch_on_every_device() {
+    let dir = scratch("parallel-oom");
+    let one = losses(&gpt_run(&dir, "one", 0, &[]));
+    // A cap under what a whole share needs: the step fails, is retried with the cache
+    // emptied, then with half the micro-batch on every device, and goes on.
+    let log = gpt_run(&dir, "capped", 2, &["parallel.zero=2", "memory.cap=\"1MiB\""]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("micro-batch halved"), "the log records the halving");
+    assert_close("out of memory, micro-batch halved", &one, &losses(&log), 1e-4);
+}
