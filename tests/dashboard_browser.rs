@@ -33,6 +33,40 @@ fn chromium() -> PathBuf {
         .expect("Chromium is needed: apt-get install chromium chromium-driver (./quickstart.sh test installs it)")
 }
 
+/// Headless Chromium with a 1400-pixel-wide window of `height` pixels.
+fn launch(height: u32) -> Browser {
+    Browser::new(
+        LaunchOptions::default_builder()
+            .path(Some(chromium()))
+            .headless(true)
+            .sandbox(false)
+            .window_size(Some((1400, height)))
+            .idle_browser_timeout(Duration::from_secs(300))
+            .build()
+            .unwrap(),
+    )
+    .expect("Chromium starts")
+}
+
+/// Saves the element `#view` as dashboard-VIEW.png under target/dashboard-screenshots
+/// (and WGTRAIN_SCREENSHOT_DIR when set).
+fn save_view(tab: &headless_chrome::Tab, view: &str) {
+    let png = tab
+        .find_element(&format!("#{view}"))
+        .unwrap()
+        .capture_screenshot(CaptureScreenshotFormatOption::Png)
+        .unwrap();
+    assert!(png.len() > 1000 && png.starts_with(b"\x89PNG"));
+    let mut outs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots")];
+    if let Ok(extra) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
+        outs.push(PathBuf::from(extra));
+    }
+    for out in &outs {
+        std::fs::create_dir_all(out).unwrap();
+        std::fs::write(out.join(format!("dashboard-{view}.png")), &png).unwrap();
+    }
+}
+
 fn number(v: &str) -> f64 {
     v.trim().trim_matches('"').parse().unwrap_or_else(|_| panic!("not a number: {v:?}"))
 }
@@ -57,17 +91,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     })
     .unwrap();
 
-    let browser = Browser::new(
-        LaunchOptions::default_builder()
-            .path(Some(chromium()))
-            .headless(true)
-            .sandbox(false)
-            .window_size(Some((1400, 4000)))
-            .idle_browser_timeout(Duration::from_secs(300))
-            .build()
-            .unwrap(),
-    )
-    .expect("Chromium starts");
+    let browser = launch(4000);
     let tab = browser.new_tab().unwrap();
     tab.set_default_timeout(Duration::from_secs(180));
     // The page opens before the first step: what it shows comes over the live stream.
@@ -174,21 +198,8 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     }
 
     // Screenshots of each view (of the live page, while its tab is in front).
-    let mut outs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-screenshots")];
-    if let Ok(extra) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
-        outs.push(PathBuf::from(extra));
-    }
     for view in ["memory", "peak-panel", "whatif", "timeline", "allocator", "training"] {
-        let png = tab
-            .find_element(&format!("#{view}"))
-            .unwrap()
-            .capture_screenshot(CaptureScreenshotFormatOption::Png)
-            .unwrap();
-        assert!(png.len() > 1000 && png.starts_with(b"\x89PNG"));
-        for out in &outs {
-            std::fs::create_dir_all(out).unwrap();
-            std::fs::write(out.join(format!("dashboard-{view}.png")), &png).unwrap();
-        }
+        save_view(&tab, view);
     }
 
     // A second run beside it in the folder, to compare with.
@@ -366,16 +377,7 @@ fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
         ..Default::default()
     })
     .unwrap();
-    let browser = Browser::new(
-        LaunchOptions::default_builder()
-            .path(Some(chromium()))
-            .headless(true)
-            .sandbox(false)
-            .window_size(Some((1400, 3000)))
-            .build()
-            .unwrap(),
-    )
-    .expect("Chromium starts");
+    let browser = launch(3000);
     let tab = browser.new_tab().unwrap();
     tab.set_default_timeout(Duration::from_secs(120));
     tab.navigate_to(&format!("{}?run=two", d.url())).unwrap();
@@ -388,14 +390,5 @@ fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
     }
     let shown = tab.find_element("#host-memory").unwrap();
     assert_eq!(number(&shown.get_attribute_value("data-host-bytes").unwrap().unwrap()) as u64, host);
-    let png = tab
-        .find_element("#devices")
-        .unwrap()
-        .capture_screenshot(CaptureScreenshotFormatOption::Png)
-        .unwrap();
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-devices.png");
-    std::fs::write(&out, &png).unwrap();
-    if let Ok(dir) = std::env::var("WGTRAIN_SCREENSHOT_DIR") {
-        std::fs::write(Path::new(&dir).join("dashboard-devices.png"), png).unwrap();
-    }
+    save_view(&tab, "devices");
 }

@@ -1,36 +1,27 @@
 //! Multi-device training on lavapipe (several devices opened on one adapter): every
 //! step's loss equals the single-device run's at the same global batch, for ZeRO stages
-//! 0-2 over two and three devices, fp32 and fp16-mixed, a char GPT and an MLP whose
-//! parameter counts do not divide by the world size; resume onto another number of
-//! devices; the estimate equals each device's measured peak; bad settings are refused.
+//! 0-3 and both offloads over two and three devices, fp32 and fp16-mixed, a char GPT and
+//! an MLP whose parameter counts do not divide by the world size; resume on the same and
+//! on another number of devices; the estimate equals each device's measured peak; out
+//! of memory on a device; bad settings are refused.
 
 mod cli;
 
 use std::path::{Path, PathBuf};
 
-use cli::{losses, run_ok, scratch, wgtrain};
+use cli::{losses, run_ok, scratch, wgtrain, write_sentences};
 
 fn corpus(dir: &Path) -> PathBuf {
     let path = dir.join("corpus.txt");
     let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"];
-    let mut state = 11u64;
-    let mut text = String::new();
-    for _ in 0..1500 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let r = (state >> 33) as usize;
-        text += &format!("{} {} {}.\n", words[r % 8], words[(r / 8) % 8], words[(r / 64) % 8]);
-    }
-    std::fs::write(&path, text).unwrap();
+    write_sentences(&path, [&words, &words, &words], 1500, 11);
     path
 }
 
-/// A 2-layer char GPT (111k-ish parameters: not a multiple of 2 or 3 in every tensor)
-/// over `devices` devices with `sets` on top; returns the log's path.
-fn gpt_run(dir: &Path, name: &str, devices: usize, sets: &[&str]) -> PathBuf {
+/// `wgtrain COMMAND` on a 2-layer char GPT over `devices` devices (none: one device,
+/// the single-device path), with `sets` as further `--set`s.
+fn gpt_args(command: &str, dir: &Path, devices: usize, sets: &[String]) -> Vec<String> {
     let text = corpus(dir);
-    let log = dir.join(format!("{name}.jsonl"));
-    let mut args: Vec<String> = vec!["train".into(), "--quiet".into()];
-    let list = vec!["\"0\""; devices].join(",");
     let mut all = vec![
         "model.kind=\"gpt\"".to_string(),
         "data.kind=\"chars\"".into(),
@@ -40,20 +31,35 @@ fn gpt_run(dir: &Path, name: &str, devices: usize, sets: &[&str]) -> PathBuf {
         "model.n_embd=40".into(),
         "model.block_size=24".into(),
         "train.batch_size=12".into(),
-        "train.steps=4".into(),
         "train.eval_every=0".into(),
         "train.lr=3e-3".into(),
         "train.schedule=\"constant\"".into(),
         "train.grad_clip=1.0".into(),
-        format!("checkpoint.dir=\"{}\"", dir.join(format!("{name}.ckpt")).display()),
     ];
     if devices > 0 {
-        all.push(format!("parallel.devices=[{list}]"));
+        all.push(format!("parallel.devices=[{}]", vec!["\"0\""; devices].join(",")));
     }
-    all.extend(sets.iter().map(|s| s.to_string()));
+    all.extend(sets.iter().cloned());
+    let mut args = vec![command.to_string()];
+    if command == "train" {
+        args.push("--quiet".into());
+    }
     for s in all {
         args.extend(["--set".into(), s]);
     }
+    args
+}
+
+/// A 4-step training run of [`gpt_args`]'s GPT (tensors not all a multiple of 2 or 3)
+/// with `sets` on top; returns the log's path (checkpoints in NAME.ckpt).
+fn gpt_run(dir: &Path, name: &str, devices: usize, sets: &[&str]) -> PathBuf {
+    let log = dir.join(format!("{name}.jsonl"));
+    let mut all = vec![
+        "train.steps=4".to_string(),
+        format!("checkpoint.dir=\"{}\"", dir.join(format!("{name}.ckpt")).display()),
+    ];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    let mut args = gpt_args("train", dir, devices, &all);
     args.extend(["--log".into(), log.display().to_string()]);
     run_ok(&args, &[]);
     log
@@ -216,27 +222,7 @@ fn a_run_resumes_onto_another_number_of_devices() {
             sets.extend([format!("parallel.zero={zero}"), format!("parallel.offload=\"{offload}\"")]);
         }
         sets.push(format!("checkpoint.dir=\"{}\"", copy.display()));
-        let text = corpus(&dir);
-        let mut args: Vec<String> = vec!["train".into(), "--quiet".into()];
-        let base = [
-            "model.kind=\"gpt\"".to_string(),
-            "data.kind=\"chars\"".into(),
-            format!("data.path=\"{}\"", text.display()),
-            "model.n_layer=2".into(),
-            "model.n_head=2".into(),
-            "model.n_embd=40".into(),
-            "model.block_size=24".into(),
-            "train.batch_size=12".into(),
-            "train.eval_every=0".into(),
-            "train.lr=3e-3".into(),
-            "train.schedule=\"constant\"".into(),
-            "train.grad_clip=1.0".into(),
-        ];
-        let list = vec!["\"0\""; devices].join(",");
-        let devices_set = (devices > 0).then(|| format!("parallel.devices=[{list}]"));
-        for s in base.into_iter().chain(sets).chain(devices_set) {
-            args.extend(["--set".into(), s]);
-        }
+        let mut args = gpt_args("train", &dir, devices, &sets);
         args.extend([
             "--log".into(),
             resumed.display().to_string(),
@@ -267,7 +253,6 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn the_estimate_equals_each_devices_measured_peak() {
     let dir = scratch("parallel-estimate");
-    let text = corpus(&dir);
     for (zero, offload) in [
         (0, "none"),
         (1, "none"),
@@ -277,23 +262,13 @@ fn the_estimate_equals_each_devices_measured_peak() {
         (3, "optimizer"),
         (3, "optimizer+parameters"),
     ] {
-        let sets = [
-            "model.kind=\"gpt\"".to_string(),
-            "data.kind=\"chars\"".into(),
-            format!("data.path=\"{}\"", text.display()),
-            "model.n_layer=2".into(),
-            "model.n_head=2".into(),
-            "model.n_embd=40".into(),
-            "model.block_size=24".into(),
-            "train.batch_size=12".into(),
-            "parallel.devices=[\"0\",\"0\",\"0\"]".into(),
+        let stage = [
             format!("parallel.zero={zero}"),
             format!("parallel.offload=\"{offload}\""),
+            "train.grad_clip=0".to_string(),
         ];
-        let mut args: Vec<String> = vec!["estimate".into(), "--json".into()];
-        for s in &sets {
-            args.extend(["--set".into(), s.clone()]);
-        }
+        let mut args = gpt_args("estimate", &dir, 3, &stage);
+        args.push("--json".into());
         let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
         let want: Vec<u64> = est["device_peaks"]
             .as_array()
@@ -301,7 +276,7 @@ fn the_estimate_equals_each_devices_measured_peak() {
             .iter()
             .map(|v| v.as_u64().unwrap())
             .collect();
-        let log = gpt_run(&dir, &format!("z{zero}{offload}"), 3, &[&sets[9], &sets[10], "train.grad_clip=0"]);
+        let log = gpt_run(&dir, &format!("z{zero}{offload}"), 3, &[&stage[0], &stage[1], &stage[2]]);
         let measured = device_peaks(&log);
         // From the second step on (the optimizer state exists), as the estimate's.
         for peaks in &measured[1..] {

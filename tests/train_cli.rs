@@ -7,7 +7,7 @@ mod cli;
 
 use std::process::Command;
 
-use cli::{losses, run_ok, scratch, small_args, wgtrain};
+use cli::{losses, run_ok, scratch, small_args, wgtrain, write_sentences};
 
 #[test]
 fn log_lines_carry_loss_time_and_memory_by_category() {
@@ -188,14 +188,7 @@ fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
         ["eats", "paints", "finds", "sells"],
         ["red apples", "old maps", "blue boxes", "warm bread"],
     );
-    let mut state = 7u64;
-    let mut text = String::new();
-    for _ in 0..3000 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let r = (state >> 33) as usize;
-        text += &format!("{} {} {}.\n", subjects[r % 4], verbs[(r / 4) % 4], objects[(r / 16) % 4]);
-    }
-    std::fs::write(&corpus, text).unwrap();
+    write_sentences(&corpus, [&subjects, &verbs, &objects], 3000, 7);
     let log = dir.join("char.jsonl");
     let out = run_ok(
         &[

@@ -1,6 +1,6 @@
 //! Running the `wgtrain` binary in tests: a scratch folder, the small Fashion-MNIST run
-//! (384 examples in batches of 64, 6 steps per epoch, a 32-wide MLP), and the losses of
-//! a JSONL log.
+//! (384 examples in batches of 64, 6 steps per epoch, a 32-wide MLP), the losses of
+//! a JSONL log, and small texts with structure for character GPTs.
 
 #![allow(dead_code)]
 
@@ -84,4 +84,18 @@ pub fn gpt_args(command: &str, data_kind: &str, path: &Path, sets: &[&str]) -> V
         args.extend(["--set".to_string(), s.to_string()]);
     }
     args
+}
+
+/// Writes `lines` three-word sentences to `path`, the words drawn from `words` by a
+/// seeded linear congruential generator: a text with structure for a character GPT.
+pub fn write_sentences(path: &Path, words: [&[&str]; 3], lines: usize, seed: u64) {
+    let (a, b, c) = (words[0].len(), words[1].len(), words[2].len());
+    let mut state = seed;
+    let mut text = String::new();
+    for _ in 0..lines {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let r = (state >> 33) as usize;
+        text += &format!("{} {} {}.\n", words[0][r % a], words[1][(r / a) % b], words[2][(r / (a * b)) % c]);
+    }
+    std::fs::write(path, text).unwrap();
 }

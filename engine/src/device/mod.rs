@@ -401,13 +401,8 @@ impl Gpu {
         if size == 0 {
             return Ok(Vec::new());
         }
-        let align = wgpu::COPY_BUFFER_ALIGNMENT;
-        if !offset.is_multiple_of(align) || !size.is_multiple_of(align) || offset + size > buffer.size() {
-            return Err(DeviceError::Readback(format!(
-                "range {offset}..{} of a {}-byte buffer is not 4-byte aligned or inside it",
-                offset + size,
-                buffer.size()
-            )));
+        if let Some(e) = staging::range_error(buffer, offset, size) {
+            return Err(DeviceError::Readback(e));
         }
         let padded = size;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 pub use super::staging::CHUNK;
-use super::staging::{class, give, take};
+use super::staging::{give, range_error, staging_buffer};
 use super::{DeviceError, Gpu};
 
 /// A range of a device buffer: (buffer, byte offset, bytes), both multiples of 4.
@@ -28,15 +28,7 @@ pub struct Download {
 }
 
 fn check(buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<(), DeviceError> {
-    let a = wgpu::COPY_BUFFER_ALIGNMENT;
-    if !offset.is_multiple_of(a) || !len.is_multiple_of(a) || offset + len > buffer.size() {
-        return Err(DeviceError::Readback(format!(
-            "range {offset}..{} of a {}-byte buffer is not 4-byte aligned or inside it",
-            offset + len,
-            buffer.size()
-        )));
-    }
-    Ok(())
+    range_error(buffer, offset, len).map_or(Ok(()), |e| Err(DeviceError::Readback(e)))
 }
 
 /// Splits ranges of `lens` bytes laid end to end into staging chunks: calls
@@ -151,15 +143,7 @@ impl Gpu {
         let staging: Vec<(wgpu::Buffer, u64, u64)> = sizes
             .iter()
             .map(|&size| {
-                let c = class(size);
-                let b = take(&self.staging.down, c).unwrap_or_else(|| {
-                    self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("wgtrain download"),
-                        size: c,
-                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })
-                });
+                let (b, c) = staging_buffer(&self.device, &self.staging.down, size, false);
                 (b, size, c)
             })
             .collect();
@@ -207,18 +191,7 @@ impl Gpu {
         // Mapped buffers from the pool, or new ones mapped at creation.
         let staging: Vec<(wgpu::Buffer, u64)> = sizes
             .iter()
-            .map(|&size| {
-                let c = class(size);
-                let b = take(&self.staging.up, c).unwrap_or_else(|| {
-                    self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("wgtrain upload"),
-                        size: c,
-                        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                        mapped_at_creation: true,
-                    })
-                });
-                (b, c)
-            })
+            .map(|&size| staging_buffer(&self.device, &self.staging.up, size, true))
             .collect();
         let mut at_data = 0usize;
         let mut encoder = self.device.create_command_encoder(&Default::default());

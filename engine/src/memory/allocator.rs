@@ -354,20 +354,6 @@ impl Block {
         Ok(())
     }
 
-    /// Reads `len` bytes at `byte_offset` inside the block's request (both multiples of 4).
-    pub fn read_range(&self, byte_offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
-        if byte_offset + len > self.placement.requested.next_multiple_of(4) || !byte_offset.is_multiple_of(4) || !len.is_multiple_of(4) {
-            return Err(DeviceError::Validation(format!(
-                "read of {len} bytes at {byte_offset} outside a {}-byte block or not 4-byte aligned",
-                self.placement.requested
-            )));
-        }
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        self.shared.io.read(&self.buffer, self.placement.offset + byte_offset, len)
-    }
-
     /// Reads the requested bytes back (rounded up to 4).
     pub fn read(&self) -> Result<Vec<u8>, DeviceError> {
         self.shared

@@ -182,12 +182,6 @@ impl Runtime {
         Ok(block.write(byte_offset, bytes)?)
     }
 
-    /// Reads `len` bytes at `byte_offset` of `block` back, after what is recorded.
-    pub fn read_range(&self, block: &Block, byte_offset: u64, len: u64) -> Result<Vec<u8>, Error> {
-        self.flush();
-        Ok(block.read_range(byte_offset, len)?)
-    }
-
     /// Starts copying byte ranges (block, offset, length) to the host, after what is
     /// recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download(&self, ranges: &[(&Block, u64, u64)]) -> Result<Download, Error> {

@@ -83,7 +83,7 @@ impl Trainer {
         }
         let (group, comms) = HostGroup::new(peers.len() + 1);
         let (gather_group, gather_comms) = HostGroup::new(peers.len() + 1);
-        let shapes = self
+        let shapes: Vec<_> = self
             .params
             .list
             .iter()
@@ -104,7 +104,7 @@ impl Trainer {
             } else {
                 (0..self.config.parallel.world()).map(|_| HostOptimizer::default()).collect()
             },
-            shapes,
+            shapes: Arc::new(shapes),
             host_shards: Vec::new(),
             offload_params: self.config.parallel.offload == "optimizer+parameters",
             gather_group,
@@ -189,7 +189,7 @@ impl Trainer {
         hosts.resize_with(n, || None);
         let mut hosts = hosts.into_iter();
         // Stage 3: each rank's tape gathers parameters from every rank's host shards.
-        let shapes = Arc::new(world.shapes.clone());
+        let shapes = world.shapes.clone();
         let gather = |r: usize, rt: &Arc<Runtime>| -> Option<Arc<dyn Gather>> {
             (world.zero >= 3).then(|| {
                 Arc::new(ShardGather {

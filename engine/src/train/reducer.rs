@@ -125,7 +125,8 @@ pub(super) fn transfer(
 /// Whether `WGTRAIN_PARALLEL_TIMES` asks for each rank's host timings of each step on
 /// stderr (a diagnostic of the transfer path).
 pub(super) fn timing() -> bool {
-    std::env::var("WGTRAIN_PARALLEL_TIMES").is_ok_and(|v| !v.is_empty() && v != "0")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGTRAIN_PARALLEL_TIMES").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// The rank's side: buckets filled from backward's hook, handed to the transfer thread.

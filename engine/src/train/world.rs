@@ -35,7 +35,7 @@ pub struct World {
     /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
     pub(super) offload: Vec<HostOptimizer>,
     /// Stage 3: the parameters' whole shapes and names, in the model's order.
-    pub(super) shapes: Vec<(Vec<usize>, String)>,
+    pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
     /// Stage 3: each rank's shards on the host (what gathers exchange), in rank order.
     pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
     /// `offload = "optimizer+parameters"`: the shards live on the host only.

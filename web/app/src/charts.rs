@@ -30,6 +30,27 @@ pub fn y_span() -> (f64, f64) {
     (TOP, H - BOTTOM)
 }
 
+/// A chart's scales over steps `first..=last` (x) and bytes `0..=ymax` (y), spanning
+/// the plot area.
+pub fn step_byte_scales(first: f64, last: f64, ymax: f64) -> (Scale, Scale) {
+    let ((x0, x1), (yt, yb)) = (x_span(), y_span());
+    let x = Scale {
+        lo: first,
+        hi: if last > first { last } else { first + 1.0 },
+        a: x0,
+        b: x1,
+        log: false,
+    };
+    let y = Scale {
+        lo: 0.0,
+        hi: ymax,
+        a: yb,
+        b: yt,
+        log: false,
+    };
+    (x, y)
+}
+
 /// Round ticks covering [lo, hi]: about `n` of them at 1, 2 or 5 x 10^k.
 pub fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) || !lo.is_finite() || !hi.is_finite() {

@@ -8,11 +8,13 @@
 use leptos::prelude::*;
 use wgtrain_protocol::{Category, MemLog, StepLog, format_bytes, short_bytes};
 
-use crate::charts::{H, Scale, W, axes, byte_ticks, x_span, y_span};
+use crate::charts::{H, W, axes, byte_ticks, step_byte_scales};
 use crate::state::{Ctx, steps};
 
 /// One colour per device (cycled past eight).
-const COLOURS: [&str; 8] = ["#2e86de", "#e67e22", "#27ae60", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d", "#d35400"];
+const COLOURS: [&str; 8] = [
+    "#2e86de", "#e67e22", "#27ae60", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d", "#d35400",
+];
 
 /// The devices panel (see the module).
 #[component]
@@ -22,33 +24,26 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
         let s: Vec<StepLog> = data.get();
         let per_step: Vec<(u64, Vec<MemLog>)> = s
             .iter()
-            .filter_map(|l| l.mem.as_ref().filter(|m| !m.devices.is_empty()).map(|m| (l.step, m.devices.clone())))
+            .filter_map(|l| {
+                l.mem
+                    .as_ref()
+                    .filter(|m| !m.devices.is_empty())
+                    .map(|m| (l.step, m.devices.clone()))
+            })
             .collect();
         let devices = per_step.last().map_or(0, |(_, d)| d.len());
         if devices == 0 {
             return None;
         }
         let n = per_step.len();
-        let (x0, x1) = x_span();
-        let (yt, yb) = y_span();
-        let top = per_step.iter().flat_map(|(_, d)| d.iter().map(|m| m.peak as f64)).fold(0.0, f64::max);
+        let top = per_step
+            .iter()
+            .flat_map(|(_, d)| d.iter().map(|m| m.peak as f64))
+            .fold(0.0, f64::max);
         let ticks = byte_ticks(top * 1.08);
         let ymax = (top * 1.08).max(*ticks.last().unwrap_or(&1.0));
         let (first, last) = (per_step[0].0 as f64, per_step[n - 1].0 as f64);
-        let x = Scale {
-            lo: first,
-            hi: if last > first { last } else { first + 1.0 },
-            a: x0,
-            b: x1,
-            log: false,
-        };
-        let y = Scale {
-            lo: 0.0,
-            hi: ymax,
-            a: yb,
-            b: yt,
-            log: false,
-        };
+        let (x, y) = step_byte_scales(first, last, ymax);
         let lines: Vec<_> = (0..devices)
             .map(|d| {
                 let path: String = per_step
@@ -56,7 +51,12 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
                     .enumerate()
                     .filter_map(|(i, (step, m))| {
                         let v = m.get(d)?.peak as f64;
-                        Some(format!("{}{:.1},{:.1} ", if i == 0 { "M" } else { "L" }, x.at(*step as f64), y.at(v)))
+                        Some(format!(
+                            "{}{:.1},{:.1} ",
+                            if i == 0 { "M" } else { "L" },
+                            x.at(*step as f64),
+                            y.at(v)
+                        ))
                     })
                     .collect();
                 view! { <path d=path fill="none" stroke=COLOURS[d % 8] stroke-width="2" data-device=d.to_string() /> }
@@ -73,7 +73,12 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
                 let (step, m) = best;
                 let cats: String = Category::ALL
                     .iter()
-                    .filter_map(|c| m.at_peak.get(c.name()).filter(|&&b| b > 0).map(|b| format!("{c} {}", format_bytes(*b))))
+                    .filter_map(|c| {
+                        m.at_peak
+                            .get(c.name())
+                            .filter(|&&b| b > 0)
+                            .map(|b| format!("{c} {}", format_bytes(*b)))
+                    })
                     .collect::<Vec<_>>()
                     .join(", ");
                 view! {
@@ -94,7 +99,11 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
             .map(|m| m.host.clone())
             .unwrap_or_default();
         let host_line = (!host.is_empty()).then(|| {
-            let text = host.iter().map(|(k, v)| format!("{k} {}", format_bytes(*v))).collect::<Vec<_>>().join(", ");
+            let text = host
+                .iter()
+                .map(|(k, v)| format!("{k} {}", format_bytes(*v)))
+                .collect::<Vec<_>>()
+                .join(", ");
             let total: u64 = host.values().sum();
             view! { <p id="host-memory" data-host-bytes=total.to_string()>"host memory (offloaded): " <b>{text}</b></p> }
         });

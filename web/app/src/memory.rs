@@ -7,7 +7,7 @@
 use leptos::prelude::*;
 use wgtrain_protocol::{Category, StepLog, format_bytes, short_bytes};
 
-use crate::charts::{Brush, H, Scale, W, axes, byte_ticks, legend, x_span, y_span};
+use crate::charts::{Brush, H, W, axes, byte_ticks, legend, step_byte_scales, x_span, y_span};
 use crate::state::{Ctx, bytes, steps};
 
 /// The memory chart (see the module).
@@ -41,20 +41,7 @@ pub fn MemoryView(ctx: Ctx) -> impl IntoView {
         let (x0, x1) = x_span();
         let (yt, yb) = y_span();
         let (first, last) = (s[0].step as f64, s[n - 1].step as f64);
-        let x = Scale {
-            lo: first,
-            hi: if last > first { last } else { first + 1.0 },
-            a: x0,
-            b: x1,
-            log: false,
-        };
-        let y = Scale {
-            lo: 0.0,
-            hi: ymax,
-            a: yb,
-            b: yt,
-            log: false,
-        };
+        let (x, y) = step_byte_scales(first, last, ymax);
         let xs: Vec<f64> = s.iter().map(|l| x.at(l.step as f64)).collect();
         let mut below = vec![0.0; n];
         let mut areas = Vec::new();
