@@ -116,6 +116,31 @@ pub fn device_local_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
     (total > 0).then_some(total)
 }
 
+/// The adapter's Vulkan memory types: each one's property flags and its heap's size
+/// (where host transfers' staging buffers can live); empty on other backends.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn memory_types(adapter: &wgpu::Adapter) -> Vec<String> {
+    // SAFETY: as in `device_local_bytes`: read only, the guard dropped before returning.
+    let Some(hal) = (unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }) else {
+        return Vec::new();
+    };
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this instance, which outlives the call.
+    let props = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    props.memory_types[..props.memory_type_count as usize]
+        .iter()
+        .map(|t| {
+            let heap = props.memory_heaps[t.heap_index as usize];
+            format!(
+                "{:?} (heap {}: {:.1} GiB)",
+                t.property_flags,
+                t.heap_index,
+                heap.size as f64 / (1u64 << 30) as f64
+            )
+        })
+        .collect()
+}
+
 /// Browsers do not tell.
 #[cfg(target_arch = "wasm32")]
 pub fn device_local_bytes(_adapter: &wgpu::Adapter) -> Option<u64> {

@@ -75,3 +75,70 @@ pub(crate) fn range_error(buffer: &wgpu::Buffer, offset: u64, len: u64) -> Optio
         )
     })
 }
+
+/// Host vectors kept for reuse by transfers and collectives: a new vector of hundreds
+/// of megabytes costs more than the copy into it (the kernel faults in and zeroes each
+/// page), and a step asks for the same lengths every time (as PyTorch's caching host
+/// allocator keeps pinned blocks).
+static HOST_VECS: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+/// Most bytes kept; vectors under [`HOST_VEC_MIN`] bytes are not kept (cheap to make).
+const HOST_VECS_BYTES: usize = 8 << 30;
+const HOST_VEC_MIN: usize = 1 << 20;
+
+/// A vector of `len` f32 values, reused when one of about that size was given back:
+/// its contents are arbitrary (the caller writes all of it).
+pub fn take_f32(len: usize) -> Vec<f32> {
+    if len * 4 >= HOST_VEC_MIN {
+        let mut kept = HOST_VECS.lock().unwrap_or_else(|e| e.into_inner());
+        let best = (kept.iter().enumerate())
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= 2 * len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            let mut v = kept.swap_remove(i);
+            drop(kept);
+            v.resize(len, 0.0);
+            return v;
+        }
+    }
+    vec![0.0; len]
+}
+
+/// Gives a vector back for [`take_f32`] to reuse (the oldest kept go first when
+/// more than [`HOST_VECS_BYTES`] would be kept).
+pub fn give_f32(v: Vec<f32>) {
+    let bytes = v.capacity() * 4;
+    if !(HOST_VEC_MIN..=HOST_VECS_BYTES).contains(&bytes) {
+        return;
+    }
+    let mut kept = HOST_VECS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut total: usize = kept.iter().map(|k| k.capacity() * 4).sum::<usize>() + bytes;
+    while total > HOST_VECS_BYTES && !kept.is_empty() {
+        total -= kept.remove(0).capacity() * 4;
+    }
+    kept.push(v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_vectors_are_reused_at_their_length() {
+        let n = HOST_VEC_MIN; // 4 MiB of f32
+        let v = take_f32(n);
+        assert_eq!(v.len(), n);
+        let at = v.as_ptr();
+        give_f32(v);
+        // A slightly shorter request reuses it, cut to its length.
+        let again = take_f32(n - 8);
+        assert_eq!(again.len(), n - 8);
+        assert_eq!(again.as_ptr(), at);
+        // One over twice the request is not handed out.
+        give_f32(again);
+        let small = take_f32(n / 4);
+        assert_ne!(small.as_ptr(), at);
+        assert_eq!(small.len(), n / 4);
+    }
+}

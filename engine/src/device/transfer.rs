@@ -2,7 +2,11 @@
 //! multi-device run: many ranges gathered into (or scattered from) one host buffer,
 //! through mapped staging buffers of at most [`CHUNK`] bytes, all submitted at once.
 //! A download is started on one thread and finished on any other (the reducer's
-//! transfer thread), so the copy runs while the device goes on with backward.
+//! transfer thread), so the copy runs while the device goes on with backward. Each
+//! staging chunk is its own submission, so the host reads one chunk while the device
+//! copies the next; the host side copies with several threads (one core reads and
+//! writes mapped memory at a fraction of the link's speed) into freshly zeroed
+//! allocations, which the kernel maps lazily, so no page is touched twice.
 //! Staging buffers are kept and reused (`Pools`): making a mapped buffer pins host
 //! memory, which cost more than the copy itself when every bucket made its own.
 //!
@@ -11,7 +15,7 @@
 use std::sync::Arc;
 
 pub use super::staging::CHUNK;
-use super::staging::{give, range_error, staging_buffer};
+use super::staging::{give, range_error, staging_buffer, take_f32};
 use super::{DeviceError, Gpu};
 
 /// A range of a device buffer: (buffer, byte offset, bytes), both multiples of 4.
@@ -21,9 +25,8 @@ pub type Range<'a> = (&'a wgpu::Buffer, u64, u64);
 /// for; [`Download::finish`] waits for them and returns the bytes in range order.
 pub struct Download {
     gpu: Option<Arc<Gpu>>,
-    /// (buffer, bytes used, its size class).
-    staging: Vec<(wgpu::Buffer, u64, u64)>,
-    index: Option<wgpu::SubmissionIndex>,
+    /// (buffer, bytes used, its size class, the submission that fills it).
+    staging: Vec<(wgpu::Buffer, u64, u64, wgpu::SubmissionIndex)>,
     len: u64,
 }
 
@@ -61,7 +64,6 @@ impl Download {
         Download {
             gpu: None,
             staging: Vec::new(),
-            index: None,
             len,
         }
     }
@@ -78,41 +80,50 @@ impl Download {
 
     /// Waits for the copies and reads the bytes back.
     pub fn finish(self) -> Result<Vec<u8>, DeviceError> {
-        let mut out = Vec::with_capacity(self.len as usize);
+        // Zeroed by the allocator (fresh pages from the kernel), first written by the copy.
+        let mut out = vec![0u8; self.len as usize];
         self.finish_into(&mut out)?;
         Ok(out)
     }
 
-    /// Waits for the copies and appends the bytes, as f32 values, to `out`.
-    pub fn finish_f32_into(self, out: &mut Vec<f32>) -> Result<(), DeviceError> {
-        let start = out.len();
-        out.resize(start + (self.len / 4) as usize, 0.0);
-        let Some(gpu) = self.gpu.clone() else { return Ok(()) };
-        self.read(&gpu, bytemuck::cast_slice_mut(&mut out[start..]))
+    /// Waits for the copies and reads the bytes back as f32 values, into a vector from
+    /// the reused ones (`staging::give_f32` takes it back).
+    pub fn finish_f32(self) -> Result<Vec<f32>, DeviceError> {
+        let mut out = take_f32((self.len / 4) as usize);
+        self.finish_into(bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
     }
 
-    fn finish_into(self, out: &mut Vec<u8>) -> Result<(), DeviceError> {
-        let start = out.len();
-        out.resize(start + self.len as usize, 0);
-        let Some(gpu) = self.gpu.clone() else { return Ok(()) };
-        self.read(&gpu, &mut out[start..])
+    /// Waits for the copies and reads the bytes into `out`, which holds exactly
+    /// [`Download::len`] bytes (a buffer the caller reuses).
+    pub fn finish_into(self, out: &mut [u8]) -> Result<(), DeviceError> {
+        if out.len() as u64 != self.len {
+            return Err(DeviceError::Readback(format!(
+                "a download of {} bytes read into {} bytes",
+                self.len,
+                out.len()
+            )));
+        }
+        let Some(gpu) = self.gpu.clone() else {
+            out.fill(0);
+            return Ok(());
+        };
+        self.read(&gpu, out)
     }
 
-    /// Waits for the copies and copies the staging buffers into `out` (their length),
-    /// several threads at once: a mapped buffer reads slowly from one core.
+    /// Waits for each chunk's copy in turn and copies it into `out` (their length),
+    /// several threads at once, while the device copies the next chunks.
     fn read(self, gpu: &Arc<Gpu>, out: &mut [u8]) -> Result<(), DeviceError> {
         use rayon::prelude::*;
         const PIECE: usize = 1 << 20;
-        if let Some(index) = self.index {
+        let mut rest = out;
+        for (buffer, size, class, index) in self.staging {
             gpu.device
                 .poll(wgpu::PollType::Wait {
                     submission_index: Some(index),
                     timeout: None,
                 })
                 .map_err(|e| DeviceError::Lost(e.to_string()))?;
-        }
-        let mut rest = out;
-        for (buffer, size, class) in self.staging {
             let view = buffer
                 .slice(..size)
                 .get_mapped_range()
@@ -140,30 +151,24 @@ impl Gpu {
         let sizes = chunked(ranges.iter().map(|r| r.2), |r, at, chunk, into, n| {
             copies.push((r, at, chunk, into, n))
         });
-        let staging: Vec<(wgpu::Buffer, u64, u64)> = sizes
-            .iter()
-            .map(|&size| {
-                let (b, c) = staging_buffer(&self.device, &self.staging.down, size, false);
-                (b, size, c)
-            })
-            .collect();
         let len = sizes.iter().sum();
-        if staging.is_empty() {
-            return Ok(Download::zeros(0));
-        }
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        for (r, at, chunk, into, n) in copies {
-            let (src, offset, _) = ranges[r];
-            encoder.copy_buffer_to_buffer(src, offset + at, &staging[chunk].0, into, n);
-        }
-        let index = self.queue.submit([encoder.finish()]);
-        for (b, size, _) in &staging {
-            b.slice(..*size).map_async(wgpu::MapMode::Read, |_| {});
+        // One submission per chunk, so the first can be read while the next is copied.
+        let mut staging = Vec::with_capacity(sizes.len());
+        let mut copies = copies.into_iter().peekable();
+        for (chunk, &size) in sizes.iter().enumerate() {
+            let (buffer, class) = staging_buffer(&self.device, &self.staging.down, size, false);
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            while let Some((r, at, _, into, n)) = copies.next_if(|c| c.2 == chunk) {
+                let (src, offset, _) = ranges[r];
+                encoder.copy_buffer_to_buffer(src, offset + at, &buffer, into, n);
+            }
+            let index = self.queue.submit([encoder.finish()]);
+            buffer.slice(..size).map_async(wgpu::MapMode::Read, |_| {});
+            staging.push((buffer, size, class, index));
         }
         Ok(Download {
             gpu: Some(self.clone()),
             staging,
-            index: Some(index),
             len,
         })
     }
@@ -193,23 +198,33 @@ impl Gpu {
             .iter()
             .map(|&size| staging_buffer(&self.device, &self.staging.up, size, true))
             .collect();
+        // The chunks are filled end to end from `data`: each is one contiguous piece of
+        // it, written by several threads at once.
         let mut at_data = 0usize;
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        {
-            let mut views: Vec<wgpu::BufferViewMut> = staging
-                .iter()
-                .map(|(b, _)| b.slice(..).get_mapped_range_mut())
-                .collect::<Result<_, _>>()
+        for ((b, _), &size) in staging.iter().zip(&sizes) {
+            use rayon::prelude::*;
+            const PIECE: usize = 1 << 20;
+            let mut view = b
+                .slice(..size)
+                .get_mapped_range_mut()
                 .map_err(|e| DeviceError::Validation(e.to_string()))?;
-            for &(r, at, chunk, into, n) in &copies {
-                let (dst, offset, _) = ranges[r];
-                views[chunk]
-                    .slice(into as usize..(into + n) as usize)
-                    .copy_from_slice(&data[at_data..at_data + n as usize]);
-                encoder.copy_buffer_to_buffer(&staging[chunk].0, into, dst, offset + at, n);
-                at_data += n as usize;
-            }
-            drop(views);
+            let src = &data[at_data..at_data + size as usize];
+            // Mapped memory is write-only: cut into whole pieces the threads write (a
+            // piece of fixed size can cross threads) and the tail, written here.
+            let (pieces, mut tail) = view.slice(..).into_chunks::<PIECE>();
+            let whole = pieces.len() * PIECE;
+            let pieces: Vec<wgpu::WriteOnly<[u8; PIECE]>> = pieces.into_iter().collect();
+            pieces
+                .into_par_iter()
+                .zip(src[..whole].par_chunks(PIECE))
+                .for_each(|(d, s)| wgpu::WriteOnly::<[u8]>::from(d).copy_from_slice(s));
+            tail.copy_from_slice(&src[whole..]);
+            at_data += size as usize;
+        }
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        for &(r, at, chunk, into, n) in &copies {
+            let (dst, offset, _) = ranges[r];
+            encoder.copy_buffer_to_buffer(&staging[chunk].0, into, dst, offset + at, n);
         }
         for (b, _) in &staging {
             b.unmap();

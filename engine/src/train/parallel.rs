@@ -39,6 +39,7 @@ use super::world::{Peer, StepPlan, World};
 use super::zero3::{ShardGather, split_shards};
 use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
+use crate::device::staging::{give_f32, take_f32};
 use crate::error::Error;
 use crate::memory::{Category, MemoryStats};
 use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_grads};
@@ -166,6 +167,7 @@ impl Trainer {
             world,
             ..
         } = self;
+        let started = std::time::Instant::now();
         let world = world.as_mut().expect("a parallel step has a world");
         let n = world.comms.len();
         let per = batch.examples.div_ceil(n).max(1);
@@ -184,6 +186,7 @@ impl Trainer {
             grad_clip: config.train.grad_clip,
             lr,
             offload: !world.offload.is_empty(),
+            started,
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
@@ -276,6 +279,9 @@ impl Trainer {
         if shards.len() == n {
             world.host_shards = shards;
         }
+        if timing() {
+            eprintln!("{{\"step_done_ms\": {:.1}}}", started.elapsed().as_secs_f64() * 1e3);
+        }
         if let Some(sc) = &mut self.scaler {
             sc.update(skipped);
         } else if !loss.is_finite() {
@@ -306,8 +312,8 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     let mut reducer = Reducer::new(plan, comm.rank(), n_params, tx);
     let mut losses = Vec::new();
     let gpu = rt.runs_kernels().then(|| rt.gpu.clone());
-    let clock = std::time::Instant::now();
-    let mut marks = Vec::new();
+    let clock = plan.started;
+    let mut marks = vec![clock.elapsed()];
     // Backward and the buckets' exchanges overlap: this thread records, the transfer
     // thread waits for each bucket's copy and reduces it.
     let host_grads = std::thread::scope(|s| -> Result<_, Error> {
@@ -365,13 +371,14 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     if timing() {
         let ms: Vec<String> = marks.iter().map(|d| format!("{:.1}", d.as_secs_f64() * 1e3)).collect();
         eprintln!(
-            "{{\"rank\": {}, \"marks_ms\": {{\"backward_recorded\": {}, \"reduce_queued\": {}, \"reduced\": {}, \"updated\": {}, \"loss_read\": {}}}}}",
+            "{{\"rank\": {}, \"marks_ms\": {{\"rank_started\": {}, \"backward_recorded\": {}, \"reduce_queued\": {}, \"reduced\": {}, \"updated\": {}, \"loss_read\": {}}}}}",
             comm.rank(),
             ms[0],
             ms[1],
             ms[2],
             ms[3],
-            ms[4]
+            ms[4],
+            ms[5]
         );
     }
     Ok((loss, skipped, new_shards))
@@ -561,14 +568,21 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
                 .filter(|(_, r)| !r.is_empty())
                 .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
                 .collect();
-            bytemuck::pod_collect_to_vec(&rt.download(&ranges)?.finish()?)
+            rt.download(&ranges)?.finish_f32()?
         }
     };
     let all = comm.all_gather_vecs(mine).map_err(collective)?;
     // Every other rank's shards (and this rank's own when they come from the host),
     // in one upload.
     let mut ranges = Vec::new();
-    let mut data: Vec<f32> = Vec::new();
+    let len = all
+        .iter()
+        .enumerate()
+        .filter(|(o, _)| *o != rank || from_host)
+        .map(|(_, v)| v.len())
+        .sum();
+    let mut data = take_f32(len);
+    data.clear();
     for (other, theirs) in all.iter().enumerate() {
         if other == rank && !from_host {
             continue;
@@ -587,7 +601,12 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
             at += r.len();
         }
     }
-    rt.upload(&ranges, bytemuck::cast_slice(&data))
+    rt.upload(&ranges, bytemuck::cast_slice(&data))?;
+    give_f32(data);
+    if let Ok(all) = Arc::try_unwrap(all) {
+        all.into_iter().for_each(give_f32);
+    }
+    Ok(())
 }
 
 /// This rank's shard of every parameter's weights, end to end, in one download.

@@ -16,6 +16,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use super::world::StepPlan;
 use crate::autograd::{Param, Params};
 use crate::device::Gpu;
+use crate::device::staging::{give_f32, take_f32};
 use crate::device::transfer::Download;
 use crate::error::Error;
 use crate::kernels::TensorOps;
@@ -62,13 +63,13 @@ pub(super) fn transfer(
         moved += job.download.len();
         // The bucket as every rank lays it out: zeros where this rank has no gradient.
         let total = job.entries.iter().map(|e| e.1).sum();
-        let mut flat = Vec::with_capacity(total);
-        if job.entries.iter().all(|e| e.2) {
-            job.download.finish_f32_into(&mut flat)?;
+        let flat = if job.entries.iter().all(|e| e.2) {
+            let flat = job.download.finish_f32()?;
             lap(0, &mut times);
+            flat
         } else {
-            let mut got = Vec::new();
-            job.download.finish_f32_into(&mut got)?;
+            let mut flat = Vec::with_capacity(total);
+            let got = job.download.finish_f32()?;
             lap(0, &mut times);
             let mut at = 0;
             for &(_, numel, has, _) in &job.entries {
@@ -79,7 +80,8 @@ pub(super) fn transfer(
                     flat.resize(flat.len() + numel, 0.0);
                 }
             }
-        }
+            flat
+        };
         let all = comm
             .all_gather_vecs(flat)
             .map_err(|e| Error::invalid("collective", e.to_string()))?;
@@ -91,7 +93,7 @@ pub(super) fn transfer(
             ));
         }
         // This rank's part of each parameter, summed in rank order, end to end.
-        let mut sums = vec![0.0f32; job.entries.iter().map(|e| e.3.len()).sum()];
+        let mut sums = take_f32(job.entries.iter().map(|e| e.3.len()).sum());
         let (mut start, mut at) = (0, 0);
         for (i, numel, _, r) in &job.entries {
             let dst = &mut sums[at..at + r.len()];
@@ -106,6 +108,12 @@ pub(super) fn transfer(
         if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
             let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
             gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
+        }
+        // The vectors go back for the next buckets (the exchange's, by the last rank
+        // done with them).
+        give_f32(sums);
+        if let Ok(all) = Arc::try_unwrap(all) {
+            all.into_iter().for_each(give_f32);
         }
         lap(2, &mut times);
     }

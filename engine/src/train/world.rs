@@ -57,4 +57,6 @@ pub(super) struct StepPlan<'a> {
     pub(super) grad_clip: f32,
     pub(super) lr: f32,
     pub(super) offload: bool,
+    /// When the step began (the diagnostic timings count from it).
+    pub(super) started: std::time::Instant,
 }

@@ -6,19 +6,20 @@
 //! its forward, freed, and gathered again for its recomputation in backward. Gathers
 //! are synchronous (no prefetch of the next layer yet).
 //!
-//! May call: `autograd`, `error`, `kernels`, `memory`, `parallel`, `runtime`, `tensor`,
+//! May call: `autograd`, `device::staging`, `error`, `kernels`, `memory`, `parallel`, `runtime`, `tensor`,
 //! `train::{trainer, world}`. Called by: `train::{eval, parallel, plan, state}`.
 
 use std::sync::Arc;
 
 use super::trainer::Trainer;
 use crate::autograd::{Gather, Params};
+use crate::device::staging::{give_f32, take_f32};
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::parallel::{Collective, HostComm, Shards};
 use crate::runtime::Runtime;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// One rank's gathers of whole parameters from every rank's host shards.
 pub(super) struct ShardGather {
@@ -35,14 +36,25 @@ impl Gather for ShardGather {
             .all_gather_vecs(self.mine[index].clone())
             .map_err(|e| Error::invalid("parameter gather", e.to_string()))?;
         let (shape, name) = &self.shapes[index];
-        let whole: Vec<f32> = all.iter().flat_map(|v| v.iter().copied()).collect();
-        if whole.len() != shape.iter().product::<usize>() {
+        let n: usize = all.iter().map(Vec::len).sum();
+        if n != shape.iter().product::<usize>() {
             return Err(Error::invalid(
                 "parameter gather",
-                format!("{name}: the shards hold {} values, the parameter {:?}", whole.len(), shape),
+                format!("{name}: the shards hold {n} values, the parameter {shape:?}"),
             ));
         }
-        Tensor::from_f32(&self.rt, &whole, shape, Category::Parameter, name)
+        // The shards end to end, through the mapped staging buffers (not a queue write,
+        // which copies everything once more on one core).
+        let mut whole = take_f32(n);
+        whole.clear();
+        all.iter().for_each(|v| whole.extend_from_slice(v));
+        let t = Tensor::empty(&self.rt, shape, DType::F32, Category::Parameter, name)?;
+        self.rt.upload(
+            &[(t.block(), (t.offset() * 4) as u64, (n * 4) as u64)],
+            bytemuck::cast_slice(&whole),
+        )?;
+        give_f32(whole);
+        Ok(t)
     }
 }
 
