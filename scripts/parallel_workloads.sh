@@ -4,9 +4,10 @@
 # adapters `wgtrain devices` lists) with ZeRO stages 0-3, offloads and every-layer
 # checkpointing; each run's log (mem.devices, mem.host), its stderr with each rank's
 # host timings (WGTRAIN_PARALLEL_TIMES=1), and a summary line per run.
-#   scripts/parallel_workloads.sh WGTRAIN_BINARY OUT_DIR
+# With run names after OUT_DIR, only those runs (e.g. z0 z3).
+#   scripts/parallel_workloads.sh WGTRAIN_BINARY OUT_DIR [RUN...]
 set -uo pipefail
-bin=$1; out=$2; mkdir -p "$out/data"
+bin=$1; out=$2; shift 2; only=" $* "; mkdir -p "$out/data"
 python3 "$(dirname "$0")/make_token_data.py" "$out/data"
 "$bin" devices > "$out/devices.txt" 2>&1
 idx=($(grep -E '^\[[0-9]+\].*NVIDIA.*vulkan' "$out/devices.txt" | sed -E 's/^\[([0-9]+)\].*/\1/'))
@@ -17,6 +18,7 @@ base=(--set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$ou
 two=(--set train.batch_size=16 --set "parallel.devices=[${idx[0]},${idx[1]}]")
 run() { # tag, sets...
     local tag=$1; shift
+    [ "$only" = "  " ] || [[ "$only" == *" $tag "* ]] || return 0
     timeout 150 "$bin" estimate --json "${base[@]}" "$@" > "$out/$tag.estimate.json" 2> "$out/$tag.estimate.err"
     WGTRAIN_PARALLEL_TIMES=1 timeout 200 "$bin" train --quiet --adapter "${idx[0]}" --log "$out/$tag.jsonl" "${base[@]}" "$@" > "$out/$tag.txt" 2>&1
     python3 - "$out/$tag.jsonl" "$out/$tag.estimate.json" "$tag" <<'PY'

@@ -193,6 +193,9 @@ impl Gpu {
         if sizes.is_empty() {
             return Ok(());
         }
+        // Buffers whose copies are done come back to the pool now (their maps' callbacks
+        // run in a poll), so a run of uploads reuses them instead of pinning new ones.
+        let _ = self.device.poll(wgpu::PollType::Poll);
         // Mapped buffers from the pool, or new ones mapped at creation.
         let staging: Vec<(wgpu::Buffer, u64)> = sizes
             .iter()

@@ -36,10 +36,10 @@ use super::reducer::{Reducer, timing, transfer};
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
 use super::world::{Peer, StepPlan, World};
-use super::zero3::{ShardGather, split_shards};
+use super::zero3::{ShardGather, split_shards, whole_weights};
 use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
-use crate::device::staging::{give_f32, take_f32};
+use crate::device::staging::{concat_into, give_f32, scale_all, square_sum, take_f32};
 use crate::error::Error;
 use crate::memory::{Category, MemoryStats};
 use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_grads};
@@ -83,7 +83,6 @@ impl Trainer {
             });
         }
         let (group, comms) = HostGroup::new(peers.len() + 1);
-        let (gather_group, gather_comms) = HostGroup::new(peers.len() + 1);
         let shapes: Vec<_> = self
             .params
             .list
@@ -107,9 +106,8 @@ impl Trainer {
             },
             shapes: Arc::new(shapes),
             host_shards: Vec::new(),
+            host_whole: Arc::default(),
             offload_params: self.config.parallel.offload == "optimizer+parameters",
-            gather_group,
-            gather_comms,
         });
         if self.config.parallel.zero >= 3 {
             self.shard_weights()?;
@@ -191,14 +189,13 @@ impl Trainer {
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
         let mut hosts = hosts.into_iter();
-        // Stage 3: each rank's tape gathers parameters from every rank's host shards.
-        let shapes = world.shapes.clone();
-        let gather = |r: usize, rt: &Arc<Runtime>| -> Option<Arc<dyn Gather>> {
+        // Stage 3: each rank's tape gathers parameters from the host's whole weights.
+        let (shapes, whole) = (world.shapes.clone(), world.host_whole.clone());
+        let gather = |rt: &Arc<Runtime>| -> Option<Arc<dyn Gather>> {
             (world.zero >= 3).then(|| {
                 Arc::new(ShardGather {
-                    comm: world.gather_comms[r].clone(),
                     rt: rt.clone(),
-                    mine: world.host_shards[r].clone(),
+                    whole: whole.clone(),
                     shapes: shapes.clone(),
                 }) as Arc<dyn Gather>
             })
@@ -209,11 +206,11 @@ impl Trainer {
             params,
             opt,
             host: hosts.next().flatten(),
-            gather: gather(0, rt),
+            gather: gather(rt),
             host_weights: world.offload_params.then(|| world.host_shards[0].clone()),
         }];
         for (k, p) in world.peers.iter_mut().enumerate() {
-            let g = gather(k + 1, &p.rt);
+            let g = gather(&p.rt);
             let host_weights = world.offload_params.then(|| world.host_shards[k + 1].clone());
             ranks.push(Rank {
                 rt: &p.rt,
@@ -225,19 +222,17 @@ impl Trainer {
                 host_weights,
             });
         }
-        let gather_comms = &world.gather_comms;
         let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .into_iter()
                 .zip(&parts)
-                .zip(world.comms.iter().zip(gather_comms))
-                .map(|((rank, part), (comm, gather_comm))| {
+                .zip(&world.comms)
+                .map(|((rank, part), comm)| {
                     let plan = &plan;
                     s.spawn(move || {
                         let out = rank_step(rank, part, comm, plan);
                         if let Err(e) = &out {
                             comm.abort(&e.to_string());
-                            gather_comm.abort(&e.to_string());
                         }
                         out
                     })
@@ -269,7 +264,6 @@ impl Trainer {
         }
         if let Some(e) = first_error {
             world.group.reset();
-            world.gather_group.reset();
             self.params.zero_grad();
             for p in &mut world.peers {
                 p.params.zero_grad();
@@ -277,6 +271,9 @@ impl Trainer {
             return Err(e.into());
         }
         if shards.len() == n {
+            // Drop the old whole weights first: the new ones take their place.
+            world.host_whole = Arc::default();
+            world.host_whole = Arc::new(whole_weights(&shards));
             world.host_shards = shards;
         }
         if timing() {
@@ -357,7 +354,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         if plan.zero >= 3 {
             // The shards stay sharded; the host copy the next gathers read is refreshed.
             let flat = read_shards(rt, params, plan, comm.rank())?;
-            new_shards = Some(split_shards(&flat, plan.shards, comm.rank()));
+            new_shards = Some(split_shards(flat, plan.shards, comm.rank()));
         } else {
             gather_params(rt, params, plan.shards, comm, None)?;
         }
@@ -500,26 +497,28 @@ fn update_on_host(
     let rank = comm.rank();
     let mut found = false;
     if let Some(sc) = plan.scaler {
-        let inv = 1.0 / sc.scale;
-        for g in grads.iter_mut().flatten() {
-            g.iter_mut().for_each(|x| *x *= inv);
-            found |= g.iter().any(|x| !x.is_finite());
-        }
+        scale_all(grads.iter_mut().flatten(), 1.0 / sc.scale);
+        found = !square_sum(grads.iter().flatten().map(|g| &g[..])).is_finite();
     }
     if comm.any(found).map_err(collective)? {
         return Ok((true, None));
     }
     if plan.grad_clip > 0.0 {
-        let local: f64 = grads.iter().flatten().flat_map(|g| g.iter()).map(|&x| x as f64 * x as f64).sum();
+        let local = square_sum(grads.iter().flatten().map(|g| &g[..]));
         let coef = clip_coef(comm.sum_f64(local).map_err(collective)?.sqrt() as f32, plan.grad_clip);
         if coef < 1.0 {
-            grads.iter_mut().flatten().for_each(|g| g.iter_mut().for_each(|x| *x *= coef));
+            scale_all(grads.iter_mut().flatten(), coef);
         }
     }
     opt.step += 1;
     // The weights to update: from the host when they live there, else read back.
     let mut mine = match &host_weights {
-        Some(w) => w.iter().flatten().copied().collect(),
+        Some(w) => {
+            let pieces: Vec<&[f32]> = w.iter().map(|v| &v[..]).collect();
+            let mut mine = take_f32(pieces.iter().map(|p| p.len()).sum());
+            concat_into(&mut mine, &pieces);
+            mine
+        }
         None => read_shards(rt, params, plan, rank)?,
     };
     let mut at = 0;
@@ -534,7 +533,7 @@ fn update_on_host(
     }
     rt.phase("gather");
     if host_weights.is_some() {
-        return Ok((false, Some(split_shards(&mine, plan.shards, rank))));
+        return Ok((false, Some(split_shards(mine, plan.shards, rank))));
     }
     if plan.zero >= 3 {
         // Stage 3: this rank's device shards take the update; the host copy is it.
@@ -545,7 +544,7 @@ fn update_on_host(
             .map(|p| (p.value.block(), (p.value.offset() * 4) as u64, (p.value.numel() * 4) as u64))
             .collect();
         rt.upload(&ranges, bytemuck::cast_slice(&mine))?;
-        return Ok((false, Some(split_shards(&mine, plan.shards, rank))));
+        return Ok((false, Some(split_shards(mine, plan.shards, rank))));
     }
     gather_params(rt, params, plan.shards, comm, Some(mine))?;
     Ok((false, None))
@@ -573,34 +572,28 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
     };
     let all = comm.all_gather_vecs(mine).map_err(collective)?;
     // Every other rank's shards (and this rank's own when they come from the host),
-    // in one upload.
+    // in one upload: each rank's vector is its shards end to end.
     let mut ranges = Vec::new();
-    let len = all
-        .iter()
-        .enumerate()
-        .filter(|(o, _)| *o != rank || from_host)
-        .map(|(_, v)| v.len())
-        .sum();
-    let mut data = take_f32(len);
-    data.clear();
+    let mut pieces: Vec<&[f32]> = Vec::new();
     for (other, theirs) in all.iter().enumerate() {
         if other == rank && !from_host {
             continue;
         }
-        let mut at = 0;
+        let mut need = 0;
         for (i, p) in params.list.iter().enumerate() {
             let r = shards.range(i, other);
-            if r.is_empty() {
-                continue;
+            if !r.is_empty() {
+                ranges.push((p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64));
+                need += r.len();
             }
-            let values = theirs
-                .get(at..at + r.len())
-                .ok_or_else(|| Error::invalid("all-gather", format!("rank {other} sent too few weights")))?;
-            ranges.push((p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64));
-            data.extend_from_slice(values);
-            at += r.len();
         }
+        let values = theirs
+            .get(..need)
+            .ok_or_else(|| Error::invalid("all-gather", format!("rank {other} sent too few weights")))?;
+        pieces.push(values);
     }
+    let mut data = take_f32(pieces.iter().map(|p| p.len()).sum());
+    concat_into(&mut data, &pieces);
     rt.upload(&ranges, bytemuck::cast_slice(&data))?;
     give_f32(data);
     if let Ok(all) = Arc::try_unwrap(all) {
@@ -629,6 +622,5 @@ fn read_shards(rt: &Runtime, params: &Params, plan: &StepPlan, rank: usize) -> R
         .filter(|(_, r)| !r.is_empty())
         .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
         .collect();
-    let bytes = rt.download(&ranges)?.finish()?;
-    Ok(bytemuck::pod_collect_to_vec(&bytes))
+    Ok(rt.download(&ranges)?.finish_f32()?)
 }

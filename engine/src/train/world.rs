@@ -36,14 +36,14 @@ pub struct World {
     pub(super) offload: Vec<HostOptimizer>,
     /// Stage 3: the parameters' whole shapes and names, in the model's order.
     pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
-    /// Stage 3: each rank's shards on the host (what gathers exchange), in rank order.
+    /// Stage 3: each rank's shards on the host, in rank order.
     pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
+    /// Stage 3: every parameter whole on the host, made from `host_shards` after each
+    /// step (in one process every rank's shards are at hand: across processes this
+    /// would be one all-gather per step); what the gathers upload.
+    pub(super) host_whole: Arc<Vec<Vec<f32>>>,
     /// `offload = "optimizer+parameters"`: the shards live on the host only.
     pub(super) offload_params: bool,
-    /// Stage 3: a group of its own for the gathers, which run on the ranks' compute
-    /// threads while the transfer threads use `comms`.
-    pub(super) gather_group: HostGroup,
-    pub(super) gather_comms: Vec<HostComm>,
 }
 
 /// What every rank's step shares.

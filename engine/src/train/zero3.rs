@@ -13,47 +13,40 @@ use std::sync::Arc;
 
 use super::trainer::Trainer;
 use crate::autograd::{Gather, Params};
-use crate::device::staging::{give_f32, take_f32};
+use crate::device::staging::{concat_into, give_f32};
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::parallel::{Collective, HostComm, Shards};
+use crate::parallel::Shards;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
-/// One rank's gathers of whole parameters from every rank's host shards.
+/// One rank's gathers of whole parameters: uploads of the whole weights the host
+/// holds (rebuilt from every rank's shards after each step, `whole_weights`). The
+/// uploads are queued as the tape records, ahead of the device, so every layer's
+/// parameters are on their way before the device reaches it.
 pub(super) struct ShardGather {
-    pub(super) comm: HostComm,
     pub(super) rt: Arc<Runtime>,
-    pub(super) mine: Arc<Vec<Vec<f32>>>,
+    pub(super) whole: Arc<Vec<Vec<f32>>>,
     pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
 }
 
 impl Gather for ShardGather {
     fn gather(&self, index: usize) -> Result<Tensor, Error> {
-        let all = self
-            .comm
-            .all_gather_vecs(self.mine[index].clone())
-            .map_err(|e| Error::invalid("parameter gather", e.to_string()))?;
         let (shape, name) = &self.shapes[index];
-        let n: usize = all.iter().map(Vec::len).sum();
-        if n != shape.iter().product::<usize>() {
+        let whole = self.whole.get(index).map_or(&[][..], |w| &w[..]);
+        if whole.len() != shape.iter().product::<usize>() {
             return Err(Error::invalid(
                 "parameter gather",
-                format!("{name}: the shards hold {n} values, the parameter {shape:?}"),
+                format!("{name}: the shards hold {} values, the parameter {shape:?}", whole.len()),
             ));
         }
-        // The shards end to end, through the mapped staging buffers (not a queue write,
-        // which copies everything once more on one core).
-        let mut whole = take_f32(n);
-        whole.clear();
-        all.iter().for_each(|v| whole.extend_from_slice(v));
+        // Through the mapped staging buffers (a queue write copies everything once more
+        // on one core).
         let t = Tensor::empty(&self.rt, shape, DType::F32, Category::Parameter, name)?;
-        self.rt.upload(
-            &[(t.block(), (t.offset() * 4) as u64, (n * 4) as u64)],
-            bytemuck::cast_slice(&whole),
-        )?;
-        give_f32(whole);
+        let bytes = (whole.len() * 4) as u64;
+        self.rt
+            .upload(&[(t.block(), (t.offset() * 4) as u64, bytes)], bytemuck::cast_slice(whole))?;
         Ok(t)
     }
 }
@@ -81,15 +74,35 @@ pub(super) fn shard_in_place(
     Ok(mine)
 }
 
-/// Splits this rank's shards read end to end back into one vector per parameter.
-pub(super) fn split_shards(flat: &[f32], shards: &Shards, rank: usize) -> Vec<Vec<f32>> {
+/// Splits this rank's shards read end to end back into one vector per parameter
+/// (several threads at once); `flat` goes back to the reused host vectors.
+pub(super) fn split_shards(flat: Vec<f32>, shards: &Shards, rank: usize) -> Vec<Vec<f32>> {
+    use rayon::prelude::*;
     let mut at = 0;
-    (0..shards.numels.len())
+    let ranges: Vec<_> = (0..shards.numels.len())
         .map(|i| {
             let n = shards.range(i, rank).len();
-            let v = flat[at..at + n].to_vec();
             at += n;
-            v
+            at - n..at
+        })
+        .collect();
+    let out = ranges.into_par_iter().map(|r| flat[r].to_vec()).collect();
+    give_f32(flat);
+    out
+}
+
+/// Every parameter whole on the host, from every rank's host shards (in rank order),
+/// several threads at once: what stage 3's gathers upload.
+pub(super) fn whole_weights(host_shards: &[Arc<Vec<Vec<f32>>>]) -> Vec<Vec<f32>> {
+    use rayon::prelude::*;
+    let n = host_shards.first().map_or(0, |s| s.len());
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let pieces: Vec<&[f32]> = host_shards.iter().map(|s| &s[i][..]).collect();
+            let mut whole = vec![0.0; pieces.iter().map(|p| p.len()).sum()];
+            concat_into(&mut whole, &pieces);
+            whole
         })
         .collect()
 }
@@ -117,6 +130,7 @@ impl Trainer {
                 on_host,
             )?));
         }
+        w.host_whole = Arc::new(whole_weights(&host));
         w.host_shards = host;
         Ok(())
     }
@@ -130,7 +144,7 @@ impl Trainer {
     /// shards at stage 3).
     pub(super) fn param_host(&self, i: usize) -> Result<Vec<f32>, Error> {
         match self.world.as_ref().filter(|w| w.zero >= 3) {
-            Some(w) => Ok(w.host_shards.iter().flat_map(|s| s[i].iter().copied()).collect()),
+            Some(w) => Ok(w.host_whole[i].clone()),
             None => self.params.list[i].value.to_f32_vec(&self.rt),
         }
     }
