@@ -315,7 +315,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
     // thread waits for each bucket's copy and reduces it.
     let host_grads = std::thread::scope(|s| -> Result<_, Error> {
         let worker = s.spawn(|| {
-            let out = transfer(rx, comm, gpu, plan.offload, n_params);
+            let out = transfer(rx, comm, gpu, plan, n_params);
             if let Err(e) = &out {
                 comm.abort(&e.to_string());
             }

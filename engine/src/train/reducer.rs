@@ -31,7 +31,7 @@ pub(super) struct Job {
     download: Download,
     /// Per parameter of the bucket: its index, its element count, whether this rank
     /// has a gradient for it (in the download) and the part of it this rank sums.
-    entries: Vec<(usize, usize, bool, Range<usize>)>,
+    entries: Vec<Entry>,
     /// Where the sums go on the device, in entry order (none under offload).
     targets: Vec<(wgpu::Buffer, u64, u64)>,
 }
@@ -47,9 +47,10 @@ pub(super) fn transfer(
     jobs: Receiver<Job>,
     comm: &HostComm,
     gpu: Option<Arc<Gpu>>,
-    offload: bool,
+    plan: &StepPlan,
     n_params: usize,
 ) -> Result<HostGrads, Error> {
+    let offload = plan.offload;
     let mut host: HostGrads = (0..n_params).map(|_| None).collect();
     let mut times = [0.0f64; 4];
     let mut clock = std::time::Instant::now();
@@ -105,15 +106,37 @@ pub(super) fn transfer(
             at += r.len();
         }
         lap(2, &mut times);
-        if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
-            let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-            gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
-        }
         // The vectors go back for the next buckets (the exchange's, by the last rank
         // done with them).
-        give_f32(sums);
         if let Ok(all) = Arc::try_unwrap(all) {
             all.into_iter().for_each(give_f32);
+        }
+        if plan.zero == 0 {
+            // Data parallel: every rank summed its part; the parts are exchanged and
+            // each rank writes every part into its whole gradients.
+            lap(2, &mut times);
+            let parts = comm
+                .all_gather_vecs(sums)
+                .map_err(|e| Error::invalid("collective", e.to_string()))?;
+            lap(1, &mut times);
+            if let Some(gpu) = &gpu {
+                for (k, part) in parts.iter().enumerate() {
+                    let ranges = rank_ranges(&job.entries, &job.targets, plan, k);
+                    if ranges.iter().map(|r| r.2).sum::<u64>() != (part.len() * 4) as u64 {
+                        return Err(Error::invalid("gradient bucket", format!("rank {k} sent a part of another size")));
+                    }
+                    gpu.upload(&ranges, bytemuck::cast_slice(part))?;
+                }
+            }
+            if let Ok(parts) = Arc::try_unwrap(parts) {
+                parts.into_iter().for_each(give_f32);
+            }
+        } else {
+            if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
+                let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+                gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
+            }
+            give_f32(sums);
         }
         lap(2, &mut times);
     }
@@ -128,6 +151,26 @@ pub(super) fn transfer(
         );
     }
     Ok(host)
+}
+
+/// Data parallel: where rank `k`'s part of each of the bucket's gradients goes (its
+/// whole gradients are the job's targets, one per parameter with elements).
+type Entry = (usize, usize, bool, Range<usize>);
+
+fn rank_ranges<'a>(
+    entries: &[Entry],
+    targets: &'a [(wgpu::Buffer, u64, u64)],
+    plan: &StepPlan,
+    k: usize,
+) -> Vec<(&'a wgpu::Buffer, u64, u64)> {
+    entries
+        .iter()
+        .filter(|e| e.1 > 0)
+        .zip(targets)
+        .map(|(e, (b, o, _))| (b, *o, plan.shards.range(e.0, k)))
+        .filter(|(_, _, r)| !r.is_empty())
+        .map(|(b, o, r)| (b, o + (r.start * 4) as u64, (r.len() * 4) as u64))
+        .collect()
 }
 
 /// Whether `WGTRAIN_PARALLEL_TIMES` asks for each rank's host timings of each step on
@@ -214,11 +257,9 @@ impl<'a> Reducer<'a> {
         let mut dests: Vec<(Tensor, u64, u64)> = Vec::new();
         for (i, g, shape, name) in self.pending.drain(..) {
             let numel = self.plan.shards.numels[i];
-            let r = if self.plan.zero == 0 {
-                0..numel
-            } else {
-                self.plan.shards.range(i, self.rank)
-            };
+            // Each rank sums its part (at stage 0 too, where the parts are then
+            // exchanged).
+            let r = self.plan.shards.range(i, self.rank);
             let g = match g {
                 Some(t) if !(t.is_contiguous() && t.offset() == 0) => Some(t.contiguous(rt)?),
                 other => other,
@@ -238,7 +279,9 @@ impl<'a> Reducer<'a> {
                         Some(t) => t,
                         None => Tensor::full(rt, &shape, DType::F32, 0.0, Category::Gradient, &label)?,
                     };
-                    if !r.is_empty() {
+                    if self.plan.zero == 0 && numel > 0 {
+                        dests.push((t.clone(), 0, (numel * 4) as u64));
+                    } else if self.plan.zero == 1 && !r.is_empty() {
                         dests.push((t.clone(), (r.start * 4) as u64, (r.len() * 4) as u64));
                     }
                     self.reduced[i] = Some(t);
