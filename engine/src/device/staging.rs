@@ -195,7 +195,7 @@ mod tests {
             .map(|p| p.iter().map(|&x| (x as f64).powi(2)).sum::<f64>())
             .sum();
         assert_eq!(square_sum([&a[..], &b[..]].into_iter()), expect);
-        let mut vs = vec![a.clone(), b.clone()];
+        let mut vs = [a.clone(), b.clone()];
         scale_all(vs.iter_mut(), 0.5);
         assert_eq!(vs[0][999], 499.5);
         assert_eq!(vs[1][4], -0.5);

@@ -111,6 +111,9 @@ struct Round {
     slots: Vec<Option<Vec<f32>>>,
     arrived: usize,
     result: Option<Arc<Vec<Vec<f32>>>>,
+    /// Ranks that took the result: the last one leaves it to the ranks alone, so the
+    /// last of them to drop it can have the vectors back (`Arc::into_inner`).
+    taken: usize,
     aborted: Option<String>,
 }
 
@@ -141,6 +144,7 @@ impl HostGroup {
                 generation: 0,
                 slots: vec![None; world.max(1)],
                 arrived: 0,
+                taken: 0,
                 result: None,
                 aborted: None,
             }),
@@ -163,6 +167,7 @@ impl HostGroup {
         round.arrived = 0;
         round.slots.iter_mut().for_each(|s| *s = None);
         round.result = None;
+        round.taken = 0;
         round.generation += 1;
     }
 }
@@ -188,6 +193,7 @@ impl Collective for HostComm {
         if round.arrived == s.world {
             let all: Vec<Vec<f32>> = round.slots.iter_mut().map(|v| v.take().unwrap_or_default()).collect();
             round.result = Some(Arc::new(all));
+            round.taken = 0;
             round.arrived = 0;
             round.generation += 1;
             s.wake.notify_all();
@@ -200,9 +206,15 @@ impl Collective for HostComm {
                 return Err(CollectiveError::Aborted(why));
             }
         }
-        // The round's result stays until every rank has taken it: the next round cannot
-        // complete before this rank has joined it.
-        Ok(round.result.clone().expect("a completed round has a result"))
+        // The round's result stays until every rank has taken it (the next round cannot
+        // complete before this rank has joined it), then only the ranks hold it.
+        round.taken += 1;
+        let result = if round.taken == s.world {
+            round.result.take()
+        } else {
+            round.result.clone()
+        };
+        Ok(result.expect("a completed round has a result"))
     }
 
     fn abort(&self, why: &str) {
@@ -288,6 +300,23 @@ mod tests {
         });
         for s in sums {
             assert_eq!(s.unwrap(), vec![3.0; 4]);
+        }
+    }
+
+    #[test]
+    fn the_last_rank_done_with_a_result_has_its_vectors_back() {
+        for world in [1, 2, 3] {
+            let back = run(world, |c| {
+                let mut got = 0;
+                for round in 0..4 {
+                    let all = c.all_gather_vecs(vec![round as f32; 8])?;
+                    // Exactly one rank is the last to let each round's result go.
+                    got += usize::from(Arc::into_inner(all).is_some());
+                }
+                Ok::<_, CollectiveError>(got)
+            });
+            let total: usize = back.into_iter().map(|r| r.expect("no error")).sum();
+            assert_eq!(total, 4, "world {world}");
         }
     }
 

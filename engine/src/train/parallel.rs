@@ -36,7 +36,7 @@ use super::reducer::{Reducer, timing, transfer};
 use super::step::{read_losses, split_batch};
 use super::trainer::Trainer;
 use super::world::{Peer, StepPlan, World};
-use super::zero3::{ShardGather, split_shards, whole_weights};
+use super::zero3::{ShardGather, refresh_host_weights};
 use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
 use crate::device::staging::{concat_into, give_f32, scale_all, square_sum, take_f32};
@@ -50,9 +50,9 @@ use crate::tensor::Tensor;
 /// A rank's host shards of every parameter (stage 3), one vector per parameter.
 type Shards3 = Vec<Vec<f32>>;
 
-/// What a rank's step reports: its share of the loss, whether the update was skipped,
-/// and (stage 3) its updated host shards.
-type RankOutcome = (f64, bool, Option<Shards3>);
+/// A rank's loss, whether it skipped the update, and (stage 3) its updated shards
+/// end to end.
+type RankOutcome = (f64, bool, Option<Vec<f32>>);
 
 /// What a rank's thread borrows for a step.
 struct Rank<'a> {
@@ -222,6 +222,9 @@ impl Trainer {
                 host_weights,
             });
         }
+        // Only the ranks' gathers hold the whole weights now: after the step they are
+        // rewritten in place.
+        drop(whole);
         let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .into_iter()
@@ -255,7 +258,7 @@ impl Trainer {
                 Ok((l, s, mine)) => {
                     loss += l;
                     skipped |= s;
-                    shards.extend(mine.map(Arc::new));
+                    shards.extend(mine);
                 }
                 // The rank that failed says why; the others only say that they stopped.
                 Err(e) if first_error.is_none() || is_abort(first_error.as_ref()) => first_error = Some(e),
@@ -271,10 +274,7 @@ impl Trainer {
             return Err(e.into());
         }
         if shards.len() == n {
-            // Drop the old whole weights first: the new ones take their place.
-            world.host_whole = Arc::default();
-            world.host_whole = Arc::new(whole_weights(&shards));
-            world.host_shards = shards;
+            refresh_host_weights(world, shards);
         }
         if timing() {
             eprintln!("{{\"step_done_ms\": {:.1}}}", started.elapsed().as_secs_f64() * 1e3);
@@ -354,7 +354,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
         if plan.zero >= 3 {
             // The shards stay sharded; the host copy the next gathers read is refreshed.
             let flat = read_shards(rt, params, plan, comm.rank())?;
-            new_shards = Some(split_shards(flat, plan.shards, comm.rank()));
+            new_shards = Some(flat);
         } else {
             gather_params(rt, params, plan.shards, comm, None)?;
         }
@@ -493,7 +493,7 @@ fn update_on_host(
     host_weights: Option<Arc<Shards3>>,
     comm: &HostComm,
     plan: &StepPlan,
-) -> Result<(bool, Option<Shards3>), Error> {
+) -> Result<(bool, Option<Vec<f32>>), Error> {
     let rank = comm.rank();
     let mut found = false;
     if let Some(sc) = plan.scaler {
@@ -533,7 +533,7 @@ fn update_on_host(
     }
     rt.phase("gather");
     if host_weights.is_some() {
-        return Ok((false, Some(split_shards(mine, plan.shards, rank))));
+        return Ok((false, Some(mine)));
     }
     if plan.zero >= 3 {
         // Stage 3: this rank's device shards take the update; the host copy is it.
@@ -544,7 +544,7 @@ fn update_on_host(
             .map(|p| (p.value.block(), (p.value.offset() * 4) as u64, (p.value.numel() * 4) as u64))
             .collect();
         rt.upload(&ranges, bytemuck::cast_slice(&mine))?;
-        return Ok((false, Some(split_shards(mine, plan.shards, rank))));
+        return Ok((false, Some(mine)));
     }
     gather_params(rt, params, plan.shards, comm, Some(mine))?;
     Ok((false, None))
@@ -596,7 +596,7 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
     concat_into(&mut data, &pieces);
     rt.upload(&ranges, bytemuck::cast_slice(&data))?;
     give_f32(data);
-    if let Ok(all) = Arc::try_unwrap(all) {
+    if let Some(all) = Arc::into_inner(all) {
         all.into_iter().for_each(give_f32);
     }
     Ok(())

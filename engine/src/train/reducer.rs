@@ -108,7 +108,7 @@ pub(super) fn transfer(
         lap(2, &mut times);
         // The vectors go back for the next buckets (the exchange's, by the last rank
         // done with them).
-        if let Ok(all) = Arc::try_unwrap(all) {
+        if let Some(all) = Arc::into_inner(all) {
             all.into_iter().for_each(give_f32);
         }
         if plan.zero == 0 {
@@ -128,7 +128,7 @@ pub(super) fn transfer(
                     gpu.upload(&ranges, bytemuck::cast_slice(part))?;
                 }
             }
-            if let Ok(parts) = Arc::try_unwrap(parts) {
+            if let Some(parts) = Arc::into_inner(parts) {
                 parts.into_iter().for_each(give_f32);
             }
         } else {

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use super::trainer::Trainer;
+use super::world::World;
 use crate::autograd::{Gather, Params};
 use crate::device::staging::{concat_into, give_f32};
 use crate::error::Error;
@@ -78,17 +79,59 @@ pub(super) fn shard_in_place(
 /// (several threads at once); `flat` goes back to the reused host vectors.
 pub(super) fn split_shards(flat: Vec<f32>, shards: &Shards, rank: usize) -> Vec<Vec<f32>> {
     use rayon::prelude::*;
+    let out = shard_ranges(shards, rank).into_par_iter().map(|r| flat[r].to_vec()).collect();
+    give_f32(flat);
+    out
+}
+
+/// Where each parameter's shard of `rank` lies in its shards read end to end.
+fn shard_ranges(shards: &Shards, rank: usize) -> Vec<std::ops::Range<usize>> {
     let mut at = 0;
-    let ranges: Vec<_> = (0..shards.numels.len())
+    (0..shards.numels.len())
         .map(|i| {
             let n = shards.range(i, rank).len();
             at += n;
             at - n..at
         })
-        .collect();
-    let out = ranges.into_par_iter().map(|r| flat[r].to_vec()).collect();
-    give_f32(flat);
-    out
+        .collect()
+}
+
+/// After a stage-3 step: each rank's updated shards (end to end, in rank order) into
+/// the host copies and the whole weights made from them, written in place when no
+/// one holds them any more (the step's gathers are done), so a step makes no new
+/// host memory (fresh pages cost more than the copy).
+pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
+    use rayon::prelude::*;
+    for (rank, flat) in flats.into_iter().enumerate() {
+        let ranges = shard_ranges(&world.shards, rank);
+        match world.host_shards.get_mut(rank).and_then(Arc::get_mut) {
+            Some(mine) if mine.iter().map(Vec::len).eq(ranges.iter().map(|r| r.len())) => {
+                mine.par_iter_mut().zip(ranges).for_each(|(m, r)| m.copy_from_slice(&flat[r]));
+                give_f32(flat);
+            }
+            _ => {
+                let split = Arc::new(split_shards(flat, &world.shards, rank));
+                match world.host_shards.get_mut(rank) {
+                    Some(slot) => *slot = split,
+                    None => world.host_shards.push(split),
+                }
+            }
+        }
+    }
+    let shards = &world.host_shards;
+    match Arc::get_mut(&mut world.host_whole) {
+        Some(whole) if whole.iter().map(Vec::len).eq(world.shards.numels.iter().copied()) => {
+            whole.par_iter_mut().enumerate().for_each(|(i, w)| {
+                let pieces: Vec<&[f32]> = shards.iter().map(|s| &s[i][..]).collect();
+                concat_into(w, &pieces);
+            });
+        }
+        _ => {
+            // Drop the old whole weights first: the new ones take their place.
+            world.host_whole = Arc::default();
+            world.host_whole = Arc::new(whole_weights(shards));
+        }
+    }
 }
 
 /// Every parameter whole on the host, from every rank's host shards (in rank order),
