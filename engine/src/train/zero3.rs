@@ -1,10 +1,12 @@
 //! ZeRO stage 3: parameters sharded between steps. Each rank keeps its shard of every
-//! parameter on its device (for its optimizer) and a copy on the host; a tape gathers a
-//! parameter whole when the model asks for it ([`ShardGather`]: the ranks exchange
-//! their host shards and the whole value is uploaded), and it is freed when its last
-//! user lets it go. With activation checkpointing a block's parameters are gathered for
-//! its forward, freed, and gathered again for its recomputation in backward. Gathers
-//! are synchronous (no prefetch of the next layer yet).
+//! parameter on its device (for its optimizer); the host keeps every rank's shards and
+//! the whole weights made from them after each step (`refresh_host_weights`). A tape
+//! gathers a parameter whole when the model asks for it ([`ShardGather`]: an upload of
+//! the host's whole value, queued as the tape records, ahead of the device, so the next
+//! layers' weights are on their way while the device runs this one), and it is freed
+//! when its last user lets it go. With activation checkpointing a block's parameters
+//! are gathered for its forward, freed, and gathered again for its recomputation in
+//! backward.
 //!
 //! May call: `autograd`, `device::staging`, `error`, `kernels`, `memory`, `parallel`, `runtime`, `tensor`,
 //! `train::{trainer, world}`. Called by: `train::{eval, parallel, plan, state}`.
