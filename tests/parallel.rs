@@ -340,6 +340,40 @@ fn bad_parallel_settings_are_refused_with_the_reason() {
 }
 
 #[test]
+fn a_fit_chooses_the_zero_stage_and_offload_that_fit_the_budget() {
+    let dir = scratch("parallel-fit");
+    // A wider GPT than the others, so stages differ by whole pages: on two devices its
+    // estimated reserved peaks are 30 MiB (zero 0), 24 (zero 1), 22 (zero 2) and 16
+    // (zero 2 with the optimizer offloaded).
+    let wide = ["model.n_embd=256", "train.steps=2", "memory.fit=true"];
+    for (budget, want) in [("23MiB", "zero 2, offload none"), ("20MiB", "offload optimizer")] {
+        let mut sets: Vec<&str> = wide.to_vec();
+        let b = format!("memory.budget=\"{budget}\"");
+        sets.push(&b);
+        let log = dir.join(format!("fit{budget}.jsonl"));
+        let mut args = gpt_args("train", &dir, 2, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        args.extend(["--log".into(), log.display().to_string()]);
+        let out = wgtrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "budget {budget}: {err}");
+        let note = err
+            .lines()
+            .find(|l| l.starts_with("fit to memory.budget"))
+            .unwrap_or_else(|| panic!("no fit note: {err}"));
+        assert!(note.contains(want), "budget {budget}: {note}");
+        assert!(note.contains("on each device"), "{note}");
+        // What it chose holds: no device reserved more than the budget.
+        let limit = budget.trim_end_matches("MiB").parse::<u64>().unwrap() << 20;
+        for line in std::fs::read_to_string(&log).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            for d in v["mem"]["devices"].as_array().into_iter().flatten() {
+                assert!(d["peak_reserved"].as_u64().unwrap() <= limit, "budget {budget}: {d}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_device_out_of_memory_halves_the_micro_batch_on_every_device() {
     let dir = scratch("parallel-oom");
     let one = losses(&gpt_run(&dir, "one", 0, &[]));

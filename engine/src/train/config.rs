@@ -352,9 +352,6 @@ impl ParallelConfig {
         if config.memory.optimizer_in_backward {
             return bad("memory.optimizer_in_backward cannot be combined with parallel.devices yet".into());
         }
-        if config.memory.fit || config.memory.checkpoint_auto() {
-            return bad("memory.fit and memory.checkpoint = \"auto\" do not plan multi-device runs yet: set the micro-batch and checkpointing by hand".into());
-        }
         Ok(())
     }
 }

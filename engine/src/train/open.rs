@@ -11,11 +11,11 @@ use std::sync::Arc;
 use super::build::{Loaded, load_data, resolve_precision};
 use super::config::Config;
 use super::error::TrainError;
-use super::plan::plan;
+use super::plan::{dry_runtime, estimate_on, plan};
 use super::trainer::Trainer;
 use crate::device::Gpu;
 use crate::error::Error;
-use crate::memory::{AllocatorOptions, MemoryCap};
+use crate::memory::{AllocatorOptions, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
 
 impl Trainer {
@@ -97,12 +97,24 @@ impl Trainer {
             )
             .into());
         }
-        let (config, notes) = resolve_precision(config, &rts[0].gpu)?;
+        let (config, mut notes) = resolve_precision(config, &rts[0].gpu)?;
+        // `memory.fit` chooses the stage and offload too; every device gets the same cap.
+        let (config, fit_notes) = plan(config, &rts[0].gpu, &data)?;
+        notes.extend(fit_notes);
         for rt in &rts[1..] {
             // A device that cannot run what the first runs cannot join.
             let (theirs, _) = resolve_precision(config.clone(), &rt.gpu)?;
             if theirs.memory.precision != config.memory.precision {
                 return Err(TrainError::NoF16(rt.gpu.report.name.clone()));
+            }
+        }
+        // Nor can one too small for its share: when the devices differ in size, each
+        // one's estimated peak is checked against it before anything is built.
+        let sizes: Vec<(String, Option<u64>)> = rts.iter().map(|r| (r.gpu.report.name.clone(), r.gpu.caps.memory_bytes)).collect();
+        if sizes.iter().any(|s| s.1 != sizes[0].1) {
+            let e = estimate_on(&dry_runtime(rts[0].gpu.clone())?, &config, &data)?;
+            if let Some(why) = too_small(&e.device_peaks, &sizes) {
+                return Err(Error::invalid("parallel.devices", why).into());
             }
         }
         let mut rts = rts.into_iter();
@@ -131,6 +143,21 @@ impl Trainer {
     }
 }
 
+/// Why a device cannot take its share, if one cannot: the first whose known memory is
+/// below its estimated peak (`peaks` and `sizes` in rank order: name, memory).
+fn too_small(peaks: &[u64], sizes: &[(String, Option<u64>)]) -> Option<String> {
+    peaks.iter().zip(sizes).enumerate().find_map(|(rank, (&peak, (name, size)))| {
+        size.filter(|&s| s < peak).map(|s| {
+            format!(
+                "device {rank} ({name}) has {} of memory but its share of this run needs {} (the estimate of its peak); \
+                 raise parallel.zero, offload, checkpoint, or leave it out",
+                format_bytes(s),
+                format_bytes(peak)
+            )
+        })
+    })
+}
+
 /// The allocator cap a config asks for: `memory.cap`, else `memory.budget`.
 fn cap_of(config: &Config) -> Result<Option<MemoryCap>, TrainError> {
     let limit = config.memory.cap.as_ref().or(config.memory.budget.as_ref());
@@ -138,4 +165,19 @@ fn cap_of(config: &Config) -> Result<Option<MemoryCap>, TrainError> {
         Some(text) => Some(MemoryCap::parse(text).map_err(Error::from)?),
         None => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::too_small;
+
+    #[test]
+    fn a_device_smaller_than_its_share_is_named() {
+        let sizes = |a: Option<u64>, b: Option<u64>| vec![("big".to_string(), a), ("small".to_string(), b)];
+        assert_eq!(too_small(&[100, 90], &sizes(Some(200), Some(100))), None);
+        let why = too_small(&[100, 90], &sizes(Some(200), Some(80))).expect("the second is too small");
+        assert!(why.starts_with("device 1 (small)"), "{why}");
+        // A device that does not say its size is not refused.
+        assert_eq!(too_small(&[100, 90], &sizes(Some(200), None)), None);
+    }
 }

@@ -251,11 +251,52 @@ fn checkpoint_name(k: usize) -> String {
     }
 }
 
+/// ZeRO stage and offload pairs from least to most memory saved per device, in the
+/// order a fit tries them: every stage without offload, then the optimizer offloaded
+/// (stages 1-3), then the parameters too (stage 3).
+const STAGES: [(u8, &str); 8] = [
+    (0, "none"),
+    (1, "none"),
+    (2, "none"),
+    (3, "none"),
+    (1, "optimizer"),
+    (2, "optimizer"),
+    (3, "optimizer"),
+    (3, "optimizer+parameters"),
+];
+
+fn offload_level(offload: &str) -> usize {
+    match offload {
+        "optimizer" => 1,
+        "optimizer+parameters" => 2,
+        _ => 0,
+    }
+}
+
+/// The stage and offload pairs a fit of `config` may choose: with several devices, those
+/// that keep at least the configured stage and offload (`STAGES`' order); else only the
+/// configured one.
+fn stage_choices(config: &Config) -> Vec<(u8, String)> {
+    let p = &config.parallel;
+    if !(p.enabled() && config.memory.fit) {
+        return vec![(p.zero, p.offload.clone())];
+    }
+    STAGES
+        .iter()
+        .filter(|(z, o)| *z >= p.zero && offload_level(o) >= offload_level(&p.offload))
+        .map(|(z, o)| (*z, o.to_string()))
+        .collect()
+}
+
 /// Resolves `memory.fit` and `memory.checkpoint = "auto"`: tries micro-batches from the
 /// largest down (halving; the batch is kept through accumulation) and, for each, the
 /// least checkpointing first, and keeps the first whose estimated peak reserved memory
-/// fits the bound. Without fit the micro-batch is kept; with an explicit checkpoint
-/// setting, checkpointing is kept. Returns the config to run and what was chosen.
+/// fits the bound. With several devices a fit also chooses the ZeRO stage and offload
+/// (`stage_choices`): for each micro-batch, each offload level in turn, and within it
+/// the least checkpointing with each stage before more checkpointing; the bound is each
+/// device's and the first device's estimate is the largest (its shards are). Without fit
+/// the micro-batch (and stage) are kept; with an explicit checkpoint setting,
+/// checkpointing is kept. Returns the config to run and what was chosen.
 pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config, Vec<String>), TrainError> {
     let auto = config.memory.checkpoint_auto();
     let fit = config.memory.fit;
@@ -269,9 +310,10 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
         .into());
     };
     let batch = config.train.batch_size;
-    let micro_now = config.train.micro_batch_size.unwrap_or(batch).min(batch);
+    let per_device = batch / config.parallel.world().max(1);
+    let micro_now = config.train.micro_batch_size.unwrap_or(per_device).min(per_device);
     let micros: Vec<usize> = if fit {
-        std::iter::successors(Some(batch), |&m| (m > 1).then_some(m / 2)).collect()
+        std::iter::successors(Some(per_device), |&m| (m > 1).then_some(m / 2)).collect()
     } else {
         vec![micro_now]
     };
@@ -280,35 +322,54 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
     } else {
         vec![config.memory.checkpoint_every()?]
     };
+    let stages = stage_choices(&config);
+    let several = config.parallel.enabled();
     let rt = dry_runtime(gpu.clone())?;
     let mut tried = Vec::new();
     for &micro in &micros {
-        for &k in &ckpts {
-            let mut candidate = config.clone();
-            candidate.train.micro_batch_size = (micro < batch).then_some(micro);
-            if candidate.model.kind == "gpt" {
-                candidate.memory.checkpoint = Some(checkpoint_name(k));
-            }
-            let e = estimate_on(&rt, &candidate, data)?;
-            tried.push(format!(
-                "micro-batch {micro}, checkpoint {}: {}",
-                checkpoint_name(k),
-                format_bytes(e.peak_reserved_bytes)
-            ));
-            if e.peak_reserved_bytes <= limit {
-                let note = format!(
-                    "fit to {what}: micro-batch {micro} of batch {batch}{}, checkpoint {}; estimated peak {} allocated, {} reserved",
-                    if micro < batch {
-                        format!(" ({} accumulation steps)", batch.div_ceil(micro))
+        for level in 0..3 {
+            for &k in &ckpts {
+                for (zero, offload) in stages.iter().filter(|(_, o)| offload_level(o) == level) {
+                    let mut candidate = config.clone();
+                    candidate.train.micro_batch_size = (micro < per_device).then_some(micro);
+                    if candidate.model.kind == "gpt" {
+                        candidate.memory.checkpoint = Some(checkpoint_name(k));
+                    }
+                    candidate.parallel.zero = *zero;
+                    candidate.parallel.offload = offload.clone();
+                    let stage = if several {
+                        format!(", zero {zero}, offload {offload}")
                     } else {
                         String::new()
-                    },
-                    checkpoint_name(k),
-                    format_bytes(e.peak_bytes),
-                    format_bytes(e.peak_reserved_bytes)
-                );
-                config = candidate;
-                return Ok((config, vec![note]));
+                    };
+                    let e = estimate_on(&rt, &candidate, data)?;
+                    tried.push(format!(
+                        "micro-batch {micro}, checkpoint {}{stage}: {}",
+                        checkpoint_name(k),
+                        format_bytes(e.peak_reserved_bytes)
+                    ));
+                    if e.peak_reserved_bytes <= limit {
+                        let note = format!(
+                            "fit to {what}: micro-batch {micro} of {}{}, checkpoint {}{stage}; estimated peak {} allocated, {} reserved{}",
+                            if several {
+                                format!("{per_device} per device")
+                            } else {
+                                format!("batch {batch}")
+                            },
+                            if micro < per_device {
+                                format!(" ({} accumulation steps)", per_device.div_ceil(micro))
+                            } else {
+                                String::new()
+                            },
+                            checkpoint_name(k),
+                            format_bytes(e.peak_bytes),
+                            format_bytes(e.peak_reserved_bytes),
+                            if several { " on each device" } else { "" }
+                        );
+                        config = candidate;
+                        return Ok((config, vec![note]));
+                    }
+                }
             }
         }
     }
