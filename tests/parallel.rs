@@ -2,8 +2,9 @@
 //! step's loss equals the single-device run's at the same global batch, for ZeRO stages
 //! 0-3 and both offloads over two and three devices, fp32 and fp16-mixed, a char GPT and
 //! an MLP whose parameter counts do not divide by the world size; resume on the same and
-//! on another number of devices; the estimate equals each device's measured peak; out
-//! of memory on a device; bad settings are refused.
+//! on another number of devices; the estimate equals each device's measured peak; a fit
+//! to a budget chooses the stage and offload; out of memory on a device; bad settings
+//! are refused.
 
 mod cli;
 
