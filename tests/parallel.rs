@@ -279,6 +279,19 @@ fn the_estimate_equals_each_devices_measured_peak() {
             .collect();
         let log = gpt_run(&dir, &format!("z{zero}{offload}"), 3, &[&stage[0], &stage[1], &stage[2]]);
         let measured = device_peaks(&log);
+        // Host memory (offloaded state) as the run's step lines say it.
+        let last: serde_json::Value = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v.get("loss").is_some())
+            .last()
+            .unwrap();
+        let host = &last["mem"]["host"];
+        let host = if host.is_null() { serde_json::json!({}) } else { host.clone() };
+        let want_host = est.get("host_bytes").cloned().unwrap_or(serde_json::json!({}));
+        assert_eq!(host, want_host, "zero {zero} offload {offload}: host memory against the estimate");
+        assert_eq!(want_host.as_object().unwrap().is_empty(), offload == "none");
         // From the second step on (the optimizer state exists), as the estimate's.
         for peaks in &measured[1..] {
             assert_eq!(peaks, &want, "zero {zero}: measured per-device peaks against the estimate");

@@ -66,6 +66,10 @@ pub struct Estimate {
     /// A multi-device run: each device's peak allocated bytes, in rank order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_peaks: Vec<u64>,
+    /// A multi-device run with offload: host memory by category (every device's
+    /// offloaded state together), as its step lines' `mem.host` will say.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_bytes: BTreeMap<String, u64>,
 }
 
 impl Estimate {
@@ -96,6 +100,9 @@ impl Estimate {
         if !self.device_peaks.is_empty() {
             let peaks: Vec<String> = self.device_peaks.iter().map(|b| format_bytes(*b)).collect();
             out += &format!("  {:<16} {}\n", "peak per device", peaks.join(", "));
+        }
+        for (name, bytes) in &self.host_bytes {
+            out += &format!("  {:<16} {:>12}\n", format!("host {name}"), format_bytes(*bytes));
         }
         let m = &self.model_states;
         out += &format!(
@@ -194,10 +201,26 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
             },
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
+        host_bytes: host_bytes(config, elements, optimizer_per),
     };
     drop(trainer);
     rt.alloc.empty_cache();
     Ok(estimate)
+}
+
+/// What a run with offload keeps in host memory, every device's shards together: the
+/// optimizer's state (`optimizer_per` bytes a parameter) and, offloading parameters,
+/// the f32 weights.
+fn host_bytes(config: &Config, elements: u64, optimizer_per: u64) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let p = &config.parallel;
+    if p.enabled() && p.offload != "none" {
+        out.insert(Category::OptimizerState.name().to_string(), optimizer_per * elements);
+        if p.offload == "optimizer+parameters" {
+            out.insert(Category::Parameter.name().to_string(), 4 * elements);
+        }
+    }
+    out
 }
 
 /// `wgtrain estimate`: loads the data, opens the adapter, applies the precision rule and
