@@ -283,9 +283,9 @@ fn the_estimate_equals_each_devices_measured_peak() {
         let last: serde_json::Value = std::fs::read_to_string(&log)
             .unwrap()
             .lines()
+            .rev()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v.get("loss").is_some())
-            .last()
+            .find(|v| v.get("loss").is_some())
             .unwrap();
         let host = &last["mem"]["host"];
         let host = if host.is_null() { serde_json::json!({}) } else { host.clone() };
