@@ -36,10 +36,11 @@ pub struct World {
     pub(super) offload: Vec<HostOptimizer>,
     /// Stage 3: the parameters' whole shapes and names, in the model's order.
     pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
-    /// Stage 3: each rank's shards on the host, in rank order.
+    /// Stage 3 with `offload = "optimizer+parameters"`: each rank's shards on the host
+    /// (its host optimizer's weights), in rank order; empty otherwise.
     pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
-    /// Stage 3: every parameter whole on the host, made from `host_shards` after each
-    /// step (in one process every rank's shards are at hand: across processes this
+    /// Stage 3: every parameter whole on the host, made from the ranks' shards after
+    /// each step (in one process every rank's shards are at hand: across processes this
     /// would be one all-gather per step); what the gathers upload.
     pub(super) host_whole: Arc<Vec<Vec<f32>>>,
     /// `offload = "optimizer+parameters"`: the shards live on the host only.

@@ -98,14 +98,42 @@ fn shard_ranges(shards: &Shards, rank: usize) -> Vec<std::ops::Range<usize>> {
         .collect()
 }
 
-/// After a stage-3 step: each rank's updated shards (end to end, in rank order) into
-/// the host copies and the whole weights made from them, written in place when no
-/// one holds them any more (the step's gathers are done), so a step makes no new
-/// host memory (fresh pages cost more than the copy).
+/// After a stage-3 step: the whole weights made from each rank's updated shards (end
+/// to end, in rank order), and under parameter offload the host shards (the host
+/// optimizer's weights), written in place when no one holds them any more (the step's
+/// gathers are done), so a step makes no new host memory (fresh pages cost more than
+/// the copy).
 pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
     use rayon::prelude::*;
-    for (rank, flat) in flats.into_iter().enumerate() {
-        let ranges = shard_ranges(&world.shards, rank);
+    let ranges: Vec<_> = (0..flats.len()).map(|r| shard_ranges(&world.shards, r)).collect();
+    let fill = |i: usize, whole: &mut [f32]| {
+        let pieces: Vec<&[f32]> = flats.iter().zip(&ranges).map(|(f, r)| &f[r[i].clone()]).collect();
+        concat_into(whole, &pieces);
+    };
+    let numels = &world.shards.numels;
+    match Arc::get_mut(&mut world.host_whole) {
+        Some(whole) if whole.iter().map(Vec::len).eq(numels.iter().copied()) => {
+            whole.par_iter_mut().enumerate().for_each(|(i, w)| fill(i, w));
+        }
+        _ => {
+            // Drop the old whole weights first: the new ones take their place.
+            world.host_whole = Arc::default();
+            let whole = (0..numels.len())
+                .into_par_iter()
+                .map(|i| {
+                    let mut w = vec![0.0; numels[i]];
+                    fill(i, &mut w);
+                    w
+                })
+                .collect();
+            world.host_whole = Arc::new(whole);
+        }
+    }
+    for (rank, (flat, ranges)) in flats.into_iter().zip(ranges).enumerate() {
+        if !world.offload_params {
+            give_f32(flat);
+            continue;
+        }
         match world.host_shards.get_mut(rank).and_then(Arc::get_mut) {
             Some(mine) if mine.iter().map(Vec::len).eq(ranges.iter().map(|r| r.len())) => {
                 mine.par_iter_mut().zip(ranges).for_each(|(m, r)| m.copy_from_slice(&flat[r]));
@@ -118,20 +146,6 @@ pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
                     None => world.host_shards.push(split),
                 }
             }
-        }
-    }
-    let shards = &world.host_shards;
-    match Arc::get_mut(&mut world.host_whole) {
-        Some(whole) if whole.iter().map(Vec::len).eq(world.shards.numels.iter().copied()) => {
-            whole.par_iter_mut().enumerate().for_each(|(i, w)| {
-                let pieces: Vec<&[f32]> = shards.iter().map(|s| &s[i][..]).collect();
-                concat_into(w, &pieces);
-            });
-        }
-        _ => {
-            // Drop the old whole weights first: the new ones take their place.
-            world.host_whole = Arc::default();
-            world.host_whole = Arc::new(whole_weights(shards));
         }
     }
 }
@@ -176,7 +190,8 @@ impl Trainer {
             )?));
         }
         w.host_whole = Arc::new(whole_weights(&host));
-        w.host_shards = host;
+        // The shards stay on the host only where the host optimizer updates them.
+        w.host_shards = if on_host { host } else { Vec::new() };
         Ok(())
     }
 
