@@ -203,27 +203,19 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     }
 
     // A second run beside it in the folder, to compare with.
-    let other = Config::parse(
-        "",
-        &[
-            "model.hidden=[16]".into(),
-            "data.train_limit=1280".into(),
-            "data.eval_limit=200".into(),
-            "train.batch_size=64".into(),
-            "train.steps=20".into(),
-            "train.lr=3e-3".into(),
-        ],
-    )
-    .unwrap();
     let other_log = dir.join("other.jsonl");
-    Trainer::new(other, None)
-        .unwrap()
-        .run(&RunOptions {
-            log: Some(other_log.clone()),
-            observer: Some(Recorder::new("other", Some(record_path(&other_log)))),
-            ..Default::default()
-        })
-        .unwrap();
+    train_recorded(
+        "other",
+        &other_log,
+        &[
+            "model.hidden=[16]",
+            "data.train_limit=1280",
+            "data.eval_limit=200",
+            "train.batch_size=64",
+            "train.steps=20",
+            "train.lr=3e-3",
+        ],
+    );
 
     // The same run, finished, from its files (`wgtrain dashboard --runs`).
     let finished = Dashboard::start(Options {
@@ -324,34 +316,40 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert!(tab2.get_url().contains("compare=other"), "{}", tab2.get_url());
 }
 
+/// Trains the default MLP with `sets` on top, logging to `log`, with the dashboard's
+/// recorder (named `name`) writing its record beside the log.
+fn train_recorded(name: &str, log: &Path, sets: &[&str]) {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    Trainer::new(Config::parse("", &sets).unwrap(), None)
+        .unwrap()
+        .run(&RunOptions {
+            log: Some(log.to_path_buf()),
+            observer: Some(Recorder::new(name, Some(record_path(log)))),
+            ..Default::default()
+        })
+        .unwrap();
+}
+
 #[test]
 fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
     let dir = std::env::temp_dir().join(format!("wgtrain-browser-devices-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("two.jsonl");
-    let config = Config::parse(
-        "",
+    train_recorded(
+        "two",
+        &log,
         &[
-            "data.train_limit=384".into(),
-            "data.eval_limit=100".into(),
-            "train.batch_size=64".into(),
-            "train.steps=6".into(),
-            "model.hidden=[32]".into(),
-            "parallel.devices=[\"0\",\"0\"]".into(),
-            "parallel.zero=2".into(),
-            "parallel.offload=\"optimizer\"".into(),
+            "data.train_limit=384",
+            "data.eval_limit=100",
+            "train.batch_size=64",
+            "train.steps=6",
+            "model.hidden=[32]",
+            "parallel.devices=[\"0\",\"0\"]",
+            "parallel.zero=2",
+            "parallel.offload=\"optimizer\"",
         ],
-    )
-    .unwrap();
-    Trainer::new(config, None)
-        .unwrap()
-        .run(&RunOptions {
-            log: Some(log.clone()),
-            observer: Some(Recorder::new("two", Some(record_path(&log)))),
-            ..Default::default()
-        })
-        .unwrap();
+    );
     // Each device's largest peak over the run, from the log.
     let lines: Vec<Value> = std::fs::read_to_string(&log)
         .unwrap()
