@@ -3,7 +3,7 @@
 //! a shape error). Device and allocation errors keep their own types and convert here;
 //! the trainer wraps this in its `TrainError`.
 //!
-//! May call: `device`, `memory`. Called by: everything above them.
+//! May call: `device`, `memory`, `parallel`. Called by: everything above them.
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::device::DeviceError;
 use crate::memory::{AllocError, GuardError};
+use crate::parallel::CollectiveError;
 
 /// What went wrong in an op, a file, or on the device.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -66,6 +67,13 @@ pub enum Error {
         /// The placeholder.
         placeholder: String,
     },
+}
+
+/// A collective that failed (another rank aborted, mismatched buffers).
+impl From<CollectiveError> for Error {
+    fn from(e: CollectiveError) -> Error {
+        Error::invalid("collective", e)
+    }
 }
 
 impl Error {

@@ -427,25 +427,17 @@ fn update(rt: &Runtime, params: &Params, opt: &mut Optimizer, comm: &HostComm, p
         Some(sc) => sc.unscale(rt, params)?,
         None => false,
     };
-    if comm.any(found).map_err(collective)? {
+    if comm.any(found)? {
         return Ok(true);
     }
     if plan.grad_clip > 0.0 {
         let local = grad_square_sum(rt, params)?;
         // Stage 0: every rank holds the whole sum, so the local norm is the global one.
-        let total = if plan.zero == 0 {
-            local
-        } else {
-            comm.sum_f64(local).map_err(collective)?
-        };
+        let total = if plan.zero == 0 { local } else { comm.sum_f64(local)? };
         scale_grads(rt, params, clip_coef(total.sqrt() as f32, plan.grad_clip))?;
     }
     opt.step(rt, params, plan.lr)?;
     Ok(false)
-}
-
-fn collective(e: crate::parallel::CollectiveError) -> Error {
-    Error::invalid("collective", e.to_string())
 }
 
 /// This rank's shard of every parameter: views of its weights, with the reduced shard
@@ -500,12 +492,12 @@ fn update_on_host(
         scale_all(grads.iter_mut().flatten(), 1.0 / sc.scale);
         found = !square_sum(grads.iter().flatten().map(|g| &g[..])).is_finite();
     }
-    if comm.any(found).map_err(collective)? {
+    if comm.any(found)? {
         return Ok((true, None));
     }
     if plan.grad_clip > 0.0 {
         let local = square_sum(grads.iter().flatten().map(|g| &g[..]));
-        let coef = clip_coef(comm.sum_f64(local).map_err(collective)?.sqrt() as f32, plan.grad_clip);
+        let coef = clip_coef(comm.sum_f64(local)?.sqrt() as f32, plan.grad_clip);
         if coef < 1.0 {
             scale_all(grads.iter_mut().flatten(), coef);
         }
@@ -531,6 +523,7 @@ fn update_on_host(
             host.update(&opt.rule, i, w, g, plan.lr, opt.step);
         }
     }
+    grads.into_iter().flatten().for_each(give_f32);
     rt.phase("gather");
     if host_weights.is_some() {
         return Ok((false, Some(mine)));
@@ -570,7 +563,7 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
             rt.download(&ranges)?.finish_f32()?
         }
     };
-    let all = comm.all_gather_vecs(mine).map_err(collective)?;
+    let all = comm.all_gather_vecs(mine)?;
     // Every other rank's shards (and this rank's own when they come from the host),
     // in one upload: each rank's vector is its shards end to end.
     let mut ranges = Vec::new();

@@ -81,11 +81,10 @@ pub(super) fn transfer(
                     flat.resize(flat.len() + numel, 0.0);
                 }
             }
+            give_f32(got);
             flat
         };
-        let all = comm
-            .all_gather_vecs(flat)
-            .map_err(|e| Error::invalid("collective", e.to_string()))?;
+        let all = comm.all_gather_vecs(flat)?;
         lap(1, &mut times);
         if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != all[0].len()) {
             return Err(Error::invalid(
@@ -100,12 +99,13 @@ pub(super) fn transfer(
             let dst = &mut sums[at..at + r.len()];
             sum_range(&all, start + r.start..start + r.end, dst);
             if offload && !r.is_empty() {
-                host[*i] = Some(dst.to_vec());
+                let mut kept = take_f32(dst.len());
+                kept.copy_from_slice(dst);
+                host[*i] = Some(kept);
             }
             start += numel;
             at += r.len();
         }
-        lap(2, &mut times);
         // The vectors go back for the next buckets (the exchange's, by the last rank
         // done with them).
         if let Some(all) = Arc::into_inner(all) {
@@ -115,9 +115,7 @@ pub(super) fn transfer(
             // Data parallel: every rank summed its part; the parts are exchanged and
             // each rank writes every part into its whole gradients.
             lap(2, &mut times);
-            let parts = comm
-                .all_gather_vecs(sums)
-                .map_err(|e| Error::invalid("collective", e.to_string()))?;
+            let parts = comm.all_gather_vecs(sums)?;
             lap(1, &mut times);
             if let Some(gpu) = &gpu {
                 for (k, part) in parts.iter().enumerate() {

@@ -25,7 +25,7 @@ use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
 /// One rank's gathers of whole parameters: uploads of the whole weights the host
-/// holds (rebuilt from every rank's shards after each step, `whole_weights`). The
+/// holds (rebuilt from every rank's shards after each step, `refresh_host_weights`). The
 /// uploads are queued as the tape records, ahead of the device, so every layer's
 /// parameters are on their way before the device reaches it.
 pub(super) struct ShardGather {
@@ -150,22 +150,6 @@ pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
     }
 }
 
-/// Every parameter whole on the host, from every rank's host shards (in rank order),
-/// several threads at once: what stage 3's gathers upload.
-pub(super) fn whole_weights(host_shards: &[Arc<Vec<Vec<f32>>>]) -> Vec<Vec<f32>> {
-    use rayon::prelude::*;
-    let n = host_shards.first().map_or(0, |s| s.len());
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let pieces: Vec<&[f32]> = host_shards.iter().map(|s| &s[i][..]).collect();
-            let mut whole = vec![0.0; pieces.iter().map(|p| p.len()).sum()];
-            concat_into(&mut whole, &pieces);
-            whole
-        })
-        .collect()
-}
-
 impl Trainer {
     /// Stage 3: shards every rank's parameters, whole on rank 0 now (after the build
     /// or a restore), and keeps the host copies.
@@ -189,9 +173,10 @@ impl Trainer {
                 on_host,
             )?));
         }
-        w.host_whole = Arc::new(whole_weights(&host));
-        // The shards stay on the host only where the host optimizer updates them.
+        // The whole weights read back are the host's copy the gathers upload; the shards
+        // stay on the host only where the host optimizer updates them.
         w.host_shards = if on_host { host } else { Vec::new() };
+        w.host_whole = Arc::new(whole);
         Ok(())
     }
 
