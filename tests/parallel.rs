@@ -158,7 +158,7 @@ fn every_zero_stage_matches_one_device_step_for_step() {
 }
 
 #[test]
-fn an_mlp_with_accumulation_matches_one_device() {
+fn an_mlp_matches_one_device_at_every_stage_and_offload() {
     let dir = scratch("parallel-mlp");
     let run = |name: &str, sets: &[&str]| {
         let log = dir.join(format!("{name}.jsonl"));
@@ -197,6 +197,21 @@ fn an_mlp_with_accumulation_matches_one_device() {
         &["parallel.devices=[\"0\",\"0\"]", "parallel.zero=1", "parallel.bucket_mb=0.01"],
     );
     assert_close("mlp 2 devices, zero 1, small buckets", &one, &two, 1e-4);
+    // The other stages and both offloads (33 hidden units: no tensor divides by 2 or 3).
+    for (devices, zero, offload) in [
+        ("[0, 0]", 0, "none"),
+        ("[0, 0, 0]", 3, "none"),
+        ("[0, 0]", 2, "optimizer"),
+        ("[0, 0, 0]", 3, "optimizer+parameters"),
+    ] {
+        let sets = [
+            format!("parallel.devices={devices}"),
+            format!("parallel.zero={zero}"),
+            format!("parallel.offload=\"{offload}\""),
+        ];
+        let got = run(&format!("z{zero}{offload}"), &[&sets[0], &sets[1], &sets[2]]);
+        assert_close(&format!("mlp {devices}, zero {zero}, offload {offload}"), &one, &got, 1e-4);
+    }
 }
 
 #[test]
