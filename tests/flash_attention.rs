@@ -1,14 +1,17 @@
 //! Fused (flash) attention against f64 references and against the composite: the
 //! output and all three gradients, causal, odd T (1, 7, 65, 257), head sizes 16 to 128,
 //! f32 and f16 inputs, on every path this machine runs (lavapipe: the subgroup path
-//! and the plain one, forced); bitwise repeatable backward; B * NH beyond one dispatch
-//! row of workgroups; bad shapes are clear errors. Guard bytes are on throughout.
+//! and the plain one, forced; an H100: the tensor-core path too, for f16 and head sizes
+//! that are multiples of 16); bitwise repeatable backward; B * NH beyond one dispatch
+//! row of workgroups; bad shapes are clear errors; the tensor-core path's choice and
+//! tiles. Guard bytes are on throughout.
 
 mod common;
 
 use common::{Rng, assert_close_within, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
+use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, eligible, pick};
 use wgtrain_engine::kernels::{attention, tolerance::tolerance};
 use wgtrain_engine::{DType, Runtime};
 
@@ -58,6 +61,9 @@ fn paths(rt: &Runtime) -> Vec<Path> {
     if Path::for_adapter(rt) == Path::Subgroup {
         v.push(Path::Subgroup);
     }
+    if Path::for_inputs(rt, DType::F16, 64) == Path::Coop {
+        v.push(Path::Coop);
+    }
     v
 }
 
@@ -89,6 +95,9 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
             let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
             let (want_y, want_d) = reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
             for &path in &on {
+                if path == Path::Coop && Path::for_inputs(&rt, dtype, d) != Path::Coop {
+                    continue;
+                }
                 let what = format!("[{b},{t},{nh},{d}] {dtype:?} {path:?}");
                 let saved = forward_on(&rt, &qkv, nh, path, "attn").unwrap();
                 let tol = if dtype == DType::F16 {
@@ -104,6 +113,14 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
                     (2e-5 * (t as f64).sqrt(), 1e-4)
                 };
                 assert_close_within(&rt, &format!("{what} dqkv"), &dqkv, &want_d, gtol);
+                if path == Path::Coop {
+                    let again = backward_on(&rt, &qkv, nh, &saved, &dy, path, "dqkv").unwrap();
+                    let (a, b) = (dqkv.to_f32_vec(&rt).unwrap(), again.to_f32_vec(&rt).unwrap());
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}: backward is bitwise repeatable"
+                    );
+                }
             }
         }
     }
@@ -161,5 +178,40 @@ fn many_heads_span_a_second_dispatch_row_and_bad_shapes_are_errors() {
         let err = forward_on(&rt, &x, nh, Path::Plain, "bad").err().expect("a shape error");
         assert!(err.to_string().contains("flash attention qkv"), "{err}");
     }
+    finish(&rt);
+}
+
+#[test]
+fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
+    // The rule, apart from the adapter.
+    assert!(eligible(true, (32, 32), DType::F16, 64));
+    assert!(eligible(true, (32, 32), DType::F16, 128));
+    assert!(!eligible(false, (32, 32), DType::F16, 64), "no cooperative matrices");
+    assert!(!eligible(true, (4, 64), DType::F16, 64), "subgroups not exactly 32");
+    assert!(!eligible(true, (32, 32), DType::F32, 64), "f32 is computed in f32");
+    assert!(!eligible(true, (32, 32), DType::F16, 40), "head size not a multiple of 16");
+    assert!(!eligible(true, (32, 32), DType::F16, 144), "head size over 128");
+    // Every mode and head size has a tile within 48 KiB, and none is picked that does
+    // not fit; 8 KiB is too little for head size 128.
+    for mode in [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query] {
+        for d in [16, 32, 64, 128] {
+            let tile = pick(mode, d, 48 * 1024).expect("a tile fits 48 KiB");
+            assert!(tile.workgroup_bytes(mode, d) <= 48 * 1024, "{mode:?} d{d}: {tile:?}");
+        }
+        assert!(pick(mode, 128, 8 * 1024).is_none(), "{mode:?}");
+    }
+    assert_eq!(
+        pick(CoopMode::Forward, 64, 48 * 1024).map(|t| (t.br(), t.bc)),
+        Some((64, 32))
+    );
+    let rt = runtime();
+    let granted = rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32);
+    assert_eq!(Path::for_inputs(&rt, DType::F16, 64) == Path::Coop, granted);
+    assert_ne!(Path::for_inputs(&rt, DType::F32, 64), Path::Coop);
+    // Asked where it cannot run (lavapipe, or f32 anywhere): a clear error.
+    let mut rng = Rng(44);
+    let qkv = upload(&rt, &rng.vec(2 * 4 * 3 * 64, -1.0, 1.0), &[2, 4, 3 * 64], DType::F32);
+    let err = forward_on(&rt, &qkv, 1, Path::Coop, "attn").err().expect("an error");
+    assert!(err.to_string().contains("tensor-core path needs f16 qkv"), "{err}");
     finish(&rt);
 }

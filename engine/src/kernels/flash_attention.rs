@@ -4,16 +4,22 @@
 //! blocks for dQ, without atomics (bitwise repeatable). Nothing of size T x T exists in
 //! device memory. Computed in f32 whatever the inputs' type (f32 or f16).
 //!
-//! Paths, chosen by the adapter: `Subgroup` (4 lanes per row merged with subgroup
-//! shuffles) where subgroups of at least 4 are granted, else `Plain` (a thread per row,
-//! workgroup memory only). Tiles are sized to the adapter's workgroup memory. Head
-//! sizes: multiples of 4 up to 128; any T; B * NH beyond one dispatch dimension.
+//! Paths, chosen by the adapter and the inputs: `Coop` (tensor cores through
+//! cooperative matrices, `kernels::flash_attention_coop`) for f16 qkv and head sizes that
+//! are multiples of 16 where 16x16x16 f16 -> f32 and subgroups of 32 are granted;
+//! otherwise `Subgroup` (4 lanes per row merged with subgroup shuffles) where subgroups
+//! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
+//! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
+//! adapter's workgroup memory. Head sizes: multiples of 4 up to 128; any T; B * NH
+//! beyond one dispatch dimension.
 //!
-//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::common`, `kernels::flash_attention_coop`, `memory`,
+//! `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::flash_attention_coop::{self as coop, CoopMode};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -33,6 +39,8 @@ pub enum Path {
     Plain,
     /// Four lanes per row, merged with subgroup shuffles.
     Subgroup,
+    /// Tensor cores (cooperative matrices): f16 qkv, head sizes multiples of 16.
+    Coop,
 }
 
 impl Path {
@@ -41,10 +49,21 @@ impl Path {
         match self {
             Path::Plain => 1,
             Path::Subgroup => 4,
+            Path::Coop => 1,
         }
     }
 
-    /// The path the adapter allows: subgroups when granted with at least 4 lanes.
+    /// The path for qkv of type `tq` and head size `d`: tensor cores where the adapter
+    /// and the inputs allow, else [`Path::for_adapter`].
+    pub fn for_inputs(rt: &Runtime, tq: DType, d: usize) -> Path {
+        if coop::eligible(rt.gpu.caps.coop_f16_16x16x16(), rt.gpu.caps.subgroup_size, tq, d) {
+            Path::Coop
+        } else {
+            Path::for_adapter(rt)
+        }
+    }
+
+    /// The SIMT path the adapter allows: subgroups when granted with at least 4 lanes.
     pub fn for_adapter(rt: &Runtime) -> Path {
         if rt.gpu.caps.subgroup && rt.gpu.caps.subgroup_size.0 >= 4 {
             Path::Subgroup
@@ -53,7 +72,16 @@ impl Path {
         }
     }
 
-    fn check(self, rt: &Runtime) -> Result<(), Error> {
+    fn check(self, rt: &Runtime, tq: DType, d: usize) -> Result<(), Error> {
+        if self == Path::Coop && Path::for_inputs(rt, tq, d) != Path::Coop {
+            return Err(Error::invalid(
+                "flash attention",
+                format!(
+                    "the tensor-core path needs f16 qkv (got {tq:?}), a head size that is a multiple of 16 up to 128 (got {d}), and 16x16x16 f16 cooperative matrices with subgroups of 32 on '{}'",
+                    rt.gpu.report.name
+                ),
+            ));
+        }
         if self == Path::Subgroup && Path::for_adapter(rt) != Path::Subgroup {
             return Err(Error::invalid(
                 "flash attention",
@@ -141,8 +169,8 @@ impl Dims {
         }
     }
 
-    fn blocks(&self) -> u32 {
-        (self.t as u32).div_ceil(BR)
+    fn blocks(&self, br: u32) -> u32 {
+        (self.t as u32).div_ceil(br)
     }
 
     /// Causal (query, key) pairs over all batches and heads.
@@ -168,18 +196,45 @@ fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
         })
 }
 
-/// The kernel of `mode` and its rows per tile and thread.
-fn kernel(
-    rt: &Runtime,
-    mode: Mode,
-    tq: DType,
-    td: DType,
-    d: usize,
-    path: Path,
-    bindings: usize,
-) -> Result<(std::sync::Arc<crate::runtime::Kernel>, u32), Error> {
+/// A kernel of the family, its rows per tile and thread (`per`) and its rows per
+/// workgroup.
+struct Chosen {
+    kernel: std::sync::Arc<crate::runtime::Kernel>,
+    per: u32,
+    br: u32,
+}
+
+/// The kernel of `mode` on `path` (the row dot has no tensor-core variant: it runs
+/// plain there).
+fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, bindings: usize) -> Result<Chosen, Error> {
     require_f16(rt, &[tq, td])?;
-    path.check(rt)?;
+    path.check(rt, tq, d)?;
+    let coop_mode = match mode {
+        Mode::Forward => Some(CoopMode::Forward),
+        Mode::KeyValue => Some(CoopMode::KeyValue),
+        Mode::Query => Some(CoopMode::Query),
+        Mode::RowDot => None,
+    };
+    if let (Path::Coop, Some(cm)) = (path, coop_mode) {
+        let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
+        let tile = coop::pick(cm, d as u32, limit).ok_or_else(|| {
+            Error::invalid(
+                "flash attention",
+                format!("head size {d} needs more workgroup memory than the adapter's {limit} bytes"),
+            )
+        })?;
+        let key = KernelKey::new(
+            "flash_attention_coop",
+            &[mode as u32, tq as u32, td as u32, d as u32 / 4, tile.br(), tile.bc],
+        );
+        let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile))?;
+        return Ok(Chosen {
+            kernel: k,
+            per: 0,
+            br: tile.br(),
+        });
+    }
+    let path = if path == Path::Coop { Path::Plain } else { path };
     let lanes = path.lanes();
     let bc = tile_rows(rt, d, lanes)?;
     let d4 = (d / 4) as u32;
@@ -187,7 +242,11 @@ fn kernel(
     let k = rt.kernel(key, bindings, || {
         render("flash_attention", SOURCE, &variant(mode as u32, tq, td, d4, bc, path))
     })?;
-    Ok((k, bc / lanes))
+    Ok(Chosen {
+        kernel: k,
+        per: bc / lanes,
+        br: BR,
+    })
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
@@ -230,7 +289,7 @@ pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;
-    let (k, per) = kernel(rt, Mode::Forward, dt, dt, dims.d, path, 3)?;
+    let k = kernel(rt, Mode::Forward, dt, dt, dims.d, path, 3)?;
     let y = Tensor::empty(rt, &[dims.b, dims.t, dims.c()], dt, Category::Activation, label)?;
     let lse = Tensor::empty(
         rt,
@@ -239,13 +298,15 @@ pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str
         Category::Activation,
         &format!("{label}.lse"),
     )?;
-    let blocks = dims.blocks();
+    let blocks = dims.blocks(k.br);
+    // The tensor-core forward makes two passes over the scores (see its shader).
+    let products = if path == Path::Coop { 6.0 } else { 4.0 };
     rt.launch_with_work(
-        &k,
-        bytemuck::bytes_of(&dims.params(blocks, per)),
+        &k.kernel,
+        bytemuck::bytes_of(&dims.params(blocks, k.per)),
         &[qkv, &y, &lse],
         grid(blocks * (dims.b * dims.nh) as u32),
-        Some(4.0 * dims.pairs() * dims.d as f64),
+        Some(products * dims.pairs() * dims.d as f64),
         1,
     )?;
     Ok(FlashSaved { y, lse })
@@ -284,45 +345,42 @@ pub fn backward_on(
         Category::Temporary,
         &format!("{label}.rowdot"),
     )?;
-    let (pre, _) = kernel(rt, Mode::RowDot, tq, td, dims.d, path, 3)?;
-    let wg = (BR * path.lanes()) as usize;
+    let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, 3)?;
+    let wg = (BR * if path == Path::Coop { 1 } else { path.lanes() }) as usize;
     rt.launch(
-        &pre,
+        &pre.kernel,
         bytemuck::bytes_of(&dims.params(0, 0)),
         &[&saved.y, dy, &dvec],
         grid(rows.div_ceil(wg) as u32),
     )?;
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
-    let blocks = dims.blocks();
-    let groups = grid(blocks * (dims.b * dims.nh) as u32);
-    let (kv, per) = kernel(rt, Mode::KeyValue, tq, td, dims.d, path, 5)?;
-    let params = dims.params(blocks, per);
-    rt.launch_with_work(
-        &kv,
-        bytemuck::bytes_of(&params),
-        &[qkv, dy, &saved.lse, &dvec, &dqkv],
-        groups,
-        Some(8.0 * dims.pairs() * dims.d as f64),
-        4,
-    )?;
-    let (q, _) = kernel(rt, Mode::Query, tq, td, dims.d, path, 5)?;
-    rt.launch_with_work(
-        &q,
-        bytemuck::bytes_of(&params),
-        &[qkv, dy, &saved.lse, &dvec, &dqkv],
-        groups,
-        Some(6.0 * dims.pairs() * dims.d as f64),
-        4,
-    )?;
+    for (mode, products) in [(Mode::KeyValue, 8.0), (Mode::Query, 6.0)] {
+        let k = kernel(rt, mode, tq, td, dims.d, path, 5)?;
+        let blocks = dims.blocks(k.br);
+        rt.launch_with_work(
+            &k.kernel,
+            bytemuck::bytes_of(&dims.params(blocks, k.per)),
+            &[qkv, dy, &saved.lse, &dvec, &dqkv],
+            grid(blocks * (dims.b * dims.nh) as u32),
+            Some(products * dims.pairs() * dims.d as f64),
+            4,
+        )?;
+    }
     Ok(dqkv)
 }
 
-/// [`forward_on`] on the adapter's path.
-pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<FlashSaved, Error> {
-    forward_on(rt, qkv, nh, Path::for_adapter(rt), label)
+/// The path for qkv with `nh` heads on this adapter ([`Path::for_inputs`]).
+fn path_for(rt: &Runtime, qkv: &Tensor, nh: usize) -> Result<Path, Error> {
+    let dims = Dims::of(qkv, nh)?;
+    Ok(Path::for_inputs(rt, qkv.dtype(), dims.d))
 }
 
-/// [`backward_on`] on the adapter's path.
+/// [`forward_on`] on the path the adapter and the inputs allow.
+pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<FlashSaved, Error> {
+    forward_on(rt, qkv, nh, path_for(rt, qkv, nh)?, label)
+}
+
+/// [`backward_on`] on the path the adapter and the inputs allow (the forward's).
 pub fn backward(rt: &Runtime, qkv: &Tensor, nh: usize, saved: &FlashSaved, dy: &Tensor, label: &str) -> Result<Tensor, Error> {
-    backward_on(rt, qkv, nh, saved, dy, Path::for_adapter(rt), label)
+    backward_on(rt, qkv, nh, saved, dy, path_for(rt, qkv, nh)?, label)
 }

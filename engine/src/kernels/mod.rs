@@ -15,6 +15,7 @@ pub mod common;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod flash_attention;
+pub mod flash_attention_coop;
 pub mod layernorm;
 pub mod map;
 pub mod matmul;

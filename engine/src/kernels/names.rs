@@ -111,6 +111,17 @@ pub fn describe(key: &KernelKey) -> String {
             v[5],
             if v[6] > 1 { "subgroup" } else { "plain" }
         ),
+        "flash_attention_coop" => format!(
+            "flash_attention {} {}{} d{} tile{}x{} coop",
+            ["forward", "row dot", "backward dK dV", "backward dQ"]
+                .get(v[0] as usize)
+                .unwrap_or(&"?"),
+            dtype(v[1]),
+            if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) },
+            4 * v[3],
+            v[4],
+            v[5]
+        ),
         family => format!("{family}{v:?}"),
     }
 }

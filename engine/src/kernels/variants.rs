@@ -2,10 +2,11 @@
 //! validate them all with naga (`tests/kernel_variants.rs`) without a GPU.
 //!
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
-//! `kernels::flash_attention`,
+//! `kernels::flash_attention`, `kernels::flash_attention_coop`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
 //! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
+use super::flash_attention_coop::{self, CoopMode, CoopTile};
 use super::map::MapOp;
 use super::matmul::Activation;
 use super::matmul_coop::{self, CANDIDATES, TILE_128_K64};
@@ -83,6 +84,25 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                             super::flash_attention::variant(mode, tq, td, d4, bc, path),
                         )?;
                     }
+                }
+            }
+        }
+    }
+    // The tensor-core attention: every mode, dy type and head size, with the tile each
+    // picks in 48 KiB (and the smallest).
+    for mode in [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query] {
+        for td in floats {
+            for d in [16, 32, 64, 128] {
+                let best = flash_attention_coop::pick(mode, d, 48 * 1024).ok_or_else(|| {
+                    Error::invalid("flash attention variants", format!("no tile for head size {d}"))
+                })?;
+                for tile in [best, CoopTile { sg: 1, bc: 16 }] {
+                    push(
+                        &mut out,
+                        "flash_attention_coop",
+                        include_str!("../../../shaders/flash_attention_coop.wgsl"),
+                        flash_attention_coop::variant(mode, td, d, tile),
+                    )?;
                 }
             }
         }
