@@ -6,28 +6,33 @@
 // statistics are computed in f32 by the lanes.
 //
 // A workgroup of SG subgroups of 32 lanes takes BR = 16 * SG rows of one (batch, head);
-// subgroup s owns rows 16 s .. 16 s + 15. The other operand streams through workgroup
-// memory in tiles of BC rows. A product's 16 x 16 fragments are stored to the subgroup's
-// rows of the f32 staging area, where each row's 2 lanes (columns of one parity) read
-// them; what they write for a second product (P or dS, f16) goes to the subgroup's rows
-// of `p_t`.
+// subgroup s owns rows 16 s .. 16 s + 15, whose operands it keeps in registers as
+// fragments (`own`: Q, or Q and dY, or K and V). The other operand streams through
+// workgroup memory in tiles of BC rows (x_t and y_t): each tile is fetched into registers
+// while the previous one is used, then stashed. A product's 16 x 16 fragments are stored
+// to the subgroup's rows of the f32 staging area, where each row's 2 lanes (columns of
+// one parity) read them; what they write for a second product (P or dS, f16) goes to the
+// subgroup's rows of `p_t`. Those rows are the subgroup's alone: between its phases it
+// syncs with ROW_SYNC (a subgroup or workgroup barrier, chosen by the host); only the
+// streamed tiles need workgroup barriers.
 //
 // MODE 0, forward, in two passes over the keys: the first finds each row's max and sum
 //   (lse = m + log l); the second forms P = exp(s - lse), already normalized, and
-//   accumulates O += P V in fragments across key tiles (no rescaling needed).
+//   accumulates O += P V across key tiles (no rescaling needed).
 // MODE 2, dK and dV: rows are keys; query tiles from the diagonal down: P^T from the
 //   saved lse, dV += P^T dY, dS^T = P^T * (dP^T - D), dK += dS^T Q * scale.
 // MODE 3, dQ: rows are queries; key tiles up to the diagonal: dQ += dS K * scale.
 // (D = rowsum(dY * Y) comes from flash_attention.wgsl's MODE 1.) No atomics: results
 // are bitwise repeatable.
 //
-// The host writes the fragment code unrolled (SCORES_*, ACC_*, STORE_*), with named
-// accumulators (an array of cooperative matrices indexed in a loop is not kept in
+// The host writes the fragment code unrolled (OWN, SCORES_*, ACC_*, STORE_*), with named
+// fragments (an array of cooperative matrices indexed in a loop is not kept in
 // registers), and picks this kernel only where the adapter grants 16x16x16
 // f16 -> f32 and subgroups of exactly 32.
 //
-// Template: TD (dy), D, SG, BC, MODE flags (FWD, BWD, BWD_KV, BWD_Q), the tiles' lengths
-// (Q_LEN, K_LEN: Q and dY, K and V) and the unrolled code.
+// Template: TD (dy), TY (the second streamed tile's source type), D, SG, BC (>= BR), the
+// mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
+// (OWN_X, OWN_Y), ROW_SYNC and the unrolled code.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -65,90 +70,118 @@ const LD: u32 = D + 8u;      // f16 tile rows, padded by 16 bytes
 const PLD: u32 = BC + 8u;    // P or dS rows (f16)
 const SLD: u32 = BC + 4u;    // staging rows (f32)
 const HALF: u32 = BC / 2u;   // a lane's columns of its row
+const LOADS: u32 = (BC * D4 + WG - 1u) / WG;   // vec4s a thread fetches per tile
 const NEG: f32 = -3.0e38;
 
-var<workgroup> q_t: array<f16, {{Q_LEN}}>;
-var<workgroup> k_t: array<f16, {{K_LEN}}>;
-var<workgroup> v_t: array<f16, {{K_LEN}}>;
-//#if BWD
-var<workgroup> g_t: array<f16, {{Q_LEN}}>;   // dY
-//#endif
-//#if BWD_KV
-var<workgroup> tile_s: array<f32, BC>;        // the query tile's lse
-var<workgroup> tile_d: array<f32, BC>;        // and D
-//#endif
+var<workgroup> x_t: array<f16, BC * LD>;   // FWD, BWD_Q: K; BWD_KV: Q
+var<workgroup> y_t: array<f16, BC * LD>;   // FWD, BWD_Q: V; BWD_KV: dY
 var<workgroup> stg: array<f32, BR * SLD>;
 var<workgroup> p_t: array<f16, BR * PLD>;
+var<private> pre_x: array<vec4<f16>, LOADS>;
+var<private> pre_y: array<vec4<{{TY}}>, LOADS>;
+//#if BWD_KV
+var<workgroup> tile_s: array<f32, BC>;      // the query tile's lse
+var<workgroup> tile_d: array<f32, BC>;      // and D
+var<private> pre_s: f32;
+var<private> pre_d: f32;
+//#endif
 
 // vec4 index of element (b, t, part, h, 0) of qkv.
 fn qkv_at(b: u32, t: u32, part: u32, h: u32) -> u32 {
     return ((b * p.t + t) * 3u + part) * p.c4 + h * D4;
 }
 
+// vec4 index of element (b, t, h, 0) of y or dy.
+fn y_at(b: u32, t: u32, h: u32) -> u32 {
+    return (b * p.t + t) * p.c4 + h * D4;
+}
+
 fn row_at(b: u32, h: u32, t: u32) -> u32 {
     return (b * p.nh + h) * p.t + t;
 }
 
-// Writes vec4 `v` at element `at` of an f16 tile.
-fn put_q(at: u32, v: vec4<f16>) { q_t[at] = v.x; q_t[at + 1u] = v.y; q_t[at + 2u] = v.z; q_t[at + 3u] = v.w; }
-fn put_k(at: u32, v: vec4<f16>) { k_t[at] = v.x; k_t[at + 1u] = v.y; k_t[at + 2u] = v.z; k_t[at + 3u] = v.w; }
-fn put_v(at: u32, v: vec4<f16>) { v_t[at] = v.x; v_t[at + 1u] = v.y; v_t[at + 2u] = v.z; v_t[at + 3u] = v.w; }
+fn put_x(at: u32, v: vec4<f16>) { x_t[at] = v.x; x_t[at + 1u] = v.y; x_t[at + 2u] = v.z; x_t[at + 3u] = v.w; }
+fn put_y(at: u32, v: vec4<f16>) { y_t[at] = v.x; y_t[at + 1u] = v.y; y_t[at + 2u] = v.z; y_t[at + 3u] = v.w; }
 
-// Loads `n` rows of K and V from key j0 of (b, h); zeros past T.
-fn load_kv(lid: u32, b: u32, h: u32, j0: u32, n: u32) {
-    for (var e = lid; e < n * D4; e += WG) {
-        let r = e / D4;
-        let c = e % D4;
-        let j = j0 + r;
-        var kv = vec4<f16>();
-        var vv = vec4<f16>();
-        if j < p.t {
-            kv = qkv[qkv_at(b, j, 1u, h) + c];
-            vv = qkv[qkv_at(b, j, 2u, h) + c];
-        }
-        put_k(r * LD + 4u * c, kv);
-        put_v(r * LD + 4u * c, vv);
-    }
+// Syncs a subgroup's own rows of the staging area and of p_t between phases.
+fn row_sync() {
+    {{ROW_SYNC}}();
 }
 
-//#if FWD
-// Loads `n` rows of Q from query i0 of (b, h); zeros past T.
-fn load_q(lid: u32, b: u32, h: u32, i0: u32, n: u32) {
-    for (var e = lid; e < n * D4; e += WG) {
+// Loads the block's own BR rows from row r0 into x_t (qkv part OWN_X) and y_t (OWN_Y);
+// zeros past T.
+fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
+    for (var e = lid; e < BR * D4; e += WG) {
         let r = e / D4;
         let c = e % D4;
-        let i = i0 + r;
-        var qv = vec4<f16>();
-        if i < p.t {
-            qv = qkv[qkv_at(b, i, 0u, h) + c];
-        }
-        put_q(r * LD + 4u * c, qv);
-    }
-}
+        let t = r0 + r;
+        var xv = vec4<f16>();
+        var yv = vec4<f16>();
+        if t < p.t {
+            xv = qkv[qkv_at(b, t, {{OWN_X}}u, h) + c];
+//#if BWD_Q
+            yv = vec4<f16>(dy[y_at(b, t, h) + c]);
+//#else
+            yv = qkv[qkv_at(b, t, {{OWN_Y}}u, h) + c];
 //#endif
+        }
+        put_x(r * LD + 4u * c, xv);
+        put_y(r * LD + 4u * c, yv);
+    }
+}
+
+// Fetches the tile of BC rows from row r0 into registers (qkv part PX, and PY or dY);
+// zeros past T.
+fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
+    for (var l = 0u; l < LOADS; l++) {
+        let e = lid + l * WG;
+        let t = r0 + e / D4;
+        let c = e % D4;
+        var xv = vec4<f16>();
+        var yv = vec4<{{TY}}>();
+        if e < BC * D4 && t < p.t {
+            xv = qkv[qkv_at(b, t, {{PX}}u, h) + c];
+//#if BWD_KV
+            yv = dy[y_at(b, t, h) + c];
+//#else
+            yv = qkv[qkv_at(b, t, {{PY}}u, h) + c];
+//#endif
+        }
+        pre_x[l] = xv;
+        pre_y[l] = yv;
+    }
+//#if BWD_KV
+    let i = r0 + lid;
+    pre_s = 0.0;
+    pre_d = 0.0;
+    if lid < BC && i < p.t {
+        pre_s = lse[row_at(b, h, i)];
+        pre_d = dvec[row_at(b, h, i)];
+    }
+//#endif
+}
+
+// Writes the fetched tile into x_t and y_t.
+fn stash(lid: u32) {
+    for (var l = 0u; l < LOADS; l++) {
+        let e = lid + l * WG;
+        if e < BC * D4 {
+            let at = (e / D4) * LD + 4u * (e % D4);
+            put_x(at, pre_x[l]);
+            put_y(at, vec4<f16>(pre_y[l]));
+        }
+    }
+//#if BWD_KV
+    if lid < BC {
+        tile_s[lid] = pre_s;
+        tile_d[lid] = pre_d;
+    }
+//#endif
+}
 
 //#if BWD
-fn put_g(at: u32, v: vec4<f16>) { g_t[at] = v.x; g_t[at + 1u] = v.y; g_t[at + 2u] = v.z; g_t[at + 3u] = v.w; }
-
-// Loads `n` rows of Q and dY (rounded to f16) from query i0 of (b, h); zeros past T.
-fn load_qg(lid: u32, b: u32, h: u32, i0: u32, n: u32) {
-    for (var e = lid; e < n * D4; e += WG) {
-        let r = e / D4;
-        let c = e % D4;
-        let i = i0 + r;
-        var qv = vec4<f16>();
-        var gv = vec4<f16>();
-        if i < p.t {
-            qv = qkv[qkv_at(b, i, 0u, h) + c];
-            gv = vec4<f16>(dy[(b * p.t + i) * p.c4 + h * D4 + c]);
-        }
-        put_q(r * LD + 4u * c, qv);
-        put_g(r * LD + 4u * c, gv);
-    }
-}
-
 // Writes the subgroup's 16 x 16 block staged at its rows' columns 0..15, times `f`, to
-// dqkv's `part` at rows row0 + m0 .. and columns col .. of head h.
+// dqkv's `part` at rows r0 + m0 .. and columns col .. of head h.
 fn write_dqkv(lane: u32, b: u32, h: u32, r0: u32, m0: u32, part: u32, col: u32, f: f32) {
     for (var e = lane; e < 256u; e += 32u) {
         let r = e / 16u;
@@ -169,7 +202,7 @@ fn write_y(lane: u32, b: u32, h: u32, r0: u32, m0: u32, col: u32) {
         let c = e % 16u;
         let t = r0 + m0 + r;
         if t < p.t {
-            y[4u * ((b * p.t + t) * p.c4 + h * D4) + col + c] = f16(stg[(m0 + r) * SLD + c]);
+            y[4u * y_at(b, t, h) + col + c] = f16(stg[(m0 + r) * SLD + c]);
         }
     }
 }
@@ -193,22 +226,36 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let srow = min(row, p.t - 1u);
     let sat = (m0 + r) * SLD;     // the lane's row in the staging area
     let pat = (m0 + r) * PLD;     // and in p_t
+    load_own(lid, b, h, row0);
+    workgroupBarrier();
+{{OWN}}
+//#if BWD_KV
+    // Queries from the block's first key row down: tiles above the diagonal skipped.
+    let first = row0 / BC * BC;
+    let end = p.t;
+//#else
+    // Keys up to the block's last row: tiles above the diagonal skipped.
+    let first = 0u;
+    let end = min(p.t, row0 + BR);
+//#endif
 //#if FWD
-    load_q(lid, b, h, row0, BR);
-    let last = min(p.t, row0 + BR);
     // Pass 1: each row's max and sum over its keys.
     var m = NEG;
     var l = 0.0;
-    for (var j0 = 0u; j0 < last; j0 += BC) {
+    fetch(lid, b, h, first);
+    for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
-        load_kv(lid, b, h, j0, BC);
+        stash(lid);
         workgroupBarrier();
-{{SCORES_QK}}
-        workgroupBarrier();
+        if t0 + BC < end {
+            fetch(lid, b, h, t0 + BC);
+        }
+{{SCORES_X}}
+        row_sync();
         var tm = NEG;
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
-            if j0 + c <= row {
+            if t0 + c <= row {
                 tm = max(tm, stg[sat + c] * p.scale);
             }
         }
@@ -216,7 +263,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var sum = 0.0;
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
-            if j0 + c <= row {
+            if t0 + c <= row {
                 sum += exp(stg[sat + c] * p.scale - m_new);
             }
         }
@@ -232,105 +279,95 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         lse[row_at(b, h, row)] = row_lse;
     }
     // Pass 2: O += P V with P = exp(s - lse).
-{{O_DECL}}
-    for (var j0 = 0u; j0 < last; j0 += BC) {
+{{ACC_DECL}}
+    fetch(lid, b, h, first);
+    for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
-        load_kv(lid, b, h, j0, BC);
+        stash(lid);
         workgroupBarrier();
-{{SCORES_QK}}
-        workgroupBarrier();
+        if t0 + BC < end {
+            fetch(lid, b, h, t0 + BC);
+        }
+{{SCORES_X}}
+        row_sync();
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
             var pj = 0.0;
-            if j0 + c <= row {
+            if t0 + c <= row {
                 pj = exp(stg[sat + c] * p.scale - row_lse);
             }
             p_t[pat + c] = f16(pj);
         }
-        workgroupBarrier();
-{{ACC_O}}
+        row_sync();
+{{ACC_FIRST}}
     }
-    workgroupBarrier();
-{{STORE_O}}
 //#endif
 //#if BWD_Q
-    load_qg(lid, b, h, row0, BR);
     let lse_i = lse[row_at(b, h, srow)];
     let d_i = dvec[row_at(b, h, srow)];
-    var pr: array<f32, HALF>;
-{{DQ_DECL}}
-    let last = min(p.t, row0 + BR);
-    for (var j0 = 0u; j0 < last; j0 += BC) {
+{{ACC_DECL}}
+    fetch(lid, b, h, first);
+    for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
-        load_kv(lid, b, h, j0, BC);
+        stash(lid);
         workgroupBarrier();
-{{SCORES_QK}}
-        workgroupBarrier();
+        if t0 + BC < end {
+            fetch(lid, b, h, t0 + BC);
+        }
+{{SCORES_X}}
+        row_sync();
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
             var pj = 0.0;
-            if j0 + c <= row {
+            if t0 + c <= row {
                 pj = exp(stg[sat + c] * p.scale - lse_i);
             }
-            pr[u] = pj;
+            p_t[pat + c] = f16(pj);
         }
-        workgroupBarrier();
-{{SCORES_GV}}
-        workgroupBarrier();
+        row_sync();
+{{SCORES_Y}}
+        row_sync();
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
-            p_t[pat + c] = f16(pr[u] * (stg[sat + c] - d_i));
+            p_t[pat + c] = f16(f32(p_t[pat + c]) * (stg[sat + c] - d_i));
         }
-        workgroupBarrier();
-{{ACC_DQ}}
+        row_sync();
+{{ACC_FIRST}}
     }
-    workgroupBarrier();
-{{STORE_DQ}}
 //#endif
 //#if BWD_KV
-    load_kv(lid, b, h, row0, BR);
-    var pr: array<f32, HALF>;
-{{DKV_DECL}}
-    // Queries from the block's first key row down: tiles above the diagonal skipped.
-    for (var i0 = row0 / BC * BC; i0 < p.t; i0 += BC) {
+{{ACC_DECL}}
+    fetch(lid, b, h, first);
+    for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
-        load_qg(lid, b, h, i0, BC);
-        for (var e = lid; e < BC; e += WG) {
-            let i = i0 + e;
-            var ls = 0.0;
-            var dd = 0.0;
-            if i < p.t {
-                ls = lse[row_at(b, h, i)];
-                dd = dvec[row_at(b, h, i)];
-            }
-            tile_s[e] = ls;
-            tile_d[e] = dd;
+        stash(lid);
+        workgroupBarrier();
+        if t0 + BC < end {
+            fetch(lid, b, h, t0 + BC);
         }
-        workgroupBarrier();
-{{SCORES_KQ}}
-        workgroupBarrier();
+{{SCORES_X}}
+        row_sync();
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
-            let i = i0 + c;
+            let i = t0 + c;
             var pj = 0.0;
             if i >= row && i < p.t {
                 pj = exp(stg[sat + c] * p.scale - tile_s[c]);
             }
-            pr[u] = pj;
             p_t[pat + c] = f16(pj);
         }
-        workgroupBarrier();
-{{ACC_DV}}
-{{SCORES_VG}}
-        workgroupBarrier();
+        row_sync();
+{{ACC_SECOND}}
+{{SCORES_Y}}
+        row_sync();
         for (var u = 0u; u < HALF; u++) {
             let c = half + 2u * u;
-            p_t[pat + c] = f16(pr[u] * (stg[sat + c] - tile_d[c]));
+            p_t[pat + c] = f16(f32(p_t[pat + c]) * (stg[sat + c] - tile_d[c]));
         }
-        workgroupBarrier();
-{{ACC_DK}}
+        row_sync();
+{{ACC_FIRST}}
     }
-    workgroupBarrier();
-{{STORE_DKV}}
 //#endif
+    row_sync();
+{{STORE}}
 }

@@ -139,7 +139,8 @@ fn flash_matches_the_composite_and_repeats_bitwise() {
     let cd = attention::backward(&rt, &qkv, nh, &csaved, &dy, "composite.d").unwrap();
     let (cy, cd) = (cy.to_f32_vec(&rt).unwrap(), cd.to_f32_vec(&rt).unwrap());
     let widen = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-    for path in paths(&rt) {
+    // (f32: the tensor-core path takes f16 only.)
+    for path in paths(&rt).into_iter().filter(|&p| p != Path::Coop) {
         let saved = forward_on(&rt, &qkv, nh, path, "attn").unwrap();
         assert_close_within(&rt, "y vs composite", &saved.y, &widen(&cy), (1e-5, 1e-4));
         let first = backward_on(&rt, &qkv, nh, &saved, &dy, path, "d").unwrap();
@@ -202,7 +203,7 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     }
     assert_eq!(
         pick(CoopMode::Forward, 64, 48 * 1024).map(|t| (t.br(), t.bc)),
-        Some((64, 32))
+        Some((64, 64))
     );
     let rt = runtime();
     let granted = rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32);

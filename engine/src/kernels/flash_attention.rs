@@ -225,7 +225,7 @@ fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, 
         })?;
         let key = KernelKey::new(
             "flash_attention_coop",
-            &[mode as u32, tq as u32, td as u32, d as u32 / 4, tile.br(), tile.bc],
+            &[mode as u32, tq as u32, td as u32, d as u32 / 4, tile.br(), tile.bc, u32::from(tile.subgroup_sync)],
         );
         let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile))?;
         return Ok(Chosen {

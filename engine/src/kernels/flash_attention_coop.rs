@@ -26,13 +26,17 @@ pub enum CoopMode {
     Query = 3,
 }
 
-/// Rows per workgroup (16 per subgroup) and per streamed tile.
+/// Rows per workgroup (16 per subgroup) and per streamed tile, and how a subgroup
+/// syncs its own rows of the staging area between phases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoopTile {
     /// Subgroups of 32 per workgroup.
     pub sg: u32,
-    /// Rows per streamed tile.
+    /// Rows per streamed tile (at least the rows per workgroup: the block's own rows are
+    /// loaded through the tile's memory).
     pub bc: u32,
+    /// A subgroup barrier between a subgroup's phases (else a workgroup barrier).
+    pub subgroup_sync: bool,
 }
 
 impl CoopTile {
@@ -46,35 +50,23 @@ impl CoopTile {
         32 * self.sg
     }
 
-    /// The rows of the (Q, dY) tiles and of the (K, V) tiles in `mode`.
-    fn rows(self, mode: CoopMode) -> (u32, u32) {
-        match mode {
-            CoopMode::Forward | CoopMode::Query => (self.br(), self.bc),
-            CoopMode::KeyValue => (self.bc, self.br()),
-        }
-    }
-
-    /// Bytes of workgroup memory for head size `d` in `mode`.
+    /// Bytes of workgroup memory for head size `d` in `mode`: the two streamed tiles,
+    /// the staging area, P or dS, and (dK dV) the query tile's lse and D.
     pub fn workgroup_bytes(self, mode: CoopMode, d: u32) -> u64 {
-        let (q, k) = self.rows(mode);
-        let ld = u64::from(d + 8);
-        let q_tiles = if mode == CoopMode::Forward { 1 } else { 2 };
-        let f16_tiles = 2 * ld * (q_tiles * u64::from(q) + 2 * u64::from(k));
-        let staging = 4 * u64::from(self.br() * (self.bc + 4));
-        let second = 2 * u64::from(self.br() * (self.bc + 8));
-        let stats = if mode == CoopMode::KeyValue { 8 * u64::from(self.bc) } else { 0 };
-        f16_tiles + staging + second + stats
+        let (br, bc) = (u64::from(self.br()), u64::from(self.bc));
+        let tiles = 2 * 2 * bc * u64::from(d + 8);
+        let staging = 4 * br * (bc + 4);
+        let second = 2 * br * (bc + 8);
+        let stats = if mode == CoopMode::KeyValue { 8 * bc } else { 0 };
+        tiles + staging + second + stats
     }
 }
 
+/// Whether a subgroup syncs its phases with a subgroup barrier.
+const SUBGROUP_SYNC: bool = true;
+
 /// The tiles tried, best first.
-const TILES: [CoopTile; 5] = [
-    CoopTile { sg: 4, bc: 64 },
-    CoopTile { sg: 4, bc: 32 },
-    CoopTile { sg: 2, bc: 32 },
-    CoopTile { sg: 2, bc: 16 },
-    CoopTile { sg: 1, bc: 16 },
-];
+const TILES: [(u32, u32); 5] = [(4, 64), (2, 64), (2, 32), (1, 32), (1, 16)];
 
 /// The rule for the tensor-core variant, apart from the adapter (tested on every
 /// machine): cooperative 16x16x16 f16 -> f32, subgroups of exactly 32, f16 qkv, head
@@ -85,7 +77,14 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 
 /// The largest tile of `mode` for head size `d` within `limit` bytes of workgroup memory.
 pub fn pick(mode: CoopMode, d: u32, limit: u64) -> Option<CoopTile> {
-    TILES.into_iter().find(|t| t.workgroup_bytes(mode, d) <= limit)
+    TILES
+        .into_iter()
+        .map(|(sg, bc)| CoopTile {
+            sg,
+            bc,
+            subgroup_sync: SUBGROUP_SYNC,
+        })
+        .find(|t| t.workgroup_bytes(mode, d) <= limit)
 }
 
 /// `n` accumulators named `name_0..`, zeroed.
@@ -96,25 +95,34 @@ fn declare(name: &str, n: u32) -> String {
     })
 }
 
-/// A product whose B is a tile `b` stored [BC][D] read transposed (scores: the
-/// subgroup's 16 rows of `a` [rows][D] times `b`ᵀ), stored to the subgroup's rows of the
-/// staging area: BC / 16 fragments over K = D.
-fn scores(a: &str, b: &str, bc: u32) -> String {
-    let mut s = String::from("        {\n");
-    s += &declare("s", bc / 16).replace("    var", "            var");
-    s += "            for (var kk = 0u; kk < D; kk += 16u) {\n";
-    let _ = writeln!(
-        s,
-        "                let fa = coopLoadT<coop_mat16x16<f16, A>>(&{a}[m0 * LD + kk], LD);"
-    );
-    for j in 0..bc / 16 {
+/// The subgroup's own rows of `tile` [rows][D] as A fragments `name_0..` (D / 16).
+fn own(name: &str, tile: &str, d: u32) -> String {
+    (0..d / 16).fold(String::new(), |mut s, k| {
         let _ = writeln!(
             s,
-            "                s_{j} = coopMultiplyAdd(fa, coopLoad<coop_mat16x16<f16, B>>(&{b}[{}u * LD + kk], LD), s_{j});",
-            16 * j
+            "    let {name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[m0 * LD + {}u], LD);",
+            16 * k
         );
+        s
+    })
+}
+
+/// Scores: the subgroup's own fragments `a_0..` (16 rows x D) times the tile `b`
+/// [BC][D] read transposed, stored to the subgroup's rows of the staging area: BC / 16
+/// fragments over K = D, unrolled.
+fn scores(a: &str, b: &str, d: u32, bc: u32) -> String {
+    let mut s = String::from("        {\n");
+    s += &declare("s", bc / 16).replace("    var", "            var");
+    for k in 0..d / 16 {
+        for j in 0..bc / 16 {
+            let _ = writeln!(
+                s,
+                "            s_{j} = coopMultiplyAdd({a}_{k}, coopLoad<coop_mat16x16<f16, B>>(&{b}[{}u * LD + {}u], LD), s_{j});",
+                16 * j,
+                16 * k
+            );
+        }
     }
-    s += "            }\n";
     for j in 0..bc / 16 {
         let _ = writeln!(s, "            coopStoreT(s_{j}, &stg[m0 * SLD + {}u], SLD);", 16 * j);
     }
@@ -136,63 +144,87 @@ fn accumulate(acc: &str, b: &str, d: u32) -> String {
     s + "        }"
 }
 
-/// Stores accumulators `acc_j` through the staging area with `write` (a call taking
-/// the fragment's first column as `COL`). Every subgroup runs it (it holds barriers).
+/// Stores accumulators `acc_j` through the subgroup's rows of the staging area with
+/// `write` (a call taking the fragment's first column as `COL`).
 fn store(acc: &str, d: u32, write: &str) -> String {
     (0..d / 16).fold(String::new(), |mut s, j| {
         let _ = writeln!(s, "    coopStoreT({acc}_{j}, &stg[m0 * SLD], SLD);");
-        s += "    workgroupBarrier();\n";
+        s += "    row_sync();\n";
         let _ = writeln!(s, "    {};", write.replace("COL", &format!("{}u", 16 * j)));
-        s += "    workgroupBarrier();\n";
+        s += "    row_sync();\n";
         s
     })
 }
 
 /// The template values of one variant: `td` is dy's type (ignored by the forward).
 pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'static str, String)> {
-    let (q, k) = tile.rows(mode);
-    let ld = d + 8;
+    let bc = tile.bc;
     let flag = |on: bool| on.to_string();
-    let mut v = vec![
+    let write_y = "write_y(lane, b, h, row0, m0, COL)";
+    let dq = "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)";
+    let dk = "write_dqkv(lane, b, h, row0, m0, 1u, COL, p.scale)";
+    let dv = "write_dqkv(lane, b, h, row0, m0, 2u, COL, 1.0)";
+    // (own fragments, scores with x, scores with y, accumulators, first and second
+    // accumulation, stores, streamed parts, own parts)
+    let (own_code, sx, sy, decl, first, second, stores, (px, py), (ox, oy)) = match mode {
+        CoopMode::Forward => (
+            own("q", "x_t", d),
+            scores("q", "x_t", d, bc),
+            String::new(),
+            declare("o", d / 16),
+            accumulate("o", "y_t", d),
+            String::new(),
+            store("o", d, write_y),
+            (1, 2),
+            (0, 0),
+        ),
+        CoopMode::Query => (
+            own("q", "x_t", d) + &own("g", "y_t", d),
+            scores("q", "x_t", d, bc),
+            scores("g", "y_t", d, bc),
+            declare("dq", d / 16),
+            accumulate("dq", "x_t", d),
+            String::new(),
+            store("dq", d, dq),
+            (1, 2),
+            (0, 0),
+        ),
+        CoopMode::KeyValue => (
+            own("k", "x_t", d) + &own("v", "y_t", d),
+            scores("k", "x_t", d, bc),
+            scores("v", "y_t", d, bc),
+            declare("dk", d / 16) + &declare("dv", d / 16),
+            accumulate("dk", "x_t", d),
+            accumulate("dv", "y_t", d),
+            store("dk", d, dk) + &store("dv", d, dv),
+            (0, 0),
+            (1, 2),
+        ),
+    };
+    vec![
         ("TD", td.wgsl().to_string()),
+        ("TY", if mode == CoopMode::KeyValue { td.wgsl() } else { "f16" }.to_string()),
         ("D", d.to_string()),
         ("SG", tile.sg.to_string()),
-        ("BC", tile.bc.to_string()),
+        ("BC", bc.to_string()),
         ("WG", tile.threads().to_string()),
-        ("Q_LEN", (q * ld).to_string()),
-        ("K_LEN", (k * ld).to_string()),
         ("FWD", flag(mode == CoopMode::Forward)),
         ("BWD", flag(mode != CoopMode::Forward)),
         ("BWD_KV", flag(mode == CoopMode::KeyValue)),
         ("BWD_Q", flag(mode == CoopMode::Query)),
-    ];
-    let bc = tile.bc;
-    let none = String::new;
-    let (qk, gv, kq, vg) = match mode {
-        CoopMode::Forward | CoopMode::Query => (scores("q_t", "k_t", bc), scores("g_t", "v_t", bc), none(), none()),
-        CoopMode::KeyValue => (none(), none(), scores("k_t", "q_t", bc), scores("v_t", "g_t", bc)),
-    };
-    v.extend([("SCORES_QK", qk), ("SCORES_GV", gv), ("SCORES_KQ", kq), ("SCORES_VG", vg)]);
-    let mut code = |key: &'static str, on: bool, text: String| v.push((key, if on { text } else { none() }));
-    let fwd = mode == CoopMode::Forward;
-    let q = mode == CoopMode::Query;
-    let kv = mode == CoopMode::KeyValue;
-    code("O_DECL", fwd, declare("o", d / 16));
-    code("ACC_O", fwd, accumulate("o", "v_t", d));
-    code("STORE_O", fwd, store("o", d, "write_y(lane, b, h, row0, m0, COL)"));
-    code("DQ_DECL", q, declare("dq", d / 16));
-    code("ACC_DQ", q, accumulate("dq", "k_t", d));
-    code("STORE_DQ", q, store("dq", d, "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)"));
-    code("DKV_DECL", kv, declare("dk", d / 16) + &declare("dv", d / 16));
-    code("ACC_DV", kv, accumulate("dv", "g_t", d));
-    code("ACC_DK", kv, accumulate("dk", "q_t", d));
-    code(
-        "STORE_DKV",
-        kv,
-        store("dk", d, "write_dqkv(lane, b, h, row0, m0, 1u, COL, p.scale)")
-            + &store("dv", d, "write_dqkv(lane, b, h, row0, m0, 2u, COL, 1.0)"),
-    );
-    v
+        ("PX", px.to_string()),
+        ("PY", py.to_string()),
+        ("OWN_X", ox.to_string()),
+        ("OWN_Y", oy.to_string()),
+        ("ROW_SYNC", if tile.subgroup_sync { "subgroupBarrier" } else { "workgroupBarrier" }.to_string()),
+        ("OWN", own_code),
+        ("SCORES_X", sx),
+        ("SCORES_Y", sy),
+        ("ACC_DECL", decl),
+        ("ACC_FIRST", first),
+        ("ACC_SECOND", second),
+        ("STORE", stores),
+    ]
 }
 
 /// The WGSL of one variant.

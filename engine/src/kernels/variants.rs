@@ -96,7 +96,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 let best = flash_attention_coop::pick(mode, d, 48 * 1024).ok_or_else(|| {
                     Error::invalid("flash attention variants", format!("no tile for head size {d}"))
                 })?;
-                for tile in [best, CoopTile { sg: 1, bc: 16 }] {
+                let small = CoopTile {
+                    sg: 1,
+                    bc: 16,
+                    subgroup_sync: !best.subgroup_sync,
+                };
+                for tile in [best, small] {
                     push(
                         &mut out,
                         "flash_attention_coop",
