@@ -196,13 +196,13 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     // not fit; 8 KiB is too little for head size 128.
     for mode in [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query] {
         for d in [16, 32, 64, 128] {
-            let tile = pick(mode, d, 48 * 1024).expect("a tile fits 48 KiB");
+            let tile = pick(mode, d, 48 * 1024, true).expect("a tile fits 48 KiB");
             assert!(tile.workgroup_bytes(mode, d) <= 48 * 1024, "{mode:?} d{d}: {tile:?}");
         }
-        assert!(pick(mode, 128, 8 * 1024).is_none(), "{mode:?}");
+        assert!(pick(mode, 128, 8 * 1024, false).is_none(), "{mode:?}");
     }
     assert_eq!(
-        pick(CoopMode::Forward, 64, 48 * 1024).map(|t| (t.br(), t.bc)),
+        pick(CoopMode::Forward, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
         Some((64, 64))
     );
     let rt = runtime();

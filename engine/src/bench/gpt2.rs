@@ -34,6 +34,10 @@ pub(super) struct Shape {
 }
 
 impl Shape {
+    pub(super) fn head(&self) -> usize {
+        self.c / self.nh
+    }
+
     pub(super) fn rows(&self) -> usize {
         self.b * self.t
     }
@@ -150,10 +154,25 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
     ))
 }
 
-/// Causal attention forward + backward over qkv [B, T, 3C], fused (flash attention, what
-/// training runs) or the composite (matmuls and a softmax storing [B, NH, T, T]);
-/// checks sampled elements of the output and of dV against f64.
-fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Result<BenchRecord, Error> {
+/// Which attention a row runs.
+#[derive(Clone, Copy)]
+pub(super) enum Attention {
+    /// The composite (matmuls and a softmax storing [B, NH, T, T]).
+    Composite,
+    /// Flash attention on the adapter's path, or with the tensor-core tile forced.
+    Fused(Option<crate::kernels::flash_attention_coop::CoopTile>),
+}
+
+/// Causal attention over qkv [B, T, 3C]: forward, and backward when `backward`;
+/// checks sampled elements of the output (and of dV) against f64.
+pub(super) fn attention_row(
+    rt: &Runtime,
+    name: &str,
+    s: Shape,
+    dtype: DType,
+    which: Attention,
+    backward: bool,
+) -> Result<BenchRecord, Error> {
     let mut rng = Rng(12);
     let (b, t, c, nh) = (s.b, s.t, s.c, s.nh);
     let d = c / nh;
@@ -163,19 +182,32 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Resul
     let dy = upload(rt, &dy_data, &[b, t, c], dtype)?;
     let mut last = None;
     let timing = time(rt, || {
-        last = Some(if fused {
-            let saved = flash_attention::forward(rt, &qkv, nh, "bench.attn")?;
-            let dqkv = flash_attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?;
-            (saved.y, dqkv)
-        } else {
-            let (y, saved) = attention::forward(rt, &qkv, nh, "bench.attn")?;
-            let dqkv = attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?;
-            (y, dqkv)
+        last = Some(match which {
+            Attention::Fused(tile) => {
+                let path = flash_attention::Path::for_inputs(rt, dtype, d);
+                let saved = flash_attention::forward_tiled(rt, &qkv, nh, path, tile, "bench.attn")?;
+                let dqkv = if backward {
+                    Some(flash_attention::backward_tiled(rt, &qkv, nh, &saved, &dy, path, tile, "bench.dattn")?)
+                } else {
+                    None
+                };
+                (saved.y, dqkv)
+            }
+            Attention::Composite => {
+                let (y, saved) = attention::forward(rt, &qkv, nh, "bench.attn")?;
+                let dqkv = if backward {
+                    Some(attention::backward(rt, &qkv, nh, &saved, &dy, "bench.dattn")?)
+                } else {
+                    None
+                };
+                (y, dqkv)
+            }
         });
         Ok(())
     })?;
     let (y, dqkv) = last.expect("timed at least once");
-    let (y, dqkv) = (y.to_f32_vec(rt)?, dqkv.to_f32_vec(rt)?);
+    let y = y.to_f32_vec(rt)?;
+    let dqkv = dqkv.map(|t| t.to_f32_vec(rt)).transpose()?;
     let at =
         |bi: usize, ti: usize, part: usize, h: usize, k: usize| stored(data[bi * t * 3 * c + ti * 3 * c + part * c + h * d + k], dtype);
     let probs = |bi: usize, h: usize, i: usize| -> Vec<f64> {
@@ -195,6 +227,7 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Resul
     }
     // dV[j] = sum over i >= j of P[i, j] dY[i].
     for _ in 0..2 {
+        let Some(dqkv) = &dqkv else { break };
         let (bi, h, j) = (rng.index(b), rng.index(nh), rng.index(t));
         let mut dv = vec![0.0f64; d];
         for i in j..t {
@@ -207,18 +240,14 @@ fn attention_fwd_bwd(rt: &Runtime, s: Shape, dtype: DType, fused: bool) -> Resul
         got.extend((0..d).map(|k| dqkv[bi * t * 3 * c + j * 3 * c + 2 * c + h * d + k]));
     }
     // Causal: half the T x T products; backward 2.5x forward (FlashAttention's count).
-    let flops = 0.5 * 3.5 * 4.0 * (b * nh * t * t * d) as f64;
+    let flops = 0.5 * if backward { 3.5 } else { 1.0 } * 4.0 * (b * nh * t * t * d) as f64;
     let tol = if dtype == DType::F16 {
         tolerance(DType::F16, t)
     } else {
         tolerance(DType::F32, t)
     };
     Ok(record(
-        if fused {
-            "gpt2.flash_attention.fwd_bwd"
-        } else {
-            "gpt2.attention.fwd_bwd"
-        },
+        name,
         dtype,
         &[b, nh, t, d],
         &timing,
@@ -422,10 +451,13 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
             }
         }
     }
-    for (name, fused) in [("gpt2.flash_attention.fwd_bwd", true), ("gpt2.attention.fwd_bwd", false)] {
+    for (name, which) in [
+        ("gpt2.flash_attention.fwd_bwd", Attention::Fused(None)),
+        ("gpt2.attention.fwd_bwd", Attention::Composite),
+    ] {
         if wanted(name) {
             for &dtype in &dtypes {
-                out.push(attention_fwd_bwd(rt, s, dtype, fused)?);
+                out.push(attention_row(rt, name, s, dtype, which, true)?);
             }
         }
     }

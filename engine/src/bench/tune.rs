@@ -1,13 +1,16 @@
 //! `wgtrain bench --tune`: every candidate tile of the cooperative-matrix matmul
 //! (`kernels::matmul_coop::CANDIDATES`) at 4096^3 and at each product of GPT-2's four
-//! linear layers (forward, dX, dW at the gpt2 workload's shapes), each row checked
-//! against the CPU like every benchmark. Its table is what `matmul_coop::pick` is
-//! chosen from.
+//! linear layers (forward, dX, dW at the gpt2 workload's shapes), and every tile of the
+//! tensor-core flash attention (`kernels::flash_attention_coop::candidates`, forward and
+//! forward + backward at GPT-2's shape), each row checked against the CPU like every
+//! benchmark. Its tables are what `matmul_coop::pick` and `flash_attention_coop::pick`
+//! are chosen from.
 //!
-//! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::matmul_coop`, `runtime`,
-//! `tensor`.
+//! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::flash_attention_coop`,
+//! `kernels::matmul_coop`, `runtime`, `tensor`.
 
-use super::gpt2::{GPT2, Linear, PRODUCTS, linear, linear_layers};
+use super::gpt2::{Attention, GPT2, Linear, PRODUCTS, attention_row, linear, linear_layers};
+use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::matmul_coop::{CANDIDATES, workgroup_bytes};
@@ -44,6 +47,25 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
                     };
                     out.push(linear(rt, l)?);
                 }
+            }
+        }
+    }
+    let sync = if rt.gpu.caps.subgroup_barrier { vec![true, false] } else { vec![false] };
+    for tile in sync.into_iter().flat_map(candidates) {
+        let fits = [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query]
+            .iter()
+            .all(|&m| tile.workgroup_bytes(m, GPT2.head() as u32) <= limit);
+        let name = format!(
+            "tune.flash.sg{}.bc{}.{}.{}",
+            tile.sg,
+            tile.bc,
+            if tile.subgroup_sync { "subgroup" } else { "workgroup" },
+            if tile.prefetch { "prefetch" } else { "direct" }
+        );
+        for (what, backward) in [("fwd", false), ("fwd_bwd", true)] {
+            let name = format!("{name}.{what}");
+            if fits && wanted(&name) {
+                out.push(attention_row(rt, &name, GPT2, DType::F16, Attention::Fused(Some(tile)), backward)?);
             }
         }
     }

@@ -87,6 +87,8 @@ pub struct Capabilities {
     pub shader_f16: bool,
     /// Subgroup operations.
     pub subgroup: bool,
+    /// `subgroupBarrier()` in shaders.
+    pub subgroup_barrier: bool,
     /// Smallest and largest subgroup size.
     pub subgroup_size: (u32, u32),
     /// Timestamps between passes.
@@ -297,6 +299,7 @@ impl Gpu {
         let caps = Capabilities {
             shader_f16: granted.contains(wgpu::Features::SHADER_F16),
             subgroup: granted.contains(wgpu::Features::SUBGROUP),
+            subgroup_barrier: granted.contains(wgpu::Features::SUBGROUP_BARRIER),
             subgroup_size: {
                 let info = adapter.get_info();
                 (info.subgroup_min_size, info.subgroup_max_size)

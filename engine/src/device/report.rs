@@ -7,9 +7,10 @@
 pub use wgtrain_protocol::{AdapterReport, CoopMatrixConfig, LimitsReport};
 
 /// The features the engine uses, by the names `wgtrain devices` prints.
-pub const ENGINE_FEATURES: [(&str, wgpu::Features); 5] = [
+pub const ENGINE_FEATURES: [(&str, wgpu::Features); 6] = [
     ("SHADER_F16", wgpu::Features::SHADER_F16),
     ("SUBGROUP", wgpu::Features::SUBGROUP),
+    ("SUBGROUP_BARRIER", wgpu::Features::SUBGROUP_BARRIER),
     ("TIMESTAMP_QUERY", wgpu::Features::TIMESTAMP_QUERY),
     ("TIMESTAMP_QUERY_INSIDE_PASSES", wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
     ("EXPERIMENTAL_COOPERATIVE_MATRIX", wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),

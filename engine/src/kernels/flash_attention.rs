@@ -19,7 +19,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::common::{check_contiguous, check_tensor, enables, require_f16};
-use super::flash_attention_coop::{self as coop, CoopMode};
+use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -206,7 +206,8 @@ struct Chosen {
 
 /// The kernel of `mode` on `path` (the row dot has no tensor-core variant: it runs
 /// plain there).
-fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, bindings: usize) -> Result<Chosen, Error> {
+#[allow(clippy::too_many_arguments)]
+fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, tile: Option<CoopTile>, bindings: usize) -> Result<Chosen, Error> {
     require_f16(rt, &[tq, td])?;
     path.check(rt, tq, d)?;
     let coop_mode = match mode {
@@ -217,15 +218,32 @@ fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, 
     };
     if let (Path::Coop, Some(cm)) = (path, coop_mode) {
         let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
-        let tile = coop::pick(cm, d as u32, limit).ok_or_else(|| {
+        let too_big = || {
             Error::invalid(
                 "flash attention",
                 format!("head size {d} needs more workgroup memory than the adapter's {limit} bytes"),
             )
-        })?;
+        };
+        let tile = match tile {
+            Some(t) if t.workgroup_bytes(cm, d as u32) > limit => return Err(too_big()),
+            Some(t) if t.subgroup_sync && !rt.gpu.caps.subgroup_barrier => {
+                return Err(Error::invalid("flash attention", "subgroup barriers, which the adapter does not grant"));
+            }
+            Some(t) => t,
+            None => coop::pick(cm, d as u32, limit, rt.gpu.caps.subgroup_barrier).ok_or_else(too_big)?,
+        };
         let key = KernelKey::new(
             "flash_attention_coop",
-            &[mode as u32, tq as u32, td as u32, d as u32 / 4, tile.br(), tile.bc, u32::from(tile.subgroup_sync)],
+            &[
+                mode as u32,
+                tq as u32,
+                td as u32,
+                d as u32 / 4,
+                tile.br(),
+                tile.bc,
+                u32::from(tile.subgroup_sync),
+                u32::from(tile.prefetch),
+            ],
         );
         let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile))?;
         return Ok(Chosen {
@@ -286,10 +304,22 @@ pub struct FlashSaved {
 /// y [B, T, C] (qkv's type) = causal attention of qkv [B, T, 3C] with `nh` heads, on
 /// `path`; also the log-sum-exp for backward.
 pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str) -> Result<FlashSaved, Error> {
+    forward_tiled(rt, qkv, nh, path, None, label)
+}
+
+/// [`forward_on`] with the tensor-core path's tile forced (`wgtrain bench --tune`).
+pub fn forward_tiled(
+    rt: &Runtime,
+    qkv: &Tensor,
+    nh: usize,
+    path: Path,
+    tile: Option<CoopTile>,
+    label: &str,
+) -> Result<FlashSaved, Error> {
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;
-    let k = kernel(rt, Mode::Forward, dt, dt, dims.d, path, 3)?;
+    let k = kernel(rt, Mode::Forward, dt, dt, dims.d, path, tile, 3)?;
     let y = Tensor::empty(rt, &[dims.b, dims.t, dims.c()], dt, Category::Activation, label)?;
     let lse = Tensor::empty(
         rt,
@@ -322,6 +352,21 @@ pub fn backward_on(
     path: Path,
     label: &str,
 ) -> Result<Tensor, Error> {
+    backward_tiled(rt, qkv, nh, saved, dy, path, None, label)
+}
+
+/// [`backward_on`] with the tensor-core path's tile forced (`wgtrain bench --tune`).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_tiled(
+    rt: &Runtime,
+    qkv: &Tensor,
+    nh: usize,
+    saved: &FlashSaved,
+    dy: &Tensor,
+    path: Path,
+    tile: Option<CoopTile>,
+    label: &str,
+) -> Result<Tensor, Error> {
     let dims = Dims::of(qkv, nh)?;
     let (tq, td) = (qkv.dtype(), dy.dtype());
     let shape = [dims.b, dims.t, dims.c()];
@@ -345,7 +390,7 @@ pub fn backward_on(
         Category::Temporary,
         &format!("{label}.rowdot"),
     )?;
-    let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, 3)?;
+    let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, None, 3)?;
     let wg = (BR * if path == Path::Coop { 1 } else { path.lanes() }) as usize;
     rt.launch(
         &pre.kernel,
@@ -355,7 +400,7 @@ pub fn backward_on(
     )?;
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
     for (mode, products) in [(Mode::KeyValue, 8.0), (Mode::Query, 6.0)] {
-        let k = kernel(rt, mode, tq, td, dims.d, path, 5)?;
+        let k = kernel(rt, mode, tq, td, dims.d, path, tile, 5)?;
         let blocks = dims.blocks(k.br);
         rt.launch_with_work(
             &k.kernel,

@@ -37,6 +37,9 @@ pub struct CoopTile {
     pub bc: u32,
     /// A subgroup barrier between a subgroup's phases (else a workgroup barrier).
     pub subgroup_sync: bool,
+    /// The next streamed tile is fetched into registers while the current one is used
+    /// (else fetched when it is stashed).
+    pub prefetch: bool,
 }
 
 impl CoopTile {
@@ -62,9 +65,6 @@ impl CoopTile {
     }
 }
 
-/// Whether a subgroup syncs its phases with a subgroup barrier.
-const SUBGROUP_SYNC: bool = true;
-
 /// The tiles tried, best first.
 const TILES: [(u32, u32); 5] = [(4, 64), (2, 64), (2, 32), (1, 32), (1, 16)];
 
@@ -75,16 +75,22 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
     coop_f16 && subgroup_size == (32, 32) && tq == DType::F16 && d.is_multiple_of(16) && d <= 128
 }
 
-/// The largest tile of `mode` for head size `d` within `limit` bytes of workgroup memory.
-pub fn pick(mode: CoopMode, d: u32, limit: u64) -> Option<CoopTile> {
-    TILES
-        .into_iter()
-        .map(|(sg, bc)| CoopTile {
+/// The largest tile of `mode` for head size `d` within `limit` bytes of workgroup memory,
+/// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them).
+pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
+    candidates(subgroup_barrier).find(|t| t.workgroup_bytes(mode, d) <= limit)
+}
+
+/// Every tile, best first: what [`pick`] chooses from and `wgtrain bench --tune` measures.
+pub fn candidates(subgroup_barrier: bool) -> impl Iterator<Item = CoopTile> {
+    TILES.into_iter().flat_map(move |(sg, bc)| {
+        [true, false].map(|prefetch| CoopTile {
             sg,
             bc,
-            subgroup_sync: SUBGROUP_SYNC,
+            subgroup_sync: subgroup_barrier,
+            prefetch,
         })
-        .find(|t| t.workgroup_bytes(mode, d) <= limit)
+    })
 }
 
 /// `n` accumulators named `name_0..`, zeroed.
@@ -216,6 +222,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
         ("PY", py.to_string()),
         ("OWN_X", ox.to_string()),
         ("OWN_Y", oy.to_string()),
+        ("PREFETCH", flag(tile.prefetch)),
         ("ROW_SYNC", if tile.subgroup_sync { "subgroupBarrier" } else { "workgroupBarrier" }.to_string()),
         ("OWN", own_code),
         ("SCORES_X", sx),
