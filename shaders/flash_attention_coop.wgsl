@@ -32,7 +32,8 @@
 //
 // Template: TD (dy), TY (the second streamed tile's source type), D, SG, BC (>= BR), the
 // mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
-// (OWN_X, OWN_Y), ROW_SYNC and the unrolled code.
+// (OWN_X, OWN_Y), ROW_SYNC, PREFETCH (else each tile is fetched when stashed) and the
+// unrolled code.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -242,14 +243,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // Pass 1: each row's max and sum over its keys.
     var m = NEG;
     var l = 0.0;
+//#if PREFETCH
     fetch(lid, b, h, first);
+//#endif
     for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
+//#if PREFETCH
         stash(lid);
         workgroupBarrier();
         if t0 + BC < end {
             fetch(lid, b, h, t0 + BC);
         }
+//#else
+        fetch(lid, b, h, t0);
+        stash(lid);
+        workgroupBarrier();
+//#endif
 {{SCORES_X}}
         row_sync();
         var tm = NEG;
@@ -280,14 +289,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     // Pass 2: O += P V with P = exp(s - lse).
 {{ACC_DECL}}
+//#if PREFETCH
     fetch(lid, b, h, first);
+//#endif
     for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
+//#if PREFETCH
         stash(lid);
         workgroupBarrier();
         if t0 + BC < end {
             fetch(lid, b, h, t0 + BC);
         }
+//#else
+        fetch(lid, b, h, t0);
+        stash(lid);
+        workgroupBarrier();
+//#endif
 {{SCORES_X}}
         row_sync();
         for (var u = 0u; u < HALF; u++) {
@@ -306,14 +323,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let lse_i = lse[row_at(b, h, srow)];
     let d_i = dvec[row_at(b, h, srow)];
 {{ACC_DECL}}
+//#if PREFETCH
     fetch(lid, b, h, first);
+//#endif
     for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
+//#if PREFETCH
         stash(lid);
         workgroupBarrier();
         if t0 + BC < end {
             fetch(lid, b, h, t0 + BC);
         }
+//#else
+        fetch(lid, b, h, t0);
+        stash(lid);
+        workgroupBarrier();
+//#endif
 {{SCORES_X}}
         row_sync();
         for (var u = 0u; u < HALF; u++) {
@@ -337,14 +362,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 //#if BWD_KV
 {{ACC_DECL}}
+//#if PREFETCH
     fetch(lid, b, h, first);
+//#endif
     for (var t0 = first; t0 < end; t0 += BC) {
         workgroupBarrier();
+//#if PREFETCH
         stash(lid);
         workgroupBarrier();
         if t0 + BC < end {
             fetch(lid, b, h, t0 + BC);
         }
+//#else
+        fetch(lid, b, h, t0);
+        stash(lid);
+        workgroupBarrier();
+//#endif
 {{SCORES_X}}
         row_sync();
         for (var u = 0u; u < HALF; u++) {

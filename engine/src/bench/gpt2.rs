@@ -187,7 +187,16 @@ pub(super) fn attention_row(
                 let path = flash_attention::Path::for_inputs(rt, dtype, d);
                 let saved = flash_attention::forward_tiled(rt, &qkv, nh, path, tile, "bench.attn")?;
                 let dqkv = if backward {
-                    Some(flash_attention::backward_tiled(rt, &qkv, nh, &saved, &dy, path, tile, "bench.dattn")?)
+                    Some(flash_attention::backward_tiled(
+                        rt,
+                        &qkv,
+                        nh,
+                        &saved,
+                        &dy,
+                        path,
+                        tile,
+                        "bench.dattn",
+                    )?)
                 } else {
                     None
                 };

@@ -10,9 +10,9 @@
 //! `kernels::matmul_coop`, `runtime`, `tensor`.
 
 use super::gpt2::{Attention, GPT2, Linear, PRODUCTS, attention_row, linear, linear_layers};
-use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use super::record::BenchRecord;
 use crate::error::Error;
+use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use crate::kernels::matmul_coop::{CANDIDATES, workgroup_bytes};
 use crate::runtime::Runtime;
 use crate::tensor::DType;
@@ -50,7 +50,11 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
             }
         }
     }
-    let sync = if rt.gpu.caps.subgroup_barrier { vec![true, false] } else { vec![false] };
+    let sync = if rt.gpu.caps.subgroup_barrier {
+        vec![true, false]
+    } else {
+        vec![false]
+    };
     for tile in sync.into_iter().flat_map(candidates) {
         let fits = [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query]
             .iter()

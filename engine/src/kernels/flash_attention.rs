@@ -207,7 +207,16 @@ struct Chosen {
 /// The kernel of `mode` on `path` (the row dot has no tensor-core variant: it runs
 /// plain there).
 #[allow(clippy::too_many_arguments)]
-fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, tile: Option<CoopTile>, bindings: usize) -> Result<Chosen, Error> {
+fn kernel(
+    rt: &Runtime,
+    mode: Mode,
+    tq: DType,
+    td: DType,
+    d: usize,
+    path: Path,
+    tile: Option<CoopTile>,
+    bindings: usize,
+) -> Result<Chosen, Error> {
     require_f16(rt, &[tq, td])?;
     path.check(rt, tq, d)?;
     let coop_mode = match mode {
@@ -227,7 +236,10 @@ fn kernel(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, path: Path, 
         let tile = match tile {
             Some(t) if t.workgroup_bytes(cm, d as u32) > limit => return Err(too_big()),
             Some(t) if t.subgroup_sync && !rt.gpu.caps.subgroup_barrier => {
-                return Err(Error::invalid("flash attention", "subgroup barriers, which the adapter does not grant"));
+                return Err(Error::invalid(
+                    "flash attention",
+                    "subgroup barriers, which the adapter does not grant",
+                ));
             }
             Some(t) => t,
             None => coop::pick(cm, d as u32, limit, rt.gpu.caps.subgroup_barrier).ok_or_else(too_big)?,
@@ -308,14 +320,7 @@ pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str
 }
 
 /// [`forward_on`] with the tensor-core path's tile forced (`wgtrain bench --tune`).
-pub fn forward_tiled(
-    rt: &Runtime,
-    qkv: &Tensor,
-    nh: usize,
-    path: Path,
-    tile: Option<CoopTile>,
-    label: &str,
-) -> Result<FlashSaved, Error> {
+pub fn forward_tiled(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, tile: Option<CoopTile>, label: &str) -> Result<FlashSaved, Error> {
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;

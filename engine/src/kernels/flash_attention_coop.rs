@@ -223,7 +223,15 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
         ("OWN_X", ox.to_string()),
         ("OWN_Y", oy.to_string()),
         ("PREFETCH", flag(tile.prefetch)),
-        ("ROW_SYNC", if tile.subgroup_sync { "subgroupBarrier" } else { "workgroupBarrier" }.to_string()),
+        (
+            "ROW_SYNC",
+            if tile.subgroup_sync {
+                "subgroupBarrier"
+            } else {
+                "workgroupBarrier"
+            }
+            .to_string(),
+        ),
         ("OWN", own_code),
         ("SCORES_X", sx),
         ("SCORES_Y", sy),

@@ -93,9 +93,8 @@ pub fn all() -> Result<Vec<Variant>, Error> {
     for mode in [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query] {
         for td in floats {
             for d in [16, 32, 64, 128] {
-                let best = flash_attention_coop::pick(mode, d, 48 * 1024, true).ok_or_else(|| {
-                    Error::invalid("flash attention variants", format!("no tile for head size {d}"))
-                })?;
+                let best = flash_attention_coop::pick(mode, d, 48 * 1024, true)
+                    .ok_or_else(|| Error::invalid("flash attention variants", format!("no tile for head size {d}")))?;
                 let small = CoopTile {
                     sg: 1,
                     bc: 16,

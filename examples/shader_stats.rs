@@ -1,0 +1,242 @@
+//! What the Vulkan driver makes of the engine's tensor-core kernels: registers, shared
+//! memory, spills and whatever else the driver reports through
+//! VK_KHR_pipeline_executable_properties, for the tensor-core flash attention's tiles
+//! and the tensor-core matmul's default tile. Registers and workgroup memory decide how
+//! many workgroups share a multiprocessor; a kernel that is latency-bound shows it here.
+//! wgpu does not expose these statistics, so this opens its own Vulkan device (ash, the
+//! bindings wgpu itself uses) and compiles the SPIR-V that naga writes from the same
+//! WGSL. Prints one JSON object per kernel.
+//!
+//! Run on the GPU machine: `cargo run --release --example shader_stats [FILTER]`.
+
+use ash::vk;
+use std::ffi::CStr;
+use wgtrain_engine::DType;
+use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
+use wgtrain_engine::kernels::variants;
+
+type Failure = Box<dyn std::error::Error>;
+
+/// The kernels to compile: (name, WGSL).
+fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
+    let mut out = Vec::new();
+    for tile in [true, false].into_iter().flat_map(candidates) {
+        for mode in [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query] {
+            if tile.workgroup_bytes(mode, 64) > 48 * 1024 {
+                continue;
+            }
+            let name = format!(
+                "flash_coop {mode:?} sg{} bc{} {} {}",
+                tile.sg,
+                tile.bc,
+                if tile.subgroup_sync { "subgroup" } else { "workgroup" },
+                if tile.prefetch { "prefetch" } else { "direct" }
+            );
+            out.push((name, source(mode, DType::F32, 64, tile)?));
+        }
+    }
+    // Two of each other family, for comparison.
+    let mut seen = [0, 0];
+    for v in variants::all()? {
+        let which = ["matmul_coop", "flash_attention"].iter().position(|n| *n == v.name);
+        if let Some(i) = which.filter(|&i| seen[i] < 2) {
+            seen[i] += 1;
+            out.push((format!("{} {}", v.name, v.values), v.wgsl));
+        }
+    }
+    Ok(out.into_iter().filter(|(n, _)| n.contains(filter)).collect())
+}
+
+/// SPIR-V as wgpu's Vulkan backend writes it for the engine (no runtime bounds checks).
+fn spirv(wgsl: &str) -> Result<(Vec<u32>, naga::Module), Failure> {
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(wgsl))?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        flags: naga::back::spv::WriterFlags::empty(),
+        ..Default::default()
+    };
+    let words = naga::back::spv::write_vec(&module, &info, &options, None)?;
+    Ok((words, module))
+}
+
+struct Vulkan {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    exec: ash::khr::pipeline_executable_properties::Device,
+}
+
+impl Vulkan {
+    /// A device on the first discrete GPU (else the first) with every feature of the
+    /// chain below that it supports, and pipeline statistics.
+    fn open() -> Result<Vulkan, Failure> {
+        // SAFETY: plain Vulkan setup; every handle is used only while `self` lives.
+        unsafe {
+            let entry = ash::Entry::load()?;
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
+            let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None)?;
+            let phys = instance.enumerate_physical_devices()?;
+            let pd = *phys
+                .iter()
+                .find(|&&p| instance.get_physical_device_properties(p).device_type == vk::PhysicalDeviceType::DISCRETE_GPU)
+                .or(phys.first())
+                .ok_or("no Vulkan device")?;
+            let props = instance.get_physical_device_properties(pd);
+            eprintln!("device: {:?}", CStr::from_ptr(props.device_name.as_ptr()));
+            let family = instance
+                .get_physical_device_queue_family_properties(pd)
+                .iter()
+                .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+                .ok_or("no compute queue")? as u32;
+            let mut v11 = vk::PhysicalDeviceVulkan11Features::default();
+            let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+            let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
+            let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+            let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default()
+                .push_next(&mut v11)
+                .push_next(&mut v12)
+                .push_next(&mut v13)
+                .push_next(&mut coop)
+                .push_next(&mut exec);
+            instance.get_physical_device_features2(pd, &mut f2);
+            // Statistics are required; cooperative matrices where present (the flash and
+            // matmul kernels need them, the SIMT ones do not).
+            let present: Vec<String> = instance
+                .enumerate_device_extension_properties(pd)?
+                .iter()
+                .map(|e| CStr::from_ptr(e.extension_name.as_ptr()).to_string_lossy().into_owned())
+                .collect();
+            let mut extensions = vec![ash::khr::pipeline_executable_properties::NAME.as_ptr()];
+            if !present
+                .iter()
+                .any(|e| e.as_bytes() == ash::khr::pipeline_executable_properties::NAME.to_bytes())
+            {
+                return Err("the device has no VK_KHR_pipeline_executable_properties".into());
+            }
+            if present
+                .iter()
+                .any(|e| e.as_bytes() == ash::khr::cooperative_matrix::NAME.to_bytes())
+            {
+                extensions.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+            }
+            let priorities = [1.0];
+            let queues = [vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities)];
+            let info = vk::DeviceCreateInfo::default()
+                .queue_create_infos(&queues)
+                .enabled_extension_names(&extensions)
+                .push_next(&mut f2);
+            let device = instance.create_device(pd, &info, None)?;
+            let exec = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+            Ok(Vulkan {
+                _entry: entry,
+                instance,
+                device,
+                exec,
+            })
+        }
+    }
+
+    /// Compiles `words` (entry point `main`, bindings from `module`) and returns the
+    /// driver's statistics as (name, value).
+    fn stats(&self, words: &[u32], module: &naga::Module) -> Result<Vec<(String, String)>, Failure> {
+        let mut bindings: Vec<vk::DescriptorSetLayoutBinding> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| {
+                let b = g.binding.as_ref()?;
+                let ty = match g.space {
+                    naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+                    naga::AddressSpace::Storage { .. } => vk::DescriptorType::STORAGE_BUFFER,
+                    _ => return None,
+                };
+                Some(
+                    vk::DescriptorSetLayoutBinding::default()
+                        .binding(b.binding)
+                        .descriptor_type(ty)
+                        .descriptor_count(1)
+                        .stage_flags(vk::ShaderStageFlags::COMPUTE),
+                )
+            })
+            .collect();
+        bindings.sort_by_key(|b| b.binding);
+        let d = &self.device;
+        // SAFETY: the objects are created and destroyed here, on a live device.
+        unsafe {
+            let set = d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None)?;
+            let sets = [set];
+            let layout = d.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets), None)?;
+            let shader = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)?;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(shader)
+                .name(c"main");
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout)
+                .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            let pipeline = d
+                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                .map_err(|(_, e)| e)?[0];
+            let pinfo = vk::PipelineInfoKHR::default().pipeline(pipeline);
+            let n = self.exec.get_pipeline_executable_properties(&pinfo)?.len();
+            let mut out = Vec::new();
+            for i in 0..n as u32 {
+                let einfo = vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(i);
+                for s in self.exec.get_pipeline_executable_statistics(&einfo)? {
+                    let name = CStr::from_ptr(s.name.as_ptr()).to_string_lossy().into_owned();
+                    let value = match s.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => (s.value.b32 != 0).to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => s.value.f64.to_string(),
+                        _ => "?".into(),
+                    };
+                    out.push((name, value));
+                }
+            }
+            d.destroy_pipeline(pipeline, None);
+            d.destroy_shader_module(shader, None);
+            d.destroy_pipeline_layout(layout, None);
+            d.destroy_descriptor_set_layout(set, None);
+            Ok(out)
+        }
+    }
+}
+
+impl Drop for Vulkan {
+    fn drop(&mut self) {
+        // SAFETY: nothing created on the device outlives `stats`.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+fn main() -> Result<(), Failure> {
+    let filter = std::env::args().nth(1).unwrap_or_default();
+    let vk = Vulkan::open()?;
+    for (name, wgsl) in kernels(&filter)? {
+        let (words, module) = match spirv(&wgsl) {
+            Ok(x) => x,
+            Err(e) => {
+                println!("{{\"kernel\": {name:?}, \"error\": {:?}}}", e.to_string());
+                continue;
+            }
+        };
+        match vk.stats(&words, &module) {
+            Ok(stats) => {
+                let fields: Vec<String> = stats.iter().map(|(k, v)| format!("{k:?}: {v:?}")).collect();
+                println!("{{\"kernel\": {name:?}, {}}}", fields.join(", "));
+            }
+            Err(e) => println!("{{\"kernel\": {name:?}, \"error\": {:?}}}", e.to_string()),
+        }
+    }
+    Ok(())
+}
