@@ -104,6 +104,26 @@ fn row_at(b: u32, h: u32, t: u32) -> u32 {
 fn put_x(at: u32, v: vec4<f16>) { x_t[at] = v.x; x_t[at + 1u] = v.y; x_t[at + 2u] = v.z; x_t[at + 3u] = v.w; }
 fn put_y(at: u32, v: vec4<f16>) { y_t[at] = v.x; y_t[at + 1u] = v.y; y_t[at + 2u] = v.z; y_t[at + 3u] = v.w; }
 
+// A lane's four columns c, c + 2, c + 4, c + 6 (its elements u .. u + 3): the SIMT
+// phases take four at a time, as independent chains (loads, exp, stores) the compiler
+// can overlap, branch-free.
+const STEP: vec4<u32> = vec4<u32>(0u, 2u, 4u, 6u);
+
+fn staged4(at: u32) -> vec4<f32> {
+    return vec4<f32>(stg[at], stg[at + 2u], stg[at + 4u], stg[at + 6u]);
+}
+
+fn p4(at: u32) -> vec4<f32> {
+    return vec4<f32>(f32(p_t[at]), f32(p_t[at + 2u]), f32(p_t[at + 4u]), f32(p_t[at + 6u]));
+}
+
+fn put_p4(at: u32, v: vec4<f32>) {
+    p_t[at] = f16(v.x);
+    p_t[at + 2u] = f16(v.y);
+    p_t[at + 4u] = f16(v.z);
+    p_t[at + 6u] = f16(v.w);
+}
+
 // Syncs a subgroup's own rows of the staging area and of p_t between phases.
 fn row_sync() {
     {{ROW_SYNC}}();
@@ -261,22 +281,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 {{SCORES_X}}
         row_sync();
-        var tm = NEG;
-        for (var u = 0u; u < HALF; u++) {
+        var tm = vec4<f32>(NEG);
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            if t0 + c <= row {
-                tm = max(tm, stg[sat + c] * p.scale);
-            }
+            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
+            tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, ok));
         }
-        let m_new = max(m, tm);
-        var sum = 0.0;
-        for (var u = 0u; u < HALF; u++) {
+        let m_new = max(m, max(max(tm.x, tm.y), max(tm.z, tm.w)));
+        var sum = vec4<f32>(0.0);
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            if t0 + c <= row {
-                sum += exp(stg[sat + c] * p.scale - m_new);
-            }
+            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
+            sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), ok);
         }
-        l = l * exp(m - m_new) + sum;
+        l = l * exp(m - m_new) + ((sum.x + sum.y) + (sum.z + sum.w));
         m = m_new;
     }
     // Merge the row's two lanes.
@@ -307,13 +325,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 {{SCORES_X}}
         row_sync();
-        for (var u = 0u; u < HALF; u++) {
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            var pj = 0.0;
-            if t0 + c <= row {
-                pj = exp(stg[sat + c] * p.scale - row_lse);
-            }
-            p_t[pat + c] = f16(pj);
+            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
+            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - row_lse), ok));
         }
         row_sync();
 {{ACC_FIRST}}
@@ -341,20 +356,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 {{SCORES_X}}
         row_sync();
-        for (var u = 0u; u < HALF; u++) {
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            var pj = 0.0;
-            if t0 + c <= row {
-                pj = exp(stg[sat + c] * p.scale - lse_i);
-            }
-            p_t[pat + c] = f16(pj);
+            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
+            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - lse_i), ok));
         }
         row_sync();
 {{SCORES_Y}}
         row_sync();
-        for (var u = 0u; u < HALF; u++) {
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            p_t[pat + c] = f16(f32(p_t[pat + c]) * (stg[sat + c] - d_i));
+            put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - d_i));
         }
         row_sync();
 {{ACC_FIRST}}
@@ -380,22 +392,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 {{SCORES_X}}
         row_sync();
-        for (var u = 0u; u < HALF; u++) {
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            let i = t0 + c;
-            var pj = 0.0;
-            if i >= row && i < p.t {
-                pj = exp(stg[sat + c] * p.scale - tile_s[c]);
-            }
-            p_t[pat + c] = f16(pj);
+            let i = vec4<u32>(t0 + c) + STEP;
+            let ok = (i >= vec4<u32>(row)) & (i < vec4<u32>(p.t));
+            let ls = vec4<f32>(tile_s[c], tile_s[c + 2u], tile_s[c + 4u], tile_s[c + 6u]);
+            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - ls), ok));
         }
         row_sync();
 {{ACC_SECOND}}
 {{SCORES_Y}}
         row_sync();
-        for (var u = 0u; u < HALF; u++) {
+        for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            p_t[pat + c] = f16(f32(p_t[pat + c]) * (stg[sat + c] - tile_d[c]));
+            let dd = vec4<f32>(tile_d[c], tile_d[c + 2u], tile_d[c + 4u], tile_d[c + 6u]);
+            put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - dd));
         }
         row_sync();
 {{ACC_FIRST}}
