@@ -179,7 +179,10 @@ pub(super) fn attention_row(
     let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
     let dy_data = rng.vec(b * t * c, -1.0, 1.0);
     let qkv = upload(rt, &data, &[b, t, 3 * c], dtype)?;
-    let dy = upload(rt, &dy_data, &[b, t, c], dtype)?;
+    // The fused kernels get dy in f32, as training gives it (fp16-mixed's attention output
+    // gradient is f32); the composite gets qkv's type.
+    let dy_type = if matches!(which, Attention::Fused(_)) { DType::F32 } else { dtype };
+    let dy = upload(rt, &dy_data, &[b, t, c], dy_type)?;
     let mut last = None;
     let timing = time(rt, || {
         last = Some(match which {
@@ -242,7 +245,7 @@ pub(super) fn attention_row(
         for i in j..t {
             let pij = probs(bi, h, i)[j];
             for (k, acc) in dv.iter_mut().enumerate() {
-                *acc += pij * stored(dy_data[bi * t * c + i * c + h * d + k], dtype);
+                *acc += pij * stored(dy_data[bi * t * c + i * c + h * d + k], dy_type);
             }
         }
         want.extend(dv);
