@@ -1,7 +1,7 @@
 //! What the Vulkan driver makes of the engine's tensor-core kernels: registers, shared
 //! memory, spills and whatever else the driver reports through
-//! VK_KHR_pipeline_executable_properties, for the tensor-core flash attention's tiles
-//! and the tensor-core matmul's default tile. Registers and workgroup memory decide how
+//! VK_KHR_pipeline_executable_properties, for the tensor-core flash attention's tiles,
+//! the SIMT attention at head size 64, and the tensor-core matmul's default tile. Registers and workgroup memory decide how
 //! many workgroups share a multiprocessor; a kernel that is latency-bound shows it here.
 //! wgpu does not expose these statistics, so this opens its own Vulkan device (ash, the
 //! bindings wgpu itself uses) and compiles the SPIR-V that naga writes from the same
@@ -13,6 +13,7 @@ use ash::vk;
 use std::ffi::CStr;
 use wgtrain_engine::DType;
 use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
+use wgtrain_engine::kernels::flash_attention::{self, Path};
 use wgtrain_engine::kernels::variants;
 
 type Failure = Box<dyn std::error::Error>;
@@ -33,6 +34,14 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
                 if tile.prefetch { "prefetch" } else { "direct" }
             );
             out.push((name, source(mode, DType::F32, 64, tile)?));
+        }
+    }
+    // The SIMT attention (f32, and f16 without tensor cores) at GPT-2's head size, with
+    // the 64-row tiles it gets in 48 KiB.
+    for (mode, what) in [(0, "forward"), (2, "dK dV"), (3, "dQ")] {
+        for dt in [DType::F32, DType::F16] {
+            let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, Path::Subgroup)?;
+            out.push((format!("flash_simt {what} {dt:?} d64 subgroup"), wgsl));
         }
     }
     // Two of each other family, for comparison.

@@ -19,9 +19,14 @@
 // No atomics: each output row is summed by its own threads in a fixed order, so the
 // results are bitwise repeatable.
 //
-// Threads per row, R: 1 (the plain path: each thread owns a row and the keys or queries
-// of every tile) or 4 with SUBGROUP (a row's 4 lanes share a tile's keys or queries,
-// and their partial max, sums and vectors are merged with subgroup shuffles).
+// Threads per row, R: a row's R lanes split its head dimension (lane `sub` holds vec4
+// columns sub, sub + R, ...: D / (4 R) of them), take every key (or query) of a tile
+// together, and sum their partial dot products with subgroup shuffles (SUBGROUP); R is 1
+// on the plain path (a thread per row, workgroup memory only) and where D / 4 is odd.
+// Each lane's slices are named variables: a line holding the slice marker (an at-sign
+// and k) is repeated by the host once per slice, the marker replaced by its index, so
+// that they live in registers (arrays indexed in loops were kept in local memory by the
+// H100's driver).
 //
 // Template: ENABLE, TQ (qkv and y), TD (dy), D4 (head size / 4), BR, BC, R, MODE,
 // SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the mode's code and bindings) and KV_TILES.
@@ -62,7 +67,6 @@ const RS: u32 = D4 + 1u;       // a tile row's stride in vec4s: padded so the ro
 const BR: u32 = {{BR}}u;
 const BC: u32 = {{BC}}u;
 const R: u32 = {{R}}u;
-const PER: u32 = BC / R;      // a thread's keys (or queries) in a tile
 const WG: u32 = BR * R;
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
@@ -89,13 +93,6 @@ fn row_at(b: u32, h: u32, t: u32) -> u32 {
 }
 
 //#if SUBGROUP
-fn merge_max(x: f32) -> f32 {
-    var v = x;
-    for (var o = 1u; o < R; o <<= 1u) {
-        v = max(v, subgroupShuffleXor(v, o));
-    }
-    return v;
-}
 fn merge_sum(x: f32) -> f32 {
     var v = x;
     for (var o = 1u; o < R; o <<= 1u) {
@@ -103,17 +100,8 @@ fn merge_sum(x: f32) -> f32 {
     }
     return v;
 }
-fn merge_sum4(x: vec4<f32>) -> vec4<f32> {
-    var v = x;
-    for (var o = 1u; o < R; o <<= 1u) {
-        v += subgroupShuffleXor(v, o);
-    }
-    return v;
-}
 //#else
-fn merge_max(x: f32) -> f32 { return x; }
 fn merge_sum(x: f32) -> f32 { return x; }
-fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 //#endif
 
 //#if KV_TILES
@@ -192,12 +180,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let srow = min(row, p.t - 1u);
 //#endif
 //#if FWD
-    var q: array<vec4<f32>, D4>;
-    var o: array<vec4<f32>, D4>;
-    for (var c = 0u; c < D4; c++) {
-        q[c] = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + c]) * p.scale;
-        o[c] = vec4<f32>(0.0);
-    }
+    // The lane's slice of the row: vec4 columns sub, sub + R, ...
+    var q_@k = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + sub + R * @ku]) * p.scale;
+    var o_@k = vec4<f32>(0.0);
     var m = NEG;
     var l = 0.0;
     // Keys up to the block's last row: tiles above the diagonal are never loaded.
@@ -207,50 +192,35 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         load_kv(lid, b, h, j0);
         workgroupBarrier();
         // Per key, the online update (no array of scores is kept).
-        for (var u = 0u; u < p.per; u++) {
-            let jj = sub + u * R;
+        for (var jj = 0u; jj < p.per; jj++) {
             let j = j0 + jj;
+            let at = jj * RS + sub;
+            var sc = 0.0;
+            sc += dot(q_@k, tile_a[at + R * @ku]);
+            sc = merge_sum(sc);
             if j <= row && j < p.t {
-                var sc = 0.0;
-                for (var c = 0u; c < D4; c++) {
-                    sc += dot(q[c], tile_a[jj * RS + c]);
-                }
                 // Both updates in one pass: corr is 1 unless the max grew.
                 let m_new = max(m, sc);
                 let corr = exp(m - m_new);
                 let pj = exp(sc - m_new);
                 l = l * corr + pj;
-                for (var c = 0u; c < D4; c++) {
-                    o[c] = o[c] * corr + pj * tile_b[jj * RS + c];
-                }
+                o_@k = o_@k * corr + pj * tile_b[at + R * @ku];
                 m = m_new;
             }
         }
     }
-    // Merge the row's R partial softmaxes (each lane saw every R-th key).
-    let mm = merge_max(m);
-    let f = select(0.0, exp(m - mm), m > NEG);
-    let lt = merge_sum(l * f);
-    for (var c = 0u; c < D4; c++) {
-        o[c] = merge_sum4(o[c] * f);
-    }
-    if valid && sub == 0u {
-        let inv = 1.0 / lt;
-        for (var c = 0u; c < D4; c++) {
-            y[y_at(b, row, h) + c] = vec4<{{TQ}}>(o[c] * inv);
+    if valid {
+        let inv = 1.0 / l;
+        y[y_at(b, row, h) + sub + R * @ku] = vec4<{{TQ}}>(o_@k * inv);
+        if sub == 0u {
+            lse[row_at(b, h, row)] = m + log(l);
         }
-        lse[row_at(b, h, row)] = mm + log(lt);
     }
 //#endif
 //#if BWD_Q
-    var q: array<vec4<f32>, D4>;
-    var g: array<vec4<f32>, D4>;
-    var dq: array<vec4<f32>, D4>;
-    for (var c = 0u; c < D4; c++) {
-        q[c] = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + c]);
-        g[c] = vec4<f32>(dy[y_at(b, srow, h) + c]);
-        dq[c] = vec4<f32>(0.0);
-    }
+    var q_@k = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + sub + R * @ku]);
+    var g_@k = vec4<f32>(dy[y_at(b, srow, h) + sub + R * @ku]);
+    var dq_@k = vec4<f32>(0.0);
     let lse_i = lse[row_at(b, h, srow)];
     let d_i = dvec[row_at(b, h, srow)];
     let last = min(p.t, blk * BR + BR);
@@ -258,78 +228,57 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-        for (var u = 0u; u < p.per; u++) {
-            let jj = sub + u * R;
+        for (var jj = 0u; jj < p.per; jj++) {
             let j = j0 + jj;
+            let at = jj * RS + sub;
+            var s = 0.0;
+            var dp = 0.0;
+            s += dot(q_@k, tile_a[at + R * @ku]);
+            dp += dot(g_@k, tile_b[at + R * @ku]);
+            s = merge_sum(s);
+            dp = merge_sum(dp);
             if j <= row && j < p.t {
-                var s = 0.0;
-                var dp = 0.0;
-                for (var c = 0u; c < D4; c++) {
-                    s += dot(q[c], tile_a[jj * RS + c]);
-                    dp += dot(g[c], tile_b[jj * RS + c]);
-                }
                 let pij = exp(s * p.scale - lse_i);
                 let ds = pij * (dp - d_i);
-                for (var c = 0u; c < D4; c++) {
-                    dq[c] += ds * tile_a[jj * RS + c];
-                }
+                dq_@k += ds * tile_a[at + R * @ku];
             }
         }
     }
-    for (var c = 0u; c < D4; c++) {
-        dq[c] = merge_sum4(dq[c]);
-    }
-    if valid && sub == 0u {
-        for (var c = 0u; c < D4; c++) {
-            dqkv[qkv_at(b, row, 0u, h) + c] = dq[c] * p.scale;
-        }
+    if valid {
+        dqkv[qkv_at(b, row, 0u, h) + sub + R * @ku] = dq_@k * p.scale;
     }
 //#endif
 //#if BWD_KV
-    var k: array<vec4<f32>, D4>;
-    var v: array<vec4<f32>, D4>;
-    var dk: array<vec4<f32>, D4>;
-    var dv: array<vec4<f32>, D4>;
-    for (var c = 0u; c < D4; c++) {
-        k[c] = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + c]);
-        v[c] = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + c]);
-        dk[c] = vec4<f32>(0.0);
-        dv[c] = vec4<f32>(0.0);
-    }
+    var k_@k = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + sub + R * @ku]);
+    var v_@k = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + sub + R * @ku]);
+    var dk_@k = vec4<f32>(0.0);
+    var dv_@k = vec4<f32>(0.0);
     // Queries from the block's first key row down: tiles above the diagonal skipped.
     let first = (blk * BR) / BC * BC;
     for (var i0 = first; i0 < p.t; i0 += BC) {
         workgroupBarrier();
         load_q(lid, b, h, i0);
         workgroupBarrier();
-        for (var u = 0u; u < p.per; u++) {
-            let ii = sub + u * R;
+        for (var ii = 0u; ii < p.per; ii++) {
             let i = i0 + ii;
+            let at = ii * RS + sub;
+            var s = 0.0;
+            var dp = 0.0;
+            s += dot(tile_a[at + R * @ku], k_@k);
+            dp += dot(tile_b[at + R * @ku], v_@k);
+            s = merge_sum(s);
+            dp = merge_sum(dp);
             if i >= row && i < p.t && valid {
-                var s = 0.0;
-                var dp = 0.0;
-                for (var c = 0u; c < D4; c++) {
-                    s += dot(tile_a[ii * RS + c], k[c]);
-                    dp += dot(tile_b[ii * RS + c], v[c]);
-                }
                 let pij = exp(s * p.scale - tile_s[ii]);
                 let ds = pij * (dp - tile_d[ii]);
-                for (var c = 0u; c < D4; c++) {
-                    dv[c] += pij * tile_b[ii * RS + c];
-                    dk[c] += ds * tile_a[ii * RS + c];
-                }
+                dv_@k += pij * tile_b[at + R * @ku];
+                dk_@k += ds * tile_a[at + R * @ku];
             }
         }
     }
-    for (var c = 0u; c < D4; c++) {
-        dk[c] = merge_sum4(dk[c]);
-        dv[c] = merge_sum4(dv[c]);
-    }
-    if valid && sub == 0u {
-        for (var c = 0u; c < D4; c++) {
-            dqkv[qkv_at(b, row, 1u, h) + c] = dk[c] * p.scale;
-            dqkv[qkv_at(b, row, 2u, h) + c] = dv[c];
-        }
+    if valid {
+        dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk_@k * p.scale;
+        dqkv[qkv_at(b, row, 2u, h) + sub + R * @ku] = dv_@k;
     }
 //#endif
 }

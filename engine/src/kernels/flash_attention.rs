@@ -7,7 +7,8 @@
 //! Paths, chosen by the adapter and the inputs: `Coop` (tensor cores through
 //! cooperative matrices, `kernels::flash_attention_coop`) for f16 qkv and head sizes that
 //! are multiples of 16 where 16x16x16 f16 -> f32 and subgroups of 32 are granted;
-//! otherwise `Subgroup` (4 lanes per row merged with subgroup shuffles) where subgroups
+//! otherwise `Subgroup` (a row's lanes split its head dimension, their partial dot
+//! products summed with subgroup shuffles) where subgroups
 //! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
 //! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
 //! adapter's workgroup memory. Head sizes: multiples of 4 up to 128; any T; B * NH
@@ -37,19 +38,21 @@ pub const MAX_HEAD: usize = 128;
 pub enum Path {
     /// One thread per row; workgroup memory only.
     Plain,
-    /// Four lanes per row, merged with subgroup shuffles.
+    /// Several lanes per row (4 where D / 4 allows), splitting the head dimension and
+    /// summing their partial dot products with subgroup shuffles.
     Subgroup,
     /// Tensor cores (cooperative matrices): f16 qkv, head sizes multiples of 16.
     Coop,
 }
 
 impl Path {
-    /// Threads per row.
-    fn lanes(self) -> u32 {
+    /// Threads per row of the SIMT kernels at head size 4 `d4`: on the subgroup path 4,
+    /// or 2 or 1 where `d4` does not divide by them (each lane takes `d4 / lanes` vec4s).
+    pub fn lanes(self, d4: u32) -> u32 {
         match self {
-            Path::Plain => 1,
-            Path::Subgroup => 4,
-            Path::Coop => 1,
+            Path::Subgroup if d4.is_multiple_of(4) => 4,
+            Path::Subgroup if d4.is_multiple_of(2) => 2,
+            _ => 1,
         }
     }
 
@@ -265,24 +268,42 @@ fn kernel(
         });
     }
     let path = if path == Path::Coop { Path::Plain } else { path };
-    let lanes = path.lanes();
-    let bc = tile_rows(rt, d, lanes)?;
     let d4 = (d / 4) as u32;
+    let lanes = path.lanes(d4);
+    let bc = tile_rows(rt, d, lanes)?;
     let key = KernelKey::new("flash_attention", &[mode as u32, tq as u32, td as u32, d4, BR, bc, lanes]);
-    let k = rt.kernel(key, bindings, || {
-        render("flash_attention", SOURCE, &variant(mode as u32, tq, td, d4, bc, path))
-    })?;
+    let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path))?;
     Ok(Chosen {
         kernel: k,
-        per: bc / lanes,
+        per: bc,
         br: BR,
     })
+}
+
+/// The WGSL of one SIMT variant: the template rendered, then each line holding `@k`
+/// repeated once per vec4 slice a lane holds (`@k` replaced by 0, 1, ...).
+pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Result<String, Error> {
+    let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path))?;
+    let slices = d4 / path.lanes(d4);
+    let mut out = String::with_capacity(wgsl.len() * 2);
+    for line in wgsl.lines() {
+        if line.contains("@k") {
+            for k in 0..slices {
+                out += &line.replace("@k", &k.to_string());
+                out.push('\n');
+            }
+        } else {
+            out += line;
+            out.push('\n');
+        }
+    }
+    Ok(out)
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
 /// dV, 3 dQ; `bc` rows per tile.
 pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Vec<(&'static str, String)> {
-    let lanes = path.lanes();
+    let lanes = path.lanes(d4);
     let flag = |on: bool| on.to_string();
     vec![
         ("ENABLE", enables(&[tq, td])),
@@ -396,7 +417,7 @@ pub fn backward_tiled(
         &format!("{label}.rowdot"),
     )?;
     let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, None, 3)?;
-    let wg = (BR * if path == Path::Coop { 1 } else { path.lanes() }) as usize;
+    let wg = (BR * path.lanes((dims.d / 4) as u32)) as usize;
     rt.launch(
         &pre.kernel,
         bytemuck::bytes_of(&dims.params(0, 0)),

@@ -75,14 +75,13 @@ pub fn all() -> Result<Vec<Variant>, Error> {
     for mode in 0..4 {
         for tq in floats {
             for td in floats {
-                for (d4, bc) in [(1, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
+                for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
                     for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup] {
-                        push(
-                            &mut out,
-                            "flash_attention",
-                            include_str!("../../../shaders/flash_attention.wgsl"),
-                            super::flash_attention::variant(mode, tq, td, d4, bc, path),
-                        )?;
+                        out.push(Variant {
+                            name: "flash_attention",
+                            values: format!("mode {mode} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?}"),
+                            wgsl: super::flash_attention::source(mode, tq, td, d4, bc, path)?,
+                        });
                     }
                 }
             }
