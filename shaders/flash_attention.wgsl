@@ -70,6 +70,7 @@ const R: u32 = {{R}}u;
 const WG: u32 = BR * R;
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
+const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) at a time
 
 // Two tiles of BC rows of D4 vec4s (stride RS) in workgroup memory (K and V, or Q and dY), and a
 // tile's lse and D.
@@ -93,7 +94,7 @@ fn row_at(b: u32, h: u32, t: u32) -> u32 {
 }
 
 //#if SUBGROUP
-fn merge_sum(x: f32) -> f32 {
+fn merge_sum4(x: vec4<f32>) -> vec4<f32> {
     var v = x;
     for (var o = 1u; o < R; o <<= 1u) {
         v += subgroupShuffleXor(v, o);
@@ -101,7 +102,7 @@ fn merge_sum(x: f32) -> f32 {
     return v;
 }
 //#else
-fn merge_sum(x: f32) -> f32 { return x; }
+fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 //#endif
 
 //#if KV_TILES
@@ -191,22 +192,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-        // Per key, the online update (no array of scores is kept).
-        for (var jj = 0u; jj < p.per; jj++) {
-            let j = j0 + jj;
+        // Four keys at a time, the online update (no array of scores is kept): four
+        // independent dot products, one correction for the four.
+        for (var jj = 0u; jj < p.per; jj += 4u) {
             let at = jj * RS + sub;
-            var sc = 0.0;
-            sc += dot(q_@k, tile_a[at + R * @ku]);
-            sc = merge_sum(sc);
-            if j <= row && j < p.t {
-                // Both updates in one pass: corr is 1 unless the max grew.
-                let m_new = max(m, sc);
-                let corr = exp(m - m_new);
-                let pj = exp(sc - m_new);
-                l = l * corr + pj;
-                o_@k = o_@k * corr + pj * tile_b[at + R * @ku];
-                m = m_new;
-            }
+            var s4 = vec4<f32>(0.0);
+            s4 += vec4<f32>(dot(q_@k, tile_a[at + R * @ku]), dot(q_@k, tile_a[at + RS + R * @ku]), dot(q_@k, tile_a[at + 2u * RS + R * @ku]), dot(q_@k, tile_a[at + 3u * RS + R * @ku]));
+            let js = vec4<u32>(j0 + jj) + QUAD;
+            let ok = (js <= vec4<u32>(row)) & (js < vec4<u32>(p.t));
+            let sv = select(vec4<f32>(NEG), merge_sum4(s4), ok);
+            let m_new = max(m, max(max(sv.x, sv.y), max(sv.z, sv.w)));
+            let corr = exp(m - m_new);
+            let p4 = select(vec4<f32>(0.0), exp(sv - m_new), ok);
+            l = l * corr + ((p4.x + p4.y) + (p4.z + p4.w));
+            o_@k = o_@k * corr + p4.x * tile_b[at + R * @ku] + p4.y * tile_b[at + RS + R * @ku] + p4.z * tile_b[at + 2u * RS + R * @ku] + p4.w * tile_b[at + 3u * RS + R * @ku];
+            m = m_new;
         }
     }
     if valid {
@@ -228,20 +228,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-        for (var jj = 0u; jj < p.per; jj++) {
-            let j = j0 + jj;
+        for (var jj = 0u; jj < p.per; jj += 4u) {
             let at = jj * RS + sub;
-            var s = 0.0;
-            var dp = 0.0;
-            s += dot(q_@k, tile_a[at + R * @ku]);
-            dp += dot(g_@k, tile_b[at + R * @ku]);
-            s = merge_sum(s);
-            dp = merge_sum(dp);
-            if j <= row && j < p.t {
-                let pij = exp(s * p.scale - lse_i);
-                let ds = pij * (dp - d_i);
-                dq_@k += ds * tile_a[at + R * @ku];
-            }
+            var s4 = vec4<f32>(0.0);
+            var dp4 = vec4<f32>(0.0);
+            s4 += vec4<f32>(dot(q_@k, tile_a[at + R * @ku]), dot(q_@k, tile_a[at + RS + R * @ku]), dot(q_@k, tile_a[at + 2u * RS + R * @ku]), dot(q_@k, tile_a[at + 3u * RS + R * @ku]));
+            dp4 += vec4<f32>(dot(g_@k, tile_b[at + R * @ku]), dot(g_@k, tile_b[at + RS + R * @ku]), dot(g_@k, tile_b[at + 2u * RS + R * @ku]), dot(g_@k, tile_b[at + 3u * RS + R * @ku]));
+            let js = vec4<u32>(j0 + jj) + QUAD;
+            let ok = (js <= vec4<u32>(row)) & (js < vec4<u32>(p.t));
+            let p4 = select(vec4<f32>(0.0), exp(merge_sum4(s4) * p.scale - lse_i), ok);
+            let ds = p4 * (merge_sum4(dp4) - d_i);
+            dq_@k += ds.x * tile_a[at + R * @ku] + ds.y * tile_a[at + RS + R * @ku] + ds.z * tile_a[at + 2u * RS + R * @ku] + ds.w * tile_a[at + 3u * RS + R * @ku];
         }
     }
     if valid {
@@ -259,21 +256,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_q(lid, b, h, i0);
         workgroupBarrier();
-        for (var ii = 0u; ii < p.per; ii++) {
-            let i = i0 + ii;
+        for (var ii = 0u; ii < p.per; ii += 4u) {
             let at = ii * RS + sub;
-            var s = 0.0;
-            var dp = 0.0;
-            s += dot(tile_a[at + R * @ku], k_@k);
-            dp += dot(tile_b[at + R * @ku], v_@k);
-            s = merge_sum(s);
-            dp = merge_sum(dp);
-            if i >= row && i < p.t && valid {
-                let pij = exp(s * p.scale - tile_s[ii]);
-                let ds = pij * (dp - tile_d[ii]);
-                dv_@k += pij * tile_b[at + R * @ku];
-                dk_@k += ds * tile_a[at + R * @ku];
-            }
+            var s4 = vec4<f32>(0.0);
+            var dp4 = vec4<f32>(0.0);
+            s4 += vec4<f32>(dot(tile_a[at + R * @ku], k_@k), dot(tile_a[at + RS + R * @ku], k_@k), dot(tile_a[at + 2u * RS + R * @ku], k_@k), dot(tile_a[at + 3u * RS + R * @ku], k_@k));
+            dp4 += vec4<f32>(dot(tile_b[at + R * @ku], v_@k), dot(tile_b[at + RS + R * @ku], v_@k), dot(tile_b[at + 2u * RS + R * @ku], v_@k), dot(tile_b[at + 3u * RS + R * @ku], v_@k));
+            let is = vec4<u32>(i0 + ii) + QUAD;
+            let ok = (is >= vec4<u32>(row)) & (is < vec4<u32>(p.t)) & vec4<bool>(valid);
+            let ls = vec4<f32>(tile_s[ii], tile_s[ii + 1u], tile_s[ii + 2u], tile_s[ii + 3u]);
+            let dd = vec4<f32>(tile_d[ii], tile_d[ii + 1u], tile_d[ii + 2u], tile_d[ii + 3u]);
+            let p4 = select(vec4<f32>(0.0), exp(merge_sum4(s4) * p.scale - ls), ok);
+            let ds = p4 * (merge_sum4(dp4) - dd);
+            dv_@k += p4.x * tile_b[at + R * @ku] + p4.y * tile_b[at + RS + R * @ku] + p4.z * tile_b[at + 2u * RS + R * @ku] + p4.w * tile_b[at + 3u * RS + R * @ku];
+            dk_@k += ds.x * tile_a[at + R * @ku] + ds.y * tile_a[at + RS + R * @ku] + ds.z * tile_a[at + 2u * RS + R * @ku] + ds.w * tile_a[at + 3u * RS + R * @ku];
         }
     }
     if valid {
