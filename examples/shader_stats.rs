@@ -1,7 +1,8 @@
 //! What the Vulkan driver makes of the engine's tensor-core kernels: registers, shared
 //! memory, spills and whatever else the driver reports through
 //! VK_KHR_pipeline_executable_properties, for the tensor-core flash attention's tiles,
-//! the SIMT attention at head size 64, and the tensor-core matmul's default tile. Registers and workgroup memory decide how
+//! the SIMT attention at head size 64, the tensor-core matmul's default tile and the f32
+//! matmul's. Registers and workgroup memory decide how
 //! many workgroups share a multiprocessor; a kernel that is latency-bound shows it here.
 //! wgpu does not expose these statistics, so this opens its own Vulkan device (ash, the
 //! bindings wgpu itself uses) and compiles the SPIR-V that naga writes from the same
@@ -44,12 +45,12 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             out.push((format!("flash_simt {what} {dt:?} d64 subgroup"), wgsl));
         }
     }
-    // Two of each other family, for comparison.
-    let mut seen = [0, 0];
+    // Two of the tensor-core matmul, and the f32 matmul with the H100's tile (TM 8).
+    let mut coop = 0;
     for v in variants::all()? {
-        let which = ["matmul_coop", "flash_attention"].iter().position(|n| *n == v.name);
-        if let Some(i) = which.filter(|&i| seen[i] < 2) {
-            seen[i] += 1;
+        let f32_tm8 = v.name == "matmul" && v.values.starts_with("F32 -> F32 tm 8 Identity");
+        if (v.name == "matmul_coop" && coop < 2) || f32_tm8 {
+            coop += usize::from(v.name == "matmul_coop");
             out.push((format!("{} {}", v.name, v.values), v.wgsl));
         }
     }

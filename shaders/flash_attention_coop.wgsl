@@ -78,8 +78,16 @@ var<workgroup> x_t: array<f16, BC * LD>;   // FWD, BWD_Q: K; BWD_KV: Q
 var<workgroup> y_t: array<f16, BC * LD>;   // FWD, BWD_Q: V; BWD_KV: dY
 var<workgroup> stg: array<f32, BR * SLD>;
 var<workgroup> p_t: array<f16, BR * PLD>;
-var<private> pre_x: array<vec4<f16>, LOADS>;
-var<private> pre_y: array<vec4<{{TY}}>, LOADS>;
+// The fetched tile, LOADS vec4s of each operand per thread, as named variables (lines
+// holding the load marker, an at-sign and l, are repeated by the host once per load):
+// arrays of them were kept in local memory by the H100's driver.
+var<private> pre_x_@l: vec4<f16>;
+var<private> pre_y_@l: vec4<{{TY}}>;
+
+struct Fetched {
+    x: vec4<f16>,
+    y: vec4<{{TY}}>,
+}
 //#if BWD_KV
 var<workgroup> tile_s: array<f32, BC>;      // the query tile's lse
 var<workgroup> tile_d: array<f32, BC>;      // and D
@@ -153,24 +161,24 @@ fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
 
 // Fetches the tile of BC rows from row r0 into registers (qkv part PX, and PY or dY);
 // zeros past T.
-fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
-    for (var l = 0u; l < LOADS; l++) {
-        let e = lid + l * WG;
-        let t = r0 + e / D4;
-        let c = e % D4;
-        var xv = vec4<f16>();
-        var yv = vec4<{{TY}}>();
-        if e < BC * D4 && t < p.t {
-            xv = qkv[qkv_at(b, t, {{PX}}u, h) + c];
+fn fetch_one(lid: u32, l: u32, b: u32, h: u32, r0: u32) -> Fetched {
+    let e = lid + l * WG;
+    let t = r0 + e / D4;
+    let c = e % D4;
+    var v = Fetched();
+    if e < BC * D4 && t < p.t {
+        v.x = qkv[qkv_at(b, t, {{PX}}u, h) + c];
 //#if BWD_KV
-            yv = dy[y_at(b, t, h) + c];
+        v.y = dy[y_at(b, t, h) + c];
 //#else
-            yv = qkv[qkv_at(b, t, {{PY}}u, h) + c];
+        v.y = qkv[qkv_at(b, t, {{PY}}u, h) + c];
 //#endif
-        }
-        pre_x[l] = xv;
-        pre_y[l] = yv;
     }
+    return v;
+}
+
+fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
+    { let v = fetch_one(lid, @lu, b, h, r0); pre_x_@l = v.x; pre_y_@l = v.y; }
 //#if BWD_KV
     let i = r0 + lid;
     pre_s = 0.0;
@@ -183,15 +191,17 @@ fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
 }
 
 // Writes the fetched tile into x_t and y_t.
-fn stash(lid: u32) {
-    for (var l = 0u; l < LOADS; l++) {
-        let e = lid + l * WG;
-        if e < BC * D4 {
-            let at = (e / D4) * LD + 4u * (e % D4);
-            put_x(at, pre_x[l]);
-            put_y(at, vec4<f16>(pre_y[l]));
-        }
+fn stash_one(lid: u32, l: u32, x: vec4<f16>, y: vec4<{{TY}}>) {
+    let e = lid + l * WG;
+    if e < BC * D4 {
+        let at = (e / D4) * LD + 4u * (e % D4);
+        put_x(at, x);
+        put_y(at, vec4<f16>(y));
     }
+}
+
+fn stash(lid: u32) {
+    stash_one(lid, @lu, pre_x_@l, pre_y_@l);
 //#if BWD_KV
     if lid < BC {
         tile_s[lid] = pre_s;

@@ -8,7 +8,9 @@
 // vec4<u32>), 4 (vec4<f16>) or 1 (any strides); the host picks W from the alignment of
 // the offset, strides and extent. A thread fetches its LOADS vectors of the next tile into
 // registers while the current tile is multiplied, then stashes them into the other
-// buffer.
+// buffer. The registers are named variables (lines holding the load marker, an at-sign
+// and l, are repeated by the host once per load): an array of them was kept in local
+// memory by the H100's driver.
 
 @group(0) @binding({{BINDING}}) var<storage, read_write> {{X}}_src: array<{{TYPE}}>;
 const {{X}}_ROWS: u32 = {{ROWS}}u;
@@ -19,38 +21,52 @@ const {{X}}_W: u32 = {{W}}u;
 const {{X}}_PER_ROW: u32 = {{X}}_COLS / {{X}}_W;
 const {{X}}_LOADS: u32 = {{X}}_ROWS * {{X}}_PER_ROW / THREADS;
 var<workgroup> {{X}}_tile: array<f16, {{TILE_LEN}}>;
-var<private> {{X}}_regs: array<{{TYPE}}, {{X}}_LOADS>;
+var<private> {{X}}_reg_@l: {{TYPE}};
 
-// Loads this thread's vectors of the tile whose first element is (r0, s0) in storage
+// This thread's `l`-th vector of the tile whose first element is (r0, s0) in storage
 // orientation; `rows` x `cols` is the operand's extent there, `outer` and `inner` its
 // strides. Elements outside the extent read as zero.
-fn {{X}}_fetch(tid: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) {
-    for (var l = 0u; l < {{X}}_LOADS; l++) {
-        let e = tid + l * THREADS;
-        let gr = r0 + e / {{X}}_PER_ROW;
-        let gs = s0 + (e % {{X}}_PER_ROW) * {{X}}_W;
-        var v = {{TYPE}}();
-        if gr < rows && gs < cols {
-            v = {{X}}_src[(base + gr * outer + gs * inner) / {{X}}_W];
-        }
-        {{X}}_regs[l] = v;
+fn {{X}}_load(tid: u32, l: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) -> {{TYPE}} {
+    let e = tid + l * THREADS;
+    let gr = r0 + e / {{X}}_PER_ROW;
+    let gs = s0 + (e % {{X}}_PER_ROW) * {{X}}_W;
+    var v = {{TYPE}}();
+    if gr < rows && gs < cols {
+        v = {{X}}_src[(base + gr * outer + gs * inner) / {{X}}_W];
     }
+    return v;
+}
+
+// Loads this thread's vectors of the tile into its registers.
+fn {{X}}_fetch(tid: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) {
+    {{X}}_reg_@l = {{X}}_load(tid, @lu, base, r0, s0, rows, cols, outer, inner);
 }
 
 // Writes the fetched vectors into workgroup buffer `buf`.
 fn {{X}}_stash(tid: u32, buf: u32) {
-    for (var l = 0u; l < {{X}}_LOADS; l++) {
+    {{X}}_put(tid, buf, @lu, {{X}}_reg_@l);
+}
+
+// Writes vector `v`, this thread's `l`-th, into workgroup buffer `buf`.
+fn {{X}}_put(tid: u32, buf: u32, l: u32, v: {{TYPE}}) {
+    {
         let e = tid + l * THREADS;
         let t = buf * {{X}}_SIZE + (e / {{X}}_PER_ROW) * {{X}}_LD + (e % {{X}}_PER_ROW) * {{X}}_W;
-        let v = {{X}}_regs[l];
 //#if W8
         // (naga's bitcast keeps the element width, so pairs go through unpack2x16float;
         // the f16 -> f32 -> f16 round trip is exact.)
-        for (var j = 0u; j < 4u; j++) {
-            let h = vec2<f16>(unpack2x16float(v[j]));
-            {{X}}_tile[t + 2u * j] = h.x;
-            {{X}}_tile[t + 2u * j + 1u] = h.y;
-        }
+        let h0 = vec2<f16>(unpack2x16float(v.x));
+        let h1 = vec2<f16>(unpack2x16float(v.y));
+        let h2 = vec2<f16>(unpack2x16float(v.z));
+        let h3 = vec2<f16>(unpack2x16float(v.w));
+        {{X}}_tile[t] = h0.x;
+        {{X}}_tile[t + 1u] = h0.y;
+        {{X}}_tile[t + 2u] = h1.x;
+        {{X}}_tile[t + 3u] = h1.y;
+        {{X}}_tile[t + 4u] = h2.x;
+        {{X}}_tile[t + 5u] = h2.y;
+        {{X}}_tile[t + 6u] = h3.x;
+        {{X}}_tile[t + 7u] = h3.y;
 //#else
 //#if W4
         {{X}}_tile[t] = v.x;

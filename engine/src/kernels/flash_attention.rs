@@ -23,7 +23,7 @@ use super::common::{check_contiguous, check_tensor, enables, require_f16};
 use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
 use crate::error::Error;
 use crate::memory::Category;
-use crate::runtime::{KernelKey, Runtime, grid, render};
+use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
@@ -284,20 +284,7 @@ fn kernel(
 /// repeated once per vec4 slice a lane holds (`@k` replaced by 0, 1, ...).
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path))?;
-    let slices = d4 / path.lanes(d4);
-    let mut out = String::with_capacity(wgsl.len() * 2);
-    for line in wgsl.lines() {
-        if line.contains("@k") {
-            for k in 0..slices {
-                out += &line.replace("@k", &k.to_string());
-                out.push('\n');
-            }
-        } else {
-            out += line;
-            out.push('\n');
-        }
-    }
-    Ok(out)
+    Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4)))
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and

@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use crate::error::Error;
-use crate::runtime::render;
+use crate::runtime::{render, repeat_marked};
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention_coop.wgsl");
@@ -242,7 +242,9 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
     ]
 }
 
-/// The WGSL of one variant.
+/// The WGSL of one variant: rendered, then the fetch lines repeated once per vec4 a
+/// thread fetches of each streamed tile.
 pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Result<String, Error> {
-    render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))
+    let loads = (tile.bc * d / 4).div_ceil(tile.threads());
+    Ok(repeat_marked(&render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?, "@l", loads))
 }

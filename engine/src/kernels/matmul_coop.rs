@@ -9,7 +9,7 @@
 use super::common::ACTIVATIONS;
 use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, render};
+use crate::runtime::{KernelKey, Runtime, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
@@ -126,7 +126,9 @@ fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
         ("COL", load.col.to_string()),
         ("INDEX", index.to_string()),
     ];
-    render("matmul_coop_operand", OPERAND, &values)
+    // One line per fetched vector: LOADS of them.
+    let loads = rows * (cols / load.width) / tile.threads();
+    Ok(repeat_marked(&render("matmul_coop_operand", OPERAND, &values)?, "@l", loads))
 }
 
 /// The unrolled per-fragment code: accumulator declarations, one K step's fragment loads

@@ -101,12 +101,11 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     prefetch: !best.prefetch,
                 };
                 for tile in [best, small] {
-                    push(
-                        &mut out,
-                        "flash_attention_coop",
-                        include_str!("../../../shaders/flash_attention_coop.wgsl"),
-                        flash_attention_coop::variant(mode, td, d, tile),
-                    )?;
+                    out.push(Variant {
+                        name: "flash_attention_coop",
+                        values: format!("{mode:?} dy {td:?} d {d} {tile:?}"),
+                        wgsl: flash_attention_coop::source(mode, td, d, tile)?,
+                    });
                 }
             }
         }
@@ -162,12 +161,11 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     let loads = [(false, 1), (false, 4), (true, 4)].map(|(col, width)| Load { col, width });
                     for la in loads {
                         for lb in loads {
-                            push(
-                                &mut out,
-                                "matmul",
-                                include_str!("../../../shaders/matmul.wgsl"),
-                                super::matmul::variant(ta, ta, tc, tm, act, la, lb),
-                            )?;
+                            out.push(Variant {
+                                name: "matmul",
+                                values: format!("{ta:?} -> {tc:?} tm {tm} {act:?} a {la:?} b {lb:?}"),
+                                wgsl: super::matmul::source(ta, ta, tc, tm, act, la, lb)?,
+                            });
                         }
                     }
                 }

@@ -77,6 +77,26 @@ fn select_blocks(name: &str, source: &str, values: &[(&str, String)]) -> Result<
     Ok(out)
 }
 
+/// Repeats each line of `src` that holds `marker` `n` times, the marker replaced by 0, 1,
+/// ... in turn: how a template writes per-register code (`v_@k = ...;`) as named
+/// variables, which drivers keep in registers, where arrays indexed in loops were kept
+/// in local memory by the H100's driver.
+pub fn repeat_marked(src: &str, marker: &str, n: u32) -> String {
+    let mut out = String::with_capacity(src.len() + src.len() / 2);
+    for line in src.lines() {
+        if line.contains(marker) {
+            for k in 0..n {
+                out += &line.replace(marker, &k.to_string());
+                out.push('\n');
+            }
+        } else {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Renders a variant of a kernel template: selects its `//#if KEY` blocks, then fills
 /// its `{{KEY}}` placeholders; a placeholder left over is an error.
 pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<String, Error> {
