@@ -13,8 +13,8 @@
 use ash::vk;
 use std::ffi::CStr;
 use wgtrain_engine::DType;
-use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
 use wgtrain_engine::kernels::flash_attention::{self, Path};
+use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
 use wgtrain_engine::kernels::variants;
 
 type Failure = Box<dyn std::error::Error>;
@@ -48,7 +48,7 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     // Two of the tensor-core matmul, and the f32 matmul with the H100's tile (TM 8).
     let mut coop = 0;
     for v in variants::all()? {
-        let f32_tm8 = v.name == "matmul" && v.values.starts_with("F32 -> F32 tm 8 Identity");
+        let f32_tm8 = v.name == "matmul" && v.values.contains("(\"TM\", \"8\")") && v.values.contains("(\"TC\", \"f32\")");
         if (v.name == "matmul_coop" && coop < 2) || f32_tm8 {
             coop += usize::from(v.name == "matmul_coop");
             out.push((format!("{} {}", v.name, v.values), v.wgsl));

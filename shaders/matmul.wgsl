@@ -35,113 +35,6 @@ fn store4(c_base: u32, gm: u32, gn0: u32, acc: vec4<f32>) {
     }
 }
 
-// Thread `tid`'s `l`-th load of A's tile at K index k0 (zeros past the extent), and its
-// place in the k-major tile. The loads are named registers in main (lines holding the
-// markers #A and #B are repeated by the host once per load): arrays of them were kept
-// in local memory by the H100's driver.
-//#if VEC_A
-fn load_a(tid: u32, l: u32, a_base: u32, row0: u32, k0: u32) -> vec4<f32> {
-    let e = tid + l * 256u;
-    let gm = row0 + e / 4u;
-    let gk = k0 + (e % 4u) * 4u;
-    var v = vec4<f32>(0.0);
-    if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
-    return v;
-}
-fn put_a(tid: u32, l: u32, v: vec4<f32>) {
-    let e = tid + l * 256u;
-    let mm = e / 4u;
-    let kq = e % 4u;
-    for (var j = 0u; j < 4u; j++) {
-        let t = (kq * 4u + j) * BM + mm;
-        a_tile[t / 4u][t % 4u] = v[j];
-    }
-}
-//#else
-//#if COL_A
-// A contiguous down its columns (a transposed view): vec4s along M, which is the tile's
-// own (k-major) layout.
-fn load_a(tid: u32, l: u32, a_base: u32, row0: u32, k0: u32) -> vec4<f32> {
-    let e = tid + l * 256u;
-    let gk = k0 + e / (BM / 4u);
-    let gm = row0 + (e % (BM / 4u)) * 4u;
-    var v = vec4<f32>(0.0);
-    if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
-    return v;
-}
-fn put_a(tid: u32, l: u32, v: vec4<f32>) {
-    let e = tid + l * 256u;
-    a_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = v;
-}
-//#else
-fn load_a(tid: u32, l: u32, a_base: u32, row0: u32, k0: u32) -> f32 {
-    let e = tid + l * 256u;
-    let gm = row0 + e / BK;
-    let gk = k0 + e % BK;
-    var v = 0.0;
-    if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
-    return v;
-}
-fn put_a(tid: u32, l: u32, v: f32) {
-    let e = tid + l * 256u;
-    let t = (e % BK) * BM + e / BK;
-    a_tile[t / 4u][t % 4u] = v;
-}
-//#endif
-//#endif
-
-// The same for B's tile at K index k0 and column col0.
-//#if VEC_B
-fn load_b(tid: u32, l: u32, b_base: u32, col0: u32, k0: u32) -> vec4<f32> {
-    let e = tid + l * 256u;
-    let gk = k0 + e / (BM / 4u);
-    let gn = col0 + (e % (BM / 4u)) * 4u;
-    var v = vec4<f32>(0.0);
-    if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
-    return v;
-}
-fn put_b(tid: u32, l: u32, v: vec4<f32>) {
-    let e = tid + l * 256u;
-    b_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = v;
-}
-//#else
-//#if COL_B
-// B contiguous down its columns (a transposed view): vec4s along K, spread over the
-// tile's k-major rows.
-fn load_b(tid: u32, l: u32, b_base: u32, col0: u32, k0: u32) -> vec4<f32> {
-    let e = tid + l * 256u;
-    let gn = col0 + e / 4u;
-    let gk = k0 + (e % 4u) * 4u;
-    var v = vec4<f32>(0.0);
-    if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
-    return v;
-}
-fn put_b(tid: u32, l: u32, v: vec4<f32>) {
-    let e = tid + l * 256u;
-    let nn = e / 4u;
-    let kq = e % 4u;
-    for (var j = 0u; j < 4u; j++) {
-        let t = (kq * 4u + j) * BM + nn;
-        b_tile[t / 4u][t % 4u] = v[j];
-    }
-}
-//#else
-fn load_b(tid: u32, l: u32, b_base: u32, col0: u32, k0: u32) -> f32 {
-    let e = tid + l * 256u;
-    let gk = k0 + e / BM;
-    let gn = col0 + e % BM;
-    var v = 0.0;
-    if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
-    return v;
-}
-fn put_b(tid: u32, l: u32, v: f32) {
-    let e = tid + l * 256u;
-    let t = (e / BM) * BM + e % BM;
-    b_tile[t / 4u][t % 4u] = v;
-}
-//#endif
-//#endif
-
 @compute @workgroup_size(16, 16)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z0 = wid.z / p.batch1;
@@ -153,15 +46,93 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let col0 = wid.x * BM;
     let tid = lid.y * 16u + lid.x;
 {{ACC_DECL}}
-    var ra_#A: {{REG_A}};
-    var rb_#B: {{REG_B}};
+//#if VEC_A
+    var ra: array<vec4<f32>, BM / 64u>;
+//#else
+//#if COL_A
+    var ra: array<vec4<f32>, BM / 64u>;
+//#else
+    var ra: array<f32, BM * BK / 256u>;
+//#endif
+//#endif
+//#if VEC_B
+    var rb: array<vec4<f32>, BM / 64u>;
+//#else
+//#if COL_B
+    var rb: array<vec4<f32>, BM / 64u>;
+//#else
+    var rb: array<f32, BM * BK / 256u>;
+//#endif
+//#endif
     // Each turn loads tile k0 into registers, multiplies the previous tile (already in
     // workgroup memory) while those loads are in flight, then stores tile k0.
     var k0 = 0u;
     loop {
         // Global -> registers (tile k0; zeros past K).
-        ra_#A = load_a(tid, #Au, a_base, row0, k0);
-        rb_#B = load_b(tid, #Bu, b_base, col0, k0);
+//#if VEC_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let gm = row0 + e / 4u;
+            let gk = k0 + (e % 4u) * 4u;
+            var v = vec4<f32>(0.0);
+            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
+            ra[l] = v;
+        }
+//#else
+//#if COL_A
+        // A contiguous down its columns (a transposed view): vec4s along M, which is
+        // the tile's own (k-major) layout.
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let gk = k0 + e / (BM / 4u);
+            let gm = row0 + (e % (BM / 4u)) * 4u;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
+            ra[l] = v;
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let gm = row0 + e / BK;
+            let gk = k0 + e % BK;
+            var v = 0.0;
+            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            ra[l] = v;
+        }
+//#endif
+//#endif
+//#if VEC_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let gk = k0 + e / (BM / 4u);
+            let gn = col0 + (e % (BM / 4u)) * 4u;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
+            rb[l] = v;
+        }
+//#else
+//#if COL_B
+        // B contiguous down its columns (a transposed view): vec4s along K, spread over
+        // the tile's k-major rows.
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let gn = col0 + e / 4u;
+            let gk = k0 + (e % 4u) * 4u;
+            var v = vec4<f32>(0.0);
+            if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
+            rb[l] = v;
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let gk = k0 + e / BM;
+            let gn = col0 + e % BM;
+            var v = 0.0;
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            rb[l] = v;
+        }
+//#endif
+//#endif
         if k0 > 0u {
             for (var kk = 0u; kk < BK; kk++) {
                 // Thread (x, y) owns rows y*4 + 64*q .. +4 and the same pattern in
@@ -173,8 +144,54 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         if k0 >= p.k { break; }
         // Registers -> tiles.
-        put_a(tid, #Au, ra_#A);
-        put_b(tid, #Bu, rb_#B);
+//#if VEC_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let mm = e / 4u;
+            let kq = e % 4u;
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + mm;
+                a_tile[t / 4u][t % 4u] = ra[l][j];
+            }
+        }
+//#else
+//#if COL_A
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            a_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = ra[l];
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let t = (e % BK) * BM + e / BK;
+            a_tile[t / 4u][t % 4u] = ra[l];
+        }
+//#endif
+//#endif
+//#if VEC_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            b_tile[(e / (BM / 4u)) * (BM / 4u) + e % (BM / 4u)] = rb[l];
+        }
+//#else
+//#if COL_B
+        for (var l = 0u; l < BM / 64u; l++) {
+            let e = tid + l * 256u;
+            let nn = e / 4u;
+            let kq = e % 4u;
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq * 4u + j) * BM + nn;
+                b_tile[t / 4u][t % 4u] = rb[l][j];
+            }
+        }
+//#else
+        for (var l = 0u; l < BM * BK / 256u; l++) {
+            let e = tid + l * 256u;
+            let t = (e / BM) * BM + e % BM;
+            b_tile[t / 4u][t % 4u] = rb[l];
+        }
+//#endif
+//#endif
         workgroupBarrier();
         k0 += BK;
     }

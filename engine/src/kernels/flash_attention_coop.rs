@@ -246,5 +246,9 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
 /// thread fetches of each streamed tile.
 pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Result<String, Error> {
     let loads = (tile.bc * d / 4).div_ceil(tile.threads());
-    Ok(repeat_marked(&render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?, "@l", loads))
+    Ok(repeat_marked(
+        &render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?,
+        "@l",
+        loads,
+    ))
 }

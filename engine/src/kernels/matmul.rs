@@ -12,7 +12,7 @@ pub use super::matmul_params::{Activation, MatmulOptions};
 use super::matmul_params::{COMMON, FULL_WAVE, Load, Params};
 use crate::error::Error;
 use crate::memory::Category;
-use crate::runtime::{KernelKey, Runtime, render, repeat_marked};
+use crate::runtime::{KernelKey, Runtime, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
@@ -50,14 +50,6 @@ fn register_code(tm: u32) -> (String, String, String) {
     (decl, inner, store)
 }
 
-/// The WGSL of the tiled variant: rendered, then each operand's load lines repeated once
-/// per register a thread loads (vec4 loads: BM / 64 = TM / 4; scalar: BM * BK / 256 = TM).
-pub fn source(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Load, lb: Load) -> Result<String, Error> {
-    let loads = |l: Load| if l.width == 4 { tm / 4 } else { tm };
-    let wgsl = render("matmul", SOURCE, &variant(ta, tb, tc, tm, act, la, lb))?;
-    Ok(repeat_marked(&repeat_marked(&wgsl, "#A", loads(la)), "#B", loads(lb)))
-}
-
 /// The template values of the tiled variant; `la` / `lb` pick each operand's tile
 /// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
 pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Load, lb: Load) -> Vec<(&'static str, String)> {
@@ -73,8 +65,6 @@ pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Lo
         ("MATMUL_COMMON", COMMON.into()),
         ("TYPE_A", ty(ta, la)),
         ("TYPE_B", ty(tb, lb)),
-        ("REG_A", if la.width == 4 { "vec4<f32>" } else { "f32" }.into()),
-        ("REG_B", if lb.width == 4 { "vec4<f32>" } else { "f32" }.into()),
         ("VEC_A", (la.width == 4 && !la.col).to_string()),
         ("VEC_B", (lb.width == 4 && !lb.col).to_string()),
         ("COL_A", (la.width == 4 && la.col).to_string()),
@@ -411,7 +401,13 @@ fn launch_product(
             ],
         ),
         4,
-        || source(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, la, lb),
+        || {
+            render(
+                "matmul",
+                SOURCE,
+                &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, la, lb),
+            )
+        },
     )?;
     // Without a bias, any block fills the (unread) bias binding.
     let bias = opts.bias.unwrap_or(c);

@@ -161,11 +161,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     let loads = [(false, 1), (false, 4), (true, 4)].map(|(col, width)| Load { col, width });
                     for la in loads {
                         for lb in loads {
-                            out.push(Variant {
-                                name: "matmul",
-                                values: format!("{ta:?} -> {tc:?} tm {tm} {act:?} a {la:?} b {lb:?}"),
-                                wgsl: super::matmul::source(ta, ta, tc, tm, act, la, lb)?,
-                            });
+                            push(
+                                &mut out,
+                                "matmul",
+                                include_str!("../../../shaders/matmul.wgsl"),
+                                super::matmul::variant(ta, ta, tc, tm, act, la, lb),
+                            )?;
                         }
                     }
                 }
