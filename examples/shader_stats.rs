@@ -27,13 +27,7 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             if tile.workgroup_bytes(mode, 64) > 48 * 1024 {
                 continue;
             }
-            let name = format!(
-                "flash_coop {mode:?} sg{} bc{} {} {}",
-                tile.sg,
-                tile.bc,
-                if tile.subgroup_sync { "subgroup" } else { "workgroup" },
-                if tile.prefetch { "prefetch" } else { "direct" }
-            );
+            let name = format!("flash_coop {mode:?} {}", tile.name());
             out.push((name, source(mode, DType::F32, 64, tile)?));
         }
     }

@@ -28,22 +28,12 @@
 // that they live in registers (arrays indexed in loops were kept in local memory by the
 // H100's driver).
 //
-// Template: ENABLE, TQ (qkv and y), TD (dy), D4 (head size / 4), BR, BC, R, MODE,
-// SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the mode's code and bindings) and KV_TILES.
+// Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
+// TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the
+// mode's code and bindings) and KV_TILES.
 {{ENABLE}}
 
-struct Params {
-    b: u32,
-    nh: u32,
-    t: u32,
-    c4: u32,        // C / 4: a row of y in vec4s
-    scale: f32,
-    blocks: u32,    // row blocks per (batch, head)
-    per: u32,       // PER, from the host: a loop bound the compiler does not unroll
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+{{ATTENTION_COMMON}}
 //#if FWD
 @group(0) @binding(1) var<storage, read_write> qkv: array<vec4<{{TQ}}>>;
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<{{TQ}}>>;
@@ -79,19 +69,6 @@ var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
 var<workgroup> tile_s: array<f32, BC>;
 var<workgroup> tile_d: array<f32, BC>;
 
-// vec4 index of element (b, t, part, h, 0) of qkv.
-fn qkv_at(b: u32, t: u32, part: u32, h: u32) -> u32 {
-    return ((b * p.t + t) * 3u + part) * p.c4 + h * D4;
-}
-
-// vec4 index of element (b, t, h, 0) of y or dy.
-fn y_at(b: u32, t: u32, h: u32) -> u32 {
-    return (b * p.t + t) * p.c4 + h * D4;
-}
-
-fn row_at(b: u32, h: u32, t: u32) -> u32 {
-    return (b * p.nh + h) * p.t + t;
-}
 
 //#if SUBGROUP
 fn merge_sum4(x: vec4<f32>) -> vec4<f32> {

@@ -30,25 +30,14 @@
 // registers), and picks this kernel only where the adapter grants 16x16x16
 // f16 -> f32 and subgroups of exactly 32.
 //
-// Template: TD (dy), TY (the second streamed tile's source type), D, SG, BC (>= BR), the
-// mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
+// Template: ATTENTION_COMMON (shaders/attention_common.wgsl), TD (dy), TY (the second
+// streamed tile's source type), D, SG, BC (>= BR), the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
 // (OWN_X, OWN_Y), ROW_SYNC, PREFETCH (else each tile is fetched when stashed) and the
 // unrolled code.
 enable f16;
 enable wgpu_cooperative_matrix;
 
-struct Params {
-    b: u32,
-    nh: u32,
-    t: u32,
-    c4: u32,        // C / 4
-    scale: f32,
-    blocks: u32,    // row blocks per (batch, head)
-    per: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+{{ATTENTION_COMMON}}
 @group(0) @binding(1) var<storage, read_write> qkv: array<vec4<f16>>;
 //#if FWD
 @group(0) @binding(2) var<storage, read_write> y: array<f16>;
@@ -95,19 +84,6 @@ var<private> pre_s: f32;
 var<private> pre_d: f32;
 //#endif
 
-// vec4 index of element (b, t, part, h, 0) of qkv.
-fn qkv_at(b: u32, t: u32, part: u32, h: u32) -> u32 {
-    return ((b * p.t + t) * 3u + part) * p.c4 + h * D4;
-}
-
-// vec4 index of element (b, t, h, 0) of y or dy.
-fn y_at(b: u32, t: u32, h: u32) -> u32 {
-    return (b * p.t + t) * p.c4 + h * D4;
-}
-
-fn row_at(b: u32, h: u32, t: u32) -> u32 {
-    return (b * p.nh + h) * p.t + t;
-}
 
 fn put_x(at: u32, v: vec4<f16>) { x_t[at] = v.x; x_t[at + 1u] = v.y; x_t[at + 2u] = v.z; x_t[at + 3u] = v.w; }
 fn put_y(at: u32, v: vec4<f16>) { y_t[at] = v.x; y_t[at + 1u] = v.y; y_t[at + 2u] = v.z; y_t[at + 3u] = v.w; }
@@ -239,6 +215,73 @@ fn write_y(lane: u32, b: u32, h: u32, r0: u32, m0: u32, col: u32) {
 }
 //#endif
 
+// Starts a pass over the streamed tiles from row `first` (PREFETCH: fetches it).
+fn begin_tiles(lid: u32, b: u32, h: u32, first: u32) {
+//#if PREFETCH
+    fetch(lid, b, h, first);
+//#endif
+}
+
+// Makes tile t0 the current one in x_t and y_t once every subgroup is done with the
+// previous one; with PREFETCH the next tile's loads are then in flight while this one is
+// used. Every thread calls it (it holds barriers).
+fn next_tile(lid: u32, b: u32, h: u32, t0: u32, end: u32) {
+    workgroupBarrier();
+//#if PREFETCH
+    stash(lid);
+    workgroupBarrier();
+    if t0 + BC < end {
+        fetch(lid, b, h, t0 + BC);
+    }
+//#else
+    fetch(lid, b, h, t0);
+    stash(lid);
+    workgroupBarrier();
+//#endif
+}
+
+// Which of the lane's four columns c, c + 2, c + 4, c + 6 of tile t0 its row sees:
+// keys up to the row (FWD, BWD_Q), or queries from the key row down and inside T (BWD_KV).
+fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
+    let i = vec4<u32>(t0 + c) + STEP;
+//#if BWD_KV
+    return (i >= vec4<u32>(row)) & (i < vec4<u32>(p.t));
+//#else
+    return i <= vec4<u32>(row);
+//#endif
+}
+
+// The lane's masked P = exp(scale s - lse) from tile t0's staged scores, into p_t in f16;
+// lse is the row's `row_lse`, or (BWD_KV) each query's from tile_s.
+fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
+    for (var u = 0u; u < HALF; u += 4u) {
+        let c = half + 2u * u;
+//#if BWD_KV
+        let ls = vec4<f32>(tile_s[c], tile_s[c + 2u], tile_s[c + 4u], tile_s[c + 6u]);
+//#else
+        let ls = vec4<f32>(row_lse);
+//#endif
+        let ok = unmasked(t0, c, row);
+        put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - ls), ok));
+    }
+}
+
+//#if BWD
+// dS = P (dP - D) from p_t and the staged dP, back into p_t in f16; D is the row's
+// `row_d`, or (BWD_KV) each query's from tile_d.
+fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
+    for (var u = 0u; u < HALF; u += 4u) {
+        let c = half + 2u * u;
+//#if BWD_KV
+        let dd = vec4<f32>(tile_d[c], tile_d[c + 2u], tile_d[c + 4u], tile_d[c + 6u]);
+//#else
+        let dd = vec4<f32>(row_d);
+//#endif
+        put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - dd));
+    }
+}
+//#endif
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group = wid.x + wid.y * nwg.x;
@@ -273,36 +316,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // Pass 1: each row's max and sum over its keys.
     var m = NEG;
     var l = 0.0;
-//#if PREFETCH
-    fetch(lid, b, h, first);
-//#endif
+    begin_tiles(lid, b, h, first);
     for (var t0 = first; t0 < end; t0 += BC) {
-        workgroupBarrier();
-//#if PREFETCH
-        stash(lid);
-        workgroupBarrier();
-        if t0 + BC < end {
-            fetch(lid, b, h, t0 + BC);
-        }
-//#else
-        fetch(lid, b, h, t0);
-        stash(lid);
-        workgroupBarrier();
-//#endif
+        next_tile(lid, b, h, t0, end);
 {{SCORES_X}}
         row_sync();
         var tm = vec4<f32>(NEG);
         for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
-            tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, ok));
+            tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, unmasked(t0, c, row)));
         }
         let m_new = max(m, max(max(tm.x, tm.y), max(tm.z, tm.w)));
         var sum = vec4<f32>(0.0);
         for (var u = 0u; u < HALF; u += 4u) {
             let c = half + 2u * u;
-            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
-            sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), ok);
+            sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
         }
         l = l * exp(m - m_new) + ((sum.x + sum.y) + (sum.z + sum.w));
         m = m_new;
@@ -317,107 +345,36 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     // Pass 2: O += P V with P = exp(s - lse).
 {{ACC_DECL}}
-//#if PREFETCH
-    fetch(lid, b, h, first);
-//#endif
+    begin_tiles(lid, b, h, first);
     for (var t0 = first; t0 < end; t0 += BC) {
-        workgroupBarrier();
-//#if PREFETCH
-        stash(lid);
-        workgroupBarrier();
-        if t0 + BC < end {
-            fetch(lid, b, h, t0 + BC);
-        }
-//#else
-        fetch(lid, b, h, t0);
-        stash(lid);
-        workgroupBarrier();
-//#endif
+        next_tile(lid, b, h, t0, end);
 {{SCORES_X}}
         row_sync();
-        for (var u = 0u; u < HALF; u += 4u) {
-            let c = half + 2u * u;
-            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
-            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - row_lse), ok));
-        }
+        write_p(t0, row, half, sat, pat, row_lse);
         row_sync();
 {{ACC_FIRST}}
     }
 //#endif
+//#if BWD
 //#if BWD_Q
     let lse_i = lse[row_at(b, h, srow)];
     let d_i = dvec[row_at(b, h, srow)];
-{{ACC_DECL}}
-//#if PREFETCH
-    fetch(lid, b, h, first);
-//#endif
-    for (var t0 = first; t0 < end; t0 += BC) {
-        workgroupBarrier();
-//#if PREFETCH
-        stash(lid);
-        workgroupBarrier();
-        if t0 + BC < end {
-            fetch(lid, b, h, t0 + BC);
-        }
 //#else
-        fetch(lid, b, h, t0);
-        stash(lid);
-        workgroupBarrier();
+    let lse_i = 0.0;   // (per query, from tile_s and tile_d)
+    let d_i = 0.0;
 //#endif
+{{ACC_DECL}}
+    begin_tiles(lid, b, h, first);
+    for (var t0 = first; t0 < end; t0 += BC) {
+        next_tile(lid, b, h, t0, end);
 {{SCORES_X}}
         row_sync();
-        for (var u = 0u; u < HALF; u += 4u) {
-            let c = half + 2u * u;
-            let ok = vec4<u32>(t0 + c) + STEP <= vec4<u32>(row);
-            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - lse_i), ok));
-        }
-        row_sync();
-{{SCORES_Y}}
-        row_sync();
-        for (var u = 0u; u < HALF; u += 4u) {
-            let c = half + 2u * u;
-            put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - d_i));
-        }
-        row_sync();
-{{ACC_FIRST}}
-    }
-//#endif
-//#if BWD_KV
-{{ACC_DECL}}
-//#if PREFETCH
-    fetch(lid, b, h, first);
-//#endif
-    for (var t0 = first; t0 < end; t0 += BC) {
-        workgroupBarrier();
-//#if PREFETCH
-        stash(lid);
-        workgroupBarrier();
-        if t0 + BC < end {
-            fetch(lid, b, h, t0 + BC);
-        }
-//#else
-        fetch(lid, b, h, t0);
-        stash(lid);
-        workgroupBarrier();
-//#endif
-{{SCORES_X}}
-        row_sync();
-        for (var u = 0u; u < HALF; u += 4u) {
-            let c = half + 2u * u;
-            let i = vec4<u32>(t0 + c) + STEP;
-            let ok = (i >= vec4<u32>(row)) & (i < vec4<u32>(p.t));
-            let ls = vec4<f32>(tile_s[c], tile_s[c + 2u], tile_s[c + 4u], tile_s[c + 6u]);
-            put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - ls), ok));
-        }
+        write_p(t0, row, half, sat, pat, lse_i);
         row_sync();
 {{ACC_SECOND}}
 {{SCORES_Y}}
         row_sync();
-        for (var u = 0u; u < HALF; u += 4u) {
-            let c = half + 2u * u;
-            let dd = vec4<f32>(tile_d[c], tile_d[c + 2u], tile_d[c + 4u], tile_d[c + 6u]);
-            put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - dd));
-        }
+        write_ds(half, sat, pat, d_i);
         row_sync();
 {{ACC_FIRST}}
     }

@@ -59,13 +59,7 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
         let fits = [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query]
             .iter()
             .all(|&m| tile.workgroup_bytes(m, GPT2.head() as u32) <= limit);
-        let name = format!(
-            "tune.flash.sg{}.bc{}.{}.{}",
-            tile.sg,
-            tile.bc,
-            if tile.subgroup_sync { "subgroup" } else { "workgroup" },
-            if tile.prefetch { "prefetch" } else { "direct" }
-        );
+        let name = format!("tune.flash.{}", tile.name());
         for (what, backward) in [("fwd", false), ("fwd_bwd", true)] {
             let name = format!("{name}.{what}");
             if fits && wanted(&name) {

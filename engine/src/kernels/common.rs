@@ -11,6 +11,9 @@ use crate::tensor::{DType, Tensor};
 
 /// Activation functions shared by kernels (pasted at `{{ACTIVATIONS}}`).
 pub const ACTIVATIONS: &str = include_str!("../../../shaders/activations.wgsl");
+/// The fused attention kernels' parameters and indexing (pasted at
+/// `{{ATTENTION_COMMON}}`; the kernel declares `D4`).
+pub const ATTENTION_COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
 /// Workgroup tree reductions (sum, max, paired sum) shared by the row kernels (pasted
 /// at `{{WORKGROUP_REDUCE}}`; the kernel declares `WG`).
 pub const WORKGROUP_REDUCE: &str = include_str!("../../../shaders/workgroup_reduce.wgsl");

@@ -19,7 +19,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{check_contiguous, check_tensor, enables, require_f16};
+use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, require_f16};
 use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
 use crate::error::Error;
 use crate::memory::Category;
@@ -271,7 +271,8 @@ fn kernel(
     let d4 = (d / 4) as u32;
     let lanes = path.lanes(d4);
     let bc = tile_rows(rt, d, lanes)?;
-    let key = KernelKey::new("flash_attention", &[mode as u32, tq as u32, td as u32, d4, BR, bc, lanes]);
+    let subgroup = u32::from(path == Path::Subgroup);
+    let key = KernelKey::new("flash_attention", &[mode as u32, tq as u32, td as u32, d4, BR, bc, lanes, subgroup]);
     let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path))?;
     Ok(Chosen {
         kernel: k,
@@ -293,6 +294,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) ->
     let lanes = path.lanes(d4);
     let flag = |on: bool| on.to_string();
     vec![
+        ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
         ("ENABLE", enables(&[tq, td])),
         ("TQ", tq.wgsl().into()),
         ("TD", td.wgsl().into()),

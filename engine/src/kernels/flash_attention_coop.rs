@@ -5,10 +5,11 @@
 //! streamed tile, to fit the adapter's workgroup memory) and writes the fragment code
 //! unrolled; `kernels::flash_attention` launches it.
 //!
-//! May call: `error`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
 use std::fmt::Write;
 
+use super::common::ATTENTION_COMMON;
 use crate::error::Error;
 use crate::runtime::{render, repeat_marked};
 use crate::tensor::DType;
@@ -51,6 +52,17 @@ impl CoopTile {
     /// Threads per workgroup.
     pub fn threads(self) -> u32 {
         32 * self.sg
+    }
+
+    /// Its name in tuning rows and statistics, e.g. `sg4.bc64.subgroup.prefetch`.
+    pub fn name(self) -> String {
+        format!(
+            "sg{}.bc{}.{}.{}",
+            self.sg,
+            self.bc,
+            if self.subgroup_sync { "subgroup" } else { "workgroup" },
+            if self.prefetch { "prefetch" } else { "direct" }
+        )
     }
 
     /// Bytes of workgroup memory for head size `d` in `mode`: the two streamed tiles,
@@ -208,6 +220,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
         ),
     };
     vec![
+        ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
         ("TD", td.wgsl().to_string()),
         ("TY", if mode == CoopMode::KeyValue { td.wgsl() } else { "f16" }.to_string()),
         ("D", d.to_string()),

@@ -25,6 +25,16 @@ fn activation(n: u32) -> &'static str {
     }
 }
 
+/// What the attention kernels' names share: the kernel of the family, qkv's type, dy's
+/// (backward) and the head size, from keys that start [mode, tq, td, d / 4].
+fn attention(v: &[u32; 8]) -> String {
+    let mode = ["forward", "row dot", "backward dK dV", "backward dQ"]
+        .get(v[0] as usize)
+        .unwrap_or(&"?");
+    let dy = if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) };
+    format!("flash_attention {mode} {}{dy} d{}", dtype(v[1]), 4 * v[3])
+}
+
 /// The readable name of a launch's variant.
 pub fn describe(key: &KernelKey) -> String {
     let v = key.variant;
@@ -100,28 +110,8 @@ pub fn describe(key: &KernelKey) -> String {
             dtype(v[1])
         ),
         "cross_entropy" => format!("cross_entropy {}{}", dtype(v[0]), if v[1] == 1 { " +backward" } else { "" }),
-        "flash_attention" => format!(
-            "flash_attention {} {}{} d{} tile{} {}",
-            ["forward", "row dot", "backward dK dV", "backward dQ"]
-                .get(v[0] as usize)
-                .unwrap_or(&"?"),
-            dtype(v[1]),
-            if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) },
-            4 * v[3],
-            v[5],
-            if v[6] > 1 { "subgroup" } else { "plain" }
-        ),
-        "flash_attention_coop" => format!(
-            "flash_attention {} {}{} d{} tile{}x{} coop",
-            ["forward", "row dot", "backward dK dV", "backward dQ"]
-                .get(v[0] as usize)
-                .unwrap_or(&"?"),
-            dtype(v[1]),
-            if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) },
-            4 * v[3],
-            v[4],
-            v[5]
-        ),
+        "flash_attention" => format!("{} tile{} {}", attention(&v), v[5], if v[7] == 1 { "subgroup" } else { "plain" }),
+        "flash_attention_coop" => format!("{} tile{}x{} coop", attention(&v), v[4], v[5]),
         family => format!("{family}{v:?}"),
     }
 }
