@@ -133,6 +133,51 @@ fn matmul_matches_for_odd_shapes_transposes_and_epilogues() {
     finish(&rt);
 }
 
+/// Every variant of the tiled kernel (lane placement, one or two workgroup buffers, the
+/// K loop written out or not), on both tile sizes, with tails in M, N and K, many K
+/// tiles (so the buffers alternate), rows or transposed views, vec4 and scalar loads.
+#[test]
+fn every_tiled_variant_matches() {
+    use wgtrain_engine::kernels::matmul::SimtTile;
+    let rt = runtime();
+    let mut rng = Rng(23);
+    // (m, k, n): 64-tiles with an odd K; 128-tiles over 6 K tiles with tails and vec4
+    // loads; scalar loads (no dimension a multiple of 4).
+    for (m, k, n) in [(70, 37, 66), (136, 88, 132), (131, 45, 133)] {
+        let a_data = rng.vec(m * k, -1.0, 1.0);
+        let b_data = rng.vec(k * n, -1.0, 1.0);
+        let (a64, b64) = (f64s(&a_data), f64s(&b_data));
+        let want = matmul_ref(&a64, &b64, 1, m, k, n);
+        let to_f32 = |v: Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+        for (i, tile) in SimtTile::candidates().into_iter().enumerate() {
+            // Each variant sees rows, and one transposed operand in turn.
+            let (a_t, b_t) = (i % 2 == 1, i % 4 >= 2);
+            let a = if a_t {
+                upload(&rt, &to_f32(transpose(&a64, m, k)), &[k, m], DType::F32)
+                    .transpose(0, 1)
+                    .unwrap()
+            } else {
+                upload(&rt, &a_data, &[m, k], DType::F32)
+            };
+            let b = if b_t {
+                upload(&rt, &to_f32(transpose(&b64, k, n)), &[n, k], DType::F32)
+                    .transpose(0, 1)
+                    .unwrap()
+            } else {
+                upload(&rt, &b_data, &[k, n], DType::F32)
+            };
+            let opts = MatmulOptions {
+                tiled_only: true,
+                simt_tile: Some(tile),
+                ..Default::default()
+            };
+            let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+            assert_close(&rt, &format!("{} {m}x{k}x{n} a_t={a_t} b_t={b_t}", tile.name()), &c, &want, k);
+        }
+    }
+    finish(&rt);
+}
+
 /// Products whose few output tiles leave the device idle split K into slices whose
 /// partials a second pass sums in order through the epilogue (bias, GELU, alpha, and
 /// beta accumulating onto C).
@@ -145,6 +190,14 @@ fn split_k_products_match() {
     assert_eq!(split_k(108, 8192), 4);
     assert_eq!(split_k(1, 2048), 8, "the most slices that stay 256 long");
     assert_eq!(split_k(10, 100), 1, "too short to split");
+    // By wave fill (264 slots): 144 tiles fill 2 waves of 264 at 55%, 5 waves at 87% in
+    // 8 slices; 108 tiles fill their last wave at 82% in 2, 4 or 8 slices (the most win).
+    use wgtrain_engine::kernels::matmul::split_k_by_waves;
+    assert_eq!(split_k_by_waves(144, 8192), 8);
+    assert_eq!(split_k_by_waves(108, 8192), 8);
+    assert_eq!(split_k_by_waves(100, 2048), 8);
+    assert_eq!(split_k_by_waves(264, 8192), 1, "a full wave is not split");
+    assert_eq!(split_k_by_waves(144, 768), 2, "4 slices would be shorter than 256");
     assert_eq!(split_k(10, 1000), 1, "slices would not be multiples of 8");
     let rt = runtime();
     let mut rng = Rng(22);

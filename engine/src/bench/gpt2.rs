@@ -15,8 +15,8 @@ use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::{MatmulOptions, matmul_into};
-use crate::kernels::matmul_params::CoopTile;
+use crate::kernels::matmul::matmul_into;
+use crate::kernels::matmul_params::Forced;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, embedding, flash_attention, layernorm};
 use crate::memory::Category;
@@ -69,8 +69,8 @@ pub(super) enum Product {
 }
 
 /// One linear layer's product: forward [R,K]·[K,N], dX [R,N]·[N,K] (Wᵀ a view), dW
-/// [K,R]·[R,N] (Xᵀ a view). With `tile`, the cooperative kernel runs that tile and the
-/// row is named `tune.TILE.gpt2...` (the tuning sweep).
+/// [K,R]·[R,N] (Xᵀ a view). With a forced variant the row is named `tune.TILE.gpt2...`
+/// (the tuning sweep).
 pub(super) struct Linear<'a> {
     pub layer: &'a str,
     pub rows: usize,
@@ -78,7 +78,7 @@ pub(super) struct Linear<'a> {
     pub n: usize,
     pub product: Product,
     pub dtype: DType,
-    pub tile: Option<CoopTile>,
+    pub forced: Forced,
 }
 
 pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
@@ -89,7 +89,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         n,
         product,
         dtype,
-        tile,
+        forced,
     } = l;
     let mut rng = Rng(11);
     // The two operands as stored, and the product's (m, inner, n).
@@ -106,10 +106,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         Product::GradWeight => (x.transpose(0, 1)?, y),
     };
     let c = Tensor::empty(rt, &[m, cols], DType::F32, Category::Temporary, "bench.out")?;
-    let opts = MatmulOptions {
-        coop_tile: tile,
-        ..Default::default()
-    };
+    let opts = forced.options();
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     // Element (i, p) of the first operand and (p, j) of the second, as multiplied.
@@ -127,7 +124,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         got.push(out[i * cols + j]);
         want.push((0..inner).map(|p| stored(at(i, p), dtype) * stored(bt(p, j), dtype)).sum());
     }
-    let coop = crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
+    let coop = !opts.tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
     let tol = if coop {
         tensor_core_tolerance(inner)
     } else {
@@ -138,7 +135,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         Product::GradInput => "dx",
         Product::GradWeight => "dw",
     };
-    let prefix = tile.map_or(String::new(), |t| format!("tune.{}.", t.name()));
+    let prefix = forced.row_prefix();
     Ok(record(
         &format!("{prefix}gpt2.{layer}.{what}"),
         dtype,
@@ -456,7 +453,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
                             n,
                             product,
                             dtype,
-                            tile: None,
+                            forced: Forced::Auto,
                         },
                     )?);
                 }

@@ -13,8 +13,8 @@ use crate::kernels::TensorOps;
 use crate::kernels::attention;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::{MatmulOptions, matmul_into};
-use crate::kernels::matmul_params::CoopTile;
+use crate::kernels::matmul::matmul_into;
+use crate::kernels::matmul_params::Forced;
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
@@ -72,25 +72,13 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
     ))
 }
 
-/// A square-ish matmul row; `tiled_only` forces the tiled kernel, `tile` the
-/// cooperative kernel's tile (the tuning sweep).
-pub(super) fn matmul(
-    rt: &Runtime,
-    name: &str,
-    [m, k, n]: [usize; 3],
-    dtype: DType,
-    tiled_only: bool,
-    tile: Option<CoopTile>,
-) -> Result<BenchRecord, Error> {
+/// A square-ish matmul row, on the kernel `forced` names.
+pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DType, forced: Forced) -> Result<BenchRecord, Error> {
     let mut rng = Rng(3);
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
     let c = Tensor::empty(rt, &[m, n], DType::F32, Category::Temporary, "matmul")?;
-    let opts = MatmulOptions {
-        tiled_only,
-        coop_tile: tile,
-        ..Default::default()
-    };
+    let opts = forced.options();
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     let mut got = Vec::new();
@@ -102,7 +90,7 @@ pub(super) fn matmul(
     }
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     let bytes = ((m * k + k * n) * dtype.size() + m * n * 4) as f64;
-    let coop = !tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
+    let coop = !opts.tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
     let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
     Ok(record(
         name,
@@ -308,15 +296,15 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
     }
     let mm = q(256, 4096);
     if wanted("matmul_f32") {
-        out.push(matmul(rt, "matmul_f32", [mm; 3], DType::F32, true, None)?);
+        out.push(matmul(rt, "matmul_f32", [mm; 3], DType::F32, Forced::Tiled)?);
     }
     if rt.gpu.caps.shader_f16 && wanted("matmul_f16") {
-        out.push(matmul(rt, "matmul_f16", [mm; 3], DType::F16, true, None)?);
+        out.push(matmul(rt, "matmul_f16", [mm; 3], DType::F16, Forced::Tiled)?);
     }
     if rt.gpu.caps.coop_f16_16x16x16() && wanted("matmul_coop_f16") {
-        out.push(matmul(rt, "matmul_coop_f16", [mm; 3], DType::F16, false, None)?);
+        out.push(matmul(rt, "matmul_coop_f16", [mm; 3], DType::F16, Forced::Auto)?);
         if !quick {
-            out.push(matmul(rt, "matmul_coop_f16", [8192; 3], DType::F16, false, None)?);
+            out.push(matmul(rt, "matmul_coop_f16", [8192; 3], DType::F16, Forced::Auto)?);
         }
     }
     if wanted("softmax") {

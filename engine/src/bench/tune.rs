@@ -1,10 +1,13 @@
-//! `wgtrain bench --tune`: every candidate tile of the cooperative-matrix matmul
-//! (`kernels::matmul_coop::CANDIDATES`) at 4096^3 and at each product of GPT-2's four
-//! linear layers (forward, dX, dW at the gpt2 workload's shapes), and every tile of the
-//! tensor-core flash attention (`kernels::flash_attention_coop::candidates`, forward and
-//! forward + backward at GPT-2's shape), each row checked against the CPU like every
-//! benchmark. Its tables are what `matmul_coop::pick` and `flash_attention_coop::pick`
-//! are chosen from.
+//! `wgtrain bench --tune`: every variant of the f32 tiled matmul
+//! (`kernels::matmul_params::SimtTile::candidates`) and every candidate tile of the
+//! cooperative-matrix matmul (`kernels::matmul_coop::CANDIDATES`), at 4096^3 and at each
+//! product of GPT-2's four linear layers (forward, dX, dW at the gpt2 workload's
+//! shapes), and every tile of the tensor-core flash attention
+//! (`kernels::flash_attention_coop::candidates`, forward and forward + backward at
+//! GPT-2's shape), each row checked against the CPU like every benchmark. Its tables are
+//! what `SimtTile::DEFAULT`, `matmul_coop::pick` and `flash_attention_coop::pick` are
+//! chosen from. The tensor-core rows need an adapter with 16x16x16 f16 cooperative
+//! matrices and subgroups of 32; elsewhere only the f32 rows run.
 //!
 //! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::flash_attention_coop`,
 //! `kernels::matmul_coop`, `runtime`, `tensor`.
@@ -14,41 +17,22 @@ use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use crate::kernels::matmul_coop::{CANDIDATES, workgroup_bytes};
+use crate::kernels::matmul_params::{Forced, SimtTile};
 use crate::runtime::Runtime;
 use crate::tensor::DType;
 
-/// The sweep's rows whose name passes `wanted`; an adapter without 16x16x16 f16
-/// cooperative matrices and subgroups of 32 is an error.
+/// The sweep's rows whose name passes `wanted`.
 pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchRecord>, Error> {
-    if !(rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32)) {
-        return Err(Error::invalid(
-            "bench --tune",
-            "an adapter with 16x16x16 f16 cooperative matrices and subgroups of 32 (see `wgtrain devices`)",
-        ));
-    }
-    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
     let mut out = Vec::new();
+    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+    for tile in SimtTile::candidates().into_iter().filter(|t| t.workgroup_bytes(8) <= limit) {
+        matmul_rows(rt, wanted, Forced::Simt(tile), DType::F32, &mut out)?;
+    }
+    if !(rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32)) {
+        return Ok(out);
+    }
     for tile in CANDIDATES.into_iter().filter(|t| workgroup_bytes(*t) <= limit) {
-        let name = format!("tune.{}.matmul_coop_f16", tile.name());
-        if wanted(&name) {
-            out.push(super::kernels::matmul(rt, &name, [4096; 3], DType::F16, false, Some(tile))?);
-        }
-        for (layer, k, n) in linear_layers(GPT2.c) {
-            for (what, product) in PRODUCTS {
-                if wanted(&format!("tune.{}.gpt2.{layer}.{what}", tile.name())) {
-                    let l = Linear {
-                        layer,
-                        rows: GPT2.rows(),
-                        k,
-                        n,
-                        product,
-                        dtype: DType::F16,
-                        tile: Some(tile),
-                    };
-                    out.push(linear(rt, l)?);
-                }
-            }
-        }
+        matmul_rows(rt, wanted, Forced::Coop(tile), DType::F16, &mut out)?;
     }
     let sync = if rt.gpu.caps.subgroup_barrier {
         vec![true, false]
@@ -63,9 +47,48 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
         for (what, backward) in [("fwd", false), ("fwd_bwd", true)] {
             let name = format!("{name}.{what}");
             if fits && wanted(&name) {
-                out.push(attention_row(rt, &name, GPT2, DType::F16, Attention::Fused(Some(tile)), backward)?);
+                out.push(logged(attention_row(
+                    rt,
+                    &name,
+                    GPT2,
+                    DType::F16,
+                    Attention::Fused(Some(tile)),
+                    backward,
+                )?));
             }
         }
     }
     Ok(out)
+}
+
+/// One matmul variant's rows: 4096^3 and GPT-2's linear products.
+fn matmul_rows(rt: &Runtime, wanted: &dyn Fn(&str) -> bool, forced: Forced, dtype: DType, out: &mut Vec<BenchRecord>) -> Result<(), Error> {
+    let prefix = forced.row_prefix();
+    let name = format!("{prefix}matmul_{}", if dtype == DType::F32 { "f32" } else { "coop_f16" });
+    if wanted(&name) {
+        out.push(logged(super::kernels::matmul(rt, &name, [4096; 3], dtype, forced)?));
+    }
+    for (layer, k, n) in linear_layers(GPT2.c) {
+        for (what, product) in PRODUCTS {
+            if wanted(&format!("{prefix}gpt2.{layer}.{what}")) {
+                let l = Linear {
+                    layer,
+                    rows: GPT2.rows(),
+                    k,
+                    n,
+                    product,
+                    dtype,
+                    forced,
+                };
+                out.push(logged(linear(rt, l)?));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `r`, logged as it is measured (`WGTRAIN_LOG=info`): a sweep takes minutes.
+fn logged(r: BenchRecord) -> BenchRecord {
+    tracing::info!("{} {:.1} us, {:.0} GFLOP/s", r.kernel, r.median_us, r.gflops.unwrap_or(0.0));
+    r
 }

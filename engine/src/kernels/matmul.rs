@@ -8,7 +8,7 @@
 //! `kernels::matmul_params`, `memory`, `runtime`, `tensor`.
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
-pub use super::matmul_params::{Activation, MatmulOptions};
+pub use super::matmul_params::{Activation, MatmulOptions, SimtTile};
 use super::matmul_params::{COMMON, FULL_WAVE, Load, Params};
 use crate::error::Error;
 use crate::memory::Category;
@@ -18,29 +18,47 @@ use crate::tensor::{DType, Tensor};
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
 
 /// The register code of a TM x TM thread tile: accumulators `acc{r}_{q}` (row r,
-/// column vec4 q), the rank-1 update per k, and the stores.
-fn register_code(tm: u32) -> (String, String, String) {
+/// column vec4 q), the rank-1 updates of a K tile (a loop over its k, or written out
+/// once per k when `unroll`), and the stores.
+fn register_code(tm: u32, bk: u32, unroll: bool) -> (String, String, String) {
     let q_count = tm / 4;
-    let (mut decl, mut inner, mut store) = (String::new(), String::new(), String::new());
+    let bm4 = 4 * tm; // vec4s per k row of a tile
+    let (mut decl, mut step, mut store) = (String::new(), String::new(), String::new());
     for r in 0..tm {
         for q in 0..q_count {
             decl += &format!("    var acc{r}_{q} = vec4<f32>(0.0);\n");
         }
     }
+    // One k: `base` is the k row's first vec4.
     for q in 0..q_count {
-        inner += &format!("            let a{q} = a_tile[base + lid.y + {}u];\n", 16 * q);
-        inner += &format!("            let b{q} = b_tile[base + lid.x + {}u];\n", 16 * q);
+        step += &format!("                let a{q} = a_tile[base + ty + {}u];\n", 16 * q);
+        step += &format!("                let b{q} = b_tile[base + tx + {}u];\n", 16 * q);
     }
     for r in 0..tm {
         let lane = ["x", "y", "z", "w"][(r % 4) as usize];
         for q in 0..q_count {
-            inner += &format!("            acc{r}_{q} = fma(vec4<f32>(a{}.{lane}), b{q}, acc{r}_{q});\n", r / 4);
+            step += &format!(
+                "                acc{r}_{q} = fma(vec4<f32>(a{}.{lane}), b{q}, acc{r}_{q});\n",
+                r / 4
+            );
         }
     }
+    let inner = if unroll {
+        (0..bk)
+            .map(|kk| {
+                format!(
+                    "            {{\n                let base = prev + {}u;\n{step}            }}\n",
+                    kk * bm4
+                )
+            })
+            .collect()
+    } else {
+        format!("            for (var kk = 0u; kk < BK; kk++) {{\n                let base = prev + kk * {bm4}u;\n{step}            }}\n")
+    };
     for r in 0..tm {
         for q in 0..q_count {
             store += &format!(
-                "    store4(c_base, row0 + {}u + lid.y * 4u + {}u, col0 + {}u + lid.x * 4u, acc{r}_{q});\n",
+                "    store4(c_base, row0 + {}u + ty * 4u + {}u, col0 + {}u + tx * 4u, acc{r}_{q});\n",
                 (r / 4) * 64,
                 r % 4,
                 q * 64
@@ -50,10 +68,21 @@ fn register_code(tm: u32) -> (String, String, String) {
     (decl, inner, store)
 }
 
+/// Where each lane's thread tile sits in the workgroup's 16 x 16 grid: `square` puts a
+/// warp's 32 lanes on 8 x 4 positions, so each k's reads are 8 and 4 consecutive vec4s
+/// (one workgroup-memory transaction each) rather than 16 and 2.
+fn lanes(square: bool) -> &'static str {
+    if square {
+        "    let tx = tid % 8u + 8u * ((tid / 32u) % 2u);\n    let ty = (tid / 8u) % 4u + 4u * (tid / 64u);"
+    } else {
+        "    let tx = lid.x;\n    let ty = lid.y;"
+    }
+}
+
 /// The template values of the tiled variant; `la` / `lb` pick each operand's tile
 /// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
-pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Load, lb: Load) -> Vec<(&'static str, String)> {
-    let (decl, inner, store) = register_code(tm);
+pub fn variant([ta, tb, tc]: [DType; 3], tm: u32, tile: SimtTile, act: Activation, [la, lb]: [Load; 2]) -> Vec<(&'static str, String)> {
+    let (decl, inner, store) = register_code(tm, tile.bk, tile.unroll);
     let ty = |t: DType, l: Load| {
         if l.width == 4 {
             format!("vec4<{}>", t.wgsl())
@@ -69,6 +98,10 @@ pub fn variant(ta: DType, tb: DType, tc: DType, tm: u32, act: Activation, la: Lo
         ("VEC_B", (lb.width == 4 && !lb.col).to_string()),
         ("COL_A", (la.width == 4 && la.col).to_string()),
         ("COL_B", (lb.width == 4 && lb.col).to_string()),
+        ("LANES", lanes(tile.square).into()),
+        ("NBUF", tile.nbuf.to_string()),
+        ("BK", tile.bk.to_string()),
+        ("ONE_BUFFER", (tile.nbuf == 1).to_string()),
         ("ACC_DECL", decl),
         ("INNER", inner),
         ("STORE", store),
@@ -282,7 +315,12 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         |t| (u64::from(t.bm()), u64::from(t.bn())),
     );
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
-    let splits = if batches == 1 { split_k(tiles, k) } else { 1 };
+    let wave_split = !coop && opts.simt_tile.unwrap_or(SimtTile::DEFAULT).wave_split;
+    let splits = match batches {
+        1 if wave_split => split_k_by_waves(tiles, k),
+        1 => split_k(tiles, k),
+        _ => 1,
+    };
     if splits == 1 {
         let opts = MatmulOptions { coop_tile, ..*opts };
         return launch_product(rt, &params, a, b, c, &opts, batches as u32);
@@ -312,6 +350,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     let plain = MatmulOptions {
         tiled_only: opts.tiled_only,
         coop_tile,
+        simt_tile: opts.simt_tile,
         ..Default::default()
     };
     launch_product(rt, &first, a, b, &parts, &plain, splits as u32)?;
@@ -351,6 +390,31 @@ pub fn split_k(tiles: u64, k: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// K slices by wave fill, for a product of fewer tiles than one wave of the device
+/// holds (two workgroups per SM): the split (2, 4 or 8; each slice at least 256 long and
+/// a multiple of 8) whose workgroups fill their last wave best, the most slices among
+/// equals. A product of a wave or more is not split: its slices' partials would cost
+/// more than its last wave's idle SMs (measured at GPT-2's shapes).
+pub fn split_k_by_waves(tiles: u64, k: usize) -> usize {
+    let slots = 2 * FULL_WAVE;
+    if tiles >= slots {
+        return 1;
+    }
+    let fits = |s: usize| s == 1 || (k.is_multiple_of(8 * s) && k / s >= 256);
+    // Fill in thousandths: work / (waves * slots).
+    let fill = |s: usize| {
+        let wgs = tiles * s as u64;
+        wgs * 1000 / (wgs.div_ceil(slots) * slots)
+    };
+    let mut best = 1;
+    for s in [2, 4, 8].into_iter().filter(|&s| fits(s)) {
+        if fill(s) >= fill(best) {
+            best = s;
+        }
+    }
+    best
+}
+
 /// The tiled kernel's output tile (rows = columns).
 fn tiled_tile(m: usize, n: usize) -> usize {
     if m >= 128 && n >= 128 { 128 } else { 64 }
@@ -387,6 +451,18 @@ fn launch_product(
     let tile = tiled_tile(m, n);
     let tm = tile / 16;
     let [la, lb] = Load::of_operands(params, &[4]);
+    let simt = opts.simt_tile.unwrap_or(SimtTile::DEFAULT);
+    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+    if simt.workgroup_bytes(tm as u32) > limit {
+        return Err(Error::invalid(
+            "matmul",
+            format!(
+                "a tiled variant within the adapter's {limit} bytes of workgroup memory ({} needs {})",
+                simt.name(),
+                simt.workgroup_bytes(tm as u32)
+            ),
+        ));
+    }
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul",
@@ -398,6 +474,7 @@ fn launch_product(
                 opts.activation as u32,
                 la.code(),
                 lb.code(),
+                simt.packed(),
             ],
         ),
         4,
@@ -405,7 +482,7 @@ fn launch_product(
             render(
                 "matmul",
                 SOURCE,
-                &variant(a.dtype(), b.dtype(), c.dtype(), tm as u32, opts.activation, la, lb),
+                &variant([a.dtype(), b.dtype(), c.dtype()], tm as u32, simt, opts.activation, [la, lb]),
             )
         },
     )?;

@@ -50,6 +50,77 @@ pub struct MatmulOptions<'a> {
     /// The cooperative kernel's tile, where the caller forces one (the tuning sweep);
     /// `None` lets the shape pick.
     pub coop_tile: Option<CoopTile>,
+    /// The tiled kernel's variant, where the caller forces one (the tuning sweep);
+    /// `None` takes [`SimtTile::DEFAULT`].
+    pub simt_tile: Option<SimtTile>,
+}
+
+/// A variant of the tiled (SIMT) kernel, shaders/matmul.wgsl: `square` places a warp's
+/// lanes on 8 x 4 thread tiles (else 16 x 2), `nbuf` workgroup buffers per operand (2:
+/// one barrier per K tile instead of two), K tiles of `bk` (16 or 32), `unroll` writes a
+/// K tile's steps out; `wave_split` picks a product's split-K by how evenly its
+/// workgroups fill the device's waves (else: the fewest slices that fill it twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SimtTile {
+    pub square: bool,
+    pub nbuf: u32,
+    pub bk: u32,
+    pub unroll: bool,
+    pub wave_split: bool,
+}
+
+impl SimtTile {
+    /// The kernel's first version: 16 x 2 lanes per warp, a K loop, one buffer, the
+    /// fewest slices that fill the device twice.
+    pub const FIRST: SimtTile = SimtTile {
+        square: false,
+        nbuf: 1,
+        bk: 16,
+        unroll: false,
+        wave_split: false,
+    };
+
+    /// What the tiled kernel runs unless told otherwise: the fastest of
+    /// [`SimtTile::candidates`] on the H100 at 4096^3 and at GPT-2's products
+    /// (docs/benchmarks.md, "The f32 matmul's variants").
+    pub const DEFAULT: SimtTile = SimtTile {
+        square: true,
+        nbuf: 1,
+        bk: 16,
+        unroll: true,
+        wave_split: true,
+    };
+
+    /// The variants `wgtrain bench --tune` sweeps: the first version, the default, and
+    /// the default with two buffers, with K tiles of 32, or with the first split rule.
+    pub fn candidates() -> Vec<SimtTile> {
+        let d = SimtTile::DEFAULT;
+        vec![
+            SimtTile::FIRST,
+            d,
+            SimtTile { nbuf: 2, ..d },
+            SimtTile { bk: 32, ..d },
+            SimtTile { wave_split: false, ..d },
+        ]
+    }
+
+    /// Workgroup memory of the variant with `tm` x `tm` thread tiles.
+    pub const fn workgroup_bytes(&self, tm: u32) -> u64 {
+        2 * self.nbuf as u64 * self.bk as u64 * 16 * tm as u64 * 4
+    }
+
+    /// One number for the kernel key (the split rule is not the kernel's).
+    pub const fn packed(&self) -> u32 {
+        self.square as u32 | self.nbuf << 1 | (self.unroll as u32) << 4 | self.bk << 5
+    }
+
+    /// `sq|wide _bN _kBK _unroll|loop [_w]`, as benchmark rows name it.
+    pub fn name(&self) -> String {
+        let lanes = if self.square { "sq" } else { "wide" };
+        let k = if self.unroll { "unroll" } else { "loop" };
+        let w = if self.wave_split { "_w" } else { "" };
+        format!("{lanes}_b{}_k{}_{k}{w}", self.nbuf, self.bk)
+    }
 }
 
 /// Workgroups that fill a large GPU once (an H100 has 132 SMs): below it a product's
@@ -96,6 +167,48 @@ impl CoopTile {
     }
 }
 
+/// Which matmul kernel a benchmark row runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forced {
+    /// Whatever the shape and adapter pick.
+    Auto,
+    /// The tiled kernel, its default variant.
+    Tiled,
+    /// The cooperative kernel with this tile.
+    Coop(CoopTile),
+    /// The tiled kernel with this variant.
+    Simt(SimtTile),
+}
+
+impl Forced {
+    /// The options that run it.
+    pub fn options(self) -> MatmulOptions<'static> {
+        let base = MatmulOptions::default();
+        match self {
+            Forced::Auto => base,
+            Forced::Tiled => MatmulOptions { tiled_only: true, ..base },
+            Forced::Coop(t) => MatmulOptions {
+                coop_tile: Some(t),
+                ..base
+            },
+            Forced::Simt(t) => MatmulOptions {
+                tiled_only: true,
+                simt_tile: Some(t),
+                ..base
+            },
+        }
+    }
+
+    /// `tune.NAME.` for a forced variant, as the sweep's rows begin; empty otherwise.
+    pub fn row_prefix(self) -> String {
+        match self {
+            Forced::Auto | Forced::Tiled => String::new(),
+            Forced::Coop(t) => format!("tune.{}.", t.name()),
+            Forced::Simt(t) => format!("tune.f32.{}.", t.name()),
+        }
+    }
+}
+
 impl Default for MatmulOptions<'_> {
     fn default() -> Self {
         MatmulOptions {
@@ -105,6 +218,7 @@ impl Default for MatmulOptions<'_> {
             activation: Activation::Identity,
             tiled_only: false,
             coop_tile: None,
+            simt_tile: None,
         }
     }
 }

@@ -10,7 +10,7 @@ use super::flash_attention_coop::{self, CoopMode, CoopTile};
 use super::map::MapOp;
 use super::matmul::Activation;
 use super::matmul_coop::{self, CANDIDATES, TILE_128_K64};
-use super::matmul_params::Load;
+use super::matmul_params::{Load, SimtTile};
 use super::reduce::ReduceOp;
 use super::softmax::SoftmaxMode;
 use crate::error::Error;
@@ -165,11 +165,25 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                                 &mut out,
                                 "matmul",
                                 include_str!("../../../shaders/matmul.wgsl"),
-                                super::matmul::variant(ta, ta, tc, tm, act, la, lb),
+                                super::matmul::variant([ta, ta, tc], tm, SimtTile::DEFAULT, act, [la, lb]),
                             )?;
                         }
                     }
                 }
+            }
+        }
+    }
+    // The tuning sweep's other variants, with f32 operands and each load.
+    for tile in SimtTile::candidates() {
+        for tm in [4, 8] {
+            let loads = [(false, 1), (false, 4), (true, 4)].map(|(col, width)| Load { col, width });
+            for (la, lb) in loads.into_iter().flat_map(|la| loads.map(|lb| (la, lb))) {
+                push(
+                    &mut out,
+                    "matmul",
+                    include_str!("../../../shaders/matmul.wgsl"),
+                    super::matmul::variant([DType::F32; 3], tm, tile, Activation::Identity, [la, lb]),
+                )?;
             }
         }
     }
