@@ -26,7 +26,8 @@
 // Each lane's slices are named variables: a line holding the slice marker (an at-sign
 // and k) is repeated by the host once per slice, the marker replaced by its index, so
 // that they live in registers (arrays indexed in loops were kept in local memory by the
-// H100's driver).
+// H100's driver). The loops over a tile's rows, four at a time, are written out by the
+// host (the `//#unroll` blocks, `@u` the copy's index): the driver kept them as loops.
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
 // TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the
@@ -171,7 +172,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         // Four keys at a time, the online update (no array of scores is kept): four
         // independent dot products, one correction for the four.
-        for (var jj = 0u; jj < p.per; jj += 4u) {
+//#unroll
+        {
+            let jj = 4u * @u;
             let at = jj * RS + sub;
             var s4 = vec4<f32>(0.0);
             s4 += vec4<f32>(dot(q_@k, tile_a[at + R * @ku]), dot(q_@k, tile_a[at + RS + R * @ku]), dot(q_@k, tile_a[at + 2u * RS + R * @ku]), dot(q_@k, tile_a[at + 3u * RS + R * @ku]));
@@ -185,6 +188,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             o_@k = o_@k * corr + p4.x * tile_b[at + R * @ku] + p4.y * tile_b[at + RS + R * @ku] + p4.z * tile_b[at + 2u * RS + R * @ku] + p4.w * tile_b[at + 3u * RS + R * @ku];
             m = m_new;
         }
+//#end
     }
     if valid {
         let inv = 1.0 / l;
@@ -205,7 +209,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-        for (var jj = 0u; jj < p.per; jj += 4u) {
+//#unroll
+        {
+            let jj = 4u * @u;
             let at = jj * RS + sub;
             var s4 = vec4<f32>(0.0);
             var dp4 = vec4<f32>(0.0);
@@ -217,6 +223,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let ds = p4 * (merge_sum4(dp4) - d_i);
             dq_@k += ds.x * tile_a[at + R * @ku] + ds.y * tile_a[at + RS + R * @ku] + ds.z * tile_a[at + 2u * RS + R * @ku] + ds.w * tile_a[at + 3u * RS + R * @ku];
         }
+//#end
     }
     if valid {
         dqkv[qkv_at(b, row, 0u, h) + sub + R * @ku] = dq_@k * p.scale;
@@ -233,7 +240,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_q(lid, b, h, i0);
         workgroupBarrier();
-        for (var ii = 0u; ii < p.per; ii += 4u) {
+//#unroll
+        {
+            let ii = 4u * @u;
             let at = ii * RS + sub;
             var s4 = vec4<f32>(0.0);
             var dp4 = vec4<f32>(0.0);
@@ -248,6 +257,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             dv_@k += p4.x * tile_b[at + R * @ku] + p4.y * tile_b[at + RS + R * @ku] + p4.z * tile_b[at + 2u * RS + R * @ku] + p4.w * tile_b[at + 3u * RS + R * @ku];
             dk_@k += ds.x * tile_a[at + R * @ku] + ds.y * tile_a[at + RS + R * @ku] + ds.z * tile_a[at + 2u * RS + R * @ku] + ds.w * tile_a[at + 3u * RS + R * @ku];
         }
+//#end
     }
     if valid {
         dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk_@k * p.scale;

@@ -59,7 +59,8 @@ const WG: u32 = 32u * SG;
 const LD: u32 = D + 8u;      // f16 tile rows, padded by 16 bytes
 const PLD: u32 = BC + 8u;    // P or dS rows (f16)
 const SLD: u32 = BC + 4u;    // staging rows (f32)
-const HALF: u32 = BC / 2u;   // a lane's columns of its row
+const HALF: u32 = BC / 2u;   // a lane's columns of its row (its loops over them, four
+                             // columns a copy, are written out by the host: `//#unroll`)
 const LOADS: u32 = (BC * D4 + WG - 1u) / WG;   // vec4s a thread fetches per tile
 const NEG: f32 = -3.0e38;
 
@@ -254,7 +255,9 @@ fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
 // The lane's masked P = exp(scale s - lse) from tile t0's staged scores, into p_t in f16;
 // lse is the row's `row_lse`, or (BWD_KV) each query's from tile_s.
 fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
-    for (var u = 0u; u < HALF; u += 4u) {
+//#unroll
+    {
+        let u = 4u * @u;
         let c = half + 2u * u;
 //#if BWD_KV
         let ls = vec4<f32>(tile_s[c], tile_s[c + 2u], tile_s[c + 4u], tile_s[c + 6u]);
@@ -264,13 +267,16 @@ fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
         let ok = unmasked(t0, c, row);
         put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - ls), ok));
     }
+//#end
 }
 
 //#if BWD
 // dS = P (dP - D) from p_t and the staged dP, back into p_t in f16; D is the row's
 // `row_d`, or (BWD_KV) each query's from tile_d.
 fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
-    for (var u = 0u; u < HALF; u += 4u) {
+//#unroll
+    {
+        let u = 4u * @u;
         let c = half + 2u * u;
 //#if BWD_KV
         let dd = vec4<f32>(tile_d[c], tile_d[c + 2u], tile_d[c + 4u], tile_d[c + 6u]);
@@ -279,6 +285,7 @@ fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
 //#endif
         put_p4(pat + c, p4(pat + c) * (staged4(sat + c) - dd));
     }
+//#end
 }
 //#endif
 
@@ -322,16 +329,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 {{SCORES_X}}
         row_sync();
         var tm = vec4<f32>(NEG);
-        for (var u = 0u; u < HALF; u += 4u) {
+//#unroll
+        {
+            let u = 4u * @u;
             let c = half + 2u * u;
             tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, unmasked(t0, c, row)));
         }
+//#end
         let m_new = max(m, max(max(tm.x, tm.y), max(tm.z, tm.w)));
         var sum = vec4<f32>(0.0);
-        for (var u = 0u; u < HALF; u += 4u) {
+//#unroll
+        {
+            let u = 4u * @u;
             let c = half + 2u * u;
             sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
         }
+//#end
         l = l * exp(m - m_new) + ((sum.x + sum.y) + (sum.z + sum.w));
         m = m_new;
     }

@@ -2,7 +2,7 @@
 // the same strided operands, parameters and epilogue as matmul.wgsl.
 // A workgroup of GM x GN subgroups of 32 computes a BM x BN tile of C; each subgroup owns
 // FM x FN fragments of 16 x 16, accumulators in registers: the host writes their
-// declarations, multiply-adds and stores out unrolled (ACC_DECL, MMA, STORE_DIRECT,
+// declarations, multiply-adds (every 16-step of a K tile) and stores out unrolled (ACC_DECL, MMA, STORE_DIRECT,
 // STORE_STAGED) as named variables, since an array of cooperative matrices indexed in a
 // loop ran at ~30 TFLOP/s on the H100 against 100-150 unrolled (it is not kept in registers). K steps by BK through
 // NBUF workgroup buffers per operand: with two, the next tile is fetched from global
@@ -85,9 +85,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if more {
             fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
         }
-        for (var kk = 0u; kk < BK; kk += 16u) {
 {{MMA}}
-        }
         if more {
             if NBUF == 1u {
                 workgroupBarrier();

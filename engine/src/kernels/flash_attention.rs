@@ -23,7 +23,7 @@ use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, r
 use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
 use crate::error::Error;
 use crate::memory::Category;
-use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked};
+use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked, unroll_blocks};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
@@ -199,6 +199,11 @@ fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
         })
 }
 
+/// The most vec4 slices per lane whose loops over a tile are written out: beyond it (a
+/// thread per row at head sizes 64 and 128, the plain path; 8 slices at head size 128)
+/// the code grows large (on lavapipe: 11 minutes to compile the attention tests).
+pub const UNROLL_SLICES: u32 = 4;
+
 /// A kernel of the family, its rows per tile and thread (`per`) and its rows per
 /// workgroup.
 struct Chosen {
@@ -272,8 +277,21 @@ fn kernel(
     let lanes = path.lanes(d4);
     let bc = tile_rows(rt, d, lanes)?;
     let subgroup = u32::from(path == Path::Subgroup);
-    let key = KernelKey::new("flash_attention", &[mode as u32, tq as u32, td as u32, d4, BR, bc, lanes, subgroup]);
-    let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path))?;
+    let unroll = unrolled(rt, d4, path);
+    let key = KernelKey::new(
+        "flash_attention",
+        &[
+            mode as u32,
+            tq as u32,
+            td as u32,
+            d4,
+            BR,
+            bc,
+            lanes,
+            subgroup | u32::from(unroll) << 1,
+        ],
+    );
+    let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path, unroll))?;
     Ok(Chosen {
         kernel: k,
         per: bc,
@@ -281,11 +299,24 @@ fn kernel(
     })
 }
 
-/// The WGSL of one SIMT variant: the template rendered, then each line holding `@k`
-/// repeated once per vec4 slice a lane holds (`@k` replaced by 0, 1, ...).
-pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Result<String, Error> {
+/// The WGSL of one SIMT variant: the template rendered, its loops over a tile's rows
+/// written out (`//#unroll` blocks, four rows a copy) if `unroll` (else kept as loops),
+/// then each line holding `@k` repeated once per vec4 slice a lane holds (`@k` replaced
+/// by 0, 1, ...).
+pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path))?;
+    let wgsl = unroll_blocks("flash_attention", &wgsl, bc / 4, unroll)?;
     Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4)))
+}
+
+/// Whether the SIMT kernel's loops over a tile are written out on `rt`'s adapter at head
+/// size 4 `d4`: where a lane holds at most [`UNROLL_SLICES`] slices (the H100 ran the
+/// f32 attention in XXX ms written out, against 4.18 ms as loops); on CPU adapters
+/// (lavapipe), whose compilers unroll for themselves and compile big code slowly (the
+/// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
+pub fn unrolled(rt: &Runtime, d4: u32, path: Path) -> bool {
+    let slices = d4 / path.lanes(d4);
+    slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and

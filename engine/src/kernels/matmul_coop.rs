@@ -131,8 +131,8 @@ fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
     Ok(repeat_marked(&render("matmul_coop_operand", OPERAND, &values)?, "@l", loads))
 }
 
-/// The unrolled per-fragment code: accumulator declarations, one K step's fragment loads
-/// and multiply-adds, the direct stores and the staged stores.
+/// The unrolled per-fragment code: accumulator declarations, a K tile's fragment loads
+/// and multiply-adds (each 16-step written out), the direct stores and the staged stores.
 fn unrolled(tile: CoopTile) -> [String; 4] {
     use std::fmt::Write;
     let frags = || (0..tile.fm).flat_map(|i| (0..tile.fn_).map(move |j| (i, j)));
@@ -140,14 +140,20 @@ fn unrolled(tile: CoopTile) -> [String; 4] {
     for (i, j) in frags() {
         let _ = writeln!(decl, "    var acc_{i}_{j} = coop_mat16x16<f32, C>();");
     }
-    for i in 0..tile.fm {
-        let _ = writeln!(mma, "            let a_{i} = a_frag(cur, m0 + {}u, kk);", 16 * i);
-    }
-    for j in 0..tile.fn_ {
-        let _ = writeln!(mma, "            let b_{j} = b_frag(cur, n0 + {}u, kk);", 16 * j);
+    for kk in (0..tile.bk).step_by(16) {
+        let _ = writeln!(mma, "        {{\n            let kk = {kk}u;");
+        for i in 0..tile.fm {
+            let _ = writeln!(mma, "            let a_{i} = a_frag(cur, m0 + {}u, kk);", 16 * i);
+        }
+        for j in 0..tile.fn_ {
+            let _ = writeln!(mma, "            let b_{j} = b_frag(cur, n0 + {}u, kk);", 16 * j);
+        }
+        for (i, j) in frags() {
+            let _ = writeln!(mma, "            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});");
+        }
+        mma += "        }\n";
     }
     for (i, j) in frags() {
-        let _ = writeln!(mma, "            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});");
         let _ = writeln!(
             direct,
             "        {{\n            let ci = c_base + (gm0 + {}u) * p.c_rs + gn0 + {}u;\n            let ld = p.c_rs;\n            coopStoreT(acc_{i}_{j}, &c[ci], ld);\n        }}",

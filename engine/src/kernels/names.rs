@@ -110,7 +110,13 @@ pub fn describe(key: &KernelKey) -> String {
             dtype(v[1])
         ),
         "cross_entropy" => format!("cross_entropy {}{}", dtype(v[0]), if v[1] == 1 { " +backward" } else { "" }),
-        "flash_attention" => format!("{} tile{} {}", attention(&v), v[5], if v[7] == 1 { "subgroup" } else { "plain" }),
+        "flash_attention" => format!(
+            "{} tile{} {}{}",
+            attention(&v),
+            v[5],
+            if v[7] & 1 == 1 { "subgroup" } else { "plain" },
+            if v[7] & 2 == 2 { " unrolled" } else { "" }
+        ),
         "flash_attention_coop" => format!("{} tile{}x{} coop", attention(&v), v[4], v[5]),
         family => format!("{family}{v:?}"),
     }

@@ -77,11 +77,13 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             for td in floats {
                 for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
                     for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup] {
-                        out.push(Variant {
-                            name: "flash_attention",
-                            values: format!("mode {mode} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?}"),
-                            wgsl: super::flash_attention::source(mode, tq, td, d4, bc, path)?,
-                        });
+                        for unroll in [false, true] {
+                            out.push(Variant {
+                                name: "flash_attention",
+                                values: format!("mode {mode} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?} unroll {unroll}"),
+                                wgsl: super::flash_attention::source(mode, tq, td, d4, bc, path, unroll)?,
+                            });
+                        }
                     }
                 }
             }
