@@ -46,11 +46,15 @@ pub enum Path {
 }
 
 impl Path {
-    /// Threads per row of the SIMT kernels at head size 4 `d4`: on the subgroup path 4,
-    /// or 2 or 1 where `d4` does not divide by them (each lane takes `d4 / lanes` vec4s).
-    pub fn lanes(self, d4: u32) -> u32 {
+    /// Threads per row of the SIMT kernel `mode` (0 forward, 1 row dot, 2 dK dV, 3 dQ)
+    /// at head size 4 `d4`: on the subgroup path 4 for dK dV and 2 for the others, or
+    /// fewer where `d4` does not divide by them (each lane takes `d4 / lanes` vec4s). On
+    /// the H100 at head size 64 (f32), 2 lanes ran the forward in 1.10 ms and dQ in 1.22
+    /// (4 lanes: 1.24 and 1.35; 1 lane: 1.78 and 3.74) and dK dV in 1.82 (4 lanes: 1.44).
+    pub fn lanes(self, d4: u32, mode: u32) -> u32 {
+        let most = if mode == Mode::KeyValue as u32 { 4 } else { 2 };
         match self {
-            Path::Subgroup if d4.is_multiple_of(4) => 4,
+            Path::Subgroup if most == 4 && d4.is_multiple_of(4) => 4,
             Path::Subgroup if d4.is_multiple_of(2) => 2,
             _ => 1,
         }
@@ -274,10 +278,10 @@ fn kernel(
     }
     let path = if path == Path::Coop { Path::Plain } else { path };
     let d4 = (d / 4) as u32;
-    let lanes = path.lanes(d4);
+    let lanes = path.lanes(d4, mode as u32);
     let bc = tile_rows(rt, d, lanes)?;
     let subgroup = u32::from(path == Path::Subgroup);
-    let unroll = unrolled(rt, d4, path);
+    let unroll = unrolled(rt, d4, path, mode as u32);
     let key = KernelKey::new(
         "flash_attention",
         &[
@@ -306,23 +310,23 @@ fn kernel(
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path))?;
     let wgsl = unroll_blocks("flash_attention", &wgsl, bc / 4, unroll)?;
-    Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4)))
+    Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4, mode)))
 }
 
 /// Whether the SIMT kernel's loops over a tile are written out on `rt`'s adapter at head
 /// size 4 `d4`: where a lane holds at most [`UNROLL_SLICES`] slices (the H100 ran the
-/// f32 attention in XXX ms written out, against 4.18 ms as loops); on CPU adapters
+/// f32 attention in 4.07 ms written out, against 4.18 ms as loops); on CPU adapters
 /// (lavapipe), whose compilers unroll for themselves and compile big code slowly (the
 /// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
-pub fn unrolled(rt: &Runtime, d4: u32, path: Path) -> bool {
-    let slices = d4 / path.lanes(d4);
+pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
+    let slices = d4 / path.lanes(d4, mode);
     slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
 /// dV, 3 dQ; `bc` rows per tile.
 pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Vec<(&'static str, String)> {
-    let lanes = path.lanes(d4);
+    let lanes = path.lanes(d4, mode);
     let flag = |on: bool| on.to_string();
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
@@ -437,7 +441,7 @@ pub fn backward_tiled(
         &format!("{label}.rowdot"),
     )?;
     let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, None, 3)?;
-    let wg = (BR * path.lanes((dims.d / 4) as u32)) as usize;
+    let wg = (BR * path.lanes((dims.d / 4) as u32, Mode::RowDot as u32)) as usize;
     rt.launch(
         &pre.kernel,
         bytemuck::bytes_of(&dims.params(0, 0)),
