@@ -67,8 +67,9 @@ const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) a
 // tile's lse and D.
 var<workgroup> tile_a: array<vec4<f32>, {{TILE}}>;
 var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
-var<workgroup> tile_s: array<f32, BC>;
-var<workgroup> tile_d: array<f32, BC>;
+// The query tile's lse and D, four rows a vec4 (read four at a time).
+var<workgroup> tile_s: array<vec4<f32>, BC / 4u>;
+var<workgroup> tile_d: array<vec4<f32>, BC / 4u>;
 
 
 //#if SUBGROUP
@@ -120,11 +121,11 @@ fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
     for (var r = lid; r < BC; r += WG) {
         let i = i0 + r;
         if i < p.t {
-            tile_s[r] = lse[row_at(b, h, i)];
-            tile_d[r] = dvec[row_at(b, h, i)];
+            tile_s[r / 4u][r % 4u] = lse[row_at(b, h, i)];
+            tile_d[r / 4u][r % 4u] = dvec[row_at(b, h, i)];
         } else {
-            tile_s[r] = 0.0;
-            tile_d[r] = 0.0;
+            tile_s[r / 4u][r % 4u] = 0.0;
+            tile_d[r / 4u][r % 4u] = 0.0;
         }
     }
 }
@@ -250,8 +251,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             dp4 += vec4<f32>(dot(tile_b[at + R * @ku], v_@k), dot(tile_b[at + RS + R * @ku], v_@k), dot(tile_b[at + 2u * RS + R * @ku], v_@k), dot(tile_b[at + 3u * RS + R * @ku], v_@k));
             let is = vec4<u32>(i0 + ii) + QUAD;
             let ok = (is >= vec4<u32>(row)) & (is < vec4<u32>(p.t)) & vec4<bool>(valid);
-            let ls = vec4<f32>(tile_s[ii], tile_s[ii + 1u], tile_s[ii + 2u], tile_s[ii + 3u]);
-            let dd = vec4<f32>(tile_d[ii], tile_d[ii + 1u], tile_d[ii + 2u], tile_d[ii + 3u]);
+            let ls = tile_s[ii / 4u];
+            let dd = tile_d[ii / 4u];
             let p4 = select(vec4<f32>(0.0), exp(merge_sum4(s4) * p.scale - ls), ok);
             let ds = p4 * (merge_sum4(dp4) - dd);
             dv_@k += p4.x * tile_b[at + R * @ku] + p4.y * tile_b[at + RS + R * @ku] + p4.z * tile_b[at + 2u * RS + R * @ku] + p4.w * tile_b[at + 3u * RS + R * @ku];
