@@ -173,7 +173,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         // Four keys at a time, the online update (no array of scores is kept): four
         // independent dot products, one correction for the four.
-//#unroll
+//#unroll ROWS4
         {
             let jj = 4u * @u;
             let at = jj * RS + sub;
@@ -210,7 +210,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_kv(lid, b, h, j0);
         workgroupBarrier();
-//#unroll
+//#unroll ROWS4
         {
             let jj = 4u * @u;
             let at = jj * RS + sub;
@@ -241,7 +241,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         load_q(lid, b, h, i0);
         workgroupBarrier();
-//#unroll
+//#unroll ROWS4
         {
             let ii = 4u * @u;
             let at = ii * RS + sub;

@@ -255,7 +255,7 @@ fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
 // The lane's masked P = exp(scale s - lse) from tile t0's staged scores, into p_t in f16;
 // lse is the row's `row_lse`, or (BWD_KV) each query's from tile_s.
 fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
-//#unroll
+//#unroll COLS4
     {
         let u = 4u * @u;
         let c = half + 2u * u;
@@ -274,7 +274,7 @@ fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
 // dS = P (dP - D) from p_t and the staged dP, back into p_t in f16; D is the row's
 // `row_d`, or (BWD_KV) each query's from tile_d.
 fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
-//#unroll
+//#unroll COLS4
     {
         let u = 4u * @u;
         let c = half + 2u * u;
@@ -329,7 +329,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 {{SCORES_X}}
         row_sync();
         var tm = vec4<f32>(NEG);
-//#unroll
+//#unroll COLS4
         {
             let u = 4u * @u;
             let c = half + 2u * u;
@@ -338,7 +338,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#end
         let m_new = max(m, max(max(tm.x, tm.y), max(tm.z, tm.w)));
         var sum = vec4<f32>(0.0);
-//#unroll
+//#unroll COLS4
         {
             let u = 4u * @u;
             let c = half + 2u * u;

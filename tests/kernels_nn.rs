@@ -148,24 +148,20 @@ fn every_tiled_variant_matches() {
         let b_data = rng.vec(k * n, -1.0, 1.0);
         let (a64, b64) = (f64s(&a_data), f64s(&b_data));
         let want = matmul_ref(&a64, &b64, 1, m, k, n);
-        let to_f32 = |v: Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+        // A rows x cols operand as stored, or as the transposed view of its transpose.
+        let operand = |data: &[f64], rows: usize, cols: usize, transposed: bool| {
+            let (stored, shape) = if transposed {
+                (transpose(data, rows, cols), [cols, rows])
+            } else {
+                (data.to_vec(), [rows, cols])
+            };
+            let t = upload(&rt, &stored.iter().map(|&x| x as f32).collect::<Vec<_>>(), &shape, DType::F32);
+            if transposed { t.transpose(0, 1).unwrap() } else { t }
+        };
         for (i, tile) in SimtTile::candidates().into_iter().enumerate() {
             // Each variant sees rows, and one transposed operand in turn.
             let (a_t, b_t) = (i % 2 == 1, i % 4 >= 2);
-            let a = if a_t {
-                upload(&rt, &to_f32(transpose(&a64, m, k)), &[k, m], DType::F32)
-                    .transpose(0, 1)
-                    .unwrap()
-            } else {
-                upload(&rt, &a_data, &[m, k], DType::F32)
-            };
-            let b = if b_t {
-                upload(&rt, &to_f32(transpose(&b64, k, n)), &[n, k], DType::F32)
-                    .transpose(0, 1)
-                    .unwrap()
-            } else {
-                upload(&rt, &b_data, &[k, n], DType::F32)
-            };
+            let (a, b) = (operand(&a64, m, k, a_t), operand(&b64, k, n, b_t));
             let opts = MatmulOptions {
                 tiled_only: true,
                 simt_tile: Some(tile),

@@ -23,7 +23,7 @@ use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, r
 use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
 use crate::error::Error;
 use crate::memory::Category;
-use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked, unroll_blocks};
+use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
@@ -309,8 +309,7 @@ fn kernel(
 /// then each line holding `@k` repeated once per vec4 slice a lane holds (`@k` replaced
 /// by 0, 1, ...).
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
-    let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path))?;
-    let wgsl = unroll_blocks("flash_attention", &wgsl, bc / 4, unroll)?;
+    let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path, unroll))?;
     Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4, mode)))
 }
 
@@ -326,7 +325,7 @@ pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
 /// dV, 3 dQ; `bc` rows per tile.
-pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) -> Vec<(&'static str, String)> {
+pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Vec<(&'static str, String)> {
     let lanes = path.lanes(d4, mode);
     let flag = |on: bool| on.to_string();
     vec![
@@ -337,6 +336,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path) ->
         ("D4", d4.to_string()),
         ("BR", BR.to_string()),
         ("BC", bc.to_string()),
+        ("ROWS4", format!("{}{}", bc / 4, if unroll { "" } else { " loop" })),
         ("R", lanes.to_string()),
         ("WG", (BR * lanes).to_string()),
         ("TILE", (bc * (d4 + 1)).to_string()),

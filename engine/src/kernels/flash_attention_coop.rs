@@ -11,7 +11,7 @@ use std::fmt::Write;
 
 use super::common::ATTENTION_COMMON;
 use crate::error::Error;
-use crate::runtime::{render, repeat_marked, unroll_blocks};
+use crate::runtime::{render, repeat_marked};
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention_coop.wgsl");
@@ -226,6 +226,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
         ("D", d.to_string()),
         ("SG", tile.sg.to_string()),
         ("BC", bc.to_string()),
+        ("COLS4", (bc / 8).to_string()),
         ("WG", tile.threads().to_string()),
         ("FWD", flag(mode == CoopMode::Forward)),
         ("BWD", flag(mode != CoopMode::Forward)),
@@ -255,12 +256,11 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
     ]
 }
 
-/// The WGSL of one variant: rendered, the loops over a lane's columns written out
-/// (`//#unroll` blocks, four columns a copy), then the fetch lines repeated once per vec4
-/// a thread fetches of each streamed tile.
+/// The WGSL of one variant: rendered (the loops over a lane's columns written out, four
+/// columns a copy), then the fetch lines repeated once per vec4 a thread fetches of
+/// each streamed tile.
 pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Result<String, Error> {
     let loads = (tile.bc * d / 4).div_ceil(tile.threads());
     let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?;
-    let wgsl = unroll_blocks("flash_attention_coop", &wgsl, tile.bc / 8, true)?;
     Ok(repeat_marked(&wgsl, "@l", loads))
 }

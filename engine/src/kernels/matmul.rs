@@ -18,11 +18,9 @@ use crate::tensor::{DType, Tensor};
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
 
 /// The register code of a TM x TM thread tile: accumulators `acc{r}_{q}` (row r,
-/// column vec4 q), the rank-1 updates of a K tile (a loop over its k, or written out
-/// once per k when `unroll`), and the stores.
-fn register_code(tm: u32, bk: u32, unroll: bool) -> (String, String, String) {
+/// column vec4 q), the rank-1 update of one k, and the stores.
+fn register_code(tm: u32) -> (String, String, String) {
     let q_count = tm / 4;
-    let bm4 = 4 * tm; // vec4s per k row of a tile
     let (mut decl, mut step, mut store) = (String::new(), String::new(), String::new());
     for r in 0..tm {
         for q in 0..q_count {
@@ -43,18 +41,6 @@ fn register_code(tm: u32, bk: u32, unroll: bool) -> (String, String, String) {
             );
         }
     }
-    let inner = if unroll {
-        (0..bk)
-            .map(|kk| {
-                format!(
-                    "            {{\n                let base = prev + {}u;\n{step}            }}\n",
-                    kk * bm4
-                )
-            })
-            .collect()
-    } else {
-        format!("            for (var kk = 0u; kk < BK; kk++) {{\n                let base = prev + kk * {bm4}u;\n{step}            }}\n")
-    };
     for r in 0..tm {
         for q in 0..q_count {
             store += &format!(
@@ -65,7 +51,7 @@ fn register_code(tm: u32, bk: u32, unroll: bool) -> (String, String, String) {
             );
         }
     }
-    (decl, inner, store)
+    (decl, step, store)
 }
 
 /// Where each lane's thread tile sits in the workgroup's 16 x 16 grid: `square` puts a
@@ -82,7 +68,7 @@ fn lanes(square: bool) -> &'static str {
 /// The template values of the tiled variant; `la` / `lb` pick each operand's tile
 /// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
 pub fn variant([ta, tb, tc]: [DType; 3], tm: u32, tile: SimtTile, act: Activation, [la, lb]: [Load; 2]) -> Vec<(&'static str, String)> {
-    let (decl, inner, store) = register_code(tm, tile.bk, tile.unroll);
+    let (decl, step, store) = register_code(tm);
     let ty = |t: DType, l: Load| {
         if l.width == 4 {
             format!("vec4<{}>", t.wgsl())
@@ -101,9 +87,10 @@ pub fn variant([ta, tb, tc]: [DType; 3], tm: u32, tile: SimtTile, act: Activatio
         ("LANES", lanes(tile.square).into()),
         ("NBUF", tile.nbuf.to_string()),
         ("BK", tile.bk.to_string()),
+        ("KSTEPS", format!("{}{}", tile.bk, if tile.unroll { "" } else { " loop" })),
         ("ONE_BUFFER", (tile.nbuf == 1).to_string()),
         ("ACC_DECL", decl),
-        ("INNER", inner),
+        ("STEP", step),
         ("STORE", store),
         ("ENABLE", enables(&[ta, tb, tc])),
         ("TA", ta.wgsl().into()),
@@ -452,17 +439,6 @@ fn launch_product(
     let tm = tile / 16;
     let [la, lb] = Load::of_operands(params, &[4]);
     let simt = opts.simt_tile.unwrap_or(SimtTile::DEFAULT);
-    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
-    if simt.workgroup_bytes(tm as u32) > limit {
-        return Err(Error::invalid(
-            "matmul",
-            format!(
-                "a tiled variant within the adapter's {limit} bytes of workgroup memory ({} needs {})",
-                simt.name(),
-                simt.workgroup_bytes(tm as u32)
-            ),
-        ));
-    }
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul",
@@ -479,6 +455,18 @@ fn launch_product(
         ),
         4,
         || {
+            // Checked when the kernel is built (a forced variant may not fit).
+            let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+            if simt.workgroup_bytes(tm as u32) > limit {
+                return Err(Error::invalid(
+                    "matmul",
+                    format!(
+                        "a tiled variant within the adapter's {limit} bytes of workgroup memory ({} needs {})",
+                        simt.name(),
+                        simt.workgroup_bytes(tm as u32)
+                    ),
+                ));
+            }
             render(
                 "matmul",
                 SOURCE,

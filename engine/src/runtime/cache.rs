@@ -97,62 +97,72 @@ pub fn repeat_marked(src: &str, marker: &str, n: u32) -> String {
     out
 }
 
-/// Writes out each block of `src` between a line `//#unroll` and a line `//#end` `n`
-/// times, `@u` in it replaced by `0u`, `1u`, ... in turn (the block's own braces scope
-/// each copy): loops the host unrolls, since the H100's driver kept a 16-step K loop of
-/// the f32 matmul as a loop (unrolled by the host: 33 -> 42.6 TFLOP/s). With `unroll`
-/// false the block becomes a loop of `n` turns instead (`@u` its counter), for code that
-/// would grow too large written out. Directives left unclosed, or nested, are template
-/// errors.
-pub fn unroll_blocks(name: &str, src: &str, n: u32, unroll: bool) -> Result<String, Error> {
-    let mut out = String::with_capacity(src.len() * 2);
-    let mut block: Option<Vec<&str>> = None;
-    let template = |what: &str| Error::Template {
+/// Writes out each block of `src` between a line `//#unroll KEY` and a line `//#end`:
+/// where KEY's value is `N`, N times, `@u` in it replaced by `0u`, `1u`, ... in turn
+/// (the block's own braces scope each copy); where it is `N loop`, as a loop of N turns
+/// (`@u` its counter), for code that would grow too large written out. Loops the host
+/// unrolls: the H100's driver kept the f32 matmul's 16-step K loop as a loop (written out
+/// by the host: 33 -> 42.6 TFLOP/s). Unknown keys, bad values, nesting and unclosed
+/// blocks are template errors.
+fn unroll_blocks(name: &str, src: &str, values: &[(&str, String)]) -> Result<String, Error> {
+    let template = |what: String| Error::Template {
         kernel: name.into(),
-        placeholder: what.into(),
+        placeholder: what,
     };
-    let emit = |body: &[&str], out: &mut String| {
-        if unroll {
-            for u in 0..n {
-                for l in body {
-                    *out += &l.replace("@u", &format!("{u}u"));
+    let mut out = String::with_capacity(src.len() * 2);
+    // The open block: its turns, whether written out, its lines.
+    let mut block: Option<(u32, bool, Vec<&str>)> = None;
+    for line in src.lines() {
+        let directive = line.trim();
+        if let Some(key) = directive.strip_prefix("//#unroll ") {
+            if block.is_some() {
+                return Err(template("nested //#unroll".into()));
+            }
+            let value = values
+                .iter()
+                .find(|(k, _)| *k == key.trim())
+                .map(|(_, v)| v.as_str())
+                .ok_or_else(|| template(format!("//#unroll {key}")))?;
+            let (count, written) = match value.strip_suffix(" loop") {
+                Some(n) => (n, false),
+                None => (value, true),
+            };
+            let n = count.parse().map_err(|_| template(format!("//#unroll {key} = {value}")))?;
+            block = Some((n, written, Vec::new()));
+        } else if directive == "//#end" {
+            let (n, written, body) = block.take().ok_or_else(|| template("//#end without //#unroll".into()))?;
+            if written {
+                for u in 0..n {
+                    for l in &body {
+                        out += &l.replace("@u", &format!("{u}u"));
+                        out.push('\n');
+                    }
+                }
+            } else {
+                out += &format!("for (var unrolled = 0u; unrolled < {n}u; unrolled++)\n");
+                for l in &body {
+                    out += &l.replace("@u", "unrolled");
                     out.push('\n');
                 }
             }
+        } else if let Some((_, _, body)) = block.as_mut() {
+            body.push(line);
         } else {
-            *out += &format!("for (var unrolled = 0u; unrolled < {n}u; unrolled++)\n");
-            for l in body {
-                *out += &l.replace("@u", "unrolled");
-                out.push('\n');
-            }
-        }
-    };
-    for line in src.lines() {
-        match (line.trim(), block.as_mut()) {
-            ("//#unroll", None) => block = Some(Vec::new()),
-            ("//#unroll", Some(_)) => return Err(template("nested //#unroll")),
-            ("//#end", Some(body)) => {
-                emit(body, &mut out);
-                block = None;
-            }
-            ("//#end", None) => return Err(template("//#end without //#unroll")),
-            (_, Some(body)) => body.push(line),
-            (_, None) => {
-                out += line;
-                out.push('\n');
-            }
+            out += line;
+            out.push('\n');
         }
     }
     if block.is_some() {
-        return Err(template("//#unroll without //#end"));
+        return Err(template("//#unroll without //#end".into()));
     }
     Ok(out)
 }
 
-/// Renders a variant of a kernel template: selects its `//#if KEY` blocks, then fills
-/// its `{{KEY}}` placeholders; a placeholder left over is an error.
+/// Renders a variant of a kernel template: selects its `//#if KEY` blocks, writes out
+/// (or loops) its `//#unroll KEY` blocks, then fills its `{{KEY}}` placeholders; a
+/// placeholder left over is an error.
 pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<String, Error> {
-    let mut out = select_blocks(name, source, values)?;
+    let mut out = unroll_blocks(name, &select_blocks(name, source, values)?, values)?;
     for (key, value) in values {
         out = out.replace(&format!("{{{{{key}}}}}"), value);
     }
