@@ -55,7 +55,7 @@ pub const TILE_128_K64: CoopTile = CoopTile {
     nbuf: 1,
 };
 /// The tiles the tuning sweep measures.
-pub const CANDIDATES: [CoopTile; 8] = [
+pub const CANDIDATES: [CoopTile; 12] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
@@ -91,6 +91,38 @@ pub const CANDIDATES: [CoopTile; 8] = [
         fn_: 2,
         bk: 64,
         nbuf: 1,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 2,
+        fm: 4,
+        fn_: 4,
+        bk: 32,
+        nbuf: 1,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 2,
+        fm: 4,
+        fn_: 4,
+        bk: 32,
+        nbuf: 2,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 4,
+        fm: 4,
+        fn_: 2,
+        bk: 16,
+        nbuf: 2,
+    },
+    CoopTile {
+        gm: 2,
+        gn: 4,
+        fm: 4,
+        fn_: 4,
+        bk: 16,
+        nbuf: 2,
     },
 ];
 
