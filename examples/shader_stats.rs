@@ -39,13 +39,21 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             out.push((format!("flash_simt {what} {dt:?} d64 subgroup"), wgsl));
         }
     }
-    // Two of the tensor-core matmul, and the f32 matmul with the H100's tile (TM 8).
-    let mut coop = 0;
+    // The tensor-core matmul's tiles (f32 C, no activation, A [M][K] and B [K][N] loaded
+    // 16 bytes wide: one variant per tile, as at 4096^3), and the f32 matmul with the
+    // H100's tile (TM 8).
     for v in variants::all()? {
         let f32_tm8 = v.name == "matmul" && v.values.contains("(\"TM\", \"8\")") && v.values.contains("(\"TC\", \"f32\")");
-        if (v.name == "matmul_coop" && coop < 2) || f32_tm8 {
-            coop += usize::from(v.name == "matmul_coop");
-            out.push((format!("{} {}", v.name, v.values), v.wgsl));
+        let coop_plain = v.name == "matmul_coop"
+            && v.values.contains("(\"TC\", \"f32\")")
+            && v.values.contains("(\"ACT\", \"v\")")
+            && v.values.contains("row0, k0, p.m, p.k")
+            && v.values.contains("k0, col0, p.k, p.n")
+            && v.wgsl.contains("const a_W: u32 = 8u;")
+            && v.wgsl.contains("const b_W: u32 = 8u;");
+        let name = format!("{} {}", v.name, v.values);
+        if (coop_plain || f32_tm8) && !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, v.wgsl));
         }
     }
     Ok(out.into_iter().filter(|(n, _)| n.contains(filter)).collect())
