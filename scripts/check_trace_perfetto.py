@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Loads a `wgtrain profile --trace` file into Perfetto's trace processor (the engine
-behind ui.perfetto.dev) and checks it against the profile's `--json` summary:
+behind ui.perfetto.dev, whose JSON importer reads Chrome trace files) and checks it
+against the profile's `--json` summary:
 
 - the import reports no errors or data losses (Perfetto's `stats` table);
 - the GPU track holds one slice per launch: steps x launches_per_step;
@@ -9,39 +10,52 @@ behind ui.perfetto.dev) and checks it against the profile's `--json` summary:
   more than the wall time.
 
 Prints one JSON object; exits 1 when a check fails, 2 when the trace processor cannot
-be started.
+load the trace.
 
     python3 scripts/check_trace_perfetto.py TRACE.json PROFILE.json --bin trace_processor_shell
 
-Needs the `perfetto` Python package (pip install perfetto). `--bin` is a
-trace_processor_shell binary: without it the package downloads one from
-get.perfetto.dev at first use (scripts/build_trace_processor.sh builds one from
-Perfetto's sources where that site cannot be reached).
+`--bin` is Perfetto's trace_processor_shell (its `query` command): the one that
+get.perfetto.dev/trace_processor downloads, or one built from Perfetto's sources by
+scripts/build_trace_processor.sh where that site cannot be reached.
 """
 
 import argparse
+import csv
+import io
 import json
+import subprocess
 import sys
+
+
+class LoadError(Exception):
+    pass
+
+
+def query(binary, trace, sql):
+    """The rows of `sql` on `trace`, as dicts (numbers as int where they are)."""
+    run = subprocess.run([binary, "query", trace, sql], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise LoadError(run.stderr.strip()[-2000:])
+    rows = list(csv.DictReader(io.StringIO(run.stdout)))
+    number = lambda v: int(v) if v.lstrip("-").isdigit() else v
+    return [{k: number(v) for k, v in r.items()} for r in rows]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("profile")
-    ap.add_argument("--bin", help="trace_processor_shell binary")
+    ap.add_argument("--bin", default="trace_processor_shell", help="trace_processor_shell binary")
     args = ap.parse_args()
-    try:
-        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-    except ImportError:
-        print("the perfetto Python package is missing: pip install perfetto", file=sys.stderr)
-        return 2
     profile = json.load(open(args.profile))
     try:
-        tp = TraceProcessor(trace=args.trace, config=TraceProcessorConfig(bin_path=args.bin))
-    except Exception as e:  # the package raises plain Exceptions when the binary fails
+        return check(args, profile, lambda sql: query(args.bin, args.trace, sql))
+    except (LoadError, OSError) as e:
         print(f"the trace processor could not load {args.trace}: {e}", file=sys.stderr)
         return 2
-    rows = lambda q: [r.__dict__ for r in tp.query(q)]
+
+
+def check(args, profile, rows):
     problems = rows(
         "select name, idx, severity, source, value from stats "
         "where severity in ('error', 'data_loss') and value > 0"
@@ -68,7 +82,6 @@ def main():
             f"where thread.name = 'GPU: kernels' and slice.ts >= {s['ts']} and slice.ts < {s['ts'] + s['dur']}"
         )[0]
         per_step.append({"step": s["name"], "wall_ns": s["dur"], "kernels": k["n"], "kernel_ns": k["dur"]})
-    tp.close()
 
     n_steps, launches = profile["steps"], profile["launches_per_step"]
     gpu = tracks.get("GPU: kernels", {"slices": 0})
