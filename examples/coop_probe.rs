@@ -299,20 +299,24 @@ fn probes() -> Vec<(u32, u32, &'static str)> {
     out
 }
 
+/// The median GPU time of 15 calls of `run`, after 5 to warm up.
+fn median_seconds(rt: &Runtime, run: impl Fn() -> Result<(), wgtrain_engine::Error>) -> Result<f64, wgtrain_engine::Error> {
+    for _ in 0..5 {
+        run()?;
+    }
+    rt.sync()?;
+    let mut times: Vec<f64> = (0..15).map(|_| rt.time(&run)).collect::<Result<_, _>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let adapter = std::env::args().nth(1);
     let gpu = Arc::new(Gpu::open(adapter.as_deref())?);
     if !gpu.caps.coop_f16_16x16x16() {
         // Still check that every probe is valid WGSL, then say why nothing ran.
-        for (fm, fn_, mode) in probes() {
-            let wgsl = source(fm, fn_, mode);
-            let module = naga::front::wgsl::parse_str(&wgsl).map_err(|e| e.emit_to_string(&wgsl))?;
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-                .validate(&module)
-                .map_err(|e| e.emit_to_string(&wgsl))?;
-        }
-        for (gm, gn, fm, fn_) in DIRECT {
-            let wgsl = direct_source(gm, gn, fm, fn_);
+        let sources = probes().into_iter().map(|(fm, fn_, mode)| source(fm, fn_, mode));
+        for wgsl in sources.chain(DIRECT.map(|(gm, gn, fm, fn_)| direct_source(gm, gn, fm, fn_))) {
             let module = naga::front::wgsl::parse_str(&wgsl).map_err(|e| e.emit_to_string(&wgsl))?;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
                 .validate(&module)
@@ -331,13 +335,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let wgsl = source(fm, fn_, mode);
             let kernel = rt.kernel(KernelKey::new("coop_probe", &[code as u32]), 2, || Ok(wgsl))?;
             let run = || rt.launch(&kernel, bytemuck::bytes_of(&params), &[&src, &dst], [groups, 1, 1]);
-            for _ in 0..5 {
-                run()?;
-            }
-            rt.sync()?;
-            let mut times: Vec<f64> = (0..15).map(|_| rt.time(run)).collect::<Result<_, _>>()?;
-            times.sort_by(f64::total_cmp);
-            let seconds = times[times.len() / 2];
+            let seconds = median_seconds(&rt, run)?;
             let flops = f64::from(groups) * 8.0 * f64::from(fm * fn_) * 2.0 * 4096.0 * f64::from(ITERS);
             println!(
                 "{{\"probe\": \"{fm}x{fn_} {mode}\", \"us\": {:.1}, \"tflops\": {:.1}}}",
@@ -353,13 +351,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let kernel = rt.kernel(KernelKey::new("coop_probe_direct", &[code as u32]), 2, || Ok(wgsl))?;
         let groups = [4096 / (gn * fn_ * 16), 4096 / (gm * fm * 16), 1];
         let run = || rt.launch(&kernel, bytemuck::bytes_of(&params), &[&src, &dst], groups);
-        for _ in 0..5 {
-            run()?;
-        }
-        rt.sync()?;
-        let mut times: Vec<f64> = (0..15).map(|_| rt.time(run)).collect::<Result<_, _>>()?;
-        times.sort_by(f64::total_cmp);
-        let seconds = times[times.len() / 2];
+        let seconds = median_seconds(&rt, run)?;
         println!(
             "{{\"probe\": \"direct {gm}x{gn}x{fm}x{fn_}\", \"us\": {:.1}, \"tflops\": {:.1}}}",
             seconds * 1e6,
