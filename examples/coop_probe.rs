@@ -23,6 +23,16 @@ use wgtrain_engine::{DType, Gpu, Runtime, Tensor};
 
 const ITERS: u32 = 4096;
 
+/// One line per accumulator fragment (i, j) of FM x FN, as `line` writes it.
+fn per_fragment(s: &mut String, fm: u32, fn_: u32, line: impl Fn(u32, u32) -> String) {
+    for i in 0..fm {
+        for j in 0..fn_ {
+            s.push_str(&line(i, j));
+            s.push('\n');
+        }
+    }
+}
+
 /// The probe's WGSL: 8 subgroups as 2 x 4, FM x FN fragments each, `mode` as above.
 /// Modes past `ld` rebuild the matmul's K loop piece by piece around `ldT`'s 16-steps,
 /// four of them (K by 64) per iteration: `bar` adds its two workgroup barriers, `stash`
@@ -156,11 +166,7 @@ fn source(fm: u32, fn_: u32, mode: &str) -> String {
             s.push_str("}\n");
         }
     };
-    for i in 0..fm {
-        for j in 0..fn_ {
-            let _ = writeln!(s, "var acc_{i}_{j} = coop_mat16x16<f32, C>();");
-        }
-    }
+    per_fragment(&mut s, fm, fn_, |i, j| format!("var acc_{i}_{j} = coop_mat16x16<f32, C>();"));
     if mode == "regs" {
         frags(&mut s, "0u");
     }
@@ -173,11 +179,9 @@ fn source(fm: u32, fn_: u32, mode: &str) -> String {
         if mode != "regs" {
             frags(&mut s, &format!("{}u", 16 * step));
         }
-        for i in 0..fm {
-            for j in 0..fn_ {
-                let _ = writeln!(s, "acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});");
-            }
-        }
+        per_fragment(&mut s, fm, fn_, |i, j| {
+            format!("acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});")
+        });
         s += "}\n";
     }
     if has("bar") {
@@ -194,16 +198,13 @@ fn source(fm: u32, fn_: u32, mode: &str) -> String {
     }
     s += "}\n";
     let _ = writeln!(s, "let out = wid.x * {}u;", bm * bn);
-    for i in 0..fm {
-        for j in 0..fn_ {
-            let _ = writeln!(
-                s,
-                "coopStoreT(acc_{i}_{j}, &dst[out + (m0 + {}u) * {bn}u + n0 + {}u], {bn}u);",
-                16 * i,
-                16 * j
-            );
-        }
-    }
+    per_fragment(&mut s, fm, fn_, |i, j| {
+        format!(
+            "coopStoreT(acc_{i}_{j}, &dst[out + (m0 + {}u) * {bn}u + n0 + {}u], {bn}u);",
+            16 * i,
+            16 * j
+        )
+    });
     s += "}\n";
     s
 }
@@ -230,11 +231,7 @@ fn direct_source(gm: u32, gn: u32, fm: u32, fn_: u32) -> String {
         fm * 16,
         fn_ * 16
     );
-    for i in 0..fm {
-        for j in 0..fn_ {
-            let _ = writeln!(s, "var acc_{i}_{j} = coop_mat16x16<f32, C>();");
-        }
-    }
+    per_fragment(&mut s, fm, fn_, |i, j| format!("var acc_{i}_{j} = coop_mat16x16<f32, C>();"));
     s += "for (var k = 0u; k < p.iters; k += 32u) {\n";
     for step in 0..2 {
         s += "{\n";
@@ -255,24 +252,19 @@ fn direct_source(gm: u32, gn: u32, fm: u32, fn_: u32) -> String {
                 16 * j
             );
         }
-        for i in 0..fm {
-            for j in 0..fn_ {
-                let _ = writeln!(s, "acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});");
-            }
-        }
+        per_fragment(&mut s, fm, fn_, |i, j| {
+            format!("acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});")
+        });
         s += "}\n";
     }
     s += "}\n";
-    for i in 0..fm {
-        for j in 0..fn_ {
-            let _ = writeln!(
-                s,
-                "coopStoreT(acc_{i}_{j}, &dst[(row + {}u) * {n}u + col + {}u], {n}u);",
-                16 * i,
-                16 * j
-            );
-        }
-    }
+    per_fragment(&mut s, fm, fn_, |i, j| {
+        format!(
+            "coopStoreT(acc_{i}_{j}, &dst[(row + {}u) * {n}u + col + {}u], {n}u);",
+            16 * i,
+            16 * j
+        )
+    });
     s += "}\n";
     s
 }

@@ -16,114 +16,30 @@ const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 const OPERAND: &str = include_str!("../../../shaders/matmul_coop_operand.wgsl");
 
 /// 128 x 128 of C per workgroup: 8 subgroups of 64 x 32, K by 32, double-buffered.
-pub const TILE_128: CoopTile = CoopTile {
-    gm: 2,
-    gn: 4,
-    fm: 4,
-    fn_: 2,
-    bk: 32,
-    nbuf: 2,
-};
+pub const TILE_128: CoopTile = CoopTile::new(2, 4, 4, 2, 32, 2);
 /// 128 x 256 of C per workgroup: 8 subgroups of 64 x 64, K by 32, one buffer (two do
-/// not fit in 48 KiB). The fastest at 4096^3 on the H100 (`wgtrain bench --tune`).
-pub const TILE_WIDE: CoopTile = CoopTile {
-    gm: 2,
-    gn: 4,
-    fm: 4,
-    fn_: 4,
-    bk: 32,
-    nbuf: 1,
-};
+/// not fit in 48 KiB). Within 4% of the fastest at 4096^3 on the H100 (`wgtrain bench --tune`).
+pub const TILE_WIDE: CoopTile = CoopTile::new(2, 4, 4, 4, 32, 1);
 /// 64 x 64 of C per workgroup (4 subgroups of 32 x 32), for outputs too small to fill
 /// the device with larger tiles.
-pub const TILE_64: CoopTile = CoopTile {
-    gm: 2,
-    gn: 2,
-    fm: 2,
-    fn_: 2,
-    bk: 32,
-    nbuf: 2,
-};
+pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
 /// 128 x 128 of C per workgroup, K by 64 through one buffer: the fastest at 10 of
 /// GPT-2's 12 linear products and within 4% of [`TILE_WIDE`] at 4096^3 on the H100.
-pub const TILE_128_K64: CoopTile = CoopTile {
-    gm: 2,
-    gn: 4,
-    fm: 4,
-    fn_: 2,
-    bk: 64,
-    nbuf: 1,
-};
+pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
 /// The tiles the tuning sweep measures.
 pub const CANDIDATES: [CoopTile; 12] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
     TILE_64,
-    CoopTile {
-        gm: 4,
-        gn: 2,
-        fm: 4,
-        fn_: 2,
-        bk: 32,
-        nbuf: 1,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 2,
-        fm: 4,
-        fn_: 4,
-        bk: 64,
-        nbuf: 1,
-    },
-    CoopTile {
-        gm: 4,
-        gn: 2,
-        fm: 2,
-        fn_: 4,
-        bk: 64,
-        nbuf: 1,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 2,
-        fm: 2,
-        fn_: 2,
-        bk: 64,
-        nbuf: 1,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 2,
-        fm: 4,
-        fn_: 4,
-        bk: 32,
-        nbuf: 1,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 2,
-        fm: 4,
-        fn_: 4,
-        bk: 32,
-        nbuf: 2,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 4,
-        fm: 4,
-        fn_: 2,
-        bk: 16,
-        nbuf: 2,
-    },
-    CoopTile {
-        gm: 2,
-        gn: 4,
-        fm: 4,
-        fn_: 4,
-        bk: 16,
-        nbuf: 2,
-    },
+    CoopTile::new(4, 2, 4, 2, 32, 1),
+    CoopTile::new(2, 2, 4, 4, 64, 1),
+    CoopTile::new(4, 2, 2, 4, 64, 1),
+    CoopTile::new(2, 2, 2, 2, 64, 1),
+    CoopTile::new(2, 2, 4, 4, 32, 1),
+    CoopTile::new(2, 2, 4, 4, 32, 2),
+    CoopTile::new(2, 4, 4, 2, 16, 2),
+    CoopTile::new(2, 4, 4, 4, 16, 2),
 ];
 
 /// Bytes of workgroup memory a variant uses.

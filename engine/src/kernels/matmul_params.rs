@@ -141,6 +141,11 @@ pub struct CoopTile {
 }
 
 impl CoopTile {
+    /// GM x GN subgroups of FM x FN fragments, K by BK through NBUF buffers.
+    pub const fn new(gm: u32, gn: u32, fm: u32, fn_: u32, bk: u32, nbuf: u32) -> CoopTile {
+        CoopTile { gm, gn, fm, fn_, bk, nbuf }
+    }
+
     /// Rows of C per workgroup.
     pub const fn bm(&self) -> u32 {
         self.gm * self.fm * 16
