@@ -24,7 +24,7 @@ use crate::tensor::DType;
 /// The sweep's rows whose name passes `wanted`.
 pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchRecord>, Error> {
     let mut out = Vec::new();
-    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+    let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
     for tile in SimtTile::candidates().into_iter().filter(|t| t.workgroup_bytes(8) <= limit) {
         matmul_rows(rt, wanted, Forced::Simt(tile), DType::F32, &mut out)?;
     }

@@ -7,6 +7,7 @@
 //!
 //! May call: wgpu, `report`, `staging`. Called by: the allocator, kernels, the CLI.
 
+pub mod described;
 pub mod report;
 pub mod staging;
 pub mod transfer;
@@ -60,6 +61,17 @@ pub enum DeviceError {
     /// Reading a buffer back failed.
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
+    /// A file describing an adapter (`wgtrain devices --json`'s) cannot stand in for one.
+    #[error("device description {path}: {reason}")]
+    Description {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The operation needs a real device, not a description's stand-in.
+    #[error("'{0}' is a described adapter (a stand-in for estimates): it runs no kernels")]
+    StandIn(String),
     /// A feature the operation needs is missing.
     #[error("the adapter '{adapter}' lacks {feature}")]
     MissingFeature {
@@ -104,6 +116,27 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// What a device opened with `granted` features and `limits` on the adapter `report`
+    /// describes can do.
+    pub fn granted(report: &AdapterReport, granted: wgpu::Features, limits: wgpu::Limits) -> Capabilities {
+        let subgroup_size = report.subgroup_size.unwrap_or([0, 0]);
+        Capabilities {
+            shader_f16: granted.contains(wgpu::Features::SHADER_F16),
+            subgroup: granted.contains(wgpu::Features::SUBGROUP),
+            subgroup_barrier: granted.contains(wgpu::Features::SUBGROUP_BARRIER),
+            subgroup_size: (subgroup_size[0], subgroup_size[1]),
+            timestamps: granted.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_inside_passes: granted.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            cooperative_matrix: if granted.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                report.cooperative_matrix.clone()
+            } else {
+                Vec::new()
+            },
+            memory_bytes: report.memory_bytes,
+            limits,
+        }
+    }
+
     /// Whether a 16x16x16 f16 x f16 -> f32 cooperative matrix configuration is granted.
     pub fn coop_f16_16x16x16(&self) -> bool {
         self.cooperative_matrix
@@ -146,6 +179,11 @@ pub struct Gpu {
     uncaptured: Arc<Mutex<Vec<DeviceError>>>,
     /// Staging buffers kept for reuse by host transfers (`transfer`).
     pub(crate) staging: staging::Pools,
+    /// Whether this stands in for an adapter that a report describes (see `described`):
+    /// the report and capabilities are that adapter's, the device underneath a local one
+    /// that only keeps books. Kernels are validated but not compiled for it, so only the
+    /// estimate's dry runtimes can use it.
+    pub stand_in: bool,
 }
 
 fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
@@ -219,6 +257,11 @@ fn preference(report: &AdapterReport) -> (u32, u32) {
 /// name (case-insensitive); without one, the most capable (discrete GPU first, GL last).
 pub fn choose_adapter(adapters: &[wgpu::Adapter], selector: Option<&str>) -> Result<usize, DeviceError> {
     let reports: Vec<AdapterReport> = adapters.iter().enumerate().map(|(i, a)| report::adapter_report(i, a)).collect();
+    choose_report(&reports, selector)
+}
+
+/// [`choose_adapter`] over reports: the `index` of the report `selector` picks.
+pub fn choose_report(reports: &[AdapterReport], selector: Option<&str>) -> Result<usize, DeviceError> {
     if reports.is_empty() {
         return Err(DeviceError::NoAdapter);
     }
@@ -296,24 +339,7 @@ impl Gpu {
                 errors.push(DeviceError::from_wgpu(err));
             }
         }));
-        let caps = Capabilities {
-            shader_f16: granted.contains(wgpu::Features::SHADER_F16),
-            subgroup: granted.contains(wgpu::Features::SUBGROUP),
-            subgroup_barrier: granted.contains(wgpu::Features::SUBGROUP_BARRIER),
-            subgroup_size: {
-                let info = adapter.get_info();
-                (info.subgroup_min_size, info.subgroup_max_size)
-            },
-            timestamps: granted.contains(wgpu::Features::TIMESTAMP_QUERY),
-            timestamps_inside_passes: granted.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
-            cooperative_matrix: if granted.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                report.cooperative_matrix.clone()
-            } else {
-                Vec::new()
-            },
-            memory_bytes: report.memory_bytes,
-            limits,
-        };
+        let caps = Capabilities::granted(&report, granted, limits);
         tracing::info!(
             adapter = %report.name,
             backend = %report.backend,
@@ -329,6 +355,7 @@ impl Gpu {
             lost,
             uncaptured,
             staging: Default::default(),
+            stand_in: false,
         })
     }
 
@@ -357,9 +384,8 @@ impl Gpu {
         }
     }
 
-    /// Compiles a WGSL module without runtime bounds checks; launches check on the host.
-    pub fn create_module(&self, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule, DeviceError> {
-        // Parse and validate with naga first so a bad shader reads as a compile error.
+    /// Parses and validates a WGSL module with naga (every capability allowed).
+    pub fn validate_module(&self, label: &str, wgsl: &str) -> Result<(), DeviceError> {
         let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| DeviceError::Shader {
             label: label.into(),
             message: e.emit_to_string(wgsl),
@@ -371,6 +397,13 @@ impl Gpu {
                 label: label.into(),
                 message: e.emit_to_string(wgsl),
             })?;
+        Ok(())
+    }
+
+    /// Compiles a WGSL module without runtime bounds checks; launches check on the host.
+    pub fn create_module(&self, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule, DeviceError> {
+        // Parse and validate with naga first so a bad shader reads as a compile error.
+        self.validate_module(label, wgsl)?;
         self.scoped(wgpu::ErrorFilter::Validation, || {
             // SAFETY: every kernel's launch checks on the host that its indices stay
             // inside the bound ranges (see `kernels`), which is what the runtime checks

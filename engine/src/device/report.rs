@@ -97,6 +97,7 @@ pub fn adapter_report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
         limits: limits_report(&limits),
         cooperative_matrix,
         memory_bytes: device_local_bytes(adapter),
+        subgroup_size: Some([info.subgroup_min_size, info.subgroup_max_size]),
     }
 }
 

@@ -456,7 +456,7 @@ fn launch_product(
         4,
         || {
             // Checked when the kernel is built (a forced variant may not fit).
-            let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+            let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
             if simt.workgroup_bytes(tm as u32) > limit {
                 return Err(Error::invalid(
                     "matmul",

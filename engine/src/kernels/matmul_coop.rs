@@ -206,7 +206,7 @@ pub(super) fn launch(
 ) -> Result<(), Error> {
     let [la, lb] = Load::of_operands(params, &[8, 4]);
     let tile = opts.coop_tile.unwrap_or_else(|| pick(params.m, params.n, batches));
-    let limit = u64::from(rt.gpu.device.limits().max_compute_workgroup_storage_size);
+    let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
     if workgroup_bytes(tile) > limit || tile.threads() > 1024 {
         return Err(Error::invalid(
             "matmul tile",

@@ -178,7 +178,8 @@ pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<Str
 
 /// A compiled variant.
 pub struct Kernel {
-    pub(super) pipeline: wgpu::ComputePipeline,
+    /// None on a stand-in device (`device::described`): validated, not compiled.
+    pub(super) pipeline: Option<wgpu::ComputePipeline>,
     pub(super) layout: Arc<wgpu::BindGroupLayout>,
     pub(super) storage_bindings: usize,
     pub(super) key: KernelKey,
@@ -257,23 +258,30 @@ impl PipelineCache {
             ));
         }
         let name = key.family;
-        let module = gpu.create_module(name, &wgsl()?)?;
         let layout = self.layout(gpu, storage);
-        let pipeline_layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(name),
-            bind_group_layouts: &[Some(&*layout)],
-            immediate_size: 0,
-        });
-        let pipeline = gpu.scoped(wgpu::ErrorFilter::Validation, || {
-            gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        let pipeline = if gpu.stand_in {
+            // The described adapter's features need not be the local device's: check the
+            // source with naga alone.
+            gpu.validate_module(name, &wgsl()?)?;
+            None
+        } else {
+            let module = gpu.create_module(name, &wgsl()?)?;
+            let pipeline_layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some(name),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        })?;
+                bind_group_layouts: &[Some(&*layout)],
+                immediate_size: 0,
+            });
+            Some(gpu.scoped(wgpu::ErrorFilter::Validation, || {
+                gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(name),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            })?)
+        };
         let kernel = Arc::new(Kernel {
             pipeline,
             layout,

@@ -76,6 +76,9 @@ impl Runtime {
 
     fn with_cache(gpu: Arc<Gpu>, options: AllocatorOptions, cache: Arc<PipelineCache>) -> Result<Runtime, Error> {
         let dry = options.dry;
+        if gpu.stand_in && !dry {
+            return Err(crate::device::DeviceError::StandIn(gpu.report.name.clone()).into());
+        }
         let alloc = Allocator::new(gpu.clone(), options)?;
         let recorder: Box<dyn Recorder> = if dry {
             Box::new(DryRecorder)

@@ -205,7 +205,10 @@ impl Recorder for DeviceRecorder {
                     self.pass.insert(encoder.begin_compute_pass(&Default::default()).forget_lifetime())
                 }
             };
-            pass.set_pipeline(&kernel.pipeline);
+            // A stand-in's kernels have no pipeline; its runtimes are dry (`Runtime::new`).
+            if let Some(pipeline) = &kernel.pipeline {
+                pass.set_pipeline(pipeline);
+            }
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         } else {
@@ -217,7 +220,10 @@ impl Recorder for DeviceRecorder {
                 label: None,
                 timestamp_writes,
             });
-            pass.set_pipeline(&kernel.pipeline);
+            // A stand-in's kernels have no pipeline; its runtimes are dry (`Runtime::new`).
+            if let Some(pipeline) = &kernel.pipeline {
+                pass.set_pipeline(pipeline);
+            }
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }

@@ -226,8 +226,14 @@ fn host_bytes(config: &Config, elements: u64, optimizer_per: u64) -> BTreeMap<St
 /// `wgtrain estimate`: loads the data, opens the adapter, applies the precision rule and
 /// any fit, and estimates the resulting run. Returns the notes of the plan too.
 pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<String>), TrainError> {
-    let data = load_data(&config)?;
     let gpu = Arc::new(Gpu::open(adapter).map_err(Error::from)?);
+    estimate_with(config, gpu)
+}
+
+/// [`estimate`] on `gpu`: an opened adapter, or a stand-in for a described one
+/// (`device::described`).
+pub fn estimate_with(config: Config, gpu: Arc<Gpu>) -> Result<(Estimate, Vec<String>), TrainError> {
+    let data = load_data(&config)?;
     let (config, mut notes) = resolve_precision(config, &gpu)?;
     let (config, fit_notes) = plan(config, &gpu, &data)?;
     notes.extend(fit_notes);

@@ -56,4 +56,8 @@ pub struct AdapterReport {
     pub cooperative_matrix: Vec<CoopMatrixConfig>,
     /// Device-local memory in bytes where the backend tells it (Vulkan), else null.
     pub memory_bytes: Option<u64>,
+    /// Smallest and largest subgroup size, [min, max]; null in reports written before
+    /// wgtrain recorded it.
+    #[serde(default)]
+    pub subgroup_size: Option<[u32; 2]>,
 }
