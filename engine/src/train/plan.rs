@@ -27,7 +27,7 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
-use wgtrain_protocol::WhatIf;
+use wgtrain_protocol::{PeakView, StepMemory, WhatIf};
 
 /// Model states from the formulas, in bytes.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -70,6 +70,9 @@ pub struct Estimate {
     /// offloaded state together), as its step lines' `mem.host` will say.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub host_bytes: BTreeMap<String, u64>,
+    /// What is alive at the peak, largest first: the dashboard's peak view of the
+    /// step with the highest peak (rank 0's on a multi-device run).
+    pub at_peak: PeakView,
 }
 
 impl Estimate {
@@ -148,10 +151,18 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     let mut reserved = 0u64;
     let mut own = [0u64; 7];
     let mut device_peaks = vec![0u64; trainer.world_size()];
-    for _ in 0..2 {
+    let mut peak_view = PeakView::default();
+    for step in 0..2 {
         let rts = trainer.runtimes();
         rts.iter().for_each(|r| r.alloc.reset_peaks());
+        drop(rt.alloc.take_events());
+        let start_us = rt.alloc.now_us();
         trainer.train_step(&batch, config.train.lr)?;
+        let (events, dropped) = rt.alloc.take_events();
+        let view = StepMemory::from_events(step, start_us, rt.alloc.now_us(), &events, dropped, rt.alloc.snapshot_pages()).peak();
+        if view.peak_bytes > peak_view.peak_bytes {
+            peak_view = view;
+        }
         for (peak, r) in device_peaks.iter_mut().zip(&rts) {
             *peak = (*peak).max(r.alloc.stats().allocated.peak);
         }
@@ -202,6 +213,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
         host_bytes: host_bytes(config, elements, optimizer_per),
+        at_peak: peak_view,
     };
     drop(trainer);
     rt.alloc.empty_cache();
