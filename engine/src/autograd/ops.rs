@@ -101,6 +101,20 @@ pub fn linear_as(
             } else {
                 dy2.clone()
             };
+            // The weight's and bias's gradients first: their temporaries (split-K
+            // partials, column-sum partials) are freed before dx, the largest, exists.
+            // dW = dy^T x (OutIn) or x^T dy (InOut).
+            let (a, b) = match layout {
+                WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
+                WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
+            };
+            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "dw")?;
+            let db = if has_bias {
+                let dy2 = if dy2.is_contiguous() { dy2 } else { dy2.contiguous(rt)? };
+                Some(sum_rows(rt, &dy2, cats[2], "db")?)
+            } else {
+                None
+            };
             // dx = dy W (OutIn) or dy W^T (InOut).
             let w_for_dx = match layout {
                 WeightLayout::OutIn => w_used.clone(),
@@ -108,17 +122,8 @@ pub fn linear_as(
             };
             let dx2 = matmul(rt, &dy_mm, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
             let dx = dx2.reshape(x2_shape(&x2, dy.shape()).as_slice())?;
-            // dW = dy^T x (OutIn) or x^T dy (InOut).
-            let (a, b) = match layout {
-                WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
-                WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
-            };
-            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "dw")?;
             let mut out = vec![Some(dx), Some(dw)];
-            if has_bias {
-                let dy2 = if dy2.is_contiguous() { dy2 } else { dy2.contiguous(rt)? };
-                out.push(Some(sum_rows(rt, &dy2, cats[2], "db")?));
-            }
+            out.extend(db.map(Some));
             Ok(out)
         }),
     ))
@@ -350,11 +355,14 @@ pub fn lm_head_cross_entropy(
     // adapters).
     let ld = v.next_multiple_of(8);
     let fits = (rt.alloc.config().max_page / (ld.max(1) as u64 * 4)).max(1) as usize;
-    let chunk = row_chunk.max(1).min(n.max(1)).min(fits);
+    let mut chunk = row_chunk.max(1).min(n.max(1)).min(fits);
+    let mixed = tape.half_matmuls();
+    if grad {
+        chunk = chunk_rows(chunk, n, ld, v, if mixed { None } else { Some(c) });
+    }
     let logits = Tensor::empty(rt, &[chunk, ld], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
     // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
     // two matmuls. Logits, the loss and the accumulation stay f32.
-    let mixed = tape.half_matmuls();
     let (h2, w_mm) = if mixed {
         (
             half(rt, &h2, Category::Temporary, &format!("{label}.h.f16"))?,
@@ -396,17 +404,14 @@ pub fn lm_head_cross_entropy(
                 }
                 None => lc,
             };
-            matmul_into(rt, &lc, &w_mm, &dh.slice(0, start, rows)?, &MatmulOptions::default())?;
-            matmul_into(
-                rt,
-                &lc.transpose(0, 1)?,
-                &hc,
-                dw,
-                &MatmulOptions {
-                    beta: 1.0,
-                    ..Default::default()
-                },
-            )?;
+            // Under fp16-mixed the f32 logits are dead once cast: split-K's partials
+            // go there rather than into a block of their own.
+            let scratch = MatmulOptions {
+                scratch: mixed.then_some(&logits),
+                ..Default::default()
+            };
+            matmul_into(rt, &lc, &w_mm, &dh.slice(0, start, rows)?, &scratch)?;
+            matmul_into(rt, &lc.transpose(0, 1)?, &hc, dw, &MatmulOptions { beta: 1.0, ..scratch })?;
         }
     }
     let total = reduce_all(rt, ReduceOp::Sum, &losses, label)?;
@@ -431,6 +436,28 @@ pub fn lm_head_cross_entropy(
             Ok(vec![Some(dh.reshape(&h_shape)?), Some(dw)])
         }),
     ))
+}
+
+/// Rows per chunk of the head with gradients: the chunk's blocks (f32 logits `ld`
+/// wide, under fp16-mixed (`f32_dh` None) also their f16 copy) must fit in the bytes of
+/// `chunk` unpadded rows (`v` wide), the padding included; in f32 the dh product
+/// (rows x V @ V x C, `f32_dh` = Some(C)) reads the logits block, so its split-K
+/// partials need room there too (under fp16-mixed they go into the dead f32 logits).
+/// The chunk shrinks until that holds, and the `n` rows are then spread evenly over the
+/// chunks it takes.
+fn chunk_rows(chunk: usize, n: usize, ld: usize, v: usize, f32_dh: Option<usize>) -> usize {
+    let per = if f32_dh.is_some() { 4 } else { 6 };
+    let budget = (chunk * v * per) as u64;
+    let fits = |rows: usize| {
+        let partials = f32_dh.map_or(0, |c| crate::kernels::matmul::tiled_split_bytes(rows, c, v));
+        (rows * ld * per) as u64 + partials <= budget
+    };
+    let mut rows = chunk;
+    while rows > 8 && !fits(rows) {
+        rows -= 8;
+    }
+    let even = n.div_ceil(n.div_ceil(rows)).next_multiple_of(8).min(rows);
+    if fits(even) { even } else { rows }
 }
 
 /// A recomputable piece of a model: runs on its input values and returns its output.

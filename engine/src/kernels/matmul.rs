@@ -303,11 +303,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     );
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
     let wave_split = !coop && opts.simt_tile.unwrap_or(SimtTile::DEFAULT).wave_split;
-    let splits = match batches {
-        1 if wave_split => split_k_by_waves(tiles, k),
-        1 => split_k(tiles, k),
-        _ => 1,
-    };
+    let splits = slices(tiles, k, batches, wave_split);
     if splits == 1 {
         let opts = MatmulOptions { coop_tile, ..*opts };
         return launch_product(rt, &params, a, b, c, &opts, batches as u32);
@@ -315,7 +311,13 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     // Split K: each slice's product into its own partial (the slices are the batches of
     // the first pass: its batch strides step along K), then the partials summed in order
     // through the epilogue.
-    let parts = Tensor::empty(rt, &[splits, m, n], DType::F32, Category::Temporary, "matmul.splitk")?;
+    let need = splits * m * n;
+    let parts = match opts.scratch {
+        Some(t) if t.dtype() == DType::F32 && t.is_contiguous() && t.numel() >= need => {
+            t.reshape(&[t.numel()])?.slice(0, 0, need)?.reshape(&[splits, m, n])?
+        }
+        _ => Tensor::empty(rt, &[splits, m, n], DType::F32, Category::Temporary, "matmul.splitk")?,
+    };
     let kc = (k / splits) as u32;
     let first = Params {
         k: kc,
@@ -359,6 +361,32 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         None,
         2,
     )
+}
+
+/// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
+/// `k`: by wave fill for the tiled kernel's wave-split variants, else [`split_k`]; a
+/// batched product is not split.
+fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool) -> usize {
+    match batches {
+        1 if wave_split => split_k_by_waves(tiles, k),
+        1 => split_k(tiles, k),
+        _ => 1,
+    }
+}
+
+/// Bytes of split-K partials that the tiled kernel's default variant allocates for a
+/// product [m, k] @ [k, n] (0 when it does not split): what a caller sizing its own
+/// blocks around such a product leaves room for.
+/// An upper bound: a K off the load alignment may be split into its aligned bulk and
+/// the rest (`matmul_whole`), and either may be what is launched.
+pub fn tiled_split_bytes(m: usize, n: usize, k: usize) -> u64 {
+    let t = tiled_tile(m, n);
+    let tiles = (m.div_ceil(t) * n.div_ceil(t)) as u64;
+    let bulk = if k > ALIGN { k - k % ALIGN } else { k };
+    match slices(tiles, k, 1, SimtTile::DEFAULT.wave_split).max(slices(tiles, bulk, 1, SimtTile::DEFAULT.wave_split)) {
+        1 => 0,
+        s => (s * m * n * 4) as u64,
+    }
 }
 
 /// K slices for a single matmul of `tiles` output tiles and inner size `k`: none when the

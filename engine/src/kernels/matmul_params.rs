@@ -53,6 +53,10 @@ pub struct MatmulOptions<'a> {
     /// The tiled kernel's variant, where the caller forces one (the tuning sweep);
     /// `None` takes [`SimtTile::DEFAULT`].
     pub simt_tile: Option<SimtTile>,
+    /// Memory that is dead during the product (contiguous f32), where split-K keeps its
+    /// partials when they fit, instead of a new block: a caller whose peak the partials
+    /// would raise lends it.
+    pub scratch: Option<&'a Tensor>,
 }
 
 /// A variant of the tiled (SIMT) kernel, shaders/matmul.wgsl: `square` places a warp's
@@ -224,6 +228,7 @@ impl Default for MatmulOptions<'_> {
             tiled_only: false,
             coop_tile: None,
             simt_tile: None,
+            scratch: None,
         }
     }
 }
