@@ -32,6 +32,7 @@ fn devices_json_lists_a_vulkan_adapter_with_every_field() {
         "limits",
         "cooperative_matrix",
         "memory_bytes",
+        "subgroup_size",
     ] {
         assert!(vulkan.get(key).is_some(), "missing {key}: {vulkan}");
     }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::CliResult;
-use wgtrain_engine::train::Config;
 use wgtrain_engine::device::Gpu;
 use wgtrain_engine::device::described::read_description;
+use wgtrain_engine::train::Config;
 use wgtrain_engine::train::plan::{estimate, estimate_with};
 
 /// Arguments of `wgtrain estimate`.

@@ -528,3 +528,33 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         }),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+    use crate::kernels::matmul::tiled_split_bytes;
+
+    #[test]
+    fn the_head_chunk_and_its_partials_stay_within_the_unpadded_chunk() {
+        // GPT-2's head: 8192 rows, V 50257 padded to 50264, C 768.
+        let (n, ld, v, c) = (8192, 50264, 50257, 768);
+        for f32_dh in [Some(c), None] {
+            let per = if f32_dh.is_some() { 4 } else { 6 };
+            let rows = chunk_rows(2048, n, ld, v, f32_dh);
+            let partials = f32_dh.map_or(0, |c| tiled_split_bytes(rows, c, v));
+            assert!((rows * ld * per) as u64 + partials <= (2048 * v * per) as u64, "{rows}");
+            // The f32 dh product does split at these rows: its partials were counted.
+            if f32_dh.is_some() {
+                assert!(partials > 0);
+            }
+            // Five even chunks rather than four and a sliver.
+            assert_eq!(n.div_ceil(rows), 5);
+            assert_eq!(rows % 8, 0);
+            assert!(rows * 5 - n < 5 * 8, "{rows}");
+        }
+        // A vocabulary already aligned and a product too wide to split: nothing to give up.
+        assert_eq!(chunk_rows(2048, 8192, 1024, 1024, None), 2048);
+        // Fewer rows than a chunk.
+        assert!(chunk_rows(100, 100, 72, 65, Some(64)) <= 100);
+    }
+}

@@ -1,0 +1,160 @@
+//! Estimates for a described adapter (`wgtrain estimate --described FILE`): a stand-in
+//! built from this machine's own report estimates exactly what the adapter itself does;
+//! one built from an H100's report picks the H100's kernels (cooperative matrices, which
+//! lavapipe cannot compile) without compiling them; bad descriptions are clear errors;
+//! and the estimate names what is alive at its peak.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use wgtrain_engine::device::described::read_description;
+use wgtrain_engine::device::{self, DeviceError, Gpu};
+use wgtrain_engine::memory::AllocatorOptions;
+use wgtrain_engine::runtime::Runtime;
+use wgtrain_engine::train::Config;
+use wgtrain_engine::train::plan::{estimate, estimate_with};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgtrain-described-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The char GPT example, small, with gradients through every kind of layer.
+fn char_gpt(precision: &str, checkpoint: &str) -> Config {
+    let sets: Vec<String> = [
+        "model.n_layer=2".to_string(),
+        "model.n_embd=64".into(),
+        "model.n_head=4".into(),
+        "model.block_size=64".into(),
+        "train.batch_size=4".into(),
+        format!("memory.precision=\"{precision}\""),
+        format!("memory.checkpoint=\"{checkpoint}\""),
+    ]
+    .into();
+    Config::load(Some(&root().join("examples/configs/char_gpt.toml")), &sets).unwrap()
+}
+
+#[test]
+fn a_stand_in_for_this_adapter_estimates_exactly_what_the_adapter_does() {
+    // The report of the adapter `Gpu::open(None)` picks, as `wgtrain devices --json`
+    // writes it, read back from a file.
+    let opened = Gpu::open(None).unwrap();
+    let dir = temp("self");
+    let file = dir.join("devices.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&device::list_adapters()).unwrap()).unwrap();
+    let described = read_description(&file, Some(&opened.report.index.to_string())).unwrap();
+    assert_eq!(described, opened.report);
+    drop(opened);
+    for precision in ["fp32", "fp16-mixed"] {
+        for checkpoint in ["none", "every-layer"] {
+            let (real, _) = estimate(char_gpt(precision, checkpoint), None).unwrap();
+            let stand_in = Arc::new(Gpu::stand_in(described.clone(), None).unwrap());
+            let (est, _) = estimate_with(char_gpt(precision, checkpoint), stand_in).unwrap();
+            let what = format!("{precision}, checkpointing {checkpoint}");
+            assert_eq!(est.peak_bytes, real.peak_bytes, "{what}");
+            assert_eq!(est.peak_reserved_bytes, real.peak_reserved_bytes, "{what}");
+            assert_eq!(est.by_category, real.by_category, "{what}");
+            assert_eq!(est.at_peak, real.at_peak, "{what}");
+        }
+    }
+}
+
+#[test]
+fn an_h100_stand_in_takes_its_tensor_core_kernels_without_compiling_them() {
+    let file = root().join("tests/fixtures/devices-h100.json");
+    let h100 = read_description(&file, Some("vulkan")).unwrap();
+    assert!(h100.name.contains("H100"), "{}", h100.name);
+    let gpu = Arc::new(Gpu::stand_in(h100, None).unwrap());
+    assert!(gpu.stand_in);
+    assert!(gpu.caps.coop_f16_16x16x16(), "the description grants 16x16x16 f16 -> f32");
+    assert_eq!(gpu.caps.subgroup_size, (32, 32));
+    assert_eq!(gpu.caps.limits.max_storage_buffer_binding_size, 2147483644);
+    // fp16-mixed on the H100 runs its matmuls and attention on cooperative matrices:
+    // this machine's adapter could not compile them, so the stand-in must not try.
+    let (est, _) = estimate_with(char_gpt("fp16-mixed", "none"), gpu.clone()).unwrap();
+    assert!(est.peak_bytes > 0);
+    // A model whose embedding exceeds lavapipe's 128 MiB binding fits the H100's 2 GiB.
+    let dir = temp("tokens");
+    let ids: Vec<u8> = (0..4096u32).flat_map(|i| ((i * 7919 % 50257) as u16).to_le_bytes()).collect();
+    for split in ["train.bin", "val.bin"] {
+        std::fs::write(dir.join(split), &ids).unwrap();
+    }
+    let big: Vec<String> = vec![
+        "model.kind=\"gpt\"".into(),
+        "data.kind=\"tokens\"".into(),
+        format!("data.path=\"{}\"", dir.display()),
+        "model.vocab_size=50257".into(),
+        "model.n_layer=1".into(),
+        "model.n_embd=768".into(),
+        "model.n_head=12".into(),
+        "model.block_size=64".into(),
+        "train.batch_size=2".into(),
+        "memory.precision=\"fp32\"".into(),
+    ];
+    let big = Config::load(None, &big).unwrap();
+    let wte = 50257 * 768 * 4;
+    if Gpu::open(None).unwrap().caps.limits.max_storage_buffer_binding_size < wte {
+        let err = estimate(big.clone(), None).expect_err("too big for this adapter's bindings");
+        assert!(err.to_string().contains("larger than one buffer binding"), "{err}");
+    }
+    let (est, _) = estimate_with(big, gpu.clone()).unwrap();
+    assert!(est.by_category["parameter"] >= wte, "{:?}", est.by_category);
+    // It keeps books only: a runtime that would run kernels is refused.
+    let err = Runtime::new(gpu, AllocatorOptions::default()).err().expect("refused");
+    assert!(err.to_string().contains("stand-in"), "{err}");
+}
+
+#[test]
+fn bad_descriptions_are_clear_errors() {
+    let dir = temp("bad");
+    let cases: [(&str, &str); 4] = [
+        ("not json", "not JSON"),
+        ("[{\"index\": 0}]", "not a `wgtrain devices --json` report"),
+        ("[]", "no GPU adapter"),
+        // What docs/devices-h100.json holds: written before reports gave subgroup sizes.
+        (include_str!("../docs/devices-h100.json"), "does not give their size"),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let file = dir.join(format!("d{i}.json"));
+        std::fs::write(&file, text).unwrap();
+        let err = read_description(&file, Some("vulkan")).unwrap_err();
+        assert!(err.to_string().contains(expected), "case {i}: {err}");
+    }
+    let missing = read_description(&dir.join("none.json"), None).unwrap_err();
+    assert!(matches!(missing, DeviceError::Description { .. }), "{missing}");
+    // A selector that names no adapter of the file.
+    let file = root().join("tests/fixtures/devices-h100.json");
+    let err = read_description(&file, Some("metal")).unwrap_err();
+    assert!(matches!(err, DeviceError::NoMatch { .. }), "{err}");
+}
+
+#[test]
+fn the_cli_estimates_for_a_described_adapter_and_names_what_fills_the_peak() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["estimate", "--json", "--described"])
+        .arg(root().join("tests/fixtures/devices-h100.json"))
+        .arg(root().join("examples/configs/char_gpt.toml"))
+        .args(["--set", "model.n_layer=2", "--set", "train.batch_size=4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("H100"));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let peak = e["peak_bytes"].as_u64().unwrap();
+    let view = &e["at_peak"];
+    assert_eq!(view["peak_bytes"].as_u64(), Some(peak));
+    let blocks = view["blocks"].as_array().unwrap();
+    let sum: u64 = blocks.iter().map(|b| b["size"].as_u64().unwrap()).sum();
+    assert_eq!(sum, peak, "the blocks alive at the peak add up to it");
+    assert!(blocks.iter().any(|b| b["category"] == "parameter"));
+    assert!(blocks.iter().any(|b| b["category"] == "activation"));
+    let sizes: Vec<u64> = blocks.iter().map(|b| b["size"].as_u64().unwrap()).collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "largest first");
+}
