@@ -158,3 +158,24 @@ fn the_cli_estimates_for_a_described_adapter_and_names_what_fills_the_peak() {
     let sizes: Vec<u64> = blocks.iter().map(|b| b["size"].as_u64().unwrap()).collect();
     assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "largest first");
 }
+
+#[test]
+fn the_estimate_table_lists_the_largest_blocks_at_the_peak() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["estimate"])
+        .arg(root().join("examples/configs/char_gpt.toml"))
+        .args(["--set", "model.n_layer=2", "--set", "train.batch_size=4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let listed: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains("blocks alive at the peak"))
+        .skip(1)
+        .collect();
+    assert_eq!(listed.len(), 8, "{text}");
+    // Its peak is in backward: the saved activations are among the largest blocks.
+    assert!(listed.iter().any(|l| l.contains("activation") && l.contains("(forward)")), "{text}");
+    assert!(listed.iter().all(|l| l.contains('(') && l.ends_with(')')), "{text}");
+}

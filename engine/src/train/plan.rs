@@ -115,9 +115,25 @@ impl Estimate {
             format_bytes(m.gradients),
             format_bytes(m.optimizer_state)
         );
+        let blocks = &self.at_peak.blocks;
+        if !blocks.is_empty() {
+            out += &format!("\n  largest of the {} blocks alive at the peak:", blocks.len());
+            for b in blocks.iter().take(TABLE_BLOCKS) {
+                out += &format!(
+                    "\n  {:>12}  {:<16} {} ({})",
+                    format_bytes(b.size),
+                    b.category.name(),
+                    b.label,
+                    b.phase
+                );
+            }
+        }
         out
     }
 }
+
+/// Blocks alive at the peak that the estimate's table lists (the JSON has them all).
+const TABLE_BLOCKS: usize = 8;
 
 /// A bookkeeping-only runtime on `gpu` (no cap: the estimate says what is needed).
 pub fn dry_runtime(gpu: Arc<Gpu>) -> Result<Arc<Runtime>, Error> {
