@@ -456,8 +456,8 @@ fn chunk_rows(chunk: usize, n: usize, ld: usize, v: usize, f32_dh: Option<usize>
     while rows > 8 && !fits(rows) {
         rows -= 8;
     }
-    let even = n.div_ceil(n.div_ceil(rows)).next_multiple_of(8).min(rows);
-    if fits(even) { even } else { rows }
+    let even = n.div_ceil(n.div_ceil(rows).max(1)).next_multiple_of(8).min(rows);
+    if even > 0 && fits(even) { even } else { rows }
 }
 
 /// A recomputable piece of a model: runs on its input values and returns its output.
@@ -554,7 +554,8 @@ mod tests {
         }
         // A vocabulary already aligned and a product too wide to split: nothing to give up.
         assert_eq!(chunk_rows(2048, 8192, 1024, 1024, None), 2048);
-        // Fewer rows than a chunk.
+        // Fewer rows than a chunk, and none.
         assert!(chunk_rows(100, 100, 72, 65, Some(64)) <= 100);
+        assert_eq!(chunk_rows(1, 0, 72, 65, Some(64)), 1);
     }
 }
