@@ -372,10 +372,10 @@ fn bad_parallel_settings_are_refused_with_the_reason() {
 fn a_fit_chooses_the_zero_stage_and_offload_that_fit_the_budget() {
     let dir = scratch("parallel-fit");
     // A wider GPT than the others, so stages differ by whole pages: on two devices its
-    // estimated reserved peaks are 30 MiB (zero 0), 24 (zero 1), 22 (zero 2) and 16
-    // (zero 2 with the optimizer offloaded).
+    // estimated reserved peaks are 28 MiB (zero 0), 22 (zero 1), 22 (zero 2), 24 (zero
+    // 3) and 16 (zero 2 with the optimizer offloaded).
     let wide = ["model.n_embd=256", "train.steps=2", "memory.fit=true"];
-    for (budget, want) in [("23MiB", "zero 2, offload none"), ("20MiB", "offload optimizer")] {
+    for (budget, want) in [("25MiB", "zero 1, offload none"), ("20MiB", "offload optimizer")] {
         let mut sets: Vec<&str> = wide.to_vec();
         let b = format!("memory.budget=\"{budget}\"");
         sets.push(&b);
