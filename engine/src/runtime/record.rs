@@ -152,6 +152,11 @@ impl DeviceRecorder {
 
 impl Recorder for DeviceRecorder {
     fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3], meta: Option<LaunchMeta>) {
+        // Only a stand-in's kernels lack a pipeline, and its runtimes are dry (refused
+        // otherwise in `Runtime::new`): nothing of them reaches a device.
+        let Some(pipeline) = &kernel.pipeline else {
+            return;
+        };
         if self.slot == RING_SLOTS {
             self.submit();
         }
@@ -205,10 +210,7 @@ impl Recorder for DeviceRecorder {
                     self.pass.insert(encoder.begin_compute_pass(&Default::default()).forget_lifetime())
                 }
             };
-            // A stand-in's kernels have no pipeline; its runtimes are dry (`Runtime::new`).
-            if let Some(pipeline) = &kernel.pipeline {
-                pass.set_pipeline(pipeline);
-            }
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         } else {
@@ -220,10 +222,7 @@ impl Recorder for DeviceRecorder {
                 label: None,
                 timestamp_writes,
             });
-            // A stand-in's kernels have no pipeline; its runtimes are dry (`Runtime::new`).
-            if let Some(pipeline) = &kernel.pipeline {
-                pass.set_pipeline(pipeline);
-            }
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
