@@ -11,8 +11,10 @@
 // workgroup memory in tiles of BC rows (x_t and y_t): each tile is fetched into registers
 // while the previous one is used, then stashed. A product's 16 x 16 fragments are stored
 // to the subgroup's rows of the f32 staging area, where each row's 2 lanes (columns of
-// one parity) read them; what they write for a second product (P or dS, f16) goes to the
-// subgroup's rows of `p_t`. Those rows are the subgroup's alone: between its phases it
+// four columns at a time) read them; what they write for a second product (P or dS,
+// f16) goes to the subgroup's rows of `p_t`. Every workgroup array holds vectors, so a
+// lane moves four elements with one load or store; cooperative loads and stores take
+// their index and stride in those vectors. Those rows are the subgroup's alone: between its phases it
 // syncs with ROW_SYNC (a subgroup or workgroup barrier, chosen by the host); only the
 // streamed tiles need workgroup barriers.
 //
@@ -58,16 +60,18 @@ const BC: u32 = {{BC}}u;
 const WG: u32 = 32u * SG;
 const LD: u32 = D + 8u;      // f16 tile rows, padded by 16 bytes
 const PLD: u32 = BC + 8u;    // P or dS rows (f16)
-const SLD: u32 = BC + 4u;    // staging rows (f32)
-const HALF: u32 = BC / 2u;   // a lane's columns of its row (its loops over them, four
-                             // columns a copy, are written out by the host: `//#unroll`)
+const SLD: u32 = BC + 8u;    // staging rows (f32): a row's 2 lanes and the next rows'
+                             // read distinct banks (rows 2 banks of 16 bytes apart)
+const LD4: u32 = LD / 4u;    // the same in vec4s
+const PLD4: u32 = PLD / 4u;
+const SLD4: u32 = SLD / 4u;
 const LOADS: u32 = (BC * D4 + WG - 1u) / WG;   // vec4s a thread fetches per tile
 const NEG: f32 = -3.0e38;
 
-var<workgroup> x_t: array<f16, BC * LD>;   // FWD, BWD_Q: K; BWD_KV: Q
-var<workgroup> y_t: array<f16, BC * LD>;   // FWD, BWD_Q: V; BWD_KV: dY
-var<workgroup> stg: array<f32, BR * SLD>;
-var<workgroup> p_t: array<f16, BR * PLD>;
+var<workgroup> x_t: array<vec4<f16>, BC * LD4>;   // FWD, BWD_Q: K; BWD_KV: Q
+var<workgroup> y_t: array<vec4<f16>, BC * LD4>;   // FWD, BWD_Q: V; BWD_KV: dY
+var<workgroup> stg: array<vec4<f32>, BR * SLD4>;
+var<workgroup> p_t: array<vec4<f16>, BR * PLD4>;
 // The fetched tile, LOADS vec4s of each operand per thread, as named variables (lines
 // holding the load marker, an at-sign and l, are repeated by the host once per load):
 // arrays of them were kept in local memory by the H100's driver.
@@ -79,34 +83,33 @@ struct Fetched {
     y: vec4<{{TY}}>,
 }
 //#if BWD_KV
-var<workgroup> tile_s: array<f32, BC>;      // the query tile's lse
-var<workgroup> tile_d: array<f32, BC>;      // and D
+var<workgroup> tile_s: array<vec4<f32>, BC / 4u>;   // the query tile's lse
+var<workgroup> tile_d: array<vec4<f32>, BC / 4u>;   // and D
 var<private> pre_s: f32;
 var<private> pre_d: f32;
 //#endif
 
 
-fn put_x(at: u32, v: vec4<f16>) { x_t[at] = v.x; x_t[at + 1u] = v.y; x_t[at + 2u] = v.z; x_t[at + 3u] = v.w; }
-fn put_y(at: u32, v: vec4<f16>) { y_t[at] = v.x; y_t[at + 1u] = v.y; y_t[at + 2u] = v.z; y_t[at + 3u] = v.w; }
-
-// A lane's four columns c, c + 2, c + 4, c + 6 (its elements u .. u + 3): the SIMT
-// phases take four at a time, as independent chains (loads, exp, stores) the compiler
-// can overlap, branch-free.
-const STEP: vec4<u32> = vec4<u32>(0u, 2u, 4u, 6u);
+// A lane's four columns c .. c + 3 of its row (c a multiple of 4, `at` the element
+// index of column c): the SIMT phases take four at a time, one vector load or store each,
+// as independent chains (loads, exp, stores) the compiler can overlap, branch-free.
+const STEP: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);
 
 fn staged4(at: u32) -> vec4<f32> {
-    return vec4<f32>(stg[at], stg[at + 2u], stg[at + 4u], stg[at + 6u]);
+    return stg[at / 4u];
 }
 
 fn p4(at: u32) -> vec4<f32> {
-    return vec4<f32>(f32(p_t[at]), f32(p_t[at + 2u]), f32(p_t[at + 4u]), f32(p_t[at + 6u]));
+    return vec4<f32>(p_t[at / 4u]);
 }
 
 fn put_p4(at: u32, v: vec4<f32>) {
-    p_t[at] = f16(v.x);
-    p_t[at + 2u] = f16(v.y);
-    p_t[at + 4u] = f16(v.z);
-    p_t[at + 6u] = f16(v.w);
+    p_t[at / 4u] = vec4<f16>(v);
+}
+
+// One staged element (the stores of y and of dQ, dK, dV).
+fn staged1(at: u32) -> f32 {
+    return stg[at / 4u][at % 4u];
 }
 
 // Syncs a subgroup's own rows of the staging area and of p_t between phases.
@@ -131,8 +134,8 @@ fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
             yv = qkv[qkv_at(b, t, {{OWN_Y}}u, h) + c];
 //#endif
         }
-        put_x(r * LD + 4u * c, xv);
-        put_y(r * LD + 4u * c, yv);
+        x_t[r * LD4 + c] = xv;
+        y_t[r * LD4 + c] = yv;
     }
 }
 
@@ -171,9 +174,9 @@ fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
 fn stash_one(lid: u32, l: u32, x: vec4<f16>, y: vec4<{{TY}}>) {
     let e = lid + l * WG;
     if e < BC * D4 {
-        let at = (e / D4) * LD + 4u * (e % D4);
-        put_x(at, x);
-        put_y(at, vec4<f16>(y));
+        let at = (e / D4) * LD4 + e % D4;
+        x_t[at] = x;
+        y_t[at] = vec4<f16>(y);
     }
 }
 
@@ -181,8 +184,8 @@ fn stash(lid: u32) {
     stash_one(lid, @lu, pre_x_@l, pre_y_@l);
 //#if BWD_KV
     if lid < BC {
-        tile_s[lid] = pre_s;
-        tile_d[lid] = pre_d;
+        tile_s[lid / 4u][lid % 4u] = pre_s;
+        tile_d[lid / 4u][lid % 4u] = pre_d;
     }
 //#endif
 }
@@ -196,7 +199,7 @@ fn write_dqkv(lane: u32, b: u32, h: u32, r0: u32, m0: u32, part: u32, col: u32, 
         let c = e % 16u;
         let t = r0 + m0 + r;
         if t < p.t {
-            dqkv[4u * qkv_at(b, t, part, h) + col + c] = stg[(m0 + r) * SLD + c] * f;
+            dqkv[4u * qkv_at(b, t, part, h) + col + c] = staged1((m0 + r) * SLD + c) * f;
         }
     }
 }
@@ -210,7 +213,7 @@ fn write_y(lane: u32, b: u32, h: u32, r0: u32, m0: u32, col: u32) {
         let c = e % 16u;
         let t = r0 + m0 + r;
         if t < p.t {
-            y[4u * y_at(b, t, h) + col + c] = f16(stg[(m0 + r) * SLD + c]);
+            y[4u * y_at(b, t, h) + col + c] = f16(staged1((m0 + r) * SLD + c));
         }
     }
 }
@@ -241,7 +244,7 @@ fn next_tile(lid: u32, b: u32, h: u32, t0: u32, end: u32) {
 //#endif
 }
 
-// Which of the lane's four columns c, c + 2, c + 4, c + 6 of tile t0 its row sees:
+// Which of the lane's four columns c .. c + 3 of tile t0 its row sees:
 // keys up to the row (FWD, BWD_Q), or queries from the key row down and inside T (BWD_KV).
 fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
     let i = vec4<u32>(t0 + c) + STEP;
@@ -257,10 +260,9 @@ fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
 fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
 //#unroll COLS4
     {
-        let u = 4u * @u;
-        let c = half + 2u * u;
+        let c = 4u * (half + 2u * @u);
 //#if BWD_KV
-        let ls = vec4<f32>(tile_s[c], tile_s[c + 2u], tile_s[c + 4u], tile_s[c + 6u]);
+        let ls = tile_s[c / 4u];
 //#else
         let ls = vec4<f32>(row_lse);
 //#endif
@@ -276,10 +278,9 @@ fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
 fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
 //#unroll COLS4
     {
-        let u = 4u * @u;
-        let c = half + 2u * u;
+        let c = 4u * (half + 2u * @u);
 //#if BWD_KV
-        let dd = vec4<f32>(tile_d[c], tile_d[c + 2u], tile_d[c + 4u], tile_d[c + 6u]);
+        let dd = tile_d[c / 4u];
 //#else
         let dd = vec4<f32>(row_d);
 //#endif
@@ -302,7 +303,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let lane = lid % 32u;
     let m0 = s * 16u;             // the subgroup's first row in the block
     let r = lane / 2u;            // the lane's row among the subgroup's 16
-    let half = lane % 2u;         // its columns: half, half + 2, ...
+    let half = lane % 2u;         // its columns: 4 half .. 4 half + 3, then every 8th
     let row = row0 + m0 + r;      // a query row (FWD, BWD_Q) or a key row (BWD_KV)
     let srow = min(row, p.t - 1u);
     let sat = (m0 + r) * SLD;     // the lane's row in the staging area
@@ -331,8 +332,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var tm = vec4<f32>(NEG);
 //#unroll COLS4
         {
-            let u = 4u * @u;
-            let c = half + 2u * u;
+            let c = 4u * (half + 2u * @u);
             tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, unmasked(t0, c, row)));
         }
 //#end
@@ -340,8 +340,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var sum = vec4<f32>(0.0);
 //#unroll COLS4
         {
-            let u = 4u * @u;
-            let c = half + 2u * u;
+            let c = 4u * (half + 2u * @u);
             sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
         }
 //#end

@@ -30,6 +30,12 @@ const BK: u32 = {{BK}}u;
 const THREADS: u32 = GM * GN * 32u;
 const NBUF: u32 = {{NBUF}}u;
 
+// Eight halves, 16 bytes: an operand's global element where its loads are 8 wide.
+struct H8 {
+    lo: vec4<f16>,
+    hi: vec4<f16>,
+}
+
 {{OPERAND_A}}
 {{OPERAND_B}}
 

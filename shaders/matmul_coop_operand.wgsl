@@ -4,11 +4,16 @@
 // The operand's tile is kept in its storage orientation: ROW when its rows are contiguous
 // along K (A) or N (B), COL when contiguous the other way (a transposed view), both in
 // workgroup memory as [ROWS][COLS] padded by 8 halves a row (16 bytes: the 8 row starts of
-// a fragment load fall in distinct banks). Global loads are W halves wide: 8 (one
-// vec4<u32>), 4 (vec4<f16>) or 1 (any strides); the host picks W from the alignment of
-// the offset, strides and extent. A thread fetches its LOADS vectors of the next tile into
-// registers while the current tile is multiplied, then stashes them into the other
-// buffer. The registers are named variables (lines holding the load marker, an at-sign
+// a fragment load fall in distinct banks). Global loads are W halves wide: 8 (`H8`, two
+// vec4<f16> of one 16-byte element), 4 (vec4<f16>) or 1 (any strides); the host picks W
+// from the alignment of the offset, strides and extent. Where W is 4 or 8 the workgroup
+// tile is an array of vec4<f16> (TW = 4), so a fetched vector is stashed with one or two
+// stores: one store per half, as an `array<f16>` takes, cost the K loop about 30% on the
+// H100 (docs/benchmarks.md). Fragments load from it with index and stride in vec4s
+// (SPIR-V measures both in the pointer's type; naga types the fragment by the pointer's
+// scalar, so the tile's scalar must be f16). A thread fetches its LOADS vectors of the next
+// tile into registers while the current tile is multiplied, then stashes them into the
+// other buffer. The registers are named variables (lines holding the load marker, an at-sign
 // and l, are repeated by the host once per load): an array of them was kept in local
 // memory by the H100's driver.
 
@@ -20,7 +25,8 @@ const {{X}}_SIZE: u32 = {{X}}_ROWS * {{X}}_LD;
 const {{X}}_W: u32 = {{W}}u;
 const {{X}}_PER_ROW: u32 = {{X}}_COLS / {{X}}_W;
 const {{X}}_LOADS: u32 = {{X}}_ROWS * {{X}}_PER_ROW / THREADS;
-var<workgroup> {{X}}_tile: array<f16, {{TILE_LEN}}>;
+const {{X}}_TW: u32 = {{TW}}u;
+var<workgroup> {{X}}_tile: array<{{TILE_TYPE}}, {{TILE_LEN}} / {{X}}_TW>;
 var<private> {{X}}_reg_@l: {{TYPE}};
 
 // This thread's `l`-th vector of the tile whose first element is (r0, s0) in storage
@@ -49,45 +55,27 @@ fn {{X}}_stash(tid: u32, buf: u32) {
 
 // Writes vector `v`, this thread's `l`-th, into workgroup buffer `buf`.
 fn {{X}}_put(tid: u32, buf: u32, l: u32, v: {{TYPE}}) {
-    {
-        let e = tid + l * THREADS;
-        let t = buf * {{X}}_SIZE + (e / {{X}}_PER_ROW) * {{X}}_LD + (e % {{X}}_PER_ROW) * {{X}}_W;
+    let e = tid + l * THREADS;
+    let t = buf * {{X}}_SIZE + (e / {{X}}_PER_ROW) * {{X}}_LD + (e % {{X}}_PER_ROW) * {{X}}_W;
 //#if W8
-        // (naga's bitcast keeps the element width, so pairs go through unpack2x16float;
-        // the f16 -> f32 -> f16 round trip is exact.)
-        let h0 = vec2<f16>(unpack2x16float(v.x));
-        let h1 = vec2<f16>(unpack2x16float(v.y));
-        let h2 = vec2<f16>(unpack2x16float(v.z));
-        let h3 = vec2<f16>(unpack2x16float(v.w));
-        {{X}}_tile[t] = h0.x;
-        {{X}}_tile[t + 1u] = h0.y;
-        {{X}}_tile[t + 2u] = h1.x;
-        {{X}}_tile[t + 3u] = h1.y;
-        {{X}}_tile[t + 4u] = h2.x;
-        {{X}}_tile[t + 5u] = h2.y;
-        {{X}}_tile[t + 6u] = h3.x;
-        {{X}}_tile[t + 7u] = h3.y;
+    {{X}}_tile[t / 4u] = v.lo;
+    {{X}}_tile[t / 4u + 1u] = v.hi;
 //#else
-//#if W4
-        {{X}}_tile[t] = v.x;
-        {{X}}_tile[t + 1u] = v.y;
-        {{X}}_tile[t + 2u] = v.z;
-        {{X}}_tile[t + 3u] = v.w;
-//#else
-        {{X}}_tile[t] = v;
+    {{X}}_tile[t / {{X}}_TW] = v;
 //#endif
-//#endif
-    }
 }
 
 // The 16 x 16 fragment at `major` (M for A, N for B) and `kk` (K) of buffer `buf`.
 fn {{X}}_frag(buf: u32, major: u32, kk: u32) -> coop_mat16x16<f16, {{ROLE}}> {
     let ld = {{X}}_LD;
-    let i = buf * {{X}}_SIZE + {{INDEX}};
+    // In the tile's elements: every fragment's first element and every row start are
+    // multiples of 8 halves (k and M/N in steps of 16, rows padded to a multiple of 8).
+    let i = (buf * {{X}}_SIZE + {{INDEX}}) / {{X}}_TW;
+    let stride = ld / {{X}}_TW;
 //#if COL
     // [K][M] for A, [N][K] for B: column-major as the fragment sees it.
-    return coopLoad<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], ld);
+    return coopLoad<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], stride);
 //#else
-    return coopLoadT<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], ld);
+    return coopLoadT<coop_mat16x16<f16, {{ROLE}}>>(&{{X}}_tile[i], stride);
 //#endif
 }

@@ -70,7 +70,7 @@ impl CoopTile {
     pub fn workgroup_bytes(self, mode: CoopMode, d: u32) -> u64 {
         let (br, bc) = (u64::from(self.br()), u64::from(self.bc));
         let tiles = 2 * 2 * bc * u64::from(d + 8);
-        let staging = 4 * br * (bc + 4);
+        let staging = 4 * br * (bc + 8);
         let second = 2 * br * (bc + 8);
         let stats = if mode == CoopMode::KeyValue { 8 * bc } else { 0 };
         tiles + staging + second + stats
@@ -118,13 +118,15 @@ fn own(name: &str, tile: &str, d: u32) -> String {
     (0..d / 16).fold(String::new(), |mut s, k| {
         let _ = writeln!(
             s,
-            "    let {name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[m0 * LD + {}u], LD);",
-            16 * k
+            "    let {name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[m0 * LD4 + {}u], LD4);",
+            4 * k
         );
         s
     })
 }
 
+/// (Workgroup arrays hold vec4s: indices and strides below are in vec4s.)
+///
 /// Scores: the subgroup's own fragments `a_0..` (16 rows x D) times the tile `b`
 /// [BC][D] read transposed, stored to the subgroup's rows of the staging area: BC / 16
 /// fragments over K = D, unrolled.
@@ -135,14 +137,14 @@ fn scores(a: &str, b: &str, d: u32, bc: u32) -> String {
         for j in 0..bc / 16 {
             let _ = writeln!(
                 s,
-                "            s_{j} = coopMultiplyAdd({a}_{k}, coopLoad<coop_mat16x16<f16, B>>(&{b}[{}u * LD + {}u], LD), s_{j});",
+                "            s_{j} = coopMultiplyAdd({a}_{k}, coopLoad<coop_mat16x16<f16, B>>(&{b}[{}u * LD4 + {}u], LD4), s_{j});",
                 16 * j,
-                16 * k
+                4 * k
             );
         }
     }
     for j in 0..bc / 16 {
-        let _ = writeln!(s, "            coopStoreT(s_{j}, &stg[m0 * SLD + {}u], SLD);", 16 * j);
+        let _ = writeln!(s, "            coopStoreT(s_{j}, &stg[m0 * SLD4 + {}u], SLD4);", 4 * j);
     }
     s + "        }"
 }
@@ -151,12 +153,12 @@ fn scores(a: &str, b: &str, d: u32, bc: u32) -> String {
 /// D / 16 fragments over K = BC.
 fn accumulate(acc: &str, b: &str, d: u32) -> String {
     let mut s = String::from("        for (var kk = 0u; kk < BC; kk += 16u) {\n");
-    s += "            let fa = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD + kk], PLD);\n";
+    s += "            let fa = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD4 + kk / 4u], PLD4);\n";
     for j in 0..d / 16 {
         let _ = writeln!(
             s,
-            "            {acc}_{j} = coopMultiplyAdd(fa, coopLoadT<coop_mat16x16<f16, B>>(&{b}[kk * LD + {}u], LD), {acc}_{j});",
-            16 * j
+            "            {acc}_{j} = coopMultiplyAdd(fa, coopLoadT<coop_mat16x16<f16, B>>(&{b}[kk * LD4 + {}u], LD4), {acc}_{j});",
+            4 * j
         );
     }
     s + "        }"
@@ -166,7 +168,7 @@ fn accumulate(acc: &str, b: &str, d: u32) -> String {
 /// `write` (a call taking the fragment's first column as `COL`).
 fn store(acc: &str, d: u32, write: &str) -> String {
     (0..d / 16).fold(String::new(), |mut s, j| {
-        let _ = writeln!(s, "    coopStoreT({acc}_{j}, &stg[m0 * SLD], SLD);");
+        let _ = writeln!(s, "    coopStoreT({acc}_{j}, &stg[m0 * SLD4], SLD4);");
         s += "    row_sync();\n";
         let _ = writeln!(s, "    {};", write.replace("COL", &format!("{}u", 16 * j)));
         s += "    row_sync();\n";

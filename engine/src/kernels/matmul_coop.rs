@@ -56,21 +56,24 @@ fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
     let (rows, cols) = if load.col == is_a { (tile.bk, mn) } else { (mn, tile.bk) };
     let index = if load.col == is_a { "kk * ld + major" } else { "major * ld + kk" };
     let ty = match load.width {
-        8 => "vec4<u32>",
+        8 => "H8",
         4 => "vec4<f16>",
         _ => "f16",
     };
+    // The workgroup tile's element: vec4<f16> where loads are vectors.
+    let (tile_ty, tw) = if load.width >= 4 { ("vec4<f16>", 4) } else { ("f16", 1) };
     let values = [
         ("X", x.to_string()),
         ("ROLE", if is_a { "A" } else { "B" }.to_string()),
         ("BINDING", if is_a { "1" } else { "2" }.to_string()),
         ("TYPE", ty.to_string()),
+        ("TILE_TYPE", tile_ty.to_string()),
+        ("TW", tw.to_string()),
+        ("W8", (load.width == 8).to_string()),
         ("ROWS", rows.to_string()),
         ("COLS", cols.to_string()),
         ("W", load.width.to_string()),
         ("TILE_LEN", (rows * (cols + 8) * tile.nbuf).to_string()),
-        ("W8", (load.width == 8).to_string()),
-        ("W4", (load.width == 4).to_string()),
         ("COL", load.col.to_string()),
         ("INDEX", index.to_string()),
     ];
