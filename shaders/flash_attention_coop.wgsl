@@ -18,9 +18,10 @@
 // syncs with ROW_SYNC (a subgroup or workgroup barrier, chosen by the host); only the
 // streamed tiles need workgroup barriers.
 //
-// MODE 0, forward, in two passes over the keys: the first finds each row's max and sum
-//   (lse = m + log l); the second forms P = exp(s - lse), already normalized, and
-//   accumulates O += P V across key tiles (no rescaling needed).
+// MODE 0, forward, in one pass over the keys (FlashAttention's online softmax): O is held
+//   by the lanes in f32 registers (a row's 2 lanes, 4 columns each of every 8), since
+//   WGSL gives no access to an accumulator's elements: each tile's P V goes to fresh
+//   fragments, through the staging area, and is added to O rescaled by exp(m - m_new).
 // MODE 2, dK and dV: rows are keys; query tiles from the diagonal down: P^T from the
 //   saved lse, dV += P^T dY, dS^T = P^T * (dP^T - D), dK += dS^T Q * scale.
 // MODE 3, dQ: rows are queries; key tiles up to the diagonal: dQ += dS K * scale.
@@ -42,7 +43,7 @@ enable wgpu_cooperative_matrix;
 {{ATTENTION_COMMON}}
 @group(0) @binding(1) var<storage, read_write> qkv: array<vec4<f16>>;
 //#if FWD
-@group(0) @binding(2) var<storage, read_write> y: array<f16>;
+@group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 //#endif
 //#if BWD
@@ -205,19 +206,6 @@ fn write_dqkv(lane: u32, b: u32, h: u32, r0: u32, m0: u32, part: u32, col: u32, 
 }
 //#endif
 
-//#if FWD
-// The same for y.
-fn write_y(lane: u32, b: u32, h: u32, r0: u32, m0: u32, col: u32) {
-    for (var e = lane; e < 256u; e += 32u) {
-        let r = e / 16u;
-        let c = e % 16u;
-        let t = r0 + m0 + r;
-        if t < p.t {
-            y[4u * y_at(b, t, h) + col + c] = f16(staged1((m0 + r) * SLD + c));
-        }
-    }
-}
-//#endif
 
 // Starts a pass over the streamed tiles from row `first` (PREFETCH: fetches it).
 fn begin_tiles(lid: u32, b: u32, h: u32, first: u32) {
@@ -321,9 +309,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let end = min(p.t, row0 + BR);
 //#endif
 //#if FWD
-    // Pass 1: each row's max and sum over its keys.
+    // One pass over the keys with the online softmax: per tile, the row's max (its two
+    // lanes merged), P = exp(s - max) into p_t, P V into fresh fragments, staged, and
+    // the lane's columns of O (registers) rescaled and added: O = O exp(m - m_new) + P V.
     var m = NEG;
     var l = 0.0;
+{{ACC_DECL}}
     begin_tiles(lid, b, h, first);
     for (var t0 = first; t0 < end; t0 += BC) {
         next_tile(lid, b, h, t0, end);
@@ -336,35 +327,29 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, unmasked(t0, c, row)));
         }
 //#end
-        let m_new = max(m, max(max(tm.x, tm.y), max(tm.z, tm.w)));
+        let lm = max(max(tm.x, tm.y), max(tm.z, tm.w));
+        let m_new = max(m, max(lm, subgroupShuffleXor(lm, 1u)));
+        let alpha = exp(m - m_new);
         var sum = vec4<f32>(0.0);
 //#unroll COLS4
         {
             let c = 4u * (half + 2u * @u);
-            sum += select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
+            let e = select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
+            sum += e;
+            put_p4(pat + c, e);
         }
 //#end
-        l = l * exp(m - m_new) + ((sum.x + sum.y) + (sum.z + sum.w));
+        l = l * alpha + ((sum.x + sum.y) + (sum.z + sum.w));
         m = m_new;
-    }
-    // Merge the row's two lanes.
-    let m2 = subgroupShuffleXor(m, 1u);
-    let l2 = subgroupShuffleXor(l, 1u);
-    let mm = max(m, m2);
-    let row_lse = mm + log(l * exp(m - mm) + l2 * exp(m2 - mm));
-    if row < p.t && half == 0u {
-        lse[row_at(b, h, row)] = row_lse;
-    }
-    // Pass 2: O += P V with P = exp(s - lse).
-{{ACC_DECL}}
-    begin_tiles(lid, b, h, first);
-    for (var t0 = first; t0 < end; t0 += BC) {
-        next_tile(lid, b, h, t0, end);
-{{SCORES_X}}
-        row_sync();
-        write_p(t0, row, half, sat, pat, row_lse);
         row_sync();
 {{ACC_FIRST}}
+    }
+    // The row's sum over both lanes (one max), its lse, and O / l.
+    let l_row = l + subgroupShuffleXor(l, 1u);
+    let row_lse = m + log(l_row);
+    let inv = 1.0 / l_row;
+    if row < p.t && half == 0u {
+        lse[row_at(b, h, row)] = row_lse;
     }
 //#endif
 //#if BWD

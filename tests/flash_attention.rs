@@ -205,6 +205,10 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
         pick(CoopMode::Forward, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
         Some((64, 64))
     );
+    // The forward fetches its next tile ahead; the backward kernels do not.
+    for (mode, ahead) in [(CoopMode::Forward, true), (CoopMode::KeyValue, false), (CoopMode::Query, false)] {
+        assert_eq!(pick(mode, 64, 48 * 1024, true).map(|t| t.prefetch), Some(ahead), "{mode:?}");
+    }
     let rt = runtime();
     let granted = rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32);
     assert_eq!(Path::for_inputs(&rt, DType::F16, 64) == Path::Coop, granted);

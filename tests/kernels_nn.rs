@@ -375,6 +375,23 @@ fn the_cooperative_path_is_chosen_only_where_granted() {
     );
 }
 
+/// Between the two 128 x 128 tensor-core tiles, a launch takes the one whose workgroups
+/// fill their waves better (one per SM against two), weighed by their speeds.
+#[test]
+fn the_128_tile_follows_the_waves() {
+    use wgtrain_engine::kernels::matmul_coop::{TILE_128_K64, TILE_128_SLIM, by_waves};
+    // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
+    assert_eq!(by_waves(384), TILE_128_K64);
+    // 4096^3 (1024 tiles) and the 1536-tile products fill both alike.
+    assert_eq!(by_waves(1024), TILE_128_SLIM);
+    assert_eq!(by_waves(1536), TILE_128_SLIM);
+    // Split-K launches: qkv.dw's 108 tiles x 4 fill both alike; 288 workgroups fill 73%
+    // of 3 waves of 132 but 55% of 2 of 264.
+    assert_eq!(by_waves(432), TILE_128_SLIM);
+    assert_eq!(by_waves(288), TILE_128_K64);
+    assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
+}
+
 #[test]
 fn layernorm_forward_and_backward_match() {
     let rt = runtime();

@@ -88,9 +88,17 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 }
 
 /// The largest tile of `mode` for head size `d` within `limit` bytes of workgroup memory,
-/// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them).
+/// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them). The
+/// forward fetches the next tile ahead; the backward kernels, whose tiles hold twice the
+/// operands, fetch each tile when they stash it: with vector workgroup tiles that is
+/// faster on the H100 (`wgtrain bench --tune --filter tune.flash`, [8, 12, 1024, 64]:
+/// forward 483 us ahead against 500; forward + backward 1329 us without the fetch ahead
+/// against 1427 with it).
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
-    candidates(subgroup_barrier).find(|t| t.workgroup_bytes(mode, d) <= limit)
+    let ahead = mode == CoopMode::Forward;
+    candidates(subgroup_barrier)
+        .filter(|t| t.prefetch == ahead)
+        .find(|t| t.workgroup_bytes(mode, d) <= limit)
 }
 
 /// Every tile, best first: what [`pick`] chooses from and `wgtrain bench --tune` measures.
@@ -164,6 +172,61 @@ fn accumulate(acc: &str, b: &str, d: u32) -> String {
     s + "        }"
 }
 
+/// The forward's lane-held O: `o_u`, the lane's columns 4 (half + 2 u) .. + 3 of its
+/// row, u < D / 8.
+fn declare_o(d: u32) -> String {
+    (0..d / 8).fold(String::new(), |mut s, u| {
+        let _ = writeln!(s, "    var o_{u} = vec4<f32>();");
+        s
+    })
+}
+
+/// The forward's P V for one key tile: the subgroup's 16 rows of `p_t` times V (`y_t`)
+/// into fresh fragments, staged BC columns at a time, and each lane's columns of O
+/// rescaled by `alpha` and added.
+fn forward_pv(d: u32, bc: u32) -> String {
+    let mut s = declare("pv", d / 16).replace("    var", "        var");
+    s += "        for (var kk = 0u; kk < BC; kk += 16u) {\n";
+    s += "            let fa = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD4 + kk / 4u], PLD4);\n";
+    for j in 0..d / 16 {
+        let _ = writeln!(
+            s,
+            "            pv_{j} = coopMultiplyAdd(fa, coopLoadT<coop_mat16x16<f16, B>>(&y_t[kk * LD4 + {}u], LD4), pv_{j});",
+            4 * j
+        );
+    }
+    s += "        }\n";
+    // The staging area's rows hold BC columns: D / BC chunks of BC / 16 fragments.
+    let per = bc.min(d) / 16;
+    for chunk in 0..(d / 16).div_ceil(per) {
+        let (j0, j1) = (chunk * per, ((chunk + 1) * per).min(d / 16));
+        for j in j0..j1 {
+            let _ = writeln!(s, "        coopStoreT(pv_{j}, &stg[m0 * SLD4 + {}u], SLD4);", 4 * (j - j0));
+        }
+        s += "        row_sync();\n";
+        // The lane's u-th vec4 is column 4 (half + 2 u): in this chunk for 16 j0 <= 8 u < 16 j1.
+        for u in 2 * j0..2 * j1 {
+            let _ = writeln!(
+                s,
+                "        o_{u} = o_{u} * alpha + staged4(sat + 4u * (half + {}u) - {}u);",
+                2 * u,
+                16 * j0
+            );
+        }
+        s += "        row_sync();\n";
+    }
+    s
+}
+
+/// The forward's y = O / l from the lanes' registers (rows inside T).
+fn store_y(d: u32) -> String {
+    let mut s = String::from("    if row < p.t {\n");
+    for u in 0..d / 8 {
+        let _ = writeln!(s, "        y[y_at(b, row, h) + half + {}u] = vec4<f16>(o_{u} * inv);", 2 * u);
+    }
+    s + "    }\n"
+}
+
 /// Stores accumulators `acc_j` through the subgroup's rows of the staging area with
 /// `write` (a call taking the fragment's first column as `COL`).
 fn store(acc: &str, d: u32, write: &str) -> String {
@@ -180,7 +243,6 @@ fn store(acc: &str, d: u32, write: &str) -> String {
 pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'static str, String)> {
     let bc = tile.bc;
     let flag = |on: bool| on.to_string();
-    let write_y = "write_y(lane, b, h, row0, m0, COL)";
     let dq = "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)";
     let dk = "write_dqkv(lane, b, h, row0, m0, 1u, COL, p.scale)";
     let dv = "write_dqkv(lane, b, h, row0, m0, 2u, COL, 1.0)";
@@ -191,10 +253,10 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
             own("q", "x_t", d),
             scores("q", "x_t", d, bc),
             String::new(),
-            declare("o", d / 16),
-            accumulate("o", "y_t", d),
+            declare_o(d),
+            forward_pv(d, bc),
             String::new(),
-            store("o", d, write_y),
+            store_y(d),
             (1, 2),
             (0, 0),
         ),

@@ -304,6 +304,11 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
     let wave_split = !coop && opts.simt_tile.unwrap_or(SimtTile::DEFAULT).wave_split;
     let splits = slices(tiles, k, batches, wave_split);
+    // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
+    let coop_tile = match coop_tile {
+        Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => Some(super::matmul_coop::by_waves(tiles * splits as u64)),
+        t => t,
+    };
     if splits == 1 {
         let opts = MatmulOptions { coop_tile, ..*opts };
         return launch_product(rt, &params, a, b, c, &opts, batches as u32);

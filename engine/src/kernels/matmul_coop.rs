@@ -26,6 +26,14 @@ pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
 /// 128 x 128 of C per workgroup, K by 64 through one buffer: the fastest at 10 of
 /// GPT-2's 12 linear products and within 4% of [`TILE_WIDE`] at 4096^3 on the H100.
 pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
+/// 128 x 128 of C per workgroup from 4 subgroups of 64 x 64, K by 32, one buffer: at
+/// 128 threads two workgroups fit an SM. With vector workgroup tiles the fastest at
+/// 4096^3 on the H100 (184.8 TFLOP/s against [`TILE_128_K64`]'s 173.6, one sweep:
+/// docs/benchmarks.md); [`by_waves`] weighs the two.
+pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
+/// [`TILE_128_SLIM`]'s speed over [`TILE_128_K64`]'s where both fill their waves
+/// (4096^3 on the H100: 184.8 / 173.6).
+const SLIM_SPEEDUP: f64 = 1.065;
 /// The tiles the tuning sweep measures.
 pub const CANDIDATES: [CoopTile; 12] = [
     TILE_128_K64,
@@ -36,7 +44,7 @@ pub const CANDIDATES: [CoopTile; 12] = [
     CoopTile::new(2, 2, 4, 4, 64, 1),
     CoopTile::new(4, 2, 2, 4, 64, 1),
     CoopTile::new(2, 2, 2, 2, 64, 1),
-    CoopTile::new(2, 2, 4, 4, 32, 1),
+    TILE_128_SLIM,
     CoopTile::new(2, 2, 4, 4, 32, 2),
     CoopTile::new(2, 4, 4, 2, 16, 2),
     CoopTile::new(2, 4, 4, 4, 16, 2),
@@ -177,13 +185,30 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
 
 /// The tile for an `m` x `n` output of `batches` batches: 128 x 128 by 64 when that
 /// fills the device once ([`FULL_WAVE`] workgroups) or for a single product (split-K
-/// fills the device); 64 x 64 for batches of small products.
+/// fills the device); 64 x 64 for batches of small products. (The caller then chooses
+/// between the 128 x 128 tiles by [`by_waves`], once it knows the split.)
 pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
     let tiles = u64::from(m.div_ceil(128)) * u64::from(n.div_ceil(128)) * u64::from(batches);
     if tiles >= FULL_WAVE || batches == 1 {
         TILE_128_K64
     } else {
         TILE_64
+    }
+}
+
+/// Of the two 128 x 128 tiles, the one for a launch of `workgroups` (output tiles times
+/// split-K slices): [`TILE_128_K64`] runs one workgroup per SM ([`FULL_WAVE`] at once),
+/// [`TILE_128_SLIM`] two; each one's share of busy SMs over its waves, weighed by its
+/// speed at full waves. E.g. GPT-2's 384-tile products (N = 768) fill 97% of three
+/// waves of the first and 73% of two of the second, so they keep the first (measured:
+/// 155 against 126 TFLOP/s for qkv.dx); 4096^3 and the 1536-tile products fill both alike
+/// and take the second.
+pub fn by_waves(workgroups: u64) -> CoopTile {
+    let fill = |slots: u64| workgroups as f64 / (workgroups.div_ceil(slots) * slots) as f64;
+    if fill(2 * FULL_WAVE) * SLIM_SPEEDUP > fill(FULL_WAVE) {
+        TILE_128_SLIM
+    } else {
+        TILE_128_K64
     }
 }
 
