@@ -380,8 +380,8 @@ pub fn forward_tiled(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, tile: Op
         &format!("{label}.lse"),
     )?;
     let blocks = dims.blocks(k.br);
-    // The tensor-core forward makes two passes over the scores (see its shader).
-    let products = if path == Path::Coop { 6.0 } else { 4.0 };
+    // Q K^T and P V: every path makes one pass over the keys.
+    let products = 4.0;
     rt.launch_with_work(
         &k.kernel,
         bytemuck::bytes_of(&dims.params(blocks, k.per)),
