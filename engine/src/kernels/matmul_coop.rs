@@ -18,13 +18,16 @@ const OPERAND: &str = include_str!("../../../shaders/matmul_coop_operand.wgsl");
 /// 128 x 128 of C per workgroup: 8 subgroups of 64 x 32, K by 32, double-buffered.
 pub const TILE_128: CoopTile = CoopTile::new(2, 4, 4, 2, 32, 2);
 /// 128 x 256 of C per workgroup: 8 subgroups of 64 x 64, K by 32, one buffer (two do
-/// not fit in 48 KiB). Within 4% of the fastest at 4096^3 on the H100 (`wgtrain bench --tune`).
+/// not fit in 48 KiB). On the H100 (`wgtrain bench --tune`, vector tiles): within 2% of
+/// the fastest at 4096^3 and 9-11% faster than the 128 x 128 tiles at GPT-2's two largest
+/// dW products; not picked (its split-K would differ).
 pub const TILE_WIDE: CoopTile = CoopTile::new(2, 4, 4, 4, 32, 1);
 /// 64 x 64 of C per workgroup (4 subgroups of 32 x 32), for outputs too small to fill
 /// the device with larger tiles.
 pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
-/// 128 x 128 of C per workgroup, K by 64 through one buffer: the fastest at 10 of
-/// GPT-2's 12 linear products and within 4% of [`TILE_WIDE`] at 4096^3 on the H100.
+/// 128 x 128 of C per workgroup, K by 64 through one buffer, one workgroup per SM on the
+/// H100: the faster 128 x 128 tile where [`by_waves`] finds the last wave too empty for
+/// two per SM (GPT-2's N = 768 products).
 pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
 /// 128 x 128 of C per workgroup from 4 subgroups of 64 x 64, K by 32, one buffer: at
 /// 128 threads two workgroups fit an SM. With vector workgroup tiles the fastest at
