@@ -37,8 +37,8 @@ pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
 /// [`TILE_128_SLIM`]'s speed over [`TILE_128_K64`]'s where both fill their waves
 /// (4096^3 on the H100: 184.8 / 173.6).
 const SLIM_SPEEDUP: f64 = 1.065;
-/// The tiles the tuning sweep measures.
-pub const CANDIDATES: [CoopTile; 12] = [
+/// The tiles the tuning sweep measures (docs/benchmarks.md has their rows on the H100).
+pub const CANDIDATES: [CoopTile; 15] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
@@ -51,6 +51,10 @@ pub const CANDIDATES: [CoopTile; 12] = [
     CoopTile::new(2, 2, 4, 4, 32, 2),
     CoopTile::new(2, 4, 4, 2, 16, 2),
     CoopTile::new(2, 4, 4, 4, 16, 2),
+    // 128 x 128 from more, smaller subgroup tiles (8 or 16 warps a workgroup).
+    CoopTile::new(2, 4, 4, 2, 32, 1),
+    CoopTile::new(4, 2, 2, 4, 32, 1),
+    CoopTile::new(4, 4, 2, 2, 32, 1),
 ];
 
 /// Bytes of workgroup memory a variant uses.
