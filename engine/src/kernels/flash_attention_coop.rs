@@ -92,8 +92,8 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 /// forward fetches the next tile ahead; the backward kernels, whose tiles hold twice the
 /// operands, fetch each tile when they stash it: with vector workgroup tiles that is
 /// faster on the H100 (`wgtrain bench --tune --filter tune.flash`, [8, 12, 1024, 64]:
-/// forward 284.6 us ahead against 317.4; forward + backward 1130.1 us with the backward
-/// not fetching ahead against 1222.6 with it; docs/benchmarks.md).
+/// forward 284.6 us ahead against 317.4; forward + backward 1130.1 us with no kernel
+/// fetching ahead against 1222.6 with all three, 1102 us as picked; docs/benchmarks.md).
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
     let ahead = mode == CoopMode::Forward;
     candidates(subgroup_barrier)
