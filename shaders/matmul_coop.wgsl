@@ -5,9 +5,9 @@
 // declarations, multiply-adds (every 16-step of a K tile) and stores out unrolled (ACC_DECL, MMA, STORE_DIRECT,
 // STORE_STAGED) as named variables, since an array of cooperative matrices indexed in a
 // loop ran at ~30 TFLOP/s on the H100 against 100-150 unrolled (it is not kept in registers). K steps by BK through
-// NBUF workgroup buffers per operand: the next tile is fetched from global memory into
-// registers while the current one is multiplied, then stashed; with two buffers into the
-// other one, one barrier a step, else after a barrier, two a step. The operands' loaders and fragment loads come from
+// NBUF workgroup buffers per operand (DOUBLE: two): the next tile is fetched from global
+// memory into registers while the current one is multiplied, then stashed; with two
+// buffers into the other one, one barrier a step, else after a barrier, two a step. The operands' loaders and fragment loads come from
 // shaders/matmul_coop_operand.wgsl (OPERAND_A, OPERAND_B): each reads its operand in
 // its storage orientation, so transposed views load as wide as plain ones.
 // Out: with DIRECT (f32 C) and the host's flag (no bias, activation, scale or
@@ -85,37 +85,57 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     a_stash(tid, 0u);
     b_stash(tid, 0u);
     workgroupBarrier();
-    // NBUF tiles a turn, each written out (`//#unroll`) so that its buffer is a constant
-    // (with `t % 2` the fragment loads and stashes ran at half the speed on the H100):
-    // tile t is multiplied from buffer t % NBUF while the next one, fetched into
-    // registers meanwhile, is stashed into buffer (t + 1) % NBUF. With one buffer that
-    // waits for a barrier (every subgroup done with it): two barriers a tile. With two,
-    // the barrier after tile t - 1 already had every subgroup done with the buffer being
-    // stashed into: one a tile. The tile count is rounded up to whole turns; the tiles
-    // past K load as zeros. (A branch on the turn's second tile would be one that naga
-    // cannot prove uniform, and it refuses cooperative operations under it.)
-    let turns = (tiles + NBUF - 1u) / NBUF;
-    for (var turn = 0u; turn < turns; turn++) {
-//#unroll NBUF
+//#if DOUBLE
+    // Two buffers, the loop taken two K tiles a turn so that each tile's buffer is a
+    // constant (with `t % 2` the fragment loads and stashes ran at half the speed on the
+    // H100): tile t is multiplied from buffer t % 2 while tile t + 1 is stashed into the
+    // other, one barrier a tile (the one after tile t - 1 has every subgroup done with
+    // the buffer being stashed into). An odd count of tiles gets one more, of zeros (the
+    // loads past K read zeros): cooperative operations must not sit under a branch that
+    // naga cannot prove uniform.
+    let pairs = (tiles + 1u) / 2u;
+    for (var pr = 0u; pr < pairs; pr++) {
+        let t = 2u * pr;
         {
-            let cur = @u;
-            let t = turn * NBUF + @u;
-            let more = t + 1u < turns * NBUF;
+            let cur = 0u;
+            fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
+{{MMA}}
+            a_stash(tid, 1u);
+            b_stash(tid, 1u);
+            workgroupBarrier();
+        }
+        {
+            let cur = 1u;
+            let more = pr + 1u < pairs;
             if more {
-                fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
+                fetch(tid, a_base, b_base, row0, col0, (t + 2u) * BK);
             }
 {{MMA}}
             if more {
-                if NBUF == 1u {
-                    workgroupBarrier();
-                }
-                a_stash(tid, (@u + 1u) % NBUF);
-                b_stash(tid, (@u + 1u) % NBUF);
+                a_stash(tid, 0u);
+                b_stash(tid, 0u);
             }
             workgroupBarrier();
         }
-//#end
     }
+//#else
+    // One buffer: the next tile is fetched into registers while this one is multiplied,
+    // stashed once every subgroup is done with the buffer.
+    for (var t = 0u; t < tiles; t++) {
+        let cur = 0u;
+        let more = t + 1u < tiles;
+        if more {
+            fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
+        }
+{{MMA}}
+        if more {
+            workgroupBarrier();
+            a_stash(tid, 0u);
+            b_stash(tid, 0u);
+        }
+        workgroupBarrier();
+    }
+//#endif
     let gm0 = row0 + m0;
     let gn0 = col0 + n0;
 //#if DIRECT

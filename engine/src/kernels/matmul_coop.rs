@@ -164,6 +164,7 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile) -> 
         ("FN", tile.fn_.to_string()),
         ("BK", tile.bk.to_string()),
         ("NBUF", tile.nbuf.to_string()),
+        ("DOUBLE", (tile.nbuf == 2).to_string()),
         ("THREADS", tile.threads().to_string()),
         ("STAGE_LEN", (256 * tile.gm * tile.gn).to_string()),
         ("OPERAND_A", operand("a", tile, a)?),
