@@ -59,10 +59,16 @@ fn store_staged(frag: coop_mat16x16<f32, C>, s: u32, lane: u32, gm0: u32, gn0: u
     workgroupBarrier();
 }
 
-// Fetches both operands' tile starting at K index k0 into registers.
-fn fetch(tid: u32, a_base: u32, b_base: u32, row0: u32, col0: u32, k0: u32) {
-    a_fetch(tid, a_base, {{A_FETCH}});
-    b_fetch(tid, b_base, {{B_FETCH}});
+// Fetches both operands' tile starting at K index k0 into register set `rs`.
+fn fetch(rs: u32, tid: u32, a_base: u32, b_base: u32, row0: u32, col0: u32, k0: u32) {
+    a_fetch(rs, tid, a_base, {{A_FETCH}});
+    b_fetch(rs, tid, b_base, {{B_FETCH}});
+}
+
+// Writes register set `rs` into workgroup buffer `buf`.
+fn stash(rs: u32, tid: u32, buf: u32) {
+    a_stash(rs, tid, buf);
+    b_stash(rs, tid, buf);
 }
 
 @compute @workgroup_size({{THREADS}})
@@ -81,9 +87,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let n0 = (s % GN) * FN * 16u;
 {{ACC_DECL}}
     let tiles = (p.k + BK - 1u) / BK;
-    fetch(tid, a_base, b_base, row0, col0, 0u);
-    a_stash(tid, 0u);
-    b_stash(tid, 0u);
+    fetch(0u, tid, a_base, b_base, row0, col0, 0u);
+    stash(0u, tid, 0u);
     workgroupBarrier();
 //#if DOUBLE
     // Two buffers, the loop taken two K tiles a turn so that each tile's buffer is a
@@ -98,22 +103,53 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let t = 2u * pr;
         {
             let cur = 0u;
-            fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
+            fetch(0u, tid, a_base, b_base, row0, col0, (t + 1u) * BK);
 {{MMA}}
-            a_stash(tid, 1u);
-            b_stash(tid, 1u);
+            stash(0u, tid, 1u);
             workgroupBarrier();
         }
         {
             let cur = 1u;
             let more = pr + 1u < pairs;
             if more {
-                fetch(tid, a_base, b_base, row0, col0, (t + 2u) * BK);
+                fetch(0u, tid, a_base, b_base, row0, col0, (t + 2u) * BK);
             }
 {{MMA}}
             if more {
-                a_stash(tid, 0u);
-                b_stash(tid, 0u);
+                stash(0u, tid, 0u);
+            }
+            workgroupBarrier();
+        }
+    }
+//#else
+//#if AHEAD2
+    // One buffer, two K tiles in flight: while tile t is multiplied, tile t + 1 waits in
+    // one register set and tile t + 2 is fetched into the other; the loads of each tile
+    // then have two tiles' products to arrive in, not one (at 128 x 128 the K loop waited
+    // on them). The sets alternate, so the loop takes two tiles a turn (each set a
+    // constant), with a tile of zeros after an odd count, as with two buffers.
+    let pairs = (tiles + 1u) / 2u;
+    fetch(0u, tid, a_base, b_base, row0, col0, BK);
+    for (var pr = 0u; pr < pairs; pr++) {
+        let t = 2u * pr;
+        {
+            let cur = 0u;
+            fetch(1u, tid, a_base, b_base, row0, col0, (t + 2u) * BK);
+{{MMA}}
+            workgroupBarrier();
+            stash(0u, tid, 0u);
+            workgroupBarrier();
+        }
+        {
+            let cur = 0u;
+            let more = pr + 1u < pairs;
+            if more {
+                fetch(0u, tid, a_base, b_base, row0, col0, (t + 3u) * BK);
+            }
+{{MMA}}
+            if more {
+                workgroupBarrier();
+                stash(1u, tid, 0u);
             }
             workgroupBarrier();
         }
@@ -125,16 +161,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let cur = 0u;
         let more = t + 1u < tiles;
         if more {
-            fetch(tid, a_base, b_base, row0, col0, (t + 1u) * BK);
+            fetch(0u, tid, a_base, b_base, row0, col0, (t + 1u) * BK);
         }
 {{MMA}}
         if more {
             workgroupBarrier();
-            a_stash(tid, 0u);
-            b_stash(tid, 0u);
+            stash(0u, tid, 0u);
         }
         workgroupBarrier();
     }
+//#endif
 //#endif
     let gm0 = row0 + m0;
     let gn0 = col0 + n0;

@@ -11,11 +11,12 @@
 // stores: one store per half, as an `array<f16>` takes, cost the K loop about 30% on the
 // H100 (docs/benchmarks.md). Fragments load from it with index and stride in vec4s
 // (SPIR-V measures both in the pointer's type; naga types the fragment by the pointer's
-// scalar, so the tile's scalar must be f16). A thread fetches its LOADS vectors of the next
+// scalar, so the tile's scalar must be f16). A thread fetches its LOADS vectors of a later
 // tile into registers while the current tile is multiplied, then stashes them into the
-// other buffer. The registers are named variables (lines holding the load marker, an at-sign
-// and l, are repeated by the host once per load): an array of them was kept in local
-// memory by the H100's driver.
+// workgroup buffer. The registers are named variables (lines holding the load marker, an
+// at-sign and l, are repeated by the host once per load): an array of them was kept in
+// local memory by the H100's driver. Two sets of them (`rs` 0 and 1, a constant at every
+// call) hold two tiles in flight where the main template fetches two ahead.
 
 @group(0) @binding({{BINDING}}) var<storage, read_write> {{X}}_src: array<{{TYPE}}>;
 const {{X}}_ROWS: u32 = {{ROWS}}u;
@@ -27,7 +28,8 @@ const {{X}}_PER_ROW: u32 = {{X}}_COLS / {{X}}_W;
 const {{X}}_LOADS: u32 = {{X}}_ROWS * {{X}}_PER_ROW / THREADS;
 const {{X}}_TW: u32 = {{TW}}u;
 var<workgroup> {{X}}_tile: array<{{TILE_TYPE}}, {{TILE_LEN}} / {{X}}_TW>;
-var<private> {{X}}_reg_@l: {{TYPE}};
+var<private> {{X}}_reg0_@l: {{TYPE}};
+var<private> {{X}}_reg1_@l: {{TYPE}};
 
 // This thread's `l`-th vector of the tile whose first element is (r0, s0) in storage
 // orientation; `rows` x `cols` is the operand's extent there, `outer` and `inner` its
@@ -43,14 +45,22 @@ fn {{X}}_load(tid: u32, l: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u3
     return v;
 }
 
-// Loads this thread's vectors of the tile into its registers.
-fn {{X}}_fetch(tid: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) {
-    {{X}}_reg_@l = {{X}}_load(tid, @lu, base, r0, s0, rows, cols, outer, inner);
+// Loads this thread's vectors of the tile into its register set `rs`.
+fn {{X}}_fetch(rs: u32, tid: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) {
+    if rs == 0u {
+        {{X}}_reg0_@l = {{X}}_load(tid, @lu, base, r0, s0, rows, cols, outer, inner);
+    } else {
+        {{X}}_reg1_@l = {{X}}_load(tid, @lu, base, r0, s0, rows, cols, outer, inner);
+    }
 }
 
-// Writes the fetched vectors into workgroup buffer `buf`.
-fn {{X}}_stash(tid: u32, buf: u32) {
-    {{X}}_put(tid, buf, @lu, {{X}}_reg_@l);
+// Writes register set `rs` into workgroup buffer `buf`.
+fn {{X}}_stash(rs: u32, tid: u32, buf: u32) {
+    if rs == 0u {
+        {{X}}_put(tid, buf, @lu, {{X}}_reg0_@l);
+    } else {
+        {{X}}_put(tid, buf, @lu, {{X}}_reg1_@l);
+    }
 }
 
 // Writes vector `v`, this thread's `l`-th, into workgroup buffer `buf`.

@@ -289,6 +289,8 @@ fn f16_matmul_loads_tiles_and_epilogues() {
     }
     let mut rng = Rng(21);
     let mut case = 0;
+    // Four shapes times four orientations.
+    const CASES: usize = 16;
     // The last shape has too few tiles for the device: its K is split.
     for (m, k, n) in [(136, 72, 200), (132, 68, 196), (67, 67, 131), (40, 1024, 72)] {
         let a_data = rng.vec(2 * m * k, -1.0, 1.0);
@@ -310,17 +312,21 @@ fn f16_matmul_loads_tiles_and_epilogues() {
             } else {
                 upload(&rt, &b_data, &[k, n], DType::F16)
             };
-            let tile = (case % (CANDIDATES.len() + 1) < CANDIDATES.len()).then(|| CANDIDATES[case % (CANDIDATES.len() + 1)]);
+            // Every candidate tile (and the host's pick) in one of the 16 cases or more:
+            // case c takes choices c, c + 16, ...
+            for choice in (case..=CANDIDATES.len()).step_by(CASES) {
+                let tile = CANDIDATES.get(choice).copied();
+                let opts = MatmulOptions {
+                    coop_tile: tile,
+                    ..Default::default()
+                };
+                let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+                let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
+                let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+                let what = format!("f16 {m}x{k}x{n} a_t={a_t} b_t={b_t} tile={tile:?} coop={coop}");
+                assert_close_within(&rt, &what, &c, &want, tol);
+            }
             case += 1;
-            let opts = MatmulOptions {
-                coop_tile: tile,
-                ..Default::default()
-            };
-            let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
-            let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
-            let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
-            let what = format!("f16 {m}x{k}x{n} a_t={a_t} b_t={b_t} tile={tile:?} coop={coop}");
-            assert_close_within(&rt, &what, &c, &want, tol);
         }
         // Batched A [2, m, k] with B broadcast, into f16 with bias and GELU.
         let a2 = upload(&rt, &a_data, &[2, m, k], DType::F16);
@@ -375,20 +381,22 @@ fn the_cooperative_path_is_chosen_only_where_granted() {
     );
 }
 
-/// Between the two 128 x 128 tensor-core tiles, a launch takes the one whose workgroups
-/// fill their waves better (one per SM against two), weighed by their speeds.
+/// Between the 128 x 128 tensor-core tiles, a launch takes the one whose workgroups
+/// fill their waves better (one per SM against two), weighed by their speeds; split
+/// products take the 512-thread tile as their one per SM.
 #[test]
 fn the_128_tile_follows_the_waves() {
-    use wgtrain_engine::kernels::matmul_coop::{TILE_128_K64, TILE_128_SLIM, by_waves};
+    use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, TILE_128_SPLIT, by_waves};
     // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
-    assert_eq!(by_waves(384), TILE_128_K64);
+    assert_eq!(by_waves(384, false), TILE_128_AHEAD);
     // 4096^3 (1024 tiles) and the 1536-tile products fill both alike.
-    assert_eq!(by_waves(1024), TILE_128_SLIM);
-    assert_eq!(by_waves(1536), TILE_128_SLIM);
+    assert_eq!(by_waves(1024, false), TILE_128_SLIM);
+    assert_eq!(by_waves(1536, false), TILE_128_SLIM);
     // Split-K launches: qkv.dw's 108 tiles x 4 fill both alike; 288 workgroups fill 73%
     // of 3 waves of 132 but 55% of 2 of 264.
-    assert_eq!(by_waves(432), TILE_128_SLIM);
-    assert_eq!(by_waves(288), TILE_128_K64);
+    assert_eq!(by_waves(432, true), TILE_128_SLIM);
+    assert_eq!(by_waves(288, true), TILE_128_SPLIT);
+    assert_eq!((TILE_128_AHEAD.ahead, TILE_128_SPLIT.ahead, TILE_128_SPLIT.threads()), (2, 2, 512));
     assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }
 

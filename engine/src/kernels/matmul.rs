@@ -306,7 +306,9 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     let splits = slices(tiles, k, batches, wave_split);
     // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
     let coop_tile = match coop_tile {
-        Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => Some(super::matmul_coop::by_waves(tiles * splits as u64)),
+        Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => {
+            Some(super::matmul_coop::by_waves(tiles * splits as u64, splits > 1))
+        }
         t => t,
     };
     if splits == 1 {

@@ -34,11 +34,24 @@ pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
 /// 4096^3 on the H100 (184.8 TFLOP/s against [`TILE_128_K64`]'s 173.6, one sweep:
 /// docs/benchmarks.md); [`by_waves`] weighs the two.
 pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
-/// [`TILE_128_SLIM`]'s speed over [`TILE_128_K64`]'s where both fill their waves
-/// (4096^3 on the H100: 184.8 / 173.6).
-const SLIM_SPEEDUP: f64 = 1.065;
+/// [`TILE_128_K64`] with two K tiles in flight in registers (238 registers, still one
+/// workgroup per SM): as fast at 4096^3 on the H100 and faster at every GPT-2 product
+/// (`wgtrain bench --tune`: 112.1 against 99.9 TFLOP/s at attn_proj.fwd, 164.1 against
+/// 155.0 at qkv.dx; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM tile for
+/// products not split along K.
+pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
+/// 128 x 128 of C from 16 subgroups of 32 x 32, K by 32, two K tiles in flight (512
+/// threads at 108 registers: one workgroup per SM). On the H100 the fastest at GPT-2's
+/// dW products split along K (fc.dw 126.8 TFLOP/s against 119.5 for
+/// [`TILE_128_AHEAD`]); [`by_waves`]'s one-workgroup-per-SM tile for split products.
+pub const TILE_128_SPLIT: CoopTile = CoopTile::new(4, 4, 2, 2, 32, 1).two_ahead();
+/// [`TILE_128_SLIM`]'s speed over the one-workgroup-per-SM tiles' where both fill
+/// their waves (4096^3 on the H100): over [`TILE_128_AHEAD`] (184.6 / 173.8) and over
+/// [`TILE_128_SPLIT`] (184.6 / 167.2).
+const SLIM_SPEEDUP: f64 = 1.062;
+const SLIM_SPEEDUP_SPLIT: f64 = 1.104;
 /// The tiles the tuning sweep measures (docs/benchmarks.md has their rows on the H100).
-pub const CANDIDATES: [CoopTile; 15] = [
+pub const CANDIDATES: [CoopTile; 20] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
@@ -55,6 +68,12 @@ pub const CANDIDATES: [CoopTile; 15] = [
     CoopTile::new(2, 4, 4, 2, 32, 1),
     CoopTile::new(4, 2, 2, 4, 32, 1),
     CoopTile::new(4, 4, 2, 2, 32, 1),
+    // Two K tiles in flight in registers.
+    TILE_128_AHEAD,
+    TILE_128_SLIM.two_ahead(),
+    TILE_WIDE.two_ahead(),
+    CoopTile::new(2, 4, 4, 2, 32, 1).two_ahead(),
+    TILE_128_SPLIT,
 ];
 
 /// Bytes of workgroup memory a variant uses.
@@ -165,6 +184,7 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile) -> 
         ("BK", tile.bk.to_string()),
         ("NBUF", tile.nbuf.to_string()),
         ("DOUBLE", (tile.nbuf == 2).to_string()),
+        ("AHEAD2", (tile.ahead == 2).to_string()),
         ("THREADS", tile.threads().to_string()),
         ("STAGE_LEN", (256 * tile.gm * tile.gn).to_string()),
         ("OPERAND_A", operand("a", tile, a)?),
@@ -204,19 +224,25 @@ pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
     }
 }
 
-/// Of the two 128 x 128 tiles, the one for a launch of `workgroups` (output tiles times
-/// split-K slices): [`TILE_128_K64`] runs one workgroup per SM ([`FULL_WAVE`] at once),
-/// [`TILE_128_SLIM`] two; each one's share of busy SMs over its waves, weighed by its
-/// speed at full waves. E.g. GPT-2's 384-tile products (N = 768) fill 97% of three
-/// waves of the first and 73% of two of the second, so they keep the first (measured:
-/// 155 against 126 TFLOP/s for qkv.dx); 4096^3 and the 1536-tile products fill both alike
-/// and take the second.
-pub fn by_waves(workgroups: u64) -> CoopTile {
+/// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices;
+/// `split` when K is split): [`TILE_128_SLIM`] runs two workgroups per SM, the other
+/// ([`TILE_128_AHEAD`], or [`TILE_128_SPLIT`] for split products) one ([`FULL_WAVE`] at
+/// once); each one's share of busy SMs over its waves, weighed by its speed at full
+/// waves. E.g. GPT-2's 384-tile products (N = 768) fill 97% of three waves of one per
+/// SM and 73% of two of two per SM, so they take the first (measured: 164 against 125
+/// TFLOP/s for qkv.dx); 4096^3 and the 1536-tile products fill both alike and take
+/// [`TILE_128_SLIM`].
+pub fn by_waves(workgroups: u64, split: bool) -> CoopTile {
     let fill = |slots: u64| workgroups as f64 / (workgroups.div_ceil(slots) * slots) as f64;
-    if fill(2 * FULL_WAVE) * SLIM_SPEEDUP > fill(FULL_WAVE) {
+    let (one, speedup) = if split {
+        (TILE_128_SPLIT, SLIM_SPEEDUP_SPLIT)
+    } else {
+        (TILE_128_AHEAD, SLIM_SPEEDUP)
+    };
+    if fill(2 * FULL_WAVE) * speedup > fill(FULL_WAVE) {
         TILE_128_SLIM
     } else {
-        TILE_128_K64
+        one
     }
 }
 
@@ -243,6 +269,12 @@ pub(super) fn launch(
     let [la, lb] = Load::of_operands(params, &[8, 4]);
     let tile = opts.coop_tile.unwrap_or_else(|| pick(params.m, params.n, batches));
     let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
+    if !(tile.ahead == 1 || tile.ahead == 2 && tile.nbuf == 1) {
+        return Err(Error::invalid(
+            "matmul tile",
+            format!("{}: two K tiles in flight take one buffer", tile.name()),
+        ));
+    }
     if workgroup_bytes(tile) > limit || tile.threads() > 1024 {
         return Err(Error::invalid(
             "matmul tile",

@@ -133,7 +133,8 @@ pub const FULL_WAVE: u64 = 132;
 
 /// The tile of a cooperative-matrix matmul variant: `gm` x `gn` subgroups of 32, each
 /// owning `fm` x `fn_` 16 x 16 fragments of C; K steps by `bk` through `nbuf` (1 or 2)
-/// workgroup buffers per operand.
+/// workgroup buffers per operand, with `ahead` (1 or 2; 2 only with one buffer) K tiles
+/// in flight from global memory in each thread's registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopTile {
     pub gm: u32,
@@ -142,12 +143,26 @@ pub struct CoopTile {
     pub fn_: u32,
     pub bk: u32,
     pub nbuf: u32,
+    pub ahead: u32,
 }
 
 impl CoopTile {
     /// GM x GN subgroups of FM x FN fragments, K by BK through NBUF buffers.
     pub const fn new(gm: u32, gn: u32, fm: u32, fn_: u32, bk: u32, nbuf: u32) -> CoopTile {
-        CoopTile { gm, gn, fm, fn_, bk, nbuf }
+        CoopTile {
+            gm,
+            gn,
+            fm,
+            fn_,
+            bk,
+            nbuf,
+            ahead: 1,
+        }
+    }
+
+    /// The same tile with two K tiles in flight in registers (one buffer).
+    pub const fn two_ahead(self) -> CoopTile {
+        CoopTile { ahead: 2, ..self }
     }
 
     /// Rows of C per workgroup.
@@ -167,12 +182,14 @@ impl CoopTile {
 
     /// One number for the kernel key.
     pub const fn packed(&self) -> u32 {
-        self.gm | self.gn << 4 | self.fm << 8 | self.fn_ << 12 | self.bk << 16 | self.nbuf << 24
+        self.gm | self.gn << 4 | self.fm << 8 | self.fn_ << 12 | self.bk << 16 | self.nbuf << 24 | self.ahead << 28
     }
 
-    /// `gm x gn x fm x fn x bk x nbuf`, as benchmark rows name it.
+    /// `gm x gn x fm x fn x bk x nbuf`, and `a2` with two K tiles in flight, as benchmark
+    /// rows name it.
     pub fn name(&self) -> String {
-        format!("{}x{}x{}x{}x{}x{}", self.gm, self.gn, self.fm, self.fn_, self.bk, self.nbuf)
+        let ahead = if self.ahead > 1 { "a2" } else { "" };
+        format!("{}x{}x{}x{}x{}x{}{ahead}", self.gm, self.gn, self.fm, self.fn_, self.bk, self.nbuf)
     }
 }
 
