@@ -10,7 +10,10 @@
 //   each row keeps its running max, sum and output (the online softmax, per key) and
 //   ends with
 //   y = o / l and lse = m + log(l).
-// MODE 1, D = rowsum(dy * y) per row (one thread per row).
+// MODE 1, D = rowsum(dy * y) per row: D4 threads a row (a vec4 each, so that a row's
+//   loads are one contiguous run), its partial dot products summed by the row's first
+//   thread in column order. MODE 4: the same, and dy written in f16 (CAST) for the
+//   tensor-core backward, which reads it 16 bytes at a time.
 // MODE 2, dK and dV: a workgroup takes BR key rows; Q, dY, lse and D stream through
 //   workgroup memory in tiles of BC query rows (from the diagonal down); P is recomputed
 //   from the saved lse: dV += P dY, dK += (P * (dY.V - D)) Q * scale.
@@ -30,7 +33,7 @@
 // host (the `//#unroll` blocks, `@u` the copy's index): the driver kept them as loops.
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
-// TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/BWD_KV/BWD_Q (the
+// TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/CAST/BWD_KV/BWD_Q (the
 // mode's code and bindings) and KV_TILES.
 {{ENABLE}}
 
@@ -44,6 +47,11 @@
 @group(0) @binding(1) var<storage, read_write> y: array<vec4<{{TQ}}>>;
 @group(0) @binding(2) var<storage, read_write> dy: array<vec4<{{TD}}>>;
 @group(0) @binding(3) var<storage, read_write> dvec: array<f32>;
+//#if CAST
+@group(0) @binding(4) var<storage, read_write> dy16: array<vec4<f16>>;
+//#endif
+// The row dot's partial sums, one a thread.
+var<workgroup> pre_part: array<f32, {{WG}}>;
 //#endif
 //#if BWD
 @group(0) @binding(1) var<storage, read_write> qkv: array<vec4<{{TQ}}>>;
@@ -135,17 +143,30 @@ fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group = wid.x + wid.y * nwg.x;
 //#if PRE
-    // One thread per (b, h, t) row.
-    let row = group * WG + lid;
-    if row >= p.b * p.nh * p.t { return; }
-    let t = row % p.t;
-    let h = (row / p.t) % p.nh;
-    let b = row / (p.t * p.nh);
-    var acc = 0.0;
-    for (var c = 0u; c < D4; c++) {
-        acc += dot(vec4<f32>(y[y_at(b, t, h) + c]), vec4<f32>(dy[y_at(b, t, h) + c]));
+    // D4 threads per (b, h, t) row, WG / D4 rows a workgroup.
+    let c = lid % D4;
+    let row = group * (WG / D4) + lid / D4;
+    let inside = lid / D4 < WG / D4 && row < p.b * p.nh * p.t;
+    var part = 0.0;
+    if inside {
+        let t = row % p.t;
+        let h = (row / p.t) % p.nh;
+        let b = row / (p.t * p.nh);
+        let g = dy[y_at(b, t, h) + c];
+        part = dot(vec4<f32>(y[y_at(b, t, h) + c]), vec4<f32>(g));
+//#if CAST
+        dy16[y_at(b, t, h) + c] = vec4<f16>(g);
+//#endif
     }
-    dvec[row] = acc;
+    pre_part[lid] = part;
+    workgroupBarrier();
+    if inside && c == 0u {
+        var acc = 0.0;
+        for (var j = 0u; j < D4; j++) {
+            acc += pre_part[lid + j];
+        }
+        dvec[row] = acc;
+    }
 //#else
     // Uniform per workgroup: which (batch, head) and which block of rows.
     let bh = group / p.blocks;

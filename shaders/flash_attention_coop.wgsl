@@ -33,21 +33,33 @@
 // registers), and picks this kernel only where the adapter grants 16x16x16
 // f16 -> f32 and subgroups of exactly 32.
 //
+// Global loads take 8 elements (16 bytes of qkv, `H8`; dy's `G8`) at a time.
+//
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), TD (dy), TY (the second
-// streamed tile's source type), D, SG, BC (>= BR), the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
+// streamed tile's 8-element load: H8, or G8 for dy), D, SG, BC (>= BR), the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
 // (OWN_X, OWN_Y), ROW_SYNC, PREFETCH (else each tile is fetched when stashed) and the
 // unrolled code.
 enable f16;
 enable wgpu_cooperative_matrix;
 
 {{ATTENTION_COMMON}}
-@group(0) @binding(1) var<storage, read_write> qkv: array<vec4<f16>>;
+// Eight elements, 16 bytes: the unit of every load from qkv and dy (two vectors).
+struct H8 {
+    lo: vec4<f16>,
+    hi: vec4<f16>,
+}
+struct G8 {
+    lo: vec4<{{TD}}>,
+    hi: vec4<{{TD}}>,
+}
+
+@group(0) @binding(1) var<storage, read_write> qkv: array<H8>;
 //#if FWD
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 //#endif
 //#if BWD
-@group(0) @binding(2) var<storage, read_write> dy: array<vec4<{{TD}}>>;
+@group(0) @binding(2) var<storage, read_write> dy: array<G8>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dvec: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dqkv: array<f32>;
@@ -55,6 +67,7 @@ enable wgpu_cooperative_matrix;
 
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
+const D8: u32 = D / 8u;
 const SG: u32 = {{SG}}u;
 const BR: u32 = 16u * SG;
 const BC: u32 = {{BC}}u;
@@ -66,27 +79,28 @@ const SLD: u32 = BC + 8u;    // staging rows (f32): a row's 2 lanes and the next
 const LD4: u32 = LD / 4u;    // the same in vec4s
 const PLD4: u32 = PLD / 4u;
 const SLD4: u32 = SLD / 4u;
-const LOADS: u32 = (BC * D4 + WG - 1u) / WG;   // vec4s a thread fetches per tile
+const LOADS: u32 = (BC * D8 + WG - 1u) / WG;   // 8-element loads a thread makes per tile
 const NEG: f32 = -3.0e38;
+const LOG2E: f32 = 1.4426950408889634;
 
 var<workgroup> x_t: array<vec4<f16>, BC * LD4>;   // FWD, BWD_Q: K; BWD_KV: Q
 var<workgroup> y_t: array<vec4<f16>, BC * LD4>;   // FWD, BWD_Q: V; BWD_KV: dY
 var<workgroup> stg: array<vec4<f32>, BR * SLD4>;
 var<workgroup> p_t: array<vec4<f16>, BR * PLD4>;
-// The fetched tile, LOADS vec4s of each operand per thread, as named variables (lines
-// holding the load marker, an at-sign and l, are repeated by the host once per load):
-// arrays of them were kept in local memory by the H100's driver.
-var<private> pre_x_@l: vec4<f16>;
-var<private> pre_y_@l: vec4<{{TY}}>;
+// The fetched tile, LOADS 8-element loads of each operand per thread, as named
+// variables (lines holding the load marker, an at-sign and l, are repeated by the host
+// once per load): arrays of them were kept in local memory by the H100's driver.
+var<private> pre_x_@l: H8;
+var<private> pre_y_@l: {{TY}};
 
 struct Fetched {
-    x: vec4<f16>,
-    y: vec4<{{TY}}>,
+    x: H8,
+    y: {{TY}},
 }
 //#if BWD_KV
 var<workgroup> tile_s: array<vec4<f32>, BC / 4u>;   // the query tile's lse
 var<workgroup> tile_d: array<vec4<f32>, BC / 4u>;   // and D
-var<private> pre_s: f32;
+var<private> pre_s: f32;   // (lse in log2 units)
 var<private> pre_d: f32;
 //#endif
 
@@ -119,24 +133,28 @@ fn row_sync() {
 }
 
 // Loads the block's own BR rows from row r0 into x_t (qkv part OWN_X) and y_t (OWN_Y);
-// zeros past T.
+// zeros past T. (qkv_at and y_at give vec4 indices; heads start at multiples of 16.)
 fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
-    for (var e = lid; e < BR * D4; e += WG) {
-        let r = e / D4;
-        let c = e % D4;
+    for (var e = lid; e < BR * D8; e += WG) {
+        let r = e / D8;
+        let c = e % D8;
         let t = r0 + r;
-        var xv = vec4<f16>();
-        var yv = vec4<f16>();
+        var xv = H8();
+        var yv = H8();
         if t < p.t {
-            xv = qkv[qkv_at(b, t, {{OWN_X}}u, h) + c];
+            xv = qkv[qkv_at(b, t, {{OWN_X}}u, h) / 2u + c];
 //#if BWD_Q
-            yv = vec4<f16>(dy[y_at(b, t, h) + c]);
+            let g = dy[y_at(b, t, h) / 2u + c];
+            yv = H8(vec4<f16>(g.lo), vec4<f16>(g.hi));
 //#else
-            yv = qkv[qkv_at(b, t, {{OWN_Y}}u, h) + c];
+            yv = qkv[qkv_at(b, t, {{OWN_Y}}u, h) / 2u + c];
 //#endif
         }
-        x_t[r * LD4 + c] = xv;
-        y_t[r * LD4 + c] = yv;
+        let at = r * LD4 + 2u * c;
+        x_t[at] = xv.lo;
+        x_t[at + 1u] = xv.hi;
+        y_t[at] = yv.lo;
+        y_t[at + 1u] = yv.hi;
     }
 }
 
@@ -144,15 +162,15 @@ fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
 // zeros past T.
 fn fetch_one(lid: u32, l: u32, b: u32, h: u32, r0: u32) -> Fetched {
     let e = lid + l * WG;
-    let t = r0 + e / D4;
-    let c = e % D4;
+    let t = r0 + e / D8;
+    let c = e % D8;
     var v = Fetched();
-    if e < BC * D4 && t < p.t {
-        v.x = qkv[qkv_at(b, t, {{PX}}u, h) + c];
+    if e < BC * D8 && t < p.t {
+        v.x = qkv[qkv_at(b, t, {{PX}}u, h) / 2u + c];
 //#if BWD_KV
-        v.y = dy[y_at(b, t, h) + c];
+        v.y = dy[y_at(b, t, h) / 2u + c];
 //#else
-        v.y = qkv[qkv_at(b, t, {{PY}}u, h) + c];
+        v.y = qkv[qkv_at(b, t, {{PY}}u, h) / 2u + c];
 //#endif
     }
     return v;
@@ -165,19 +183,21 @@ fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
     pre_s = 0.0;
     pre_d = 0.0;
     if lid < BC && i < p.t {
-        pre_s = lse[row_at(b, h, i)];
+        pre_s = lse[row_at(b, h, i)] * LOG2E;
         pre_d = dvec[row_at(b, h, i)];
     }
 //#endif
 }
 
 // Writes the fetched tile into x_t and y_t.
-fn stash_one(lid: u32, l: u32, x: vec4<f16>, y: vec4<{{TY}}>) {
+fn stash_one(lid: u32, l: u32, x: H8, y: {{TY}}) {
     let e = lid + l * WG;
-    if e < BC * D4 {
-        let at = (e / D4) * LD4 + e % D4;
-        x_t[at] = x;
-        y_t[at] = vec4<f16>(y);
+    if e < BC * D8 {
+        let at = (e / D8) * LD4 + 2u * (e % D8);
+        x_t[at] = x.lo;
+        x_t[at + 1u] = x.hi;
+        y_t[at] = vec4<f16>(y.lo);
+        y_t[at + 1u] = vec4<f16>(y.hi);
     }
 }
 
@@ -243,9 +263,10 @@ fn unmasked(t0: u32, c: u32, row: u32) -> vec4<bool> {
 //#endif
 }
 
-// The lane's masked P = exp(scale s - lse) from tile t0's staged scores, into p_t in f16;
-// lse is the row's `row_lse`, or (BWD_KV) each query's from tile_s.
-fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
+// The lane's masked P = exp(scale s - lse) = exp2(sc2 s - lse log2 e) from tile t0's
+// staged scores, into p_t in f16 (`sc2` = scale log2 e; lse in log2 units: the row's
+// `row_lse`, or (BWD_KV) each query's from tile_s).
+fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32, sc2: f32) {
 //#unroll COLS4
     {
         let c = 4u * (half + 2u * @u);
@@ -255,7 +276,7 @@ fn write_p(t0: u32, row: u32, half: u32, sat: u32, pat: u32, row_lse: f32) {
         let ls = vec4<f32>(row_lse);
 //#endif
         let ok = unmasked(t0, c, row);
-        put_p4(pat + c, select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - ls), ok));
+        put_p4(pat + c, select(vec4<f32>(0.0), exp2(staged4(sat + c) * sc2 - ls), ok));
     }
 //#end
 }
@@ -287,6 +308,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let b = bh / p.nh;
     let h = bh % p.nh;
     let row0 = blk * BR;
+    let sc2 = p.scale * LOG2E;   // scores to log2 units: exp(scale s) = exp2(sc2 s)
     let s = lid / 32u;
     let lane = lid % 32u;
     let m0 = s * 16u;             // the subgroup's first row in the block
@@ -312,6 +334,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // One pass over the keys with the online softmax: per tile, the row's max (its two
     // lanes merged), P = exp(s - max) into p_t, P V into fresh fragments, staged, and
     // the lane's columns of O (registers) rescaled and added: O = O exp(m - m_new) + P V.
+    // (m and the exponents in log2 units.)
     var m = NEG;
     var l = 0.0;
 {{ACC_DECL}}
@@ -324,17 +347,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#unroll COLS4
         {
             let c = 4u * (half + 2u * @u);
-            tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * p.scale, unmasked(t0, c, row)));
+            tm = max(tm, select(vec4<f32>(NEG), staged4(sat + c) * sc2, unmasked(t0, c, row)));
         }
 //#end
         let lm = max(max(tm.x, tm.y), max(tm.z, tm.w));
         let m_new = max(m, max(lm, subgroupShuffleXor(lm, 1u)));
-        let alpha = exp(m - m_new);
+        let alpha = exp2(m - m_new);
         var sum = vec4<f32>(0.0);
 //#unroll COLS4
         {
             let c = 4u * (half + 2u * @u);
-            let e = select(vec4<f32>(0.0), exp(staged4(sat + c) * p.scale - m_new), unmasked(t0, c, row));
+            let e = select(vec4<f32>(0.0), exp2(staged4(sat + c) * sc2 - m_new), unmasked(t0, c, row));
             sum += e;
             put_p4(pat + c, e);
         }
@@ -346,7 +369,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     // The row's sum over both lanes (one max), its lse, and O / l.
     let l_row = l + subgroupShuffleXor(l, 1u);
-    let row_lse = m + log(l_row);
+    let row_lse = m / LOG2E + log(l_row);
     let inv = 1.0 / l_row;
     if row < p.t && half == 0u {
         lse[row_at(b, h, row)] = row_lse;
@@ -354,7 +377,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endif
 //#if BWD
 //#if BWD_Q
-    let lse_i = lse[row_at(b, h, srow)];
+    let lse_i = lse[row_at(b, h, srow)] * LOG2E;
     let d_i = dvec[row_at(b, h, srow)];
 //#else
     let lse_i = 0.0;   // (per query, from tile_s and tile_d)
@@ -366,7 +389,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         next_tile(lid, b, h, t0, end);
 {{SCORES_X}}
         row_sync();
-        write_p(t0, row, half, sat, pat, lse_i);
+        write_p(t0, row, half, sat, pat, lse_i, sc2);
         row_sync();
 {{ACC_SECOND}}
 {{SCORES_Y}}

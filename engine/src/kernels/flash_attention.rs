@@ -109,6 +109,8 @@ enum Mode {
     RowDot = 1,
     KeyValue = 2,
     Query = 3,
+    /// The row dot, also writing dy in f16 (for the tensor-core backward).
+    RowDotCast = 4,
 }
 
 #[repr(C)]
@@ -236,7 +238,7 @@ fn kernel(
         Mode::Forward => Some(CoopMode::Forward),
         Mode::KeyValue => Some(CoopMode::KeyValue),
         Mode::Query => Some(CoopMode::Query),
-        Mode::RowDot => None,
+        Mode::RowDot | Mode::RowDotCast => None,
     };
     if let (Path::Coop, Some(cm)) = (path, coop_mode) {
         let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
@@ -324,13 +326,16 @@ pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
-/// dV, 3 dQ; `bc` rows per tile.
+/// dV, 3 dQ, 4 the row dot also writing dy in f16; `bc` rows per tile.
 pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Vec<(&'static str, String)> {
     let lanes = path.lanes(d4, mode);
     let flag = |on: bool| on.to_string();
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
-        ("ENABLE", enables(&[tq, td])),
+        (
+            "ENABLE",
+            enables(&[tq, td, if mode == Mode::RowDotCast as u32 { DType::F16 } else { tq }]),
+        ),
         ("TQ", tq.wgsl().into()),
         ("TD", td.wgsl().into()),
         ("D4", d4.to_string()),
@@ -343,8 +348,9 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("MODE", mode.to_string()),
         ("SUBGROUP", flag(path == Path::Subgroup)),
         ("FWD", flag(mode == Mode::Forward as u32)),
-        ("PRE", flag(mode == Mode::RowDot as u32)),
-        ("BWD", flag(mode >= Mode::KeyValue as u32)),
+        ("PRE", flag(mode == Mode::RowDot as u32 || mode == Mode::RowDotCast as u32)),
+        ("CAST", flag(mode == Mode::RowDotCast as u32)),
+        ("BWD", flag(mode == Mode::KeyValue as u32 || mode == Mode::Query as u32)),
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
         ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
@@ -441,14 +447,33 @@ pub fn backward_tiled(
         Category::Temporary,
         &format!("{label}.rowdot"),
     )?;
-    let pre = kernel(rt, Mode::RowDot, tq, td, dims.d, path, None, 3)?;
-    let wg = (BR * path.lanes((dims.d / 4) as u32, Mode::RowDot as u32)) as usize;
+    // The tensor-core kernels read dy 16 bytes at a time in f16 (they round it to f16
+    // for their products anyway): an f32 dy is written in f16 by the row dot, which
+    // reads it.
+    let dy16 = if path == Path::Coop && td == DType::F32 {
+        Some(Tensor::empty(
+            rt,
+            &shape,
+            DType::F16,
+            Category::Temporary,
+            &format!("{label}.dy16"),
+        )?)
+    } else {
+        None
+    };
+    let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
+    let pre = kernel(rt, pre_mode, tq, td, dims.d, path, None, pre_bindings)?;
+    // D / 4 threads a row.
+    let rows_per = (BR * path.lanes((dims.d / 4) as u32, pre_mode as u32)) as usize / (dims.d / 4);
+    let mut pre_bound = vec![&saved.y, dy, &dvec];
+    pre_bound.extend(&dy16);
     rt.launch(
         &pre.kernel,
         bytemuck::bytes_of(&dims.params(0, 0)),
-        &[&saved.y, dy, &dvec],
-        grid(rows.div_ceil(wg) as u32),
+        &pre_bound,
+        grid(rows.div_ceil(rows_per) as u32),
     )?;
+    let (dy, td) = dy16.as_ref().map_or((dy, td), |t| (t, DType::F16));
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
     for (mode, products) in [(Mode::KeyValue, 8.0), (Mode::Query, 6.0)] {
         let k = kernel(rt, mode, tq, td, dims.d, path, tile, 5)?;

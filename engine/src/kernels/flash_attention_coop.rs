@@ -286,7 +286,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
         ("TD", td.wgsl().to_string()),
-        ("TY", if mode == CoopMode::KeyValue { td.wgsl() } else { "f16" }.to_string()),
+        ("TY", if mode == CoopMode::KeyValue { "G8" } else { "H8" }.to_string()),
         ("D", d.to_string()),
         ("SG", tile.sg.to_string()),
         ("BC", bc.to_string()),
@@ -321,10 +321,10 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
 }
 
 /// The WGSL of one variant: rendered (the loops over a lane's columns written out, four
-/// columns a copy), then the fetch lines repeated once per vec4 a thread fetches of
-/// each streamed tile.
+/// columns a copy), then the fetch lines repeated once per 8-element load a thread makes
+/// of each streamed tile.
 pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Result<String, Error> {
-    let loads = (tile.bc * d / 4).div_ceil(tile.threads());
+    let loads = (tile.bc * d / 8).div_ceil(tile.threads());
     let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?;
     Ok(repeat_marked(&wgsl, "@l", loads))
 }

@@ -28,7 +28,7 @@ fn activation(n: u32) -> &'static str {
 /// What the attention kernels' names share: the kernel of the family, qkv's type, dy's
 /// (backward) and the head size, from keys that start [mode, tq, td, d / 4].
 fn attention(v: &[u32; 8]) -> String {
-    let mode = ["forward", "row dot", "backward dK dV", "backward dQ"]
+    let mode = ["forward", "row dot", "backward dK dV", "backward dQ", "row dot + dy f16"]
         .get(v[0] as usize)
         .unwrap_or(&"?");
     let dy = if v[0] == 0 { String::new() } else { format!(",dy {}", dtype(v[2])) };

@@ -72,7 +72,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             )?;
         }
     }
-    for mode in 0..4 {
+    for mode in 0..5 {
         for tq in floats {
             for td in floats {
                 for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
