@@ -45,7 +45,9 @@ pub fn describe(key: &KernelKey) -> String {
     let tile = |t: u32| {
         let f = |shift: u32| (t >> shift) & 0xf;
         let (bm, bn) = (f(0) * f(8) * 16, f(4) * f(12) * 16);
-        format!(" {bm}x{bn} k{} x{}", (t >> 16) & 0xff, t >> 24)
+        // K step, buffers, two K tiles in flight (a2), threads.
+        let ahead = if f(28) == 2 { " a2" } else { "" };
+        format!(" {bm}x{bn} k{} x{}{ahead} {}t", (t >> 16) & 0xff, f(24), f(0) * f(4) * 32)
     };
     match key.family {
         "map" => {
