@@ -5,9 +5,11 @@
 // declarations, multiply-adds (every 16-step of a K tile) and stores out unrolled (ACC_DECL, MMA, STORE_DIRECT,
 // STORE_STAGED) as named variables, since an array of cooperative matrices indexed in a
 // loop ran at ~30 TFLOP/s on the H100 against 100-150 unrolled (it is not kept in registers). K steps by BK through
-// NBUF workgroup buffers per operand (DOUBLE: two): the next tile is fetched from global
-// memory into registers while the current one is multiplied, then stashed; with two
-// buffers into the other one, one barrier a step, else after a barrier, two a step. The operands' loaders and fragment loads come from
+// NBUF workgroup buffers per operand: the next tile is fetched from global memory into
+// registers while the current one is multiplied, then stashed; with two buffers into the
+// other one, one barrier a step, else after a barrier, two a step. With one buffer AHEAD
+// (1 or 2) tiles are in flight in registers. Two buffers or two ahead take two K tiles a
+// turn (PAIRS). The operands' loaders and fragment loads come from
 // shaders/matmul_coop_operand.wgsl (OPERAND_A, OPERAND_B): each reads its operand in
 // its storage orientation, so transposed views load as wide as plain ones.
 // Out: with DIRECT (f32 C) and the host's flag (no bias, activation, scale or
@@ -29,6 +31,7 @@ const BN: u32 = GN * FN * 16u;
 const BK: u32 = {{BK}}u;
 const THREADS: u32 = GM * GN * 32u;
 const NBUF: u32 = {{NBUF}}u;
+const AHEAD: u32 = {{AHEAD}}u;   // K tiles in flight in registers (2 only with one buffer)
 
 // Eight halves, 16 bytes: an operand's global element where its loads are 8 wide.
 struct H8 {
@@ -90,66 +93,47 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     fetch(0u, tid, a_base, b_base, row0, col0, 0u);
     stash(0u, tid, 0u);
     workgroupBarrier();
-//#if DOUBLE
-    // Two buffers, the loop taken two K tiles a turn so that each tile's buffer is a
-    // constant (with `t % 2` the fragment loads and stashes ran at half the speed on the
-    // H100): tile t is multiplied from buffer t % 2 while tile t + 1 is stashed into the
-    // other, one barrier a tile (the one after tile t - 1 has every subgroup done with
-    // the buffer being stashed into). An odd count of tiles gets one more, of zeros (the
-    // loads past K read zeros): cooperative operations must not sit under a branch that
-    // naga cannot prove uniform.
+//#if PAIRS
+    // Two K tiles a turn, so that every buffer and register set is a constant (with
+    // `t % 2` the fragment loads and stashes ran at half the speed on the H100); an odd
+    // count of tiles gets one more, of zeros (the loads past K read zeros): cooperative
+    // operations must not sit under a branch that naga cannot prove uniform. Either:
+    // - two buffers (NBUF 2): tile t is multiplied from buffer t % 2 while tile t + 1 is
+    //   stashed into the other, one barrier a tile (the one after tile t - 1 has every
+    //   subgroup done with the buffer being stashed into); or
+    // - one buffer, two K tiles in flight (AHEAD 2): while tile t is multiplied, tile
+    //   t + 1 waits in one register set and tile t + 2 is fetched into the other, so the
+    //   loads of each tile have two tiles' products to arrive in, not one; each stash
+    //   waits for every subgroup to be done with the buffer.
+    // (The branches on NBUF and AHEAD are on constants.)
     let pairs = (tiles + 1u) / 2u;
-    for (var pr = 0u; pr < pairs; pr++) {
-        let t = 2u * pr;
-        {
-            let cur = 0u;
-            fetch(0u, tid, a_base, b_base, row0, col0, (t + 1u) * BK);
-{{MMA}}
-            stash(0u, tid, 1u);
-            workgroupBarrier();
-        }
-        {
-            let cur = 1u;
-            let more = pr + 1u < pairs;
-            if more {
-                fetch(0u, tid, a_base, b_base, row0, col0, (t + 2u) * BK);
-            }
-{{MMA}}
-            if more {
-                stash(0u, tid, 0u);
-            }
-            workgroupBarrier();
-        }
+    if AHEAD == 2u {
+        fetch(0u, tid, a_base, b_base, row0, col0, BK);
     }
-//#else
-//#if AHEAD2
-    // One buffer, two K tiles in flight: while tile t is multiplied, tile t + 1 waits in
-    // one register set and tile t + 2 is fetched into the other; the loads of each tile
-    // then have two tiles' products to arrive in, not one (at 128 x 128 the K loop waited
-    // on them). The sets alternate, so the loop takes two tiles a turn (each set a
-    // constant), with a tile of zeros after an odd count, as with two buffers.
-    let pairs = (tiles + 1u) / 2u;
-    fetch(0u, tid, a_base, b_base, row0, col0, BK);
     for (var pr = 0u; pr < pairs; pr++) {
         let t = 2u * pr;
         {
             let cur = 0u;
-            fetch(1u, tid, a_base, b_base, row0, col0, (t + 2u) * BK);
+            fetch(AHEAD - 1u, tid, a_base, b_base, row0, col0, (t + AHEAD) * BK);
 {{MMA}}
-            workgroupBarrier();
-            stash(0u, tid, 0u);
+            if NBUF == 1u {
+                workgroupBarrier();
+            }
+            stash(0u, tid, NBUF - 1u);
             workgroupBarrier();
         }
         {
-            let cur = 0u;
+            let cur = NBUF - 1u;
             let more = pr + 1u < pairs;
             if more {
-                fetch(0u, tid, a_base, b_base, row0, col0, (t + 3u) * BK);
+                fetch(0u, tid, a_base, b_base, row0, col0, (t + 1u + AHEAD) * BK);
             }
 {{MMA}}
             if more {
-                workgroupBarrier();
-                stash(1u, tid, 0u);
+                if NBUF == 1u {
+                    workgroupBarrier();
+                }
+                stash(AHEAD - 1u, tid, 0u);
             }
             workgroupBarrier();
         }
@@ -170,7 +154,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
     }
-//#endif
 //#endif
     let gm0 = row0 + m0;
     let gn0 = col0 + n0;
