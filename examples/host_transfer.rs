@@ -2,48 +2,59 @@
 //! device named on the command line (adapter selectors; a selector may repeat), a
 //! 256 MiB device buffer is copied to the host (download) and back (upload) 6 times
 //! (the first not counted), first on each device alone, then on every device at once
-//! (one thread each). Prints the adapters' memory types, then JSON lines: device,
-//! mode, and GB/s (median) of
-//! - `download_gb_s`: a download read into a new vector (what the reducer does),
-//! - `download_reused_gb_s`: read into a vector the caller keeps,
+//! (one thread each, the threads meeting at a barrier before each timed transfer, so
+//! that every device makes the same kind of transfer at the same time). Prints the
+//! adapters' memory types, then JSON lines: device, mode, whether uploads went through
+//! host memory, and GB/s (median) of
+//! - `download_gb_s`: a download read into a new vector,
+//! - `download_reused_gb_s`: read into a vector the caller keeps (what a step does),
 //! - `download_copy_gb_s`: the device's copy alone (waited for before the read), and
 //!   `download_read_gb_s`: the read from mapped memory after it,
 //! - `upload_gb_s`: an upload until the device has it, and `upload_write_gb_s`: the
-//!   host's writes into mapped memory (the call's return).
+//!   call's return (the host's writes), through buffers in host memory where the device
+//!   can make them (`pinned`),
+//! - `upload_mapped_gb_s`: an upload until the device has it through mapped wgpu
+//!   buffers (the way uploads went before; in device memory where the adapter has
+//!   resizable BAR).
 //!
 //!   cargo run --release --example host_transfer -- 0 1
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use wgtrain_engine::device::{Gpu, report};
 
 const BYTES: u64 = 256 << 20;
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "download_gb_s",
     "download_reused_gb_s",
     "download_copy_gb_s",
     "download_read_gb_s",
     "upload_gb_s",
     "upload_write_gb_s",
+    "upload_mapped_gb_s",
 ];
 
-fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer) -> [f64; 6] {
+fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer, sync: &Barrier) -> ([f64; 7], Option<bool>) {
     let data = vec![1u8; BYTES as usize];
     let mut kept = vec![0u8; BYTES as usize];
-    let mut times: [Vec<f64>; 6] = Default::default();
+    let mut times: [Vec<f64>; 7] = Default::default();
+    let mut pinned_used = None;
     let range = [(buffer, 0, BYTES)];
     for _ in 0..6 {
+        sync.wait();
         let start = Instant::now();
         let bytes = gpu.download(&range).expect("download").finish().expect("finish");
         assert_eq!(bytes.len() as u64, BYTES);
         times[0].push(start.elapsed().as_secs_f64());
         drop(bytes);
 
+        sync.wait();
         let start = Instant::now();
         let d = gpu.download(&range).expect("download");
         d.finish_into(&mut kept).expect("finish");
         times[1].push(start.elapsed().as_secs_f64());
 
+        sync.wait();
         let start = Instant::now();
         let d = gpu.download(&range).expect("download");
         gpu.wait().expect("wait");
@@ -52,17 +63,26 @@ fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer) -> [f64; 6] {
         times[2].push((copied - start).as_secs_f64());
         times[3].push(copied.elapsed().as_secs_f64());
 
-        let start = Instant::now();
-        gpu.upload(&range, &data).expect("upload");
-        times[5].push(start.elapsed().as_secs_f64());
-        gpu.wait().expect("wait");
-        times[4].push(start.elapsed().as_secs_f64());
+        for (pinned, total, written) in [(true, 4, Some(5)), (false, 6, None)] {
+            gpu.set_pinned_uploads(pinned);
+            sync.wait();
+            let start = Instant::now();
+            gpu.upload(&range, &data).expect("upload");
+            if let Some(w) = written {
+                times[w].push(start.elapsed().as_secs_f64());
+                pinned_used = gpu.pinned_uploads();
+            }
+            gpu.wait().expect("wait");
+            times[total].push(start.elapsed().as_secs_f64());
+        }
+        gpu.set_pinned_uploads(true);
     }
-    times.map(|mut v| {
+    let rates = times.map(|mut v| {
         v.remove(0);
         v.sort_by(f64::total_cmp);
         BYTES as f64 / v[v.len() / 2] / 1e9
-    })
+    });
+    (rates, pinned_used)
 }
 
 fn main() {
@@ -88,19 +108,26 @@ fn main() {
             })
         })
         .collect();
-    let print = |d: usize, mode: &str, rates: [f64; 6]| {
+    let print = |d: usize, mode: &str, (rates, pinned): ([f64; 7], Option<bool>)| {
         let fields: Vec<String> = NAMES.iter().zip(rates).map(|(n, r)| format!("\"{n}\": {r:.2}")).collect();
         println!(
-            "{{\"device\": {d}, \"name\": \"{}\", \"mode\": \"{mode}\", {}}}",
+            "{{\"device\": {d}, \"name\": \"{}\", \"mode\": \"{mode}\", \"uploads_in_host_memory\": {}, {}}}",
             gpus[d].report.name,
+            pinned.unwrap_or(false),
             fields.join(", ")
         );
     };
     for (d, (g, b)) in gpus.iter().zip(&buffers).enumerate() {
-        print(d, "alone", measure(g, b));
+        print(d, "alone", measure(g, b, &Barrier::new(1)));
     }
+    let barrier = Barrier::new(gpus.len());
     let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = gpus.iter().zip(&buffers).map(|(g, b)| s.spawn(move || measure(g, b))).collect();
+        let sync = &barrier;
+        let hs: Vec<_> = gpus
+            .iter()
+            .zip(&buffers)
+            .map(|(g, b)| s.spawn(move || measure(g, b, sync)))
+            .collect();
         hs.into_iter().map(|h| h.join().expect("thread")).collect()
     });
     for (d, r) in results.into_iter().enumerate() {

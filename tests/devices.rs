@@ -1,5 +1,6 @@
 //! The device layer and `wgtrain devices`: the adapter list as JSON, adapter choice by
-//! index, backend and name, and typed errors for bad selectors and bad shaders.
+//! index, backend and name, typed errors for bad selectors and bad shaders, and host
+//! transfers (both upload paths) that return the bytes they were given.
 
 use std::process::Command;
 
@@ -113,6 +114,42 @@ fn a_bad_shader_is_a_typed_error_not_a_panic() {
             assert!(message.contains("undefined_thing"), "{message}");
         }
         other => panic!("expected a shader error, got {:?}", other.map(|_| ())),
+    }
+    gpu.check().unwrap();
+}
+
+/// Uploads then downloads ranges of two buffers that span several staging chunks, through
+/// buffers in host memory and through mapped wgpu buffers, and checks every byte (and
+/// the bytes around the ranges, which must stay as they were).
+#[test]
+fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
+    use wgtrain_engine::device::transfer::CHUNK;
+    let gpu = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
+    let size = CHUNK + (3 << 20);
+    let make = || {
+        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("transfer test"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    };
+    let (a, b) = (make(), make());
+    let ranges = [(&a, 4096, CHUNK - 1000), (&b, 0, 8), (&b, 1 << 20, 2 << 20)];
+    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    for (pinned, seed) in [(true, 7u64), (false, 13)] {
+        gpu.set_pinned_uploads(pinned);
+        let zeros = vec![0u8; size as usize];
+        gpu.upload(&[(&a, 0, size), (&b, 0, size)], &[zeros.clone(), zeros].concat())
+            .unwrap();
+        let data: Vec<u8> = (0..total).map(|i| ((i * seed + i / 4093) % 251) as u8).collect();
+        gpu.upload(&ranges, &data).unwrap();
+        assert_eq!(gpu.pinned_uploads(), Some(pinned), "lavapipe can make host-memory upload buffers");
+        let back = gpu.download(&ranges).unwrap().finish().unwrap();
+        assert!(back == data, "pinned {pinned}: the bytes came back changed");
+        // Around the ranges: still zero.
+        let around = gpu.download(&[(&a, 0, 4096), (&b, 8, 4096)]).unwrap().finish().unwrap();
+        assert!(around.iter().all(|&x| x == 0), "pinned {pinned}: bytes outside the ranges changed");
     }
     gpu.check().unwrap();
 }

@@ -5,9 +5,11 @@
 //! they made a tiled matmul 15x slower); every launch validates shapes, strides and
 //! ranges on the host instead (see `kernels`).
 //!
-//! May call: wgpu, `report`, `staging`. Called by: the allocator, kernels, the CLI.
+//! May call: wgpu, `report`, `staging`, `pinned`. Called by: the allocator, kernels, the CLI.
 
 pub mod described;
+#[cfg(not(target_arch = "wasm32"))]
+mod pinned;
 pub mod report;
 pub mod staging;
 pub mod transfer;

@@ -2,7 +2,7 @@
 //! buffers pin host memory, which cost more than the copy when every transfer made
 //! its own.
 //!
-//! May call: wgpu. Called by: `device`, `device::transfer`.
+//! May call: wgpu, `device::pinned`. Called by: `device`, `device::transfer`.
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +15,17 @@ pub const CHUNK: u64 = 64 << 20;
 pub struct Pools {
     pub(crate) down: Mutex<Vec<(u64, wgpu::Buffer)>>,
     pub(crate) up: Arc<Mutex<Vec<(u64, wgpu::Buffer)>>>,
+    /// Upload buffers in host memory (`pinned`), back here when their copies are done.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) pinned: Arc<Mutex<Vec<(u64, super::pinned::Pinned)>>>,
+    /// Whether uploads use them: [`PINNED_UNKNOWN`] until the first upload finds out
+    /// whether this device can make them, then [`PINNED_YES`] or [`PINNED_NO`].
+    pub(crate) pinned_state: std::sync::atomic::AtomicU8,
 }
+
+pub(crate) const PINNED_UNKNOWN: u8 = 0;
+pub(crate) const PINNED_YES: u8 = 1;
+pub(crate) const PINNED_NO: u8 = 2;
 
 /// Most bytes a pool keeps per direction: enough for a step's uploads of every
 /// gathered parameter (ZeRO 3), which are all in flight while the device catches up.
@@ -26,13 +36,13 @@ fn class(n: u64) -> u64 {
     n.next_power_of_two().clamp(1 << 20, CHUNK)
 }
 
-fn take(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64) -> Option<wgpu::Buffer> {
+fn take<T>(pool: &Mutex<Vec<(u64, T)>>, size: u64) -> Option<T> {
     let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
     let at = pool.iter().position(|(s, _)| *s == size)?;
     Some(pool.swap_remove(at).1)
 }
 
-pub(crate) fn give(pool: &Mutex<Vec<(u64, wgpu::Buffer)>>, size: u64, buffer: wgpu::Buffer) {
+pub(crate) fn give<T>(pool: &Mutex<Vec<(u64, T)>>, size: u64, buffer: T) {
     let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
     if pool.iter().map(|(s, _)| s).sum::<u64>() + size <= KEEP_BYTES {
         pool.push((size, buffer));
@@ -62,6 +72,18 @@ pub(crate) fn staging_buffer(
         })
     });
     (buffer, c)
+}
+
+/// An upload buffer in host memory of `size`'s class from `pool`, or a new one; None
+/// where the device cannot make them. Returns it and its class.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn pinned_buffer(
+    device: &wgpu::Device,
+    pool: &Mutex<Vec<(u64, super::pinned::Pinned)>>,
+    size: u64,
+) -> Option<(super::pinned::Pinned, u64)> {
+    let c = class(size);
+    take(pool, c).or_else(|| super::pinned::Pinned::new(device, c)).map(|p| (p, c))
 }
 
 /// Why bytes `offset..offset + len` of `buffer` cannot be copied (not 4-byte aligned,

@@ -9,8 +9,12 @@
 //! allocations, which the kernel maps lazily, so no page is touched twice.
 //! Staging buffers are kept and reused (`Pools`): making a mapped buffer pins host
 //! memory, which cost more than the copy itself when every bucket made its own.
+//! Uploads go through buffers in host memory where the device can make them
+//! (`pinned`: the device's copy engine pulls each chunk while the host writes the next),
+//! else through mapped wgpu buffers, which wgpu places in device memory the host
+//! writes across PCIe where the adapter has resizable BAR.
 //!
-//! May call: wgpu, `device`, `device::staging`. Called by: `runtime`, `train::parallel`.
+//! May call: wgpu, rayon, `device`, `device::staging`, `device::pinned`. Called by: `runtime`, `train::parallel`.
 
 use std::sync::Arc;
 
@@ -173,7 +177,27 @@ impl Gpu {
         })
     }
 
-    /// Copies `data` (laid end to end) into `ranges` through mapped staging buffers;
+    /// Whether uploads go through buffers in host memory that the device copies from
+    /// (None before the first upload has found out whether this device can make them).
+    pub fn pinned_uploads(&self) -> Option<bool> {
+        use super::staging::{PINNED_NO, PINNED_YES};
+        match self.staging.pinned_state.load(std::sync::atomic::Ordering::Relaxed) {
+            PINNED_YES => Some(true),
+            PINNED_NO => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether uploads from now on may go through buffers in host memory (where the
+    /// device can make them) or only through mapped wgpu buffers: to compare the two
+    /// ways in tests and benchmarks. `WGTRAIN_PINNED_UPLOADS=0` turns them off for a run.
+    pub fn set_pinned_uploads(&self, on: bool) {
+        use super::staging::{PINNED_NO, PINNED_UNKNOWN};
+        let state = if on { PINNED_UNKNOWN } else { PINNED_NO };
+        self.staging.pinned_state.store(state, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Copies `data` (laid end to end) into `ranges` through staging buffers;
     /// the copies run after everything submitted before.
     pub fn upload(&self, ranges: &[Range], data: &[u8]) -> Result<(), DeviceError> {
         let total: u64 = ranges.iter().map(|r| r.2).sum();
@@ -192,6 +216,10 @@ impl Gpu {
         });
         if sizes.is_empty() {
             return Ok(());
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.upload_pinned(ranges, data, &copies, &sizes)? {
+            return self.check();
         }
         // Buffers whose copies are done come back to the pool now (their maps' callbacks
         // run in a poll), so a run of uploads reuses them instead of pinning new ones.
@@ -244,6 +272,59 @@ impl Gpu {
             });
         }
         self.check()
+    }
+    /// The upload through buffers in host memory (`pinned`): each chunk written by
+    /// several threads, then its copy submitted, so the device copies one chunk while the
+    /// host writes the next. Returns false (nothing done) where the device cannot make
+    /// such buffers.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn upload_pinned(
+        &self,
+        ranges: &[Range],
+        data: &[u8],
+        copies: &[(usize, u64, usize, u64, u64)],
+        sizes: &[u64],
+    ) -> Result<bool, DeviceError> {
+        use super::staging::{PINNED_NO, PINNED_UNKNOWN, PINNED_YES, pinned_buffer};
+        use rayon::prelude::*;
+        const PIECE: usize = 1 << 20;
+        let pool = &self.staging.pinned;
+        use std::sync::atomic::Ordering::Relaxed;
+        let state = &self.staging.pinned_state;
+        if state.load(Relaxed) == PINNED_NO {
+            return Ok(false);
+        }
+        let mut at_data = 0usize;
+        for (chunk, &size) in sizes.iter().enumerate() {
+            // Buffers whose copies are done come back to the pool in a poll.
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            let Some((mut stage, class)) = pinned_buffer(&self.device, pool, size) else {
+                // Only the first chunk of the first upload finds out that it cannot.
+                if state.load(Relaxed) == PINNED_UNKNOWN {
+                    state.store(PINNED_NO, Relaxed);
+                    tracing::info!("uploads go through mapped wgpu buffers: no host-memory buffers here");
+                    return Ok(false);
+                }
+                return Err(DeviceError::OutOfMemory(format!("no {size}-byte upload buffer in host memory")));
+            };
+            state.store(PINNED_YES, Relaxed);
+            let src = &data[at_data..at_data + size as usize];
+            let dst = &mut stage.bytes()[..size as usize];
+            dst.par_chunks_mut(PIECE)
+                .zip(src.par_chunks(PIECE))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            for &(r, at, _, into, n) in copies.iter().filter(|c| c.2 == chunk) {
+                let (dst, offset, _) = ranges[r];
+                encoder.copy_buffer_to_buffer(&stage.buffer, into, dst, offset + at, n);
+            }
+            self.queue.submit([encoder.finish()]);
+            // Back to the pool once the queue's work up to this copy is done.
+            let back = pool.clone();
+            self.queue.on_submitted_work_done(move || give(&back, class, stage));
+            at_data += size as usize;
+        }
+        Ok(true)
     }
 }
 

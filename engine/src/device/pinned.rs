@@ -1,0 +1,154 @@
+//! Upload staging buffers in the host's memory (Vulkan): pinned, mapped for good and
+//! copied from by the device's copy engine, as PyTorch's pinned host tensors are.
+//! wgpu puts a `MAP_WRITE` buffer in device-local memory the host can see where the
+//! adapter has it (resizable BAR on the H100), so an upload through it is the host's
+//! own writes across PCIe: 28-31 GB/s alone and 18-21 GB/s per device with two
+//! devices writing at once (docs/benchmarks.md). Here the host writes into its own
+//! memory, and the device pulls each chunk with a DMA copy while the host writes the
+//! next. The buffer is made through wgpu's Vulkan interop and handed to wgpu as a
+//! `COPY_SRC` buffer it does not map; the memory is freed when wgpu drops the buffer.
+//!
+//! May call: wgpu (its Vulkan hal), ash. Called by: `device::staging`,
+//! `device::transfer`.
+
+use ash::vk;
+
+/// A host-memory buffer the device copies from, with its mapping.
+pub(crate) struct Pinned {
+    pub(crate) buffer: wgpu::Buffer,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is host memory owned by this value; a `&mut Pinned` is needed to
+// write it, and the pool hands one out only once the device's copies from it are done.
+unsafe impl Send for Pinned {}
+// SAFETY: as above; shared references never touch the mapping.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// A `size`-byte buffer in host memory that `device` can copy from, or None where
+    /// the device is not Vulkan or has no such memory (the caller falls back to a
+    /// mapped wgpu buffer), or `WGTRAIN_PINNED_UPLOADS=0`.
+    pub(crate) fn new(device: &wgpu::Device, size: u64) -> Option<Pinned> {
+        if std::env::var("WGTRAIN_PINNED_UPLOADS").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let len = usize::try_from(size).ok()?;
+        // SAFETY: the hal device is used only to create, bind and map objects this
+        // value owns; the guard is dropped before wgpu takes the buffer.
+        let (raw, buffer) = unsafe {
+            let hal = device.as_hal::<wgpu::hal::api::Vulkan>()?;
+            let raw = hal.raw_device().clone();
+            let props = hal
+                .shared_instance()
+                .raw_instance()
+                .get_physical_device_memory_properties(hal.raw_physical_device());
+            let made = make(&raw, &props, size);
+            drop(hal);
+            (raw, made?)
+        };
+        let (vk_buffer, memory, ptr) = buffer;
+        let free = raw.clone();
+        // SAFETY: wgpu destroys the hal buffer only when no submission uses it any more;
+        // the callback then frees what `make` made, once.
+        let hal_buffer = unsafe {
+            wgpu::hal::vulkan::Buffer::from_raw_externally_owned(
+                vk_buffer,
+                Box::new(move || {
+                    free.destroy_buffer(vk_buffer, None);
+                    free.free_memory(memory, None);
+                }),
+            )
+        };
+        // SAFETY: the buffer is a TRANSFER_SRC buffer of `size` bytes bound to memory,
+        // as the descriptor says; it is never mapped through wgpu.
+        let buffer = unsafe {
+            device.create_buffer_from_hal::<wgpu::hal::api::Vulkan>(
+                hal_buffer,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgtrain upload (host memory)"),
+                    size,
+                    usage: wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                },
+            )
+        };
+        tracing::debug!(bytes = size, "new upload buffer in host memory");
+        Some(Pinned { buffer, ptr, len })
+    }
+
+    /// Its bytes, to write (no copy from it is in flight: see `Pools`).
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` bytes of host-coherent memory owned by this value,
+        // alive as long as `buffer`; `&mut self` makes the slice exclusive on the host,
+        // and no submission that reads it is in flight (the pool takes it back only
+        // when the queue's work up to its copy is done).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Makes a TRANSFER_SRC buffer of `size` bytes in host-visible, host-coherent memory
+/// and maps it; undoes what it did on any failure.
+///
+/// # Safety
+/// `raw` is a live device whose physical device has memory properties `props`.
+unsafe fn make(
+    raw: &ash::Device,
+    props: &vk::PhysicalDeviceMemoryProperties,
+    size: u64,
+) -> Option<(vk::Buffer, vk::DeviceMemory, *mut u8)> {
+    let info = vk::BufferCreateInfo::default()
+        .size(size)
+        .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    // SAFETY (this block and the calls below): valid create infos for a live device;
+    // every object made is destroyed on the failure paths.
+    let buffer = unsafe { raw.create_buffer(&info, None) }.ok()?;
+    let req = unsafe { raw.get_buffer_memory_requirements(buffer) };
+    let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+    let types = &props.memory_types[..props.memory_type_count as usize];
+    // Host memory, write-combined first (the host only writes it), then cached; where
+    // every host-visible type is device-local (one memory: lavapipe, integrated GPUs),
+    // one of those.
+    let pick = |local: bool, cached: bool| {
+        types.iter().enumerate().position(|(i, t)| {
+            let f = t.property_flags;
+            req.memory_type_bits & (1 << i) != 0
+                && f.contains(host)
+                && f.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL) == local
+                && f.contains(vk::MemoryPropertyFlags::HOST_CACHED) == cached
+        })
+    };
+    let any_host = types
+        .iter()
+        .any(|t| t.property_flags.contains(host) && !t.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
+    let found = if any_host {
+        pick(false, false).or_else(|| pick(false, true))
+    } else {
+        pick(true, true).or_else(|| pick(true, false))
+    };
+    let Some(ty) = found else {
+        unsafe { raw.destroy_buffer(buffer, None) };
+        return None;
+    };
+    let alloc = vk::MemoryAllocateInfo::default()
+        .allocation_size(req.size)
+        .memory_type_index(ty as u32);
+    let Ok(memory) = (unsafe { raw.allocate_memory(&alloc, None) }) else {
+        unsafe { raw.destroy_buffer(buffer, None) };
+        return None;
+    };
+    let mapped = unsafe { raw.bind_buffer_memory(buffer, memory, 0) }
+        .and_then(|()| unsafe { raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) });
+    match mapped {
+        Ok(ptr) if !ptr.is_null() => Some((buffer, memory, ptr as *mut u8)),
+        _ => {
+            unsafe {
+                raw.destroy_buffer(buffer, None);
+                raw.free_memory(memory, None);
+            }
+            None
+        }
+    }
+}
