@@ -273,10 +273,11 @@ impl Gpu {
         }
         self.check()
     }
+
     /// The upload through buffers in host memory (`pinned`): each chunk written by
     /// several threads, then its copy submitted, so the device copies one chunk while the
-    /// host writes the next. Returns false (nothing done) where the device cannot make
-    /// such buffers.
+    /// host writes the next. Returns false where the device cannot make such buffers (or
+    /// cannot make one more): the caller then uploads everything through mapped buffers.
     #[cfg(not(target_arch = "wasm32"))]
     fn upload_pinned(
         &self,
@@ -299,13 +300,17 @@ impl Gpu {
             // Buffers whose copies are done come back to the pool in a poll.
             let _ = self.device.poll(wgpu::PollType::Poll);
             let Some((mut stage, class)) = pinned_buffer(&self.device, pool, size) else {
-                // Only the first chunk of the first upload finds out that it cannot.
+                // The first upload finds out that this device cannot make them; later a
+                // buffer can fail to be made (the host's pinned memory is spent): this
+                // upload then goes through mapped buffers, all of it again (the chunks
+                // already queued write the same bytes first).
                 if state.load(Relaxed) == PINNED_UNKNOWN {
                     state.store(PINNED_NO, Relaxed);
                     tracing::info!("uploads go through mapped wgpu buffers: no host-memory buffers here");
-                    return Ok(false);
+                } else {
+                    tracing::warn!("no {size}-byte upload buffer in host memory; this upload goes through mapped buffers");
                 }
-                return Err(DeviceError::OutOfMemory(format!("no {size}-byte upload buffer in host memory")));
+                return Ok(false);
             };
             state.store(PINNED_YES, Relaxed);
             let src = &data[at_data..at_data + size as usize];
