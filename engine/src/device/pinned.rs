@@ -49,15 +49,14 @@ impl Pinned {
             (raw, made?)
         };
         let (vk_buffer, memory, ptr) = buffer;
-        let free = raw.clone();
-        // SAFETY: wgpu destroys the hal buffer only when no submission uses it any more;
-        // the callback then frees what `make` made, once.
+        // SAFETY: wgpu destroys the hal buffer only when no submission uses it any more
+        // (and before the device); the callback then frees what `make` made, once.
         let hal_buffer = unsafe {
             wgpu::hal::vulkan::Buffer::from_raw_externally_owned(
                 vk_buffer,
                 Box::new(move || {
-                    free.destroy_buffer(vk_buffer, None);
-                    free.free_memory(memory, None);
+                    raw.destroy_buffer(vk_buffer, None);
+                    raw.free_memory(memory, None);
                 }),
             )
         };
