@@ -296,6 +296,8 @@ impl Gpu {
             return Ok(false);
         }
         let mut at_data = 0usize;
+        // The copies come in chunk order: each chunk's are taken as it is submitted.
+        let mut copies = copies.iter().peekable();
         for (chunk, &size) in sizes.iter().enumerate() {
             // Buffers whose copies are done come back to the pool in a poll.
             let _ = self.device.poll(wgpu::PollType::Poll);
@@ -319,7 +321,7 @@ impl Gpu {
                 .zip(src.par_chunks(PIECE))
                 .for_each(|(d, s)| d.copy_from_slice(s));
             let mut encoder = self.device.create_command_encoder(&Default::default());
-            for &(r, at, _, into, n) in copies.iter().filter(|c| c.2 == chunk) {
+            while let Some(&(r, at, _, into, n)) = copies.next_if(|c| c.2 == chunk) {
                 let (dst, offset, _) = ranges[r];
                 encoder.copy_buffer_to_buffer(&stage.buffer, into, dst, offset + at, n);
             }
