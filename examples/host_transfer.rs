@@ -15,7 +15,11 @@
 //!   can make them (`pinned`),
 //! - `upload_mapped_gb_s`: an upload until the device has it through mapped wgpu
 //!   buffers (the way uploads went before; in device memory where the adapter has
-//!   resizable BAR).
+//!   resizable BAR),
+//! - `download_host_gb_s` and `upload_host_gb_s`: a download into a host vector of the
+//!   device's pinned memory until the host can read it, and an upload from one until
+//!   the device has it (`device::host_vec`: what the gradient reducer does), and
+//!   whether the vectors were pinned (`host_vectors_pinned`).
 //!
 //!   cargo run --release --example host_transfer -- 0 1
 use std::sync::{Arc, Barrier};
@@ -24,7 +28,7 @@ use std::time::Instant;
 use wgtrain_engine::device::{Gpu, report};
 
 const BYTES: u64 = 256 << 20;
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 9] = [
     "download_gb_s",
     "download_reused_gb_s",
     "download_copy_gb_s",
@@ -32,13 +36,20 @@ const NAMES: [&str; 7] = [
     "upload_gb_s",
     "upload_write_gb_s",
     "upload_mapped_gb_s",
+    "download_host_gb_s",
+    "upload_host_gb_s",
 ];
 
-fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer, sync: &Barrier) -> ([f64; 7], Option<bool>) {
+/// GB/s of each measure, whether uploads went through host memory and whether host
+/// vectors were pinned.
+type Rates = ([f64; 9], Option<bool>, bool);
+
+fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer, sync: &Barrier) -> Rates {
     let data = vec![1u8; BYTES as usize];
     let mut kept = vec![0u8; BYTES as usize];
-    let mut times: [Vec<f64>; 7] = Default::default();
+    let mut times: [Vec<f64>; 9] = Default::default();
     let mut pinned_used = None;
+    let mut host_pinned = false;
     let range = [(buffer, 0, BYTES)];
     for _ in 0..6 {
         sync.wait();
@@ -76,13 +87,26 @@ fn measure(gpu: &Arc<Gpu>, buffer: &wgpu::Buffer, sync: &Barrier) -> ([f64; 7], 
             times[total].push(start.elapsed().as_secs_f64());
         }
         gpu.set_pinned_uploads(true);
+
+        sync.wait();
+        let start = Instant::now();
+        let v = gpu.download_host(&range).expect("download").finish().expect("finish");
+        times[7].push(start.elapsed().as_secs_f64());
+        host_pinned = v.is_pinned_for(gpu);
+        assert_eq!(v.len() as u64, BYTES / 4);
+
+        sync.wait();
+        let start = Instant::now();
+        gpu.upload_host(&range, v).expect("upload");
+        gpu.wait().expect("wait");
+        times[8].push(start.elapsed().as_secs_f64());
     }
     let rates = times.map(|mut v| {
         v.remove(0);
         v.sort_by(f64::total_cmp);
         BYTES as f64 / v[v.len() / 2] / 1e9
     });
-    (rates, pinned_used)
+    (rates, pinned_used, host_pinned)
 }
 
 fn main() {
@@ -108,10 +132,10 @@ fn main() {
             })
         })
         .collect();
-    let print = |d: usize, mode: &str, (rates, pinned): ([f64; 7], Option<bool>)| {
+    let print = |d: usize, mode: &str, (rates, pinned, host): Rates| {
         let fields: Vec<String> = NAMES.iter().zip(rates).map(|(n, r)| format!("\"{n}\": {r:.2}")).collect();
         println!(
-            "{{\"device\": {d}, \"name\": \"{}\", \"mode\": \"{mode}\", \"uploads_in_host_memory\": {}, {}}}",
+            "{{\"device\": {d}, \"name\": \"{}\", \"mode\": \"{mode}\", \"uploads_in_host_memory\": {}, \"host_vectors_pinned\": {host}, {}}}",
             gpus[d].report.name,
             pinned.unwrap_or(false),
             fields.join(", ")

@@ -153,3 +153,51 @@ fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
     }
     gpu.check().unwrap();
 }
+
+#[test]
+fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
+    let gpu = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
+    let size = 6u64 << 20;
+    let make = || {
+        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("host vector test"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    };
+    let (a, b) = (make(), make());
+    // Ranges of two buffers, one empty, laid end to end in the vector.
+    let ranges = [(&a, 4096, (3 << 20) - 12), (&b, 0, 0), (&b, 1 << 20, 2 << 20)];
+    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    for (pinned, seed) in [(true, 7u64), (false, 13)] {
+        gpu.set_pinned_uploads(pinned);
+        let zeros = vec![0u8; size as usize];
+        gpu.upload(&[(&a, 0, size), (&b, 0, size)], &[zeros.clone(), zeros].concat())
+            .unwrap();
+        let data: Vec<u8> = (0..total).map(|i| ((i * seed + i / 4093) % 251) as u8).collect();
+        gpu.upload(&ranges, &data).unwrap();
+        let got = gpu.download_host(&ranges).unwrap().finish().unwrap();
+        assert_eq!(got.is_pinned_for(&gpu), pinned, "lavapipe can make pinned host vectors");
+        assert!(bytemuck::cast_slice::<f32, u8>(&got) == &data[..], "pinned {pinned}: the download changed bytes");
+        // Changed on the host and copied back, from the same vector.
+        let mut got = got;
+        got.iter_mut().for_each(|x| *x = -*x);
+        let want: Vec<u8> = bytemuck::cast_slice(&got).to_vec();
+        gpu.upload_host(&ranges, got).unwrap();
+        let back = gpu.download(&ranges).unwrap().finish().unwrap();
+        assert!(back == want, "pinned {pinned}: the upload changed bytes");
+        let around = gpu.download(&[(&a, 0, 4096), (&b, 0, 1 << 20)]).unwrap().finish().unwrap();
+        assert!(around.iter().all(|&x| x == 0), "pinned {pinned}: bytes outside the ranges changed");
+        // A vector of another device (or a plain one) goes through staging: same bytes.
+        let other = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
+        let foreign = other.host_vec((total / 4) as usize);
+        assert!(!foreign.is_pinned_for(&gpu));
+        let mut foreign = foreign;
+        let values: Vec<f32> = data.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        foreign.copy_from_slice(&values);
+        gpu.upload_host(&ranges, foreign).unwrap();
+        assert!(gpu.download(&ranges).unwrap().finish().unwrap() == data, "pinned {pinned}: another device's vector");
+    }
+    gpu.check().unwrap();
+}

@@ -1,5 +1,6 @@
-//! Upload staging buffers in the host's memory (Vulkan): pinned, mapped for good and
-//! copied from by the device's copy engine, as PyTorch's pinned host tensors are.
+//! Buffers in the host's memory (Vulkan): pinned, mapped for good and copied from (and
+//! into) by the device's copy engine, as PyTorch's pinned host tensors are: upload
+//! staging buffers, and the memory of host vectors (`device::host_vec`).
 //! wgpu puts a `MAP_WRITE` buffer in device-local memory the host can see where the
 //! adapter has it (resizable BAR on the H100), so an upload through it is the host's
 //! own writes across PCIe: 28-31 GB/s alone and 18-21 GB/s per device with two
@@ -9,15 +10,24 @@
 //! `COPY_SRC` buffer it does not map; the memory is freed when wgpu drops the buffer.
 //!
 //! May call: wgpu (its Vulkan hal), ash. Called by: `device::staging`,
-//! `device::transfer`.
+//! `device::transfer`, `device::host_vec`.
 
 use ash::vk;
 
-/// A host-memory buffer the device copies from, with its mapping.
+/// A host-memory buffer the device copies from (and, for host vectors, into), with its
+/// mapping.
 pub(crate) struct Pinned {
     pub(crate) buffer: wgpu::Buffer,
     ptr: *mut u8,
     len: usize,
+}
+
+/// What a [`Pinned`] buffer is for: the host writes an upload buffer only (write-combined
+/// memory first); the host reads a host vector too (cached memory first).
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Use {
+    Upload,
+    HostVec,
 }
 
 // SAFETY: the mapping is host memory owned by this value; a `&mut Pinned` is needed to
@@ -27,10 +37,11 @@ unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
-    /// A `size`-byte buffer in host memory that `device` can copy from, or None where
-    /// the device is not Vulkan or has no such memory (the caller falls back to a
-    /// mapped wgpu buffer), or `WGTRAIN_PINNED_UPLOADS=0`.
-    pub(crate) fn new(device: &wgpu::Device, size: u64) -> Option<Pinned> {
+    /// A `size`-byte buffer in host memory that `device` can copy from (and into, for
+    /// a host vector), or None where the device is not Vulkan or has no such memory (the
+    /// caller falls back to a mapped wgpu buffer or a plain vector), or
+    /// `WGTRAIN_PINNED_UPLOADS=0`.
+    pub(crate) fn new(device: &wgpu::Device, size: u64, kind: Use) -> Option<Pinned> {
         if std::env::var("WGTRAIN_PINNED_UPLOADS").is_ok_and(|v| v == "0") {
             return None;
         }
@@ -44,7 +55,7 @@ impl Pinned {
                 .shared_instance()
                 .raw_instance()
                 .get_physical_device_memory_properties(hal.raw_physical_device());
-            let made = make(&raw, &props, size);
+            let made = make(&raw, &props, size, kind);
             drop(hal);
             (raw, made?)
         };
@@ -60,20 +71,24 @@ impl Pinned {
                 }),
             )
         };
-        // SAFETY: the buffer is a TRANSFER_SRC buffer of `size` bytes bound to memory,
-        // as the descriptor says; it is never mapped through wgpu.
+        let (label, usage) = match kind {
+            Use::Upload => ("wgtrain upload (host memory)", wgpu::BufferUsages::COPY_SRC),
+            Use::HostVec => ("wgtrain host vector", wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST),
+        };
+        // SAFETY: the buffer is a buffer of `size` bytes with the transfer usages the
+        // descriptor names, bound to memory; it is never mapped through wgpu.
         let buffer = unsafe {
             device.create_buffer_from_hal::<wgpu::hal::api::Vulkan>(
                 hal_buffer,
                 &wgpu::BufferDescriptor {
-                    label: Some("wgtrain upload (host memory)"),
+                    label: Some(label),
                     size,
-                    usage: wgpu::BufferUsages::COPY_SRC,
+                    usage,
                     mapped_at_creation: false,
                 },
             )
         };
-        tracing::debug!(bytes = size, "new upload buffer in host memory");
+        tracing::debug!(bytes = size, label, "new buffer in host memory");
         Some(Pinned { buffer, ptr, len })
     }
 
@@ -85,6 +100,44 @@ impl Pinned {
         // when the queue's work up to its copy is done).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
+    /// Its mapping and length in bytes (for `host_vec`, which keeps the same rules).
+    pub(crate) fn raw(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+/// A command buffer that makes the device's transfer writes so far (in submission
+/// order) visible to the host's reads, as Vulkan asks before the host reads memory a
+/// copy wrote (wgpu does this for its own mapped buffers, not for these); None where
+/// the device is not Vulkan.
+pub(crate) fn host_read_barrier(device: &wgpu::Device) -> Option<wgpu::CommandBuffer> {
+    // SAFETY: the hal device outlives this call; the ash device is a copy of its table.
+    let raw = unsafe { device.as_hal::<wgpu::hal::api::Vulkan>() }?.raw_device().clone();
+    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("wgtrain host read barrier"),
+    });
+    let barrier = vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(vk::AccessFlags::HOST_READ);
+    // SAFETY: the encoder is fresh and used through the hal only (wgpu forbids mixing);
+    // one barrier is recorded into its open command buffer.
+    let recorded = unsafe {
+        encoder.as_hal_mut::<wgpu::hal::api::Vulkan, _, _>(|enc| {
+            let enc = enc?;
+            raw.cmd_pipeline_barrier(
+                enc.raw_handle(),
+                vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            Some(())
+        })
+    };
+    recorded.map(|()| encoder.finish())
 }
 
 /// Makes a TRANSFER_SRC buffer of `size` bytes in host-visible, host-coherent memory
@@ -96,10 +149,15 @@ unsafe fn make(
     raw: &ash::Device,
     props: &vk::PhysicalDeviceMemoryProperties,
     size: u64,
+    kind: Use,
 ) -> Option<(vk::Buffer, vk::DeviceMemory, *mut u8)> {
+    let usage = match kind {
+        Use::Upload => vk::BufferUsageFlags::TRANSFER_SRC,
+        Use::HostVec => vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
+    };
     let info = vk::BufferCreateInfo::default()
         .size(size)
-        .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+        .usage(usage)
         .sharing_mode(vk::SharingMode::EXCLUSIVE);
     // SAFETY (this block and the calls below): valid create infos for a live device;
     // every object made is destroyed on the failure paths.
@@ -107,9 +165,10 @@ unsafe fn make(
     let req = unsafe { raw.get_buffer_memory_requirements(buffer) };
     let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
     let types = &props.memory_types[..props.memory_type_count as usize];
-    // Host memory, write-combined first (the host only writes it), then cached; where
-    // every host-visible type is device-local (one memory: lavapipe, integrated GPUs),
-    // one of those.
+    // Host memory: for uploads write-combined first (the host only writes it), then
+    // cached; for host vectors cached first (the host reads them). Where every
+    // host-visible type is device-local (one memory: lavapipe, integrated GPUs), one of
+    // those.
     let pick = |local: bool, cached: bool| {
         types.iter().enumerate().position(|(i, t)| {
             let f = t.property_flags;
@@ -122,8 +181,9 @@ unsafe fn make(
     let any_host = types
         .iter()
         .any(|t| t.property_flags.contains(host) && !t.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
+    let cached_first = kind == Use::HostVec;
     let found = if any_host {
-        pick(false, false).or_else(|| pick(false, true))
+        pick(false, cached_first).or_else(|| pick(false, !cached_first))
     } else {
         pick(true, true).or_else(|| pick(true, false))
     };

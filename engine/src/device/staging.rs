@@ -2,7 +2,7 @@
 //! buffers pin host memory, which cost more than the copy when every transfer made
 //! its own.
 //!
-//! May call: wgpu, `device::pinned`. Called by: `device`, `device::transfer`.
+//! May call: wgpu, `device::pinned`, `device::host_vec`. Called by: `device`, `device::transfer`, `device::host_vec`.
 
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +21,8 @@ pub struct Pools {
     /// Whether uploads use them: [`PINNED_UNKNOWN`] until the first upload finds out
     /// whether this device can make them, then [`PINNED_YES`] or [`PINNED_NO`].
     pub(crate) pinned_state: std::sync::atomic::AtomicU8,
+    /// Pinned memory kept for host vectors (`host_vec`).
+    pub(crate) host: Arc<super::host_vec::HostPool>,
 }
 
 pub(crate) const PINNED_UNKNOWN: u8 = 0;
@@ -83,7 +85,9 @@ pub(crate) fn pinned_buffer(
     size: u64,
 ) -> Option<(super::pinned::Pinned, u64)> {
     let c = class(size);
-    take(pool, c).or_else(|| super::pinned::Pinned::new(device, c)).map(|p| (p, c))
+    take(pool, c)
+        .or_else(|| super::pinned::Pinned::new(device, c, super::pinned::Use::Upload))
+        .map(|p| (p, c))
 }
 
 /// Why bytes `offset..offset + len` of `buffer` cannot be copied (not 4-byte aligned,

@@ -14,13 +14,17 @@
 //! else through mapped wgpu buffers, which wgpu places in device memory the host
 //! writes across PCIe where the adapter has resizable BAR.
 //!
-//! May call: wgpu, rayon, `device`, `device::staging`, `device::pinned`. Called by: `runtime`, `train::parallel`.
+//! A download into (or an upload from) a host vector (`host_vec`) of the device's own
+//! pinned memory is the device's copy alone: no staging buffer, no host copy.
+//!
+//! May call: wgpu, rayon, `device`, `device::staging`, `device::pinned`,
+//! `device::host_vec`. Called by: `runtime`, `train::parallel`, `train::reducer`.
 
 use std::sync::Arc;
 
 pub use super::staging::CHUNK;
 use super::staging::{give, range_error, staging_buffer, take_f32};
-use super::{DeviceError, Gpu};
+use super::{DeviceError, Gpu, HostVec};
 
 /// A range of a device buffer: (buffer, byte offset, bytes), both multiples of 4.
 pub type Range<'a> = (&'a wgpu::Buffer, u64, u64);
@@ -145,7 +149,135 @@ impl Download {
     }
 }
 
+/// A download into a host vector in flight: [`HostDownload::finish`] waits for it and
+/// hands the vector out.
+pub struct HostDownload {
+    gpu: Option<Arc<Gpu>>,
+    vec: Option<HostVec>,
+    wait: Wait,
+}
+
+enum Wait {
+    /// Nothing to wait for (the estimate's dry run).
+    Done,
+    /// The device's copy into the vector's pinned memory.
+    Copy(wgpu::SubmissionIndex),
+    /// A download through staging buffers, read into the (plain) vector at the end.
+    Staged(Download),
+}
+
+impl HostDownload {
+    /// A download that yields `len` zero values (the estimate's dry run).
+    pub fn zeros(len: usize) -> HostDownload {
+        HostDownload {
+            gpu: None,
+            vec: Some(HostVec::zeros(len)),
+            wait: Wait::Done,
+        }
+    }
+
+    /// Bytes it yields.
+    pub fn len(&self) -> u64 {
+        self.vec.as_ref().map_or(0, |v| (v.len() * 4) as u64)
+    }
+
+    /// Whether it yields nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits for the copy and hands the values out.
+    pub fn finish(mut self) -> Result<HostVec, DeviceError> {
+        let mut vec = self.vec.take().expect("an unfinished download holds its vector");
+        match std::mem::replace(&mut self.wait, Wait::Done) {
+            Wait::Done => {}
+            Wait::Copy(index) => {
+                let gpu = self.gpu.as_ref().expect("a copy has its device");
+                gpu.device
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(index),
+                        timeout: None,
+                    })
+                    .map_err(|e| DeviceError::Lost(e.to_string()))?;
+                gpu.check()?;
+            }
+            Wait::Staged(d) => d.finish_into(bytemuck::cast_slice_mut(&mut vec))?,
+        }
+        Ok(vec)
+    }
+}
+
+impl Drop for HostDownload {
+    /// A download dropped unfinished (a failed step) keeps its vector until the copy
+    /// into it is done, so the memory is not handed out again while the device writes it.
+    fn drop(&mut self) {
+        if let (Some(vec), Wait::Copy(_), Some(gpu)) = (self.vec.take(), &self.wait, &self.gpu) {
+            gpu.queue.on_submitted_work_done(move || drop(vec));
+        }
+    }
+}
+
 impl Gpu {
+    /// Starts copying `ranges` (end to end) into a host vector, after everything
+    /// submitted so far: straight into the device's pinned memory where it makes it
+    /// (one copy, no staging), else through staging buffers.
+    pub fn download_host(self: &Arc<Self>, ranges: &[Range]) -> Result<HostDownload, DeviceError> {
+        for &(b, o, l) in ranges {
+            check(b, o, l)?;
+        }
+        let len: u64 = ranges.iter().map(|r| r.2).sum();
+        let vec = self.host_vec((len / 4) as usize);
+        let wait = match vec.buffer_for(self) {
+            Some(dst) => {
+                let mut encoder = self.device.create_command_encoder(&Default::default());
+                let mut at = 0;
+                for &(src, offset, n) in ranges.iter().filter(|r| r.2 > 0) {
+                    encoder.copy_buffer_to_buffer(src, offset, dst, at, n);
+                    at += n;
+                }
+                #[cfg(not(target_arch = "wasm32"))]
+                let barrier = super::pinned::host_read_barrier(&self.device);
+                #[cfg(target_arch = "wasm32")]
+                let barrier = None;
+                Wait::Copy(self.queue.submit(std::iter::once(encoder.finish()).chain(barrier)))
+            }
+            None => Wait::Staged(self.download(ranges)?),
+        };
+        Ok(HostDownload {
+            gpu: Some(self.clone()),
+            vec: Some(vec),
+            wait,
+        })
+    }
+
+    /// Copies `data` (laid end to end) into `ranges`, after everything submitted so far:
+    /// straight from its memory where it is this device's pinned memory (the vector is
+    /// let go once the copy is done), else through staging buffers.
+    pub fn upload_host(&self, ranges: &[Range], data: HostVec) -> Result<(), DeviceError> {
+        let Some(src) = data.buffer_for(self) else {
+            return self.upload(ranges, bytemuck::cast_slice(&data));
+        };
+        let total: u64 = ranges.iter().map(|r| r.2).sum();
+        if total != (data.len() * 4) as u64 {
+            return Err(DeviceError::Validation(format!(
+                "upload of {} bytes into ranges of {total}",
+                data.len() * 4
+            )));
+        }
+        for &(b, o, l) in ranges {
+            check(b, o, l)?;
+        }
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        let mut at = 0;
+        for &(dst, offset, n) in ranges.iter().filter(|r| r.2 > 0) {
+            encoder.copy_buffer_to_buffer(src, at, dst, offset, n);
+            at += n;
+        }
+        self.queue.submit([encoder.finish()]);
+        self.queue.on_submitted_work_done(move || drop(data));
+        self.check()
+    }
+
     /// Starts copying `ranges` to the host, after everything submitted so far.
     pub fn download(self: &Arc<Self>, ranges: &[Range]) -> Result<Download, DeviceError> {
         for &(b, o, l) in ranges {

@@ -1,14 +1,21 @@
 //! Collectives between the ranks of a multi-device run: the [`Collective`] trait each
 //! rank calls (shaped like MPI's or NCCL's communicators: a rank, a world size, buffers
 //! passed by value, no address space assumed shared), and [`HostGroup`], its one-process
-//! implementation over host memory. Every reduction sums in rank order 0, 1, ..., N-1,
+//! implementation over host memory. A buffer is any host memory of f32 values
+//! ([`Part`]): a vector, or host memory a device copies into directly, which the other
+//! ranks then read where it lies. Every reduction sums in rank order 0, 1, ..., N-1,
 //! so a result does not depend on which rank arrived first and every rank holds the
 //! same bits.
 //!
 //! May call: nothing of the engine (std only). Called by: `train::parallel`.
 
-use std::ops::Range;
+use std::any::Any;
+use std::ops::{Deref, Range};
 use std::sync::{Arc, Condvar, Mutex};
+
+/// A rank's buffer in an exchange: f32 values in host memory, handed over by value.
+pub trait Part: Deref<Target = [f32]> + Send + Sync + 'static {}
+impl<T: Deref<Target = [f32]> + Send + Sync + 'static> Part for T {}
 
 /// Why a collective did not complete.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -35,10 +42,16 @@ pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     /// Ranks in the group.
     fn world(&self) -> usize;
-    /// Every rank's buffer, indexed by rank (the building block of the others).
-    fn all_gather_vecs(&self, mine: Vec<f32>) -> Result<Arc<Vec<Vec<f32>>>, CollectiveError>;
+    /// Every rank's buffer, indexed by rank (the building block of the others). Every
+    /// rank passes the same kind of buffer.
+    fn all_gather<T: Part>(&self, mine: T) -> Result<Arc<Vec<T>>, CollectiveError>;
     /// Tells the other ranks to stop waiting: this rank will not make its next call.
     fn abort(&self, why: &str);
+
+    /// [`Collective::all_gather`] of vectors.
+    fn all_gather_vecs(&self, mine: Vec<f32>) -> Result<Arc<Vec<Vec<f32>>>, CollectiveError> {
+        self.all_gather(mine)
+    }
 
     /// The element-wise sum over ranks of `buf`, in `buf` on every rank.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
@@ -82,7 +95,7 @@ pub trait Collective: Send + Sync {
     }
 }
 
-fn check_lengths(all: &[Vec<f32>]) -> Result<(), CollectiveError> {
+fn check_lengths<T: Part>(all: &[T]) -> Result<(), CollectiveError> {
     let want = all[0].len();
     match all.iter().enumerate().find(|(_, v)| v.len() != want) {
         Some((rank, v)) => Err(CollectiveError::Length { rank, got: v.len(), want }),
@@ -91,7 +104,7 @@ fn check_lengths(all: &[Vec<f32>]) -> Result<(), CollectiveError> {
 }
 
 /// `out[k] = sum over ranks r in order of all[r][range.start + k]`.
-pub fn sum_range(all: &[Vec<f32>], range: Range<usize>, out: &mut [f32]) {
+pub fn sum_range<T: Deref<Target = [f32]> + Sync>(all: &[T], range: Range<usize>, out: &mut [f32]) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 16;
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
@@ -108,9 +121,11 @@ pub fn sum_range(all: &[Vec<f32>], range: Range<usize>, out: &mut [f32]) {
 
 struct Round {
     generation: u64,
-    slots: Vec<Option<Vec<f32>>>,
+    /// Each rank's buffer (a `T: Part`, the same `T` on every rank).
+    slots: Vec<Option<Box<dyn Any + Send + Sync>>>,
     arrived: usize,
-    result: Option<Arc<Vec<Vec<f32>>>>,
+    /// An `Arc<Vec<T>>` of the completed round.
+    result: Option<Arc<dyn Any + Send + Sync>>,
     /// Ranks that took the result: the last one leaves it to the ranks alone, so the
     /// last of them to drop it can have the vectors back (`Arc::into_inner`).
     taken: usize,
@@ -142,7 +157,7 @@ impl HostGroup {
             world: world.max(1),
             round: Mutex::new(Round {
                 generation: 0,
-                slots: vec![None; world.max(1)],
+                slots: (0..world.max(1)).map(|_| None).collect(),
                 arrived: 0,
                 taken: 0,
                 result: None,
@@ -181,17 +196,26 @@ impl Collective for HostComm {
         self.shared.world
     }
 
-    fn all_gather_vecs(&self, mine: Vec<f32>) -> Result<Arc<Vec<Vec<f32>>>, CollectiveError> {
+    fn all_gather<T: Part>(&self, mine: T) -> Result<Arc<Vec<T>>, CollectiveError> {
         let s = &self.shared;
         let mut round = s.round.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &round.aborted {
             return Err(CollectiveError::Aborted(why.clone()));
         }
         let generation = round.generation;
-        round.slots[self.rank] = Some(mine);
+        round.slots[self.rank] = Some(Box::new(mine));
         round.arrived += 1;
         if round.arrived == s.world {
-            let all: Vec<Vec<f32>> = round.slots.iter_mut().map(|v| v.take().unwrap_or_default()).collect();
+            let all: Option<Vec<T>> = (round.slots.iter_mut())
+                .map(|v| v.take().and_then(|b| b.downcast::<T>().ok()).map(|b| *b))
+                .collect();
+            let Some(all) = all else {
+                // A rank passed another kind of buffer: a bug, which stops every rank.
+                let why = format!("rank {}: the ranks passed different kinds of buffers", self.rank);
+                round.aborted = Some(why.clone());
+                s.wake.notify_all();
+                return Err(CollectiveError::Aborted(why));
+            };
             round.result = Some(Arc::new(all));
             round.taken = 0;
             round.arrived = 0;
@@ -214,7 +238,10 @@ impl Collective for HostComm {
         } else {
             round.result.clone()
         };
-        Ok(result.expect("a completed round has a result"))
+        let result = result.expect("a completed round has a result");
+        result
+            .downcast::<Vec<T>>()
+            .map_err(|_| CollectiveError::Aborted(format!("rank {}: the ranks passed different kinds of buffers", self.rank)))
     }
 
     fn abort(&self, why: &str) {

@@ -21,7 +21,7 @@ use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, Pipeline
 use super::profile::{StepTrace, Work};
 use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
 use crate::device::Gpu;
-use crate::device::transfer::Download;
+use crate::device::transfer::{Download, HostDownload};
 use crate::error::Error;
 use crate::memory::{Allocator, AllocatorOptions, Block};
 
@@ -193,12 +193,22 @@ impl Runtime {
         if !self.runs_kernels() {
             return Ok(Download::zeros(len));
         }
-        let raw = ranges
-            .iter()
-            .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let raw = self.targets(ranges)?;
         let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
         Ok(self.gpu.download(&refs)?)
+    }
+
+    /// Starts copying byte ranges (block, offset, length) into a host vector, straight
+    /// into the device's pinned memory where it can (see `Gpu::download_host`), after
+    /// what is recorded; finish it on any thread. A dry runtime's yields zeros.
+    pub fn download_host(&self, ranges: &[(&Block, u64, u64)]) -> Result<HostDownload, Error> {
+        self.flush();
+        if !self.runs_kernels() {
+            return Ok(HostDownload::zeros((ranges.iter().map(|r| r.2).sum::<u64>() / 4) as usize));
+        }
+        let raw = self.targets(ranges)?;
+        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+        Ok(self.gpu.download_host(&refs)?)
     }
 
     /// Copies `data` into byte ranges (block, offset, length) laid end to end, after
@@ -208,12 +218,17 @@ impl Runtime {
         if !self.runs_kernels() {
             return Ok(());
         }
-        let raw = ranges
-            .iter()
-            .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let raw = self.targets(ranges)?;
         let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
         Ok(self.gpu.upload(&refs, data)?)
+    }
+
+    /// [`Runtime::target`] of each range, on a runtime that runs kernels.
+    fn targets(&self, ranges: &[(&Block, u64, u64)]) -> Result<Vec<(wgpu::Buffer, u64, u64)>, Error> {
+        ranges
+            .iter()
+            .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
+            .collect()
     }
 
     /// A byte range of `block` as (buffer, absolute offset, length), checked to lie

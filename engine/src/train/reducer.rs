@@ -1,8 +1,11 @@
 //! DDP's reducer for a multi-device step: gradients gathered into buckets in the order
 //! backward finishes them; each full bucket's copy to the host is started at once and
 //! handed to the rank's transfer thread, which waits for it, exchanges the bucket with
-//! the other ranks, sums this rank's part in rank order and copies the sums back to the
-//! device, while backward goes on. Every allocation and free stays on the rank's own
+//! the other ranks, sums in rank order (data parallel: the whole bucket, the same bits
+//! on every rank; sharded stages: this rank's part) and copies the sums back to the
+//! device, while backward goes on. The bucket's copies land in host vectors of the
+//! device's pinned memory (`device::host_vec`), which the other ranks read where they
+//! lie, and the sums are copied to the device from one: the device's copies alone. Every allocation and free stays on the rank's own
 //! thread, in program order, so the memory record (and the estimate) is the same from
 //! run to run.
 //!
@@ -16,8 +19,9 @@ use std::sync::mpsc::{Receiver, Sender};
 use super::world::StepPlan;
 use crate::autograd::{Param, Params};
 use crate::device::Gpu;
-use crate::device::staging::{give_f32, take_f32};
-use crate::device::transfer::Download;
+use crate::device::HostVec;
+use crate::device::staging::take_f32;
+use crate::device::transfer::HostDownload;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
@@ -28,7 +32,7 @@ use crate::tensor::{DType, Tensor};
 
 /// A bucket on its way: the copy of its gradients, and where each sum goes.
 pub(super) struct Job {
-    download: Download,
+    download: HostDownload,
     /// Per parameter of the bucket: its index, its element count, whether this rank
     /// has a gradient for it (in the download) and the part of it this rank sums.
     entries: Vec<Entry>,
@@ -59,32 +63,34 @@ pub(super) fn transfer(
         clock = std::time::Instant::now();
     };
     let mut moved = 0u64;
+    // A host vector of this rank's device (pinned memory where it makes it), or plain
+    // zeros on the dry run.
+    let host_vec = |n: usize| gpu.as_ref().map_or_else(|| HostVec::zeros(n), |g| g.host_vec(n));
     for job in jobs {
         lap(3, &mut times);
         moved += job.download.len();
         // The bucket as every rank lays it out: zeros where this rank has no gradient.
         let total = job.entries.iter().map(|e| e.1).sum();
+        let got = job.download.finish()?;
+        lap(0, &mut times);
         let flat = if job.entries.iter().all(|e| e.2) {
-            let flat = job.download.finish_f32()?;
-            lap(0, &mut times);
-            flat
+            got
         } else {
-            let mut flat = Vec::with_capacity(total);
-            let got = job.download.finish_f32()?;
-            lap(0, &mut times);
-            let mut at = 0;
+            let mut flat = host_vec(total);
+            let (mut at, mut from) = (0, 0);
             for &(_, numel, has, _) in &job.entries {
                 if has {
-                    flat.extend_from_slice(&got[at..at + numel]);
-                    at += numel;
+                    flat[at..at + numel].copy_from_slice(&got[from..from + numel]);
+                    from += numel;
                 } else {
-                    flat.resize(flat.len() + numel, 0.0);
+                    flat[at..at + numel].fill(0.0);
                 }
+                at += numel;
             }
-            give_f32(got);
             flat
         };
-        let all = comm.all_gather_vecs(flat)?;
+        // The other ranks read this rank's vector where it lies (pinned memory too).
+        let all = comm.all_gather(flat)?;
         lap(1, &mut times);
         if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != all[0].len()) {
             return Err(Error::invalid(
@@ -92,49 +98,35 @@ pub(super) fn transfer(
                 format!("rank {r} sent {} gradient elements where rank 0 sent {}", v.len(), all[0].len()),
             ));
         }
-        // This rank's part of each parameter, summed in rank order, end to end.
-        let mut sums = take_f32(job.entries.iter().map(|e| e.3.len()).sum());
-        let (mut start, mut at) = (0, 0);
-        for (i, numel, _, r) in &job.entries {
-            let dst = &mut sums[at..at + r.len()];
-            sum_range(&all, start + r.start..start + r.end, dst);
-            if offload && !r.is_empty() {
-                let mut kept = take_f32(dst.len());
-                kept.copy_from_slice(dst);
-                host[*i] = Some(kept);
-            }
-            start += numel;
-            at += r.len();
-        }
-        // The vectors go back for the next buckets (the exchange's, by the last rank
-        // done with them).
-        if let Some(all) = Arc::into_inner(all) {
-            all.into_iter().for_each(give_f32);
-        }
+        let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
         if plan.zero == 0 {
-            // Data parallel: every rank summed its part; the parts are exchanged and
-            // each rank writes every part into its whole gradients.
-            lap(2, &mut times);
-            let parts = comm.all_gather_vecs(sums)?;
-            lap(1, &mut times);
+            // Data parallel: every rank sums the whole bucket in rank order (the same
+            // bits on every rank) into its own host vector, which its device copies from.
+            let mut sums = host_vec(total);
+            sum_range(&all, 0..total, &mut sums);
+            drop(all);
             if let Some(gpu) = &gpu {
-                for (k, part) in parts.iter().enumerate() {
-                    let ranges = rank_ranges(&job.entries, &job.targets, plan, k);
-                    if ranges.iter().map(|r| r.2).sum::<u64>() != (part.len() * 4) as u64 {
-                        return Err(Error::invalid("gradient bucket", format!("rank {k} sent a part of another size")));
-                    }
-                    gpu.upload(&ranges, bytemuck::cast_slice(part))?;
-                }
-            }
-            if let Some(parts) = Arc::into_inner(parts) {
-                parts.into_iter().for_each(give_f32);
+                gpu.upload_host(&ranges, sums)?;
             }
         } else {
-            if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
-                let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-                gpu.upload(&ranges, bytemuck::cast_slice(&sums))?;
+            // This rank's part of each parameter, summed in rank order, end to end.
+            let mut sums = host_vec(job.entries.iter().map(|e| e.3.len()).sum());
+            let (mut start, mut at) = (0, 0);
+            for (i, numel, _, r) in &job.entries {
+                let dst = &mut sums[at..at + r.len()];
+                sum_range(&all, start + r.start..start + r.end, dst);
+                if offload && !r.is_empty() {
+                    let mut kept = take_f32(dst.len());
+                    kept.copy_from_slice(dst);
+                    host[*i] = Some(kept);
+                }
+                start += numel;
+                at += r.len();
             }
-            give_f32(sums);
+            drop(all);
+            if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
+                gpu.upload_host(&ranges, sums)?;
+            }
         }
         lap(2, &mut times);
     }
@@ -151,25 +143,9 @@ pub(super) fn transfer(
     Ok(host)
 }
 
-/// Data parallel: where rank `k`'s part of each of the bucket's gradients goes (its
-/// whole gradients are the job's targets, one per parameter with elements).
+/// Per parameter of a bucket: its index, its element count, whether this rank has a
+/// gradient for it and the part of it this rank sums.
 type Entry = (usize, usize, bool, Range<usize>);
-
-fn rank_ranges<'a>(
-    entries: &[Entry],
-    targets: &'a [(wgpu::Buffer, u64, u64)],
-    plan: &StepPlan,
-    k: usize,
-) -> Vec<(&'a wgpu::Buffer, u64, u64)> {
-    entries
-        .iter()
-        .filter(|e| e.1 > 0)
-        .zip(targets)
-        .map(|(e, (b, o, _))| (b, *o, plan.shards.range(e.0, k)))
-        .filter(|(_, _, r)| !r.is_empty())
-        .map(|(b, o, r)| (b, o + (r.start * 4) as u64, (r.len() * 4) as u64))
-        .collect()
-}
 
 /// Whether `WGTRAIN_PARALLEL_TIMES` asks for each rank's host timings of each step on
 /// stderr (a diagnostic of the transfer path).
@@ -294,7 +270,7 @@ impl<'a> Reducer<'a> {
             }
         }
         let ranges: Vec<_> = sources.iter().map(|t| (t.block(), 0u64, (t.numel() * 4) as u64)).collect();
-        let download = rt.download(&ranges)?;
+        let download = rt.download_host(&ranges)?;
         // Stage 2 and offload: the whole gradients go now (the copy was recorded first).
         drop(sources);
         let targets = dests
