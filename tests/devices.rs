@@ -179,7 +179,10 @@ fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
         gpu.upload(&ranges, &data).unwrap();
         let got = gpu.download_host(&ranges).unwrap().finish().unwrap();
         assert_eq!(got.is_pinned_for(&gpu), pinned, "lavapipe can make pinned host vectors");
-        assert!(bytemuck::cast_slice::<f32, u8>(&got) == &data[..], "pinned {pinned}: the download changed bytes");
+        assert!(
+            bytemuck::cast_slice::<f32, u8>(&got) == &data[..],
+            "pinned {pinned}: the download changed bytes"
+        );
         // Changed on the host and copied back, from the same vector.
         let mut got = got;
         got.iter_mut().for_each(|x| *x = -*x);
@@ -197,7 +200,10 @@ fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
         let values: Vec<f32> = data.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         foreign.copy_from_slice(&values);
         gpu.upload_host(&ranges, foreign).unwrap();
-        assert!(gpu.download(&ranges).unwrap().finish().unwrap() == data, "pinned {pinned}: another device's vector");
+        assert!(
+            gpu.download(&ranges).unwrap().finish().unwrap() == data,
+            "pinned {pinned}: another device's vector"
+        );
     }
     gpu.check().unwrap();
 }
