@@ -10,10 +10,10 @@
 //! `runtime`, `train::reducer`.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::Gpu;
-use super::staging::{give_f32, take_f32};
+use super::staging::{HostPool, give_f32, take_f32};
 
 /// Vectors under this many bytes are plain: their copy through staging costs less than
 /// a pinned allocation, and they would spend the device's allocation count.
@@ -21,15 +21,6 @@ const PINNED_MIN: usize = 64 << 10;
 
 /// Most bytes of pinned memory a device keeps for reuse.
 const KEEP_BYTES: usize = 2 << 30;
-
-/// Pinned host memory a device made and keeps for its next host vectors.
-#[derive(Default)]
-pub(crate) struct HostPool {
-    #[cfg(not(target_arch = "wasm32"))]
-    kept: Mutex<Vec<super::pinned::Pinned>>,
-    #[cfg(target_arch = "wasm32")]
-    kept: Mutex<Vec<()>>,
-}
 
 /// f32 values in host memory: pinned memory of one device, or a plain vector.
 pub struct HostVec {

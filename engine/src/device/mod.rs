@@ -5,7 +5,7 @@
 //! they made a tiled matmul 15x slower); every launch validates shapes, strides and
 //! ranges on the host instead (see `kernels`).
 //!
-//! May call: wgpu, `report`, `staging`, `pinned`, `host_vec`. Called by: the allocator, kernels, the CLI.
+//! May call: wgpu, `report`, `staging`, `pinned`. Called by: the allocator, kernels, the CLI.
 
 pub mod described;
 pub mod host_vec;
@@ -17,7 +17,6 @@ pub mod transfer;
 
 use std::sync::{Arc, Mutex};
 
-pub use host_vec::HostVec;
 pub use report::{AdapterReport, CoopMatrixConfig, LimitsReport};
 
 /// Errors of the device layer.

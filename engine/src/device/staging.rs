@@ -2,7 +2,7 @@
 //! buffers pin host memory, which cost more than the copy when every transfer made
 //! its own.
 //!
-//! May call: wgpu, `device::pinned`, `device::host_vec`. Called by: `device`, `device::transfer`, `device::host_vec`.
+//! May call: wgpu, `device::pinned`. Called by: `device`, `device::transfer`, `device::host_vec`.
 
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +22,14 @@ pub struct Pools {
     /// whether this device can make them, then [`PINNED_YES`] or [`PINNED_NO`].
     pub(crate) pinned_state: std::sync::atomic::AtomicU8,
     /// Pinned memory kept for host vectors (`host_vec`).
-    pub(crate) host: Arc<super::host_vec::HostPool>,
+    pub(crate) host: Arc<HostPool>,
+}
+
+/// Pinned memory a device made and keeps for its next host vectors (`host_vec`).
+#[derive(Default)]
+pub(crate) struct HostPool {
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) kept: Mutex<Vec<super::pinned::Pinned>>,
 }
 
 pub(crate) const PINNED_UNKNOWN: u8 = 0;

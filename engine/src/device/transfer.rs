@@ -22,9 +22,10 @@
 
 use std::sync::Arc;
 
+use super::host_vec::HostVec;
 pub use super::staging::CHUNK;
 use super::staging::{give, range_error, staging_buffer, take_f32};
-use super::{DeviceError, Gpu, HostVec};
+use super::{DeviceError, Gpu};
 
 /// A range of a device buffer: (buffer, byte offset, bytes), both multiples of 4.
 pub type Range<'a> = (&'a wgpu::Buffer, u64, u64);

@@ -348,6 +348,32 @@ mod tests {
     }
 
     #[test]
+    fn any_host_buffer_is_exchanged_and_mixed_kinds_are_an_error() {
+        // Boxed slices stand in for a device's host vectors: read where they lie.
+        let out = run(3, |c| {
+            let mine: Box<[f32]> = vec![c.rank() as f32; 4].into_boxed_slice();
+            let all = c.all_gather(mine).unwrap();
+            let mut sum = vec![0.0; 4];
+            sum_range(&all, 1..3, &mut sum[..2]);
+            sum
+        });
+        assert!(out.iter().all(|s| s == &[3.0, 3.0, 0.0, 0.0]), "{out:?}");
+        let out = run(2, |c| {
+            if c.rank() == 0 {
+                c.all_gather(vec![1.0f32]).map(|_| ())
+            } else {
+                c.all_gather(vec![1.0f32].into_boxed_slice()).map(|_| ())
+            }
+        });
+        for r in out {
+            assert!(
+                matches!(r, Err(CollectiveError::Aborted(ref w)) if w.contains("different kinds")),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
     fn mismatched_lengths_are_an_error_not_a_wrong_sum() {
         let out = run(2, |c| c.all_reduce_sum(&mut vec![0.0; 3 + c.rank()]));
         for r in out {

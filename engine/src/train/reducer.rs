@@ -19,7 +19,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use super::world::StepPlan;
 use crate::autograd::{Param, Params};
 use crate::device::Gpu;
-use crate::device::HostVec;
+use crate::device::host_vec::HostVec;
 use crate::device::staging::take_f32;
 use crate::device::transfer::HostDownload;
 use crate::error::Error;
