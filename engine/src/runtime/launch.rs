@@ -21,6 +21,7 @@ use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, Pipeline
 use super::profile::{StepTrace, Work};
 use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
 use crate::device::Gpu;
+use crate::device::host_vec::HostVec;
 use crate::device::transfer::{Download, HostDownload};
 use crate::error::Error;
 use crate::memory::{Allocator, AllocatorOptions, Block};
@@ -209,6 +210,29 @@ impl Runtime {
         let raw = self.targets(ranges)?;
         let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
         Ok(self.gpu.download_host(&refs)?)
+    }
+
+    /// A host vector of `len` values this runtime's device copies into and out of
+    /// directly where it can (see `Gpu::host_vec`); zeros on a dry runtime.
+    pub fn host_vec(&self, len: usize) -> HostVec {
+        if self.runs_kernels() {
+            self.gpu.host_vec(len)
+        } else {
+            HostVec::zeros(len)
+        }
+    }
+
+    /// Copies a host vector into byte ranges (block, offset, length) laid end to end,
+    /// straight from its memory where it is the device's pinned memory (see
+    /// `Gpu::upload_host`), after what is recorded (nothing on a dry runtime).
+    pub fn upload_host(&self, ranges: &[(&Block, u64, u64)], data: HostVec) -> Result<(), Error> {
+        self.flush();
+        if !self.runs_kernels() {
+            return Ok(());
+        }
+        let raw = self.targets(ranges)?;
+        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+        Ok(self.gpu.upload_host(&refs, data)?)
     }
 
     /// Copies `data` into byte ranges (block, offset, length) laid end to end, after

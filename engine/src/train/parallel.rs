@@ -39,6 +39,7 @@ use super::world::{Peer, StepPlan, World};
 use super::zero3::{ShardGather, refresh_host_weights};
 use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
+use crate::device::host_vec::HostVec;
 use crate::device::staging::{concat_into, give_f32, scale_all, square_sum, take_f32};
 use crate::error::Error;
 use crate::memory::{Category, MemoryStats};
@@ -545,12 +546,14 @@ fn update_on_host(
 
 /// All-gather of the updated shards: this rank's shards (read back, or `mine` when the
 /// host holds them) exchanged and every rank's written into this rank's weights (its
-/// own too when they come from the host).
+/// own too when they come from the host). The shards read back land in pinned memory of
+/// this rank's device, which the other ranks read where it lies, and the others' are
+/// laid end to end in another, which the device copies from (`device::host_vec`).
 fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm, mine: Option<Vec<f32>>) -> Result<(), Error> {
     let rank = comm.rank();
     let from_host = mine.is_some();
     let mine = match mine {
-        Some(v) => v,
+        Some(v) => HostVec::plain(v),
         None => {
             let ranges: Vec<_> = params
                 .list
@@ -560,10 +563,10 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
                 .filter(|(_, r)| !r.is_empty())
                 .map(|(p, r)| (p.value.block(), ((p.value.offset() + r.start) * 4) as u64, (r.len() * 4) as u64))
                 .collect();
-            rt.download(&ranges)?.finish_f32()?
+            rt.download_host(&ranges)?.finish()?
         }
     };
-    let all = comm.all_gather_vecs(mine)?;
+    let all = comm.all_gather(mine)?;
     // Every other rank's shards (and this rank's own when they come from the host),
     // in one upload: each rank's vector is its shards end to end.
     let mut ranges = Vec::new();
@@ -585,14 +588,11 @@ fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm
             .ok_or_else(|| Error::invalid("all-gather", format!("rank {other} sent too few weights")))?;
         pieces.push(values);
     }
-    let mut data = take_f32(pieces.iter().map(|p| p.len()).sum());
+    let mut data = rt.host_vec(pieces.iter().map(|p| p.len()).sum());
     concat_into(&mut data, &pieces);
-    rt.upload(&ranges, bytemuck::cast_slice(&data))?;
-    give_f32(data);
-    if let Some(all) = Arc::into_inner(all) {
-        all.into_iter().for_each(give_f32);
-    }
-    Ok(())
+    drop(pieces);
+    drop(all);
+    rt.upload_host(&ranges, data)
 }
 
 /// This rank's shard of every parameter's weights, end to end, in one download.
