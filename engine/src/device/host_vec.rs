@@ -6,8 +6,8 @@
 //! `WGTRAIN_PINNED_UPLOADS=0`, or small vectors) a host vector is a plain vector, and
 //! its transfers go through the staging buffers (`transfer`).
 //!
-//! May call: wgpu, `device::pinned`, `device::staging`. Called by: `device::transfer`,
-//! `runtime`, `train::reducer`.
+//! May call: wgpu, `device`, `device::pinned`, `device::staging`. Called by:
+//! `device::transfer`, `runtime`, `train::{parallel, reducer}`.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
