@@ -118,14 +118,9 @@ fn a_bad_shader_is_a_typed_error_not_a_panic() {
     gpu.check().unwrap();
 }
 
-/// Uploads then downloads ranges of two buffers that span several staging chunks, through
-/// buffers in host memory and through mapped wgpu buffers, and checks every byte (and
-/// the bytes around the ranges, which must stay as they were).
-#[test]
-fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
-    use wgtrain_engine::device::transfer::CHUNK;
-    let gpu = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
-    let size = CHUNK + (3 << 20);
+/// Two zeroed `size`-byte device buffers, and `total` bytes of a pattern (from `seed`)
+/// written into `ranges` of them (which name the buffers by index: 0 or 1).
+fn two_buffers_with_data(gpu: &Gpu, size: u64, ranges: &[(usize, u64, u64)], seed: u64) -> ([wgpu::Buffer; 2], Vec<u8>) {
     let make = || {
         gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("transfer test"),
@@ -134,21 +129,34 @@ fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
             mapped_at_creation: false,
         })
     };
-    let (a, b) = (make(), make());
-    let ranges = [(&a, 4096, CHUNK - 1000), (&b, 0, 8), (&b, 1 << 20, 2 << 20)];
+    let buffers = [make(), make()];
+    let zeros = vec![0u8; 2 * size as usize];
+    gpu.upload(&[(&buffers[0], 0, size), (&buffers[1], 0, size)], &zeros).unwrap();
     let total: u64 = ranges.iter().map(|r| r.2).sum();
+    let data: Vec<u8> = (0..total).map(|i| ((i * seed + i / 4093) % 251) as u8).collect();
+    let refs: Vec<_> = ranges.iter().map(|&(k, o, l)| (&buffers[k], o, l)).collect();
+    gpu.upload(&refs, &data).unwrap();
+    (buffers, data)
+}
+
+/// Uploads then downloads ranges of two buffers that span several staging chunks, through
+/// buffers in host memory and through mapped wgpu buffers, and checks every byte (and
+/// the bytes around the ranges, which must stay as they were).
+#[test]
+fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
+    use wgtrain_engine::device::transfer::CHUNK;
+    let gpu = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
+    let spans = [(0, 4096, CHUNK - 1000), (1, 0, 8), (1, 1 << 20, 2 << 20)];
     for (pinned, seed) in [(true, 7u64), (false, 13)] {
         gpu.set_pinned_uploads(pinned);
-        let zeros = vec![0u8; size as usize];
-        gpu.upload(&[(&a, 0, size), (&b, 0, size)], &[zeros.clone(), zeros].concat())
-            .unwrap();
-        let data: Vec<u8> = (0..total).map(|i| ((i * seed + i / 4093) % 251) as u8).collect();
-        gpu.upload(&ranges, &data).unwrap();
+        let (buffers, data) = two_buffers_with_data(&gpu, CHUNK + (3 << 20), &spans, seed);
         assert_eq!(gpu.pinned_uploads(), Some(pinned), "lavapipe can make host-memory upload buffers");
+        let [a, b] = &buffers;
+        let ranges: Vec<_> = spans.iter().map(|&(k, o, l)| (&buffers[k], o, l)).collect();
         let back = gpu.download(&ranges).unwrap().finish().unwrap();
         assert!(back == data, "pinned {pinned}: the bytes came back changed");
         // Around the ranges: still zero.
-        let around = gpu.download(&[(&a, 0, 4096), (&b, 8, 4096)]).unwrap().finish().unwrap();
+        let around = gpu.download(&[(a, 0, 4096), (b, 8, 4096)]).unwrap().finish().unwrap();
         assert!(around.iter().all(|&x| x == 0), "pinned {pinned}: bytes outside the ranges changed");
     }
     gpu.check().unwrap();
@@ -157,26 +165,14 @@ fn uploads_and_downloads_return_every_byte_through_both_upload_paths() {
 #[test]
 fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
     let gpu = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());
-    let size = 6u64 << 20;
-    let make = || {
-        gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("host vector test"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    };
-    let (a, b) = (make(), make());
     // Ranges of two buffers, one empty, laid end to end in the vector.
-    let ranges = [(&a, 4096, (3 << 20) - 12), (&b, 0, 0), (&b, 1 << 20, 2 << 20)];
-    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    let spans = [(0, 4096, (3 << 20) - 12), (1, 0, 0), (1, 1 << 20, 2 << 20)];
+    let total: u64 = spans.iter().map(|r| r.2).sum();
     for (pinned, seed) in [(true, 7u64), (false, 13)] {
         gpu.set_pinned_uploads(pinned);
-        let zeros = vec![0u8; size as usize];
-        gpu.upload(&[(&a, 0, size), (&b, 0, size)], &[zeros.clone(), zeros].concat())
-            .unwrap();
-        let data: Vec<u8> = (0..total).map(|i| ((i * seed + i / 4093) % 251) as u8).collect();
-        gpu.upload(&ranges, &data).unwrap();
+        let (buffers, data) = two_buffers_with_data(&gpu, 6 << 20, &spans, seed);
+        let [a, b] = &buffers;
+        let ranges: Vec<_> = spans.iter().map(|&(k, o, l)| (&buffers[k], o, l)).collect();
         let got = gpu.download_host(&ranges).unwrap().finish().unwrap();
         assert_eq!(got.is_pinned_for(&gpu), pinned, "lavapipe can make pinned host vectors");
         assert!(
@@ -190,7 +186,7 @@ fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
         gpu.upload_host(&ranges, got).unwrap();
         let back = gpu.download(&ranges).unwrap().finish().unwrap();
         assert!(back == want, "pinned {pinned}: the upload changed bytes");
-        let around = gpu.download(&[(&a, 0, 4096), (&b, 0, 1 << 20)]).unwrap().finish().unwrap();
+        let around = gpu.download(&[(a, 0, 4096), (b, 0, 1 << 20)]).unwrap().finish().unwrap();
         assert!(around.iter().all(|&x| x == 0), "pinned {pinned}: bytes outside the ranges changed");
         // A vector of another device (or a plain one) goes through staging: same bytes.
         let other = std::sync::Arc::new(Gpu::open(Some("vulkan")).unwrap());

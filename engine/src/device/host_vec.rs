@@ -50,6 +50,12 @@ impl HostVec {
         HostVec::plain(v)
     }
 
+    /// A host vector of `len` values for `gpu` ([`Gpu::host_vec`]), or `len` zeros in a
+    /// plain vector where there is no device (the estimate's dry run).
+    pub fn on(gpu: Option<&Gpu>, len: usize) -> HostVec {
+        gpu.map_or_else(|| HostVec::zeros(len), |g| g.host_vec(len))
+    }
+
     /// Whether the values are in memory `gpu` copies into and out of directly.
     pub fn is_pinned_for(&self, gpu: &Gpu) -> bool {
         self.buffer_for(gpu).is_some()

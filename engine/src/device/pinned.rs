@@ -7,7 +7,7 @@
 //! devices writing at once (docs/benchmarks.md). Here the host writes into its own
 //! memory, and the device pulls each chunk with a DMA copy while the host writes the
 //! next. The buffer is made through wgpu's Vulkan interop and handed to wgpu as a
-//! `COPY_SRC` buffer it does not map; the memory is freed when wgpu drops the buffer.
+//! transfer buffer it does not map; the memory is freed when wgpu drops the buffer.
 //!
 //! May call: wgpu (its Vulkan hal), ash. Called by: `device::staging`,
 //! `device::transfer`, `device::host_vec`.
@@ -140,8 +140,8 @@ pub(crate) fn host_read_barrier(device: &wgpu::Device) -> Option<wgpu::CommandBu
     recorded.map(|()| encoder.finish())
 }
 
-/// Makes a TRANSFER_SRC buffer of `size` bytes in host-visible, host-coherent memory
-/// and maps it; undoes what it did on any failure.
+/// Makes a transfer buffer of `size` bytes for `kind` in host-visible, host-coherent
+/// memory and maps it; undoes what it did on any failure.
 ///
 /// # Safety
 /// `raw` is a live device whose physical device has memory properties `props`.

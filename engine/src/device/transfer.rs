@@ -43,6 +43,29 @@ fn check(buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<(), DeviceError
     range_error(buffer, offset, len).map_or(Ok(()), |e| Err(DeviceError::Readback(e)))
 }
 
+/// Checks that `ranges` can be copied and hold exactly `len` bytes (an upload's data).
+fn check_upload(ranges: &[Range], len: u64) -> Result<(), DeviceError> {
+    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    if total != len {
+        return Err(DeviceError::Validation(format!("upload of {len} bytes into ranges of {total}")));
+    }
+    ranges.iter().try_for_each(|&(b, o, l)| check(b, o, l))
+}
+
+/// Records the copies between `ranges` and `host` (a host vector's buffer, the ranges
+/// laid end to end in it from byte 0): into it, or out of it with `upload`.
+fn copy_end_to_end(encoder: &mut wgpu::CommandEncoder, ranges: &[Range], host: &wgpu::Buffer, upload: bool) {
+    let mut at = 0;
+    for &(buffer, offset, n) in ranges.iter().filter(|r| r.2 > 0) {
+        if upload {
+            encoder.copy_buffer_to_buffer(host, at, buffer, offset, n);
+        } else {
+            encoder.copy_buffer_to_buffer(buffer, offset, host, at, n);
+        }
+        at += n;
+    }
+}
+
 /// Splits ranges of `lens` bytes laid end to end into staging chunks: calls
 /// `copy(range index, offset inside that range, chunk, offset inside the chunk, len)`;
 /// returns the chunks' sizes.
@@ -231,11 +254,7 @@ impl Gpu {
         let wait = match vec.buffer_for(self) {
             Some(dst) => {
                 let mut encoder = self.device.create_command_encoder(&Default::default());
-                let mut at = 0;
-                for &(src, offset, n) in ranges.iter().filter(|r| r.2 > 0) {
-                    encoder.copy_buffer_to_buffer(src, offset, dst, at, n);
-                    at += n;
-                }
+                copy_end_to_end(&mut encoder, ranges, dst, false);
                 #[cfg(not(target_arch = "wasm32"))]
                 let barrier = super::pinned::host_read_barrier(&self.device);
                 #[cfg(target_arch = "wasm32")]
@@ -258,22 +277,9 @@ impl Gpu {
         let Some(src) = data.buffer_for(self) else {
             return self.upload(ranges, bytemuck::cast_slice(&data));
         };
-        let total: u64 = ranges.iter().map(|r| r.2).sum();
-        if total != (data.len() * 4) as u64 {
-            return Err(DeviceError::Validation(format!(
-                "upload of {} bytes into ranges of {total}",
-                data.len() * 4
-            )));
-        }
-        for &(b, o, l) in ranges {
-            check(b, o, l)?;
-        }
+        check_upload(ranges, (data.len() * 4) as u64)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        let mut at = 0;
-        for &(dst, offset, n) in ranges.iter().filter(|r| r.2 > 0) {
-            encoder.copy_buffer_to_buffer(src, at, dst, offset, n);
-            at += n;
-        }
+        copy_end_to_end(&mut encoder, ranges, src, true);
         self.queue.submit([encoder.finish()]);
         self.queue.on_submitted_work_done(move || drop(data));
         self.check()
@@ -333,16 +339,7 @@ impl Gpu {
     /// Copies `data` (laid end to end) into `ranges` through staging buffers;
     /// the copies run after everything submitted before.
     pub fn upload(&self, ranges: &[Range], data: &[u8]) -> Result<(), DeviceError> {
-        let total: u64 = ranges.iter().map(|r| r.2).sum();
-        if total != data.len() as u64 {
-            return Err(DeviceError::Validation(format!(
-                "upload of {} bytes into ranges of {total}",
-                data.len()
-            )));
-        }
-        for &(b, o, l) in ranges {
-            check(b, o, l)?;
-        }
+        check_upload(ranges, data.len() as u64)?;
         let mut copies = Vec::new();
         let sizes = chunked(ranges.iter().map(|r| r.2), |r, at, chunk, into, n| {
             copies.push((r, at, chunk, into, n))

@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::cache::{Kernel, KernelKey, MAX_STORAGE_BINDINGS, PARAM_SLOT, PipelineCache};
 use super::profile::{StepTrace, Work};
 use super::record::{DeviceRecorder, DryRecorder, Elapsed, LaunchMeta, Recorder};
-use crate::device::Gpu;
 use crate::device::host_vec::HostVec;
 use crate::device::transfer::{Download, HostDownload};
+use crate::device::{DeviceError, Gpu};
 use crate::error::Error;
 use crate::memory::{Allocator, AllocatorOptions, Block};
 
@@ -189,70 +189,55 @@ impl Runtime {
     /// Starts copying byte ranges (block, offset, length) to the host, after what is
     /// recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download(&self, ranges: &[(&Block, u64, u64)]) -> Result<Download, Error> {
-        self.flush();
         let len = ranges.iter().map(|r| r.2).sum();
-        if !self.runs_kernels() {
-            return Ok(Download::zeros(len));
-        }
-        let raw = self.targets(ranges)?;
-        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-        Ok(self.gpu.download(&refs)?)
+        self.copy(ranges, || Download::zeros(len), |r| self.gpu.download(r))
     }
 
     /// Starts copying byte ranges (block, offset, length) into a host vector, straight
     /// into the device's pinned memory where it can (see `Gpu::download_host`), after
     /// what is recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download_host(&self, ranges: &[(&Block, u64, u64)]) -> Result<HostDownload, Error> {
-        self.flush();
-        if !self.runs_kernels() {
-            return Ok(HostDownload::zeros((ranges.iter().map(|r| r.2).sum::<u64>() / 4) as usize));
-        }
-        let raw = self.targets(ranges)?;
-        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-        Ok(self.gpu.download_host(&refs)?)
+        let len = (ranges.iter().map(|r| r.2).sum::<u64>() / 4) as usize;
+        self.copy(ranges, || HostDownload::zeros(len), |r| self.gpu.download_host(r))
     }
 
     /// A host vector of `len` values this runtime's device copies into and out of
     /// directly where it can (see `Gpu::host_vec`); zeros on a dry runtime.
     pub fn host_vec(&self, len: usize) -> HostVec {
-        if self.runs_kernels() {
-            self.gpu.host_vec(len)
-        } else {
-            HostVec::zeros(len)
-        }
+        HostVec::on(self.runs_kernels().then_some(&*self.gpu), len)
     }
 
     /// Copies a host vector into byte ranges (block, offset, length) laid end to end,
     /// straight from its memory where it is the device's pinned memory (see
     /// `Gpu::upload_host`), after what is recorded (nothing on a dry runtime).
     pub fn upload_host(&self, ranges: &[(&Block, u64, u64)], data: HostVec) -> Result<(), Error> {
-        self.flush();
-        if !self.runs_kernels() {
-            return Ok(());
-        }
-        let raw = self.targets(ranges)?;
-        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-        Ok(self.gpu.upload_host(&refs, data)?)
+        self.copy(ranges, || (), |r| self.gpu.upload_host(r, data))
     }
 
     /// Copies `data` into byte ranges (block, offset, length) laid end to end, after
     /// what is recorded (nothing on a dry runtime).
     pub fn upload(&self, ranges: &[(&Block, u64, u64)], data: &[u8]) -> Result<(), Error> {
-        self.flush();
-        if !self.runs_kernels() {
-            return Ok(());
-        }
-        let raw = self.targets(ranges)?;
-        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
-        Ok(self.gpu.upload(&refs, data)?)
+        self.copy(ranges, || (), |r| self.gpu.upload(r, data))
     }
 
-    /// [`Runtime::target`] of each range, on a runtime that runs kernels.
-    fn targets(&self, ranges: &[(&Block, u64, u64)]) -> Result<Vec<(wgpu::Buffer, u64, u64)>, Error> {
-        ranges
+    /// A transfer of byte ranges (block, offset, length) after what is recorded: `run`
+    /// with the ranges' buffers, or `dry` on a dry runtime (which has none).
+    fn copy<T>(
+        &self,
+        ranges: &[(&Block, u64, u64)],
+        dry: impl FnOnce() -> T,
+        run: impl FnOnce(&[(&wgpu::Buffer, u64, u64)]) -> Result<T, DeviceError>,
+    ) -> Result<T, Error> {
+        self.flush();
+        if !self.runs_kernels() {
+            return Ok(dry());
+        }
+        let raw = ranges
             .iter()
             .map(|&(b, o, l)| self.target(b, o, l).map(|t| t.expect("a runtime that runs has buffers")))
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<_> = raw.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+        Ok(run(&refs)?)
     }
 
     /// A byte range of `block` as (buffer, absolute offset, length), checked to lie

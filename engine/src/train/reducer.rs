@@ -5,9 +5,9 @@
 //! on every rank; sharded stages: this rank's part) and copies the sums back to the
 //! device, while backward goes on. The bucket's copies land in host vectors of the
 //! device's pinned memory (`device::host_vec`), which the other ranks read where they
-//! lie, and the sums are copied to the device from one: the device's copies alone. Every allocation and free stays on the rank's own
-//! thread, in program order, so the memory record (and the estimate) is the same from
-//! run to run.
+//! lie, and the sums are copied to the device from one: the device's copies alone.
+//! Every allocation and free stays on the rank's own thread, in program order, so the
+//! memory record (and the estimate) is the same from run to run.
 //!
 //! May call: `autograd`, `device`, `error`, `kernels`, `memory`, `parallel`, `runtime`,
 //! `tensor`, `train::world`. Called by: `train::parallel`.
@@ -63,9 +63,7 @@ pub(super) fn transfer(
         clock = std::time::Instant::now();
     };
     let mut moved = 0u64;
-    // A host vector of this rank's device (pinned memory where it makes it), or plain
-    // zeros on the dry run.
-    let host_vec = |n: usize| gpu.as_ref().map_or_else(|| HostVec::zeros(n), |g| g.host_vec(n));
+    let host_vec = |n: usize| HostVec::on(gpu.as_deref(), n);
     for job in jobs {
         lap(3, &mut times);
         moved += job.download.len();
