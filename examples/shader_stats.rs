@@ -15,6 +15,7 @@ use std::ffi::CStr;
 use wgtrain_engine::DType;
 use wgtrain_engine::kernels::flash_attention::{self, Path};
 use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
+use wgtrain_engine::kernels::flash_attention_tiled::{self, TiledMode, TiledTile};
 use wgtrain_engine::kernels::variants;
 
 type Failure = Box<dyn std::error::Error>;
@@ -38,6 +39,23 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
         for dt in [DType::F32, DType::F16] {
             let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, Path::Subgroup, true)?;
             out.push((format!("flash_simt {what} {dt:?} d64 subgroup"), wgsl));
+        }
+    }
+    // The register-tiled SIMT attention at GPT-2's head size: each candidate tile that
+    // fits 48 KiB.
+    for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
+        for tile in [
+            TiledTile { br: 64, bc: 64, tm: 4 },
+            TiledTile { br: 32, bc: 64, tm: 4 },
+            TiledTile { br: 64, bc: 32, tm: 4 },
+            TiledTile { br: 32, bc: 32, tm: 4 },
+            TiledTile { br: 32, bc: 32, tm: 2 },
+            TiledTile { br: 16, bc: 32, tm: 2 },
+        ] {
+            if tile.workgroup_bytes(mode, 16) <= 48 * 1024 {
+                let wgsl = flash_attention_tiled::source(mode, DType::F32, DType::F32, 16, tile, true)?;
+                out.push((format!("flash_tiled {mode:?} f32 d64 {tile:?}"), wgsl));
+            }
         }
     }
     // The tensor-core matmul's tiles (f32 C, no activation, A [M][K] and B [K][N] loaded

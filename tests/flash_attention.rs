@@ -58,8 +58,11 @@ fn reference(qkv: &[f64], dy: &[f64], b: usize, t: usize, nh: usize, d: usize) -
 
 fn paths(rt: &Runtime) -> Vec<Path> {
     let mut v = vec![Path::Plain];
-    if Path::for_adapter(rt) == Path::Subgroup {
+    if Path::for_adapter(rt) != Path::Plain {
         v.push(Path::Subgroup);
+    }
+    if Path::for_adapter(rt) == Path::Tiled {
+        v.push(Path::Tiled);
     }
     if Path::for_inputs(rt, DType::F16, 64) == Path::Coop {
         v.push(Path::Coop);
@@ -72,8 +75,8 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
     let rt = runtime();
     let on = paths(&rt);
     assert!(
-        on.contains(&Path::Subgroup) || !rt.gpu.caps.subgroup,
-        "lavapipe grants subgroups: both paths run here"
+        on.contains(&Path::Tiled) || !rt.gpu.caps.subgroup,
+        "lavapipe grants subgroups of 8: the plain, lane and register-tiled paths run here"
     );
     let mut rng = Rng(41);
     for (b, t, nh, d) in [
@@ -134,7 +137,8 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
 fn flash_matches_the_composite_and_repeats_bitwise() {
     let rt = runtime();
     let mut rng = Rng(42);
-    let (b, t, nh, d) = (2, 96, 4, 16);
+    // Head size 32: the register-tiled kernels take it.
+    let (b, t, nh, d) = (2, 96, 2, 32);
     let c = nh * d;
     let qkv = upload(&rt, &rng.vec(b * t * 3 * c, -2.0, 2.0), &[b, t, 3 * c], DType::F32);
     let dy = upload(&rt, &rng.vec(b * t * c, -1.0, 1.0), &[b, t, c], DType::F32);
@@ -164,18 +168,33 @@ fn flash_matches_the_composite_and_repeats_bitwise() {
 fn many_heads_span_a_second_dispatch_row_and_bad_shapes_are_errors() {
     let rt = runtime();
     let mut rng = Rng(43);
-    // 65537 (batch, head) pairs of one row: more workgroups than one dispatch dimension.
-    let (b, t, nh, d) = (65537, 1, 1, 4);
-    let c = nh * d;
-    let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
-    let qkv = upload(&rt, &data, &[b, t, 3 * c], DType::F32);
-    let saved = forward_on(&rt, &qkv, nh, Path::Plain, "attn").unwrap();
-    // With one key, the output is v itself.
-    let want: Vec<f64> = (0..b)
-        .flat_map(|bi| (0..c).map(move |k| (bi, k)))
-        .map(|(bi, k)| data[bi * 3 * c + 2 * c + k] as f64)
-        .collect();
-    assert_close_within(&rt, "y of one key", &saved.y, &want, (1e-6, 1e-6));
+    // 65537 (batch, head) pairs of one row: more workgroups than one dispatch dimension,
+    // on the plain path and the register-tiled one (at a head size it takes).
+    let mut cases = vec![(Path::Plain, 4)];
+    if Path::for_adapter(&rt) == Path::Tiled {
+        cases.push((Path::Tiled, 32));
+    }
+    for (path, d) in cases {
+        let (b, t, nh) = (65537, 1, 1);
+        let c = nh * d;
+        let data = rng.vec(b * t * 3 * c, -1.0, 1.0);
+        let dy_data = rng.vec(b * t * c, -1.0, 1.0);
+        let qkv = upload(&rt, &data, &[b, t, 3 * c], DType::F32);
+        let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
+        // With one key, the output is v itself, dv is dy, and dq and dk are 0.
+        let want: Vec<f64> = (0..b)
+            .flat_map(|bi| (0..c).map(move |k| (bi, k)))
+            .map(|(bi, k)| data[bi * 3 * c + 2 * c + k] as f64)
+            .collect();
+        let want_d: Vec<f64> = (0..b)
+            .flat_map(|bi| (0..3 * c).map(move |k| (bi, k)))
+            .map(|(bi, k)| if k < 2 * c { 0.0 } else { dy_data[bi * c + k - 2 * c] as f64 })
+            .collect();
+        let saved = forward_on(&rt, &qkv, nh, path, "attn").unwrap();
+        assert_close_within(&rt, &format!("{path:?} y of one key"), &saved.y, &want, (1e-6, 1e-6));
+        let dqkv = backward_on(&rt, &qkv, nh, &saved, &dy, path, "dqkv").unwrap();
+        assert_close_within(&rt, &format!("{path:?} dqkv of one key"), &dqkv, &want_d, (1e-6, 1e-6));
+    }
     for (shape, nh) in [(vec![1, 4, 18], 1), (vec![1, 4, 12], 5), (vec![1, 4, 3 * 132], 1), (vec![4, 12], 1)] {
         let n = shape.iter().product();
         let x = upload(&rt, &vec![0.0; n], &shape, DType::F32);

@@ -7,20 +7,23 @@
 //! Paths, chosen by the adapter and the inputs: `Coop` (tensor cores through
 //! cooperative matrices, `kernels::flash_attention_coop`) for f16 qkv and head sizes that
 //! are multiples of 16 where 16x16x16 f16 -> f32 and subgroups of 32 are granted;
-//! otherwise `Subgroup` (a row's lanes split its head dimension, their partial dot
-//! products summed with subgroup shuffles) where subgroups
+//! otherwise `Tiled` (register-tiled SIMT kernels, `kernels::flash_attention_tiled`) for
+//! head sizes that are multiples of 32 where subgroups of at least 8 are granted and a
+//! tile fits; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
+//! dot products summed with subgroup shuffles) where subgroups
 //! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
 //! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
 //! adapter's workgroup memory. Head sizes: multiples of 4 up to 128; any T; B * NH
 //! beyond one dispatch dimension.
 //!
-//! May call: `error`, `kernels::common`, `kernels::flash_attention_coop`, `memory`,
-//! `runtime`, `tensor`.
+//! May call: `error`, `kernels::common`, `kernels::flash_attention_coop`,
+//! `kernels::flash_attention_tiled`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, require_f16};
 use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
+use super::flash_attention_tiled::{self as tiled, TiledMode};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render, repeat_marked};
@@ -43,6 +46,10 @@ pub enum Path {
     Subgroup,
     /// Tensor cores (cooperative matrices): f16 qkv, head sizes multiples of 16.
     Coop,
+    /// Register-tiled SIMT kernels: each thread owns a block of scores and of outputs;
+    /// head sizes multiples of 32, subgroups of at least 8. Where no tile fits the
+    /// adapter's workgroup memory, a kernel runs as on `Subgroup`.
+    Tiled,
 }
 
 impl Path {
@@ -54,8 +61,8 @@ impl Path {
     pub fn lanes(self, d4: u32, mode: u32) -> u32 {
         let most = if mode == Mode::KeyValue as u32 { 4 } else { 2 };
         match self {
-            Path::Subgroup if most == 4 && d4.is_multiple_of(4) => 4,
-            Path::Subgroup if d4.is_multiple_of(2) => 2,
+            Path::Subgroup | Path::Tiled if most == 4 && d4.is_multiple_of(4) => 4,
+            Path::Subgroup | Path::Tiled if d4.is_multiple_of(2) => 2,
             _ => 1,
         }
     }
@@ -70,9 +77,12 @@ impl Path {
         }
     }
 
-    /// The SIMT path the adapter allows: subgroups when granted with at least 4 lanes.
+    /// The SIMT path the adapter allows: the register-tiled kernels where subgroups of
+    /// at least 8 lanes are granted, the lane kernels where subgroups of at least 4 are.
     pub fn for_adapter(rt: &Runtime) -> Path {
-        if rt.gpu.caps.subgroup && rt.gpu.caps.subgroup_size.0 >= 4 {
+        if rt.gpu.caps.subgroup && rt.gpu.caps.subgroup_size.0 >= 8 {
+            Path::Tiled
+        } else if rt.gpu.caps.subgroup && rt.gpu.caps.subgroup_size.0 >= 4 {
             Path::Subgroup
         } else {
             Path::Plain
@@ -89,11 +99,20 @@ impl Path {
                 ),
             ));
         }
-        if self == Path::Subgroup && Path::for_adapter(rt) != Path::Subgroup {
+        if self == Path::Subgroup && Path::for_adapter(rt) == Path::Plain {
             return Err(Error::invalid(
                 "flash attention",
                 format!(
                     "the subgroup path needs subgroups of at least 4 lanes, which '{}' does not grant",
+                    rt.gpu.report.name
+                ),
+            ));
+        }
+        if self == Path::Tiled && Path::for_adapter(rt) != Path::Tiled {
+            return Err(Error::invalid(
+                "flash attention",
+                format!(
+                    "the register-tiled path needs subgroups of at least 8 lanes, which '{}' does not grant",
                     rt.gpu.report.name
                 ),
             ));
@@ -279,8 +298,35 @@ fn kernel(
             br: tile.br(),
         });
     }
-    let path = if path == Path::Coop { Path::Plain } else { path };
     let d4 = (d / 4) as u32;
+    let tiled_mode = match mode {
+        Mode::Forward => Some(TiledMode::Forward),
+        Mode::KeyValue => Some(TiledMode::KeyValue),
+        Mode::Query => Some(TiledMode::Query),
+        Mode::RowDot | Mode::RowDotCast => None,
+    };
+    if let (Path::Tiled, Some(tm)) = (path, tiled_mode) {
+        let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
+        if let Some(tile) = tiled::pick(tm, d4, limit) {
+            let unroll = rt.gpu.report.device_type != "cpu";
+            let key = KernelKey::new(
+                "flash_attention_tiled",
+                &[mode as u32, tq as u32, td as u32, d4, tile.br, tile.bc, tile.tm, u32::from(unroll)],
+            );
+            let k = rt.kernel(key, bindings, || tiled::source(tm, tq, td, d4, tile, unroll))?;
+            return Ok(Chosen {
+                kernel: k,
+                per: 0,
+                br: tile.br,
+            });
+        }
+    }
+    // The lane kernels: the row dot on every path, and the Tiled path's fallback.
+    let path = match path {
+        Path::Coop => Path::Plain,
+        Path::Tiled => Path::Subgroup,
+        p => p,
+    };
     let lanes = path.lanes(d4, mode as u32);
     let bc = tile_rows(rt, d, lanes)?;
     let subgroup = u32::from(path == Path::Subgroup);

@@ -16,6 +16,7 @@ pub mod cross_entropy;
 pub mod embedding;
 pub mod flash_attention;
 pub mod flash_attention_coop;
+pub mod flash_attention_tiled;
 pub mod layernorm;
 pub mod map;
 pub mod matmul;

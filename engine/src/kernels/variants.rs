@@ -2,11 +2,12 @@
 //! validate them all with naga (`tests/kernel_variants.rs`) without a GPU.
 //!
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
-//! `kernels::flash_attention`, `kernels::flash_attention_coop`,
+//! `kernels::flash_attention`, `kernels::flash_attention_coop`, `kernels::flash_attention_tiled`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
 //! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::flash_attention_coop::{self, CoopMode, CoopTile};
+use super::flash_attention_tiled::{self, TiledMode, TiledTile};
 use super::map::MapOp;
 use super::matmul::Activation;
 use super::matmul_coop::{self, CANDIDATES, TILE_128_K64};
@@ -82,6 +83,30 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                                 name: "flash_attention",
                                 values: format!("mode {mode} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?} unroll {unroll}"),
                                 wgsl: super::flash_attention::source(mode, tq, td, d4, bc, path, unroll)?,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The register-tiled attention: every mode, type pair and head size it takes, with
+    // each candidate tile, written out and as loops.
+    for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
+        for tq in floats {
+            for td in floats {
+                for d4 in [8, 16, 32] {
+                    for tile in [
+                        TiledTile { br: 64, bc: 64, tm: 4 },
+                        TiledTile { br: 32, bc: 32, tm: 4 },
+                        TiledTile { br: 16, bc: 32, tm: 2 },
+                        TiledTile { br: 8, bc: 32, tm: 1 },
+                    ] {
+                        for unroll in [false, true] {
+                            out.push(Variant {
+                                name: "flash_attention_tiled",
+                                values: format!("{mode:?} {tq:?} dy {td:?} d4 {d4} {tile:?} unroll {unroll}"),
+                                wgsl: flash_attention_tiled::source(mode, tq, td, d4, tile, unroll)?,
                             });
                         }
                     }

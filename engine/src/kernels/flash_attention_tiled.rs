@@ -1,0 +1,176 @@
+//! The register-tiled SIMT attention (shaders/flash_attention_tiled.wgsl): the forward,
+//! dQ and dK dV computed in f32 as small matmuls, each thread owning a block of scores
+//! and a block of outputs. Its tiles (rows owned, rows streamed, own rows per thread)
+//! are chosen per kernel by the adapter's workgroup memory; head sizes that are
+//! multiples of 32 up to 128. `kernels::flash_attention` picks it (`Path::Tiled`) where
+//! subgroups of at least 8 lanes are granted, and falls back to its lane kernels where
+//! no tile fits.
+//!
+//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
+
+use super::common::{ATTENTION_COMMON, enables};
+use crate::error::Error;
+use crate::runtime::{render, repeat_marked};
+use crate::tensor::DType;
+
+const SOURCE: &str = include_str!("../../../shaders/flash_attention_tiled.wgsl");
+
+/// The kernels of the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TiledMode {
+    /// y and lse; owns query rows, streams keys.
+    Forward,
+    /// dK and dV; owns key rows, streams queries.
+    KeyValue,
+    /// dQ; owns query rows, streams keys.
+    Query,
+}
+
+/// A workgroup's tile: rows it owns (`br`), rows per streamed tile (`bc`), own rows per
+/// thread (`tm`). Threads: 8 per row group, `br / tm` row groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiledTile {
+    /// Rows owned by a workgroup.
+    pub br: u32,
+    /// Rows of the other side per streamed tile.
+    pub bc: u32,
+    /// Own rows per thread.
+    pub tm: u32,
+}
+
+/// Tiles tried in order, the first that fits the adapter's workgroup memory taken: the
+/// largest blocks per thread that the H100's 48 KiB hold at head size 64, then ones
+/// that fit 32 KiB (lavapipe) and smaller.
+const CANDIDATES: [(TiledMode, TiledTile); 9] = [
+    (TiledMode::Forward, TiledTile { br: 64, bc: 64, tm: 4 }),
+    (TiledMode::Forward, TiledTile { br: 32, bc: 32, tm: 4 }),
+    (TiledMode::Forward, TiledTile { br: 16, bc: 32, tm: 2 }),
+    (TiledMode::Query, TiledTile { br: 32, bc: 32, tm: 4 }),
+    (TiledMode::Query, TiledTile { br: 16, bc: 32, tm: 2 }),
+    (TiledMode::Query, TiledTile { br: 8, bc: 32, tm: 1 }),
+    (TiledMode::KeyValue, TiledTile { br: 32, bc: 32, tm: 4 }),
+    (TiledMode::KeyValue, TiledTile { br: 16, bc: 32, tm: 2 }),
+    (TiledMode::KeyValue, TiledTile { br: 8, bc: 32, tm: 1 }),
+];
+
+impl TiledTile {
+    /// Threads per workgroup.
+    pub fn threads(self) -> u32 {
+        8 * self.br / self.tm.max(1)
+    }
+
+    /// Whether the kernel can take this tile at head size 4 `d4`: `d4` a multiple of 8
+    /// up to 32 (a thread's columns are every 8th vec4, and the swizzle stays in a row),
+    /// row groups a multiple of 8 (a thread's own rows share one swizzle), streamed
+    /// tiles of 32, 64 or 128 rows (P's rows hold at least 8 vec4s), at most 256 threads.
+    pub fn valid(self, d4: u32) -> bool {
+        d4 > 0
+            && d4.is_multiple_of(8)
+            && d4 <= 32
+            && self.tm > 0
+            && self.br.is_multiple_of(self.tm)
+            && (self.br / self.tm).is_multiple_of(8)
+            && matches!(self.bc, 32 | 64 | 128)
+            && self.threads() <= 256
+    }
+
+    /// Workgroup memory of `mode` at head size 4 `d4`, in bytes.
+    pub fn workgroup_bytes(self, mode: TiledMode, d4: u32) -> u64 {
+        let (br, bc, d4) = (u64::from(self.br), u64::from(self.bc), u64::from(d4));
+        let own = br * d4;
+        let streamed = bc * d4;
+        let scores = br * bc / 4;
+        let vec4s = match mode {
+            TiledMode::Forward => own + streamed.max(scores) + streamed,
+            TiledMode::Query => 2 * own + streamed + streamed.max(scores),
+            TiledMode::KeyValue => 2 * own + 2 * streamed + 2 * scores,
+        };
+        16 * vec4s + if mode == TiledMode::KeyValue { 8 * bc } else { 0 }
+    }
+}
+
+/// The first candidate tile of `mode` that the kernel takes at head size 4 `d4` and that
+/// fits `limit` bytes of workgroup memory; `WGTRAIN_TILED_ATTENTION` (e.g.
+/// `fwd=64x64x4,q=32x32x4,kv=32x32x4`, rows owned x rows streamed x own rows a thread)
+/// puts a tile of its own first, for tuning; `WGTRAIN_TILED_ATTENTION=off` takes none
+/// (the lane kernels run instead).
+pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
+    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    if spec.trim() == "off" {
+        return None;
+    }
+    let forced = forced_tile(&spec, mode);
+    forced
+        .into_iter()
+        .chain(CANDIDATES.iter().filter(|(m, _)| *m == mode).map(|&(_, t)| t))
+        .find(|t| t.valid(d4) && t.workgroup_bytes(mode, d4) <= limit)
+}
+
+/// The tile `spec` names for `mode` (`fwd=BRxBCxTM,q=...,kv=...`), if any.
+fn forced_tile(spec: &str, mode: TiledMode) -> Option<TiledTile> {
+    let name = match mode {
+        TiledMode::Forward => "fwd",
+        TiledMode::Query => "q",
+        TiledMode::KeyValue => "kv",
+    };
+    let value = spec.split(',').find_map(|part| part.trim().strip_prefix(name)?.strip_prefix('='))?;
+    let n: Vec<u32> = value.split('x').map(|x| x.trim().parse().ok()).collect::<Option<_>>()?;
+    match n[..] {
+        [br, bc, tm] => Some(TiledTile { br, bc, tm }),
+        _ => None,
+    }
+}
+
+/// The WGSL of one variant: qkv of type `tq`, dy of type `td`, head size 4 `d4`; the
+/// loops over the head dimension and a tile's rows written out if `unroll`, else kept as
+/// loops (CPU adapters, whose compilers are slow on large code).
+pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, unroll: bool) -> Result<String, Error> {
+    if !tile.valid(d4) {
+        return Err(Error::invalid(
+            "flash attention",
+            format!("the register-tiled kernel cannot take tile {tile:?} at head size {}", 4 * d4),
+        ));
+    }
+    let wgsl = render("flash_attention_tiled", SOURCE, &variant(mode, tq, td, d4, tile, unroll))?;
+    let wgsl = repeat_marked(&wgsl, "@I", tile.tm);
+    let wgsl = repeat_marked(&wgsl, "@J", tile.bc / 8);
+    Ok(repeat_marked(&wgsl, "@E", d4 / 8))
+}
+
+/// The template values of one variant.
+pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, unroll: bool) -> Vec<(&'static str, String)> {
+    let flag = |on: bool| on.to_string();
+    let (own, streamed, scores) = (tile.br * d4, tile.bc * d4, tile.br * tile.bc / 4);
+    let count = |n: u32| if unroll { n.to_string() } else { format!("{n} loop") };
+    vec![
+        ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
+        ("ENABLE", enables(&[tq, td])),
+        ("TQ", tq.wgsl().into()),
+        ("TD", td.wgsl().into()),
+        ("D4", d4.to_string()),
+        ("BR", tile.br.to_string()),
+        ("BC", tile.bc.to_string()),
+        ("RG", (tile.br / tile.tm).to_string()),
+        ("NT", tile.threads().to_string()),
+        ("D4U", count(d4)),
+        ("BC4U", count(tile.bc / 4)),
+        ("OWN_B", own.to_string()),
+        (
+            "STR_A",
+            (if mode == TiledMode::Forward {
+                streamed.max(scores)
+            } else {
+                streamed
+            })
+            .to_string(),
+        ),
+        (
+            "STR_B",
+            (if mode == TiledMode::Query { streamed.max(scores) } else { streamed }).to_string(),
+        ),
+        ("FWD", flag(mode == TiledMode::Forward)),
+        ("BWD", flag(mode != TiledMode::Forward)),
+        ("BWD_Q", flag(mode == TiledMode::Query)),
+        ("BWD_KV", flag(mode == TiledMode::KeyValue)),
+    ]
+}
