@@ -45,16 +45,19 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     // fits 48 KiB.
     for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
         for tile in [
-            TiledTile { br: 64, bc: 64, tm: 4 },
-            TiledTile { br: 32, bc: 64, tm: 4 },
-            TiledTile { br: 64, bc: 32, tm: 4 },
-            TiledTile { br: 32, bc: 32, tm: 4 },
-            TiledTile { br: 32, bc: 32, tm: 2 },
-            TiledTile { br: 16, bc: 32, tm: 2 },
+            TiledTile { br: 64, bc: 64, tm: 4, prefetch: false },
+            TiledTile { br: 32, bc: 64, tm: 4, prefetch: false },
+            TiledTile { br: 64, bc: 32, tm: 4, prefetch: false },
+            TiledTile { br: 32, bc: 32, tm: 4, prefetch: false },
+            TiledTile { br: 32, bc: 32, tm: 2, prefetch: false },
+            TiledTile { br: 16, bc: 32, tm: 2, prefetch: false },
         ] {
-            if tile.workgroup_bytes(mode, 16) <= 48 * 1024 {
-                let wgsl = flash_attention_tiled::source(mode, DType::F32, DType::F32, 16, tile, true)?;
-                out.push((format!("flash_tiled {mode:?} f32 d64 {tile:?}"), wgsl));
+            for (prefetch, unroll) in [(false, true), (true, true), (false, false), (true, false)] {
+                let tile = TiledTile { prefetch, ..tile };
+                if tile.workgroup_bytes(mode, 16) <= 48 * 1024 {
+                    let wgsl = flash_attention_tiled::source(mode, DType::F32, DType::F32, 16, tile, unroll)?;
+                    out.push((format!("flash_tiled {mode:?} f32 d64 {tile:?} unroll {unroll}"), wgsl));
+                }
             }
         }
     }

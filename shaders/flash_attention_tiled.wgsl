@@ -24,15 +24,16 @@
 // 8 lanes with subgroup shuffles; each row's sum is kept per lane and merged at the end.
 //
 // Each thread's block is named variables: a line holding a marker (an at-sign and I, J
-// or E) is repeated by
-// the host once per own row, streamed row or owned column (the marker replaced by its
-// index), so that the blocks live in registers; the loops over the head dimension and
-// over a tile's rows are written out by the host (`//#unroll` blocks, `@u` the copy).
+// or E) is repeated by the host once per own row, streamed row or owned column (the
+// marker replaced by its index; O and L likewise for a thread's loads), so that the
+// blocks live in registers; the loops over the head dimension and over a tile's rows
+// are written out by the host (`//#unroll` blocks, `@u` the copy).
 // No atomics: each output is summed by its own thread in a fixed order, so results are
 // bitwise repeatable.
 //
 // Template: ATTENTION_COMMON, ENABLE, TQ, TD, D4, BR, BC, RG, D4U and BC4U (the unroll
-// counts), OWN_B, STR_A, STR_B (array lengths), NT, FWD / BWD / BWD_Q / BWD_KV.
+// counts), OWN_B, STR_A, STR_B (array lengths), NT, FWD / BWD / BWD_Q / BWD_KV,
+// PREFETCH / FETCH_NOW.
 {{ENABLE}}
 
 {{ATTENTION_COMMON}}
@@ -82,90 +83,77 @@ fn sw(r: u32, c: u32, w: u32) -> u32 {
     return r * w + (c ^ (r & 7u));
 }
 
-// Rows t0.. of part `part` of qkv for (b, h), times f, into own_a; zeros past T.
+// The loads of a tile: NL (own rows: NLO) vec4s a thread, element e = lid + NT * i at
+// row e / D4 and column e % D4 of the tile. Every load of a tile is issued before any
+// is stored (rows past T read row T - 1 and store zeros): one round trip to memory a
+// tile, where a loop of loads and stores made one a turn.
+
+// Rows t0.. of part `part` of qkv for (b, h), times f, into own_a.
 fn load_own_a(lid: u32, b: u32, h: u32, t0: u32, part: u32, f: f32) {
-    for (var e = lid; e < BR * D4; e += NT) {
-        let r = e / D4;
-        let c = e % D4;
-        var v = vec4<f32>(0.0);
-        if t0 + r < p.t {
-            v = vec4<f32>(qkv[qkv_at(b, t0 + r, part, h) + c]) * f;
-        }
-        own_a[sw(r, c, D4)] = v;
-    }
+    let e_@O = lid + NT * @Ou;
+    let t_@O = min(t0 + e_@O / D4, p.t - 1u);
+    let x_@O = vec4<f32>(qkv[qkv_at(b, t_@O, part, h) + e_@O % D4]) * f;
+    own_a[sw(e_@O / D4, e_@O % D4, D4)] = select(vec4<f32>(0.0), x_@O, t0 + e_@O / D4 < p.t);
 }
 
 //#if BWD_Q
 // dY rows t0.. into own_b.
 fn load_own_b(lid: u32, b: u32, h: u32, t0: u32) {
-    for (var e = lid; e < BR * D4; e += NT) {
-        let r = e / D4;
-        let c = e % D4;
-        var v = vec4<f32>(0.0);
-        if t0 + r < p.t {
-            v = vec4<f32>(dy[y_at(b, t0 + r, h) + c]);
-        }
-        own_b[sw(r, c, D4)] = v;
-    }
+    let e_@O = lid + NT * @Ou;
+    let t_@O = min(t0 + e_@O / D4, p.t - 1u);
+    let x_@O = vec4<f32>(dy[y_at(b, t_@O, h) + e_@O % D4]);
+    own_b[sw(e_@O / D4, e_@O % D4, D4)] = select(vec4<f32>(0.0), x_@O, t0 + e_@O / D4 < p.t);
 }
 //#endif
 
 //#if BWD_KV
 // V rows t0.. into own_b.
 fn load_own_b(lid: u32, b: u32, h: u32, t0: u32) {
-    for (var e = lid; e < BR * D4; e += NT) {
-        let r = e / D4;
-        let c = e % D4;
-        var v = vec4<f32>(0.0);
-        if t0 + r < p.t {
-            v = vec4<f32>(qkv[qkv_at(b, t0 + r, 2u, h) + c]);
-        }
-        own_b[sw(r, c, D4)] = v;
-    }
-}
-
-// Queries t0..: Q into str_a, dY into str_b, lse (log2 units) and D; zeros past T.
-fn load_tile(lid: u32, b: u32, h: u32, t0: u32) {
-    for (var e = lid; e < BC * D4; e += NT) {
-        let r = e / D4;
-        let c = e % D4;
-        var a = vec4<f32>(0.0);
-        var g = vec4<f32>(0.0);
-        if t0 + r < p.t {
-            a = vec4<f32>(qkv[qkv_at(b, t0 + r, 0u, h) + c]);
-            g = vec4<f32>(dy[y_at(b, t0 + r, h) + c]);
-        }
-        str_a[sw(r, c, D4)] = a;
-        str_b[sw(r, c, D4)] = g;
-    }
-    for (var r = lid; r < BC; r += NT) {
-        var l = 0.0;
-        var d = 0.0;
-        if t0 + r < p.t {
-            l = lse[row_at(b, h, t0 + r)] * LOG2E;
-            d = dvec[row_at(b, h, t0 + r)];
-        }
-        tile_l[r] = l;
-        tile_d[r] = d;
-    }
-}
-//#else
-// Keys t0..: K into str_a, V into str_b; zeros past T.
-fn load_tile(lid: u32, b: u32, h: u32, t0: u32) {
-    for (var e = lid; e < BC * D4; e += NT) {
-        let r = e / D4;
-        let c = e % D4;
-        var k = vec4<f32>(0.0);
-        var v = vec4<f32>(0.0);
-        if t0 + r < p.t {
-            k = vec4<f32>(qkv[qkv_at(b, t0 + r, 1u, h) + c]);
-            v = vec4<f32>(qkv[qkv_at(b, t0 + r, 2u, h) + c]);
-        }
-        str_a[sw(r, c, D4)] = k;
-        str_b[sw(r, c, D4)] = v;
-    }
+    let e_@O = lid + NT * @Ou;
+    let t_@O = min(t0 + e_@O / D4, p.t - 1u);
+    let x_@O = vec4<f32>(qkv[qkv_at(b, t_@O, 2u, h) + e_@O % D4]);
+    own_b[sw(e_@O / D4, e_@O % D4, D4)] = select(vec4<f32>(0.0), x_@O, t0 + e_@O / D4 < p.t);
 }
 //#endif
+
+// A streamed tile in registers between its fetch and its stash (PREFETCH: fetched
+// before the tile before it is computed).
+var<private> fa_@L: vec4<f32>;
+var<private> fb_@L: vec4<f32>;
+//#if BWD_KV
+var<private> fl: f32;
+var<private> fd: f32;
+
+// Queries t0..: Q and dY, lse (log2 units) and D (threads lid < BC).
+fn fetch_tile(lid: u32, b: u32, h: u32, t0: u32) {
+    let t_@L = min(t0 + (lid + NT * @Lu) / D4, p.t - 1u);
+    fa_@L = vec4<f32>(qkv[qkv_at(b, t_@L, 0u, h) + (lid + NT * @Lu) % D4]);
+    fb_@L = vec4<f32>(dy[y_at(b, t_@L, h) + (lid + NT * @Lu) % D4]);
+    let r = min(t0 + lid, p.t - 1u);
+    fl = lse[row_at(b, h, r)] * LOG2E;
+    fd = dvec[row_at(b, h, r)];
+}
+//#else
+// Keys t0..: K and V.
+fn fetch_tile(lid: u32, b: u32, h: u32, t0: u32) {
+    let t_@L = min(t0 + (lid + NT * @Lu) / D4, p.t - 1u);
+    fa_@L = vec4<f32>(qkv[qkv_at(b, t_@L, 1u, h) + (lid + NT * @Lu) % D4]);
+    fb_@L = vec4<f32>(qkv[qkv_at(b, t_@L, 2u, h) + (lid + NT * @Lu) % D4]);
+}
+//#endif
+
+// The fetched tile of rows t0.. into str_a and str_b (and tile_l, tile_d); zeros past T.
+fn stash_tile(lid: u32, t0: u32) {
+    let e_@L = lid + NT * @Lu;
+    str_a[sw(e_@L / D4, e_@L % D4, D4)] = select(vec4<f32>(0.0), fa_@L, t0 + e_@L / D4 < p.t);
+    str_b[sw(e_@L / D4, e_@L % D4, D4)] = select(vec4<f32>(0.0), fb_@L, t0 + e_@L / D4 < p.t);
+//#if BWD_KV
+    if lid < BC {
+        tile_l[lid] = select(0.0, fl, t0 + lid < p.t);
+        tile_d[lid] = select(0.0, fd, t0 + lid < p.t);
+    }
+//#endif
+}
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -193,10 +181,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var l_@I = 0.0;
     var o_@I_@E = vec4<f32>(0.0);
     let last = min(p.t, r0 + BR);
+//#if PREFETCH
+    fetch_tile(lid, b, h, 0u);
+//#endif
     for (var j0 = 0u; j0 < last; j0 += BC) {
         workgroupBarrier();
-        load_tile(lid, b, h, j0);
+//#if FETCH_NOW
+        fetch_tile(lid, b, h, j0);
+//#endif
+        stash_tile(lid, j0);
         workgroupBarrier();
+//#if PREFETCH
+        if j0 + BC < last {
+            fetch_tile(lid, b, h, j0 + BC);
+        }
+//#endif
         var s_@I_@J = 0.0;
 //#unroll D4U
         {
@@ -248,10 +247,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let dd_@I = dvec[row_at(b, h, min(row_@I, p.t - 1u))];
     var dq_@I_@E = vec4<f32>(0.0);
     let last = min(p.t, r0 + BR);
+//#if PREFETCH
+    fetch_tile(lid, b, h, 0u);
+//#endif
     for (var j0 = 0u; j0 < last; j0 += BC) {
         workgroupBarrier();
-        load_tile(lid, b, h, j0);
+//#if FETCH_NOW
+        fetch_tile(lid, b, h, j0);
+//#endif
+        stash_tile(lid, j0);
         workgroupBarrier();
+//#if PREFETCH
+        if j0 + BC < last {
+            fetch_tile(lid, b, h, j0 + BC);
+        }
+//#endif
         var s_@I_@J = 0.0;
         var dp_@I_@J = 0.0;
 //#unroll D4U
@@ -292,10 +302,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var dv_@I_@E = vec4<f32>(0.0);
     // Queries from the block's first key row down: tiles above the diagonal skipped.
     let first = r0 / BC * BC;
+//#if PREFETCH
+    fetch_tile(lid, b, h, first);
+//#endif
     for (var i0 = first; i0 < p.t; i0 += BC) {
         workgroupBarrier();
-        load_tile(lid, b, h, i0);
+//#if FETCH_NOW
+        fetch_tile(lid, b, h, i0);
+//#endif
+        stash_tile(lid, i0);
         workgroupBarrier();
+//#if PREFETCH
+        if i0 + BC < p.t {
+            fetch_tile(lid, b, h, i0 + BC);
+        }
+//#endif
         var s_@I_@J = 0.0;
         var dp_@I_@J = 0.0;
 //#unroll D4U

@@ -308,7 +308,7 @@ fn kernel(
     if let (Path::Tiled, Some(tm)) = (path, tiled_mode) {
         let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
         if let Some(tile) = tiled::pick(tm, d4, limit) {
-            let unroll = rt.gpu.report.device_type != "cpu";
+            let unroll = tiled::unrolled(rt.gpu.report.device_type == "cpu");
             let key = KernelKey::new(
                 "flash_attention_tiled",
                 &[mode as u32, tq as u32, td as u32, d4, tile.br, tile.bc, tile.tm, u32::from(unroll)],

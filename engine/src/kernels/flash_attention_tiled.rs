@@ -27,7 +27,8 @@ pub enum TiledMode {
 }
 
 /// A workgroup's tile: rows it owns (`br`), rows per streamed tile (`bc`), own rows per
-/// thread (`tm`). Threads: 8 per row group, `br / tm` row groups.
+/// thread (`tm`), and whether the next streamed tile is fetched into registers while
+/// this one is computed (`prefetch`). Threads: 8 per row group, `br / tm` row groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TiledTile {
     /// Rows owned by a workgroup.
@@ -36,21 +37,23 @@ pub struct TiledTile {
     pub bc: u32,
     /// Own rows per thread.
     pub tm: u32,
+    /// The next tile fetched while this one is computed.
+    pub prefetch: bool,
 }
 
 /// Tiles tried in order, the first that fits the adapter's workgroup memory taken: the
 /// largest blocks per thread that the H100's 48 KiB hold at head size 64, then ones
 /// that fit 32 KiB (lavapipe) and smaller.
 const CANDIDATES: [(TiledMode, TiledTile); 9] = [
-    (TiledMode::Forward, TiledTile { br: 64, bc: 64, tm: 4 }),
-    (TiledMode::Forward, TiledTile { br: 32, bc: 32, tm: 4 }),
-    (TiledMode::Forward, TiledTile { br: 16, bc: 32, tm: 2 }),
-    (TiledMode::Query, TiledTile { br: 32, bc: 32, tm: 4 }),
-    (TiledMode::Query, TiledTile { br: 16, bc: 32, tm: 2 }),
-    (TiledMode::Query, TiledTile { br: 8, bc: 32, tm: 1 }),
-    (TiledMode::KeyValue, TiledTile { br: 32, bc: 32, tm: 4 }),
-    (TiledMode::KeyValue, TiledTile { br: 16, bc: 32, tm: 2 }),
-    (TiledMode::KeyValue, TiledTile { br: 8, bc: 32, tm: 1 }),
+    (TiledMode::Forward, TiledTile { br: 64, bc: 64, tm: 4, prefetch: false }),
+    (TiledMode::Forward, TiledTile { br: 32, bc: 32, tm: 4, prefetch: false }),
+    (TiledMode::Forward, TiledTile { br: 16, bc: 32, tm: 2, prefetch: false }),
+    (TiledMode::Query, TiledTile { br: 32, bc: 32, tm: 4, prefetch: false }),
+    (TiledMode::Query, TiledTile { br: 16, bc: 32, tm: 2, prefetch: false }),
+    (TiledMode::Query, TiledTile { br: 8, bc: 32, tm: 1, prefetch: false }),
+    (TiledMode::KeyValue, TiledTile { br: 32, bc: 32, tm: 4, prefetch: false }),
+    (TiledMode::KeyValue, TiledTile { br: 16, bc: 32, tm: 2, prefetch: false }),
+    (TiledMode::KeyValue, TiledTile { br: 8, bc: 32, tm: 1, prefetch: false }),
 ];
 
 impl TiledTile {
@@ -72,6 +75,9 @@ impl TiledTile {
             && (self.br / self.tm).is_multiple_of(8)
             && matches!(self.bc, 32 | 64 | 128)
             && self.threads() <= 256
+            && self.threads() >= self.bc
+            && (self.br * d4).is_multiple_of(self.threads())
+            && (self.bc * d4).is_multiple_of(self.threads())
     }
 
     /// Workgroup memory of `mode` at head size 4 `d4`, in bytes.
@@ -91,7 +97,8 @@ impl TiledTile {
 
 /// The first candidate tile of `mode` that the kernel takes at head size 4 `d4` and that
 /// fits `limit` bytes of workgroup memory; `WGTRAIN_TILED_ATTENTION` (e.g.
-/// `fwd=64x64x4,q=32x32x4,kv=32x32x4`, rows owned x rows streamed x own rows a thread)
+/// `fwd=64x64x4,q=32x32x4p,kv=32x32x4`, rows owned x rows streamed x own rows a thread,
+/// `p` for prefetch)
 /// puts a tile of its own first, for tuning; `WGTRAIN_TILED_ATTENTION=off` takes none
 /// (the lane kernels run instead).
 pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
@@ -106,6 +113,13 @@ pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
         .find(|t| t.valid(d4) && t.workgroup_bytes(mode, d4) <= limit)
 }
 
+/// Whether the loops over the head dimension and a tile's rows are written out: on
+/// GPUs (not `cpu` adapters), unless `WGTRAIN_TILED_ATTENTION` holds `loop`.
+pub fn unrolled(cpu: bool) -> bool {
+    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    !cpu && !spec.split(',').any(|p| p.trim() == "loop")
+}
+
 /// The tile `spec` names for `mode` (`fwd=BRxBCxTM,q=...,kv=...`), if any.
 fn forced_tile(spec: &str, mode: TiledMode) -> Option<TiledTile> {
     let name = match mode {
@@ -114,9 +128,13 @@ fn forced_tile(spec: &str, mode: TiledMode) -> Option<TiledTile> {
         TiledMode::KeyValue => "kv",
     };
     let value = spec.split(',').find_map(|part| part.trim().strip_prefix(name)?.strip_prefix('='))?;
+    let (value, prefetch) = match value.strip_suffix('p') {
+        Some(v) => (v, true),
+        None => (value, false),
+    };
     let n: Vec<u32> = value.split('x').map(|x| x.trim().parse().ok()).collect::<Option<_>>()?;
     match n[..] {
-        [br, bc, tm] => Some(TiledTile { br, bc, tm }),
+        [br, bc, tm] => Some(TiledTile { br, bc, tm, prefetch }),
         _ => None,
     }
 }
@@ -132,6 +150,8 @@ pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, u
         ));
     }
     let wgsl = render("flash_attention_tiled", SOURCE, &variant(mode, tq, td, d4, tile, unroll))?;
+    let wgsl = repeat_marked(&wgsl, "@O", tile.br * d4 / tile.threads());
+    let wgsl = repeat_marked(&wgsl, "@L", tile.bc * d4 / tile.threads());
     let wgsl = repeat_marked(&wgsl, "@I", tile.tm);
     let wgsl = repeat_marked(&wgsl, "@J", tile.bc / 8);
     Ok(repeat_marked(&wgsl, "@E", d4 / 8))
@@ -172,5 +192,7 @@ pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, 
         ("BWD", flag(mode != TiledMode::Forward)),
         ("BWD_Q", flag(mode == TiledMode::Query)),
         ("BWD_KV", flag(mode == TiledMode::KeyValue)),
+        ("PREFETCH", flag(tile.prefetch)),
+        ("FETCH_NOW", flag(!tile.prefetch)),
     ]
 }

@@ -120,7 +120,15 @@ pub fn describe(key: &KernelKey) -> String {
             if v[7] & 2 == 2 { " unrolled" } else { "" }
         ),
         "flash_attention_coop" => format!("{} tile{}x{} coop", attention(&v), v[4], v[5]),
-        "flash_attention_tiled" => format!("{} tile{}x{} tm{} tiled", attention(&v), v[4], v[5], v[6]),
+        "flash_attention_tiled" => format!(
+            "{} tile{}x{} tm{}{}{} tiled",
+            attention(&v),
+            v[4],
+            v[5],
+            v[6],
+            if v[7] & 1 == 1 { "" } else { " loop" },
+            if v[7] & 2 == 2 { " prefetch" } else { "" }
+        ),
         family => format!("{family}{v:?}"),
     }
 }
