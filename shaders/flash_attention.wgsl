@@ -31,6 +31,7 @@
 // that they live in registers (arrays indexed in loops were kept in local memory by the
 // H100's driver). The loops over a tile's rows, four at a time, are written out by the
 // host (the `//#unroll` blocks, `@u` the copy's index): the driver kept them as loops.
+// A thread's tile loads are named variables too (the marker an at-sign and L).
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
 // TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/CAST/BWD_KV/BWD_Q (the
@@ -93,39 +94,31 @@ fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 //#endif
 
 //#if KV_TILES
-// Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T (FWD, BWD_Q).
+// Loads keys j0.. of (b, h) into tile_a (K) and tile_b (V); zeros past T. Element e of
+// the tile (row e / D4, vec4 column e % D4) is loaded by thread e % WG, all of a
+// thread's loads issued before any is stored (rows past T read row T - 1): one round
+// trip to memory a tile, where a loop of loads and stores made one a turn.
 fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
-        let r = e / D4;
-        let c = e % D4;
-        let j = j0 + r;
-        if j < p.t {
-            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 1u, h) + c]);
-            tile_b[r * RS + c] = vec4<f32>(qkv[qkv_at(b, j, 2u, h) + c]);
-        } else {
-            tile_a[r * RS + c] = vec4<f32>(0.0);
-            tile_b[r * RS + c] = vec4<f32>(0.0);
-        }
-    }
+    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
+    let j_@L = min(j0 + e_@L / D4, p.t - 1u);
+    let k_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 1u, h) + e_@L % D4]);
+    let v_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 2u, h) + e_@L % D4]);
+    if lid + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), k_@L, j0 + e_@L / D4 < p.t); }
+    if lid + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), v_@L, j0 + e_@L / D4 < p.t); }
 }
 //#endif
 
 
 //#if BWD_KV
-// Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b, lse and D.
+// Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b (as load_kv does), lse
+// and D.
 fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
-    for (var e = lid; e < BC * D4; e += WG) {  // tile row r at r * RS
-        let r = e / D4;
-        let c = e % D4;
-        let i = i0 + r;
-        if i < p.t {
-            tile_a[r * RS + c] = vec4<f32>(qkv[qkv_at(b, i, 0u, h) + c]);
-            tile_b[r * RS + c] = vec4<f32>(dy[y_at(b, i, h) + c]);
-        } else {
-            tile_a[r * RS + c] = vec4<f32>(0.0);
-            tile_b[r * RS + c] = vec4<f32>(0.0);
-        }
-    }
+    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
+    let i_@L = min(i0 + e_@L / D4, p.t - 1u);
+    let q_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + e_@L % D4]);
+    let g_@L = vec4<f32>(dy[y_at(b, i_@L, h) + e_@L % D4]);
+    if lid + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), q_@L, i0 + e_@L / D4 < p.t); }
+    if lid + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), g_@L, i0 + e_@L / D4 < p.t); }
     for (var r = lid; r < BC; r += WG) {
         let i = i0 + r;
         if i < p.t {

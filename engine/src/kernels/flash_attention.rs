@@ -358,6 +358,9 @@ fn kernel(
 /// by 0, 1, ...).
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path, unroll))?;
+    // A thread's loads of a streamed tile: BC * D4 vec4s over the workgroup's threads.
+    let threads = BR * path.lanes(d4, mode);
+    let wgsl = repeat_marked(&wgsl, "@L", (bc * d4).div_ceil(threads));
     Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4, mode)))
 }
 
