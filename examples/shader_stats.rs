@@ -52,11 +52,11 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             TiledTile { br: 32, bc: 32, tm: 2, prefetch: false },
             TiledTile { br: 16, bc: 32, tm: 2, prefetch: false },
         ] {
-            for (prefetch, unroll) in [(false, true), (true, true), (false, false), (true, false)] {
+            for (prefetch, chunks) in [(true, 0), (false, 1), (true, 1), (true, 2), (true, 4)] {
                 let tile = TiledTile { prefetch, ..tile };
                 if tile.workgroup_bytes(mode, 16) <= 48 * 1024 {
-                    let wgsl = flash_attention_tiled::source(mode, DType::F32, DType::F32, 16, tile, unroll)?;
-                    out.push((format!("flash_tiled {mode:?} f32 d64 {tile:?} unroll {unroll}"), wgsl));
+                    let wgsl = flash_attention_tiled::source(mode, DType::F32, DType::F32, 16, tile, chunks)?;
+                    out.push((format!("flash_tiled {mode:?} f32 d64 {tile:?} chunks {chunks}"), wgsl));
                 }
             }
         }

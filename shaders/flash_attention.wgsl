@@ -162,9 +162,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
 //#else
     // Uniform per workgroup: which (batch, head) and which block of rows.
-    let bh = group / p.blocks;
-    let blk = group % p.blocks;
-    if bh >= p.b * p.nh { return; }
+    // The blocks that see the most of the other side go first: the last query blocks,
+    // the first key blocks.
+    let bhn = p.b * p.nh;
+    if group >= bhn * p.blocks { return; }
+    let bh = group % bhn;
+    var blk = p.blocks - 1u - group / bhn;
+    if MODE == 2u {
+        blk = group / bhn;
+    }
     let b = bh / p.nh;
     let h = bh % p.nh;
     let r = lid / R;            // the thread's row in the block

@@ -25,14 +25,15 @@
 //
 // Each thread's block is named variables: a line holding a marker (an at-sign and I, J
 // or E) is repeated by the host once per own row, streamed row or owned column (the
-// marker replaced by its index; O and L likewise for a thread's loads), so that the
+// marker replaced by its index; O and L likewise for a thread's loads, C for the
+// chunks a turn of a loop takes when the loops are kept), so that the
 // blocks live in registers; the loops over the head dimension and over a tile's rows
 // are written out by the host (`//#unroll` blocks, `@u` the copy).
 // No atomics: each output is summed by its own thread in a fixed order, so results are
 // bitwise repeatable.
 //
 // Template: ATTENTION_COMMON, ENABLE, TQ, TD, D4, BR, BC, RG, D4U and BC4U (the unroll
-// counts), OWN_B, STR_A, STR_B (array lengths), NT, FWD / BWD / BWD_Q / BWD_KV,
+// counts), CU, OWN_B, STR_A, STR_B (array lengths), NT, FWD / BWD / BWD_Q / BWD_KV,
 // PREFETCH / FETCH_NOW.
 {{ENABLE}}
 
@@ -55,6 +56,7 @@ const BC: u32 = {{BC}}u;
 const RG: u32 = {{RG}}u;
 const NT: u32 = 8u * RG;
 const P4: u32 = BC / 4u;       // a P (or dS) row in vec4s
+const CU: u32 = {{CU}}u;       // chunks (of the head dimension, or of 4 rows) a turn of a loop
 const NEG: f32 = -3.0e38;
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
@@ -199,10 +201,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var s_@I_@J = 0.0;
 //#unroll D4U
         {
-            let c = @u;
-            let qa_@I = own_a[(rg + RG * @Iu) * D4 + (c ^ xr)];
-            let kb_@J = str_a[(cg + 8u * @Ju) * D4 + (c ^ cg)];
-            s_@I_@J += dot(qa_@I, kb_@J);
+            let c_@C = @u * CU + @Cu;
+            let qa_@C_@I = own_a[(rg + RG * @Iu) * D4 + (c_@C ^ xr)];
+            let kb_@C_@J = str_a[(cg + 8u * @Ju) * D4 + (c_@C ^ cg)];
+            s_@I_@J += dot(qa_@C_@I, kb_@C_@J);
         }
 //#end
         let key_@J = j0 + cg + 8u * @Ju;
@@ -224,13 +226,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
 //#unroll BC4U
         {
-            let k4 = @u;
-            let pa_@I = str_a[(rg + RG * @Iu) * P4 + (k4 ^ xr)];
-            let va_@E = str_b[(4u * k4) * D4 + ((cg ^ ((4u * k4) & 7u)) + 8u * @Eu)];
-            let vb_@E = str_b[(4u * k4 + 1u) * D4 + ((cg ^ ((4u * k4 + 1u) & 7u)) + 8u * @Eu)];
-            let vc_@E = str_b[(4u * k4 + 2u) * D4 + ((cg ^ ((4u * k4 + 2u) & 7u)) + 8u * @Eu)];
-            let vd_@E = str_b[(4u * k4 + 3u) * D4 + ((cg ^ ((4u * k4 + 3u) & 7u)) + 8u * @Eu)];
-            o_@I_@E += pa_@I.x * va_@E + pa_@I.y * vb_@E + pa_@I.z * vc_@E + pa_@I.w * vd_@E;
+            let k4_@C = @u * CU + @Cu;
+            let pa_@C_@I = str_a[(rg + RG * @Iu) * P4 + (k4_@C ^ xr)];
+            let va_@C_@E = str_b[(4u * k4_@C) * D4 + ((cg ^ ((4u * k4_@C) & 7u)) + 8u * @Eu)];
+            let vb_@C_@E = str_b[(4u * k4_@C + 1u) * D4 + ((cg ^ ((4u * k4_@C + 1u) & 7u)) + 8u * @Eu)];
+            let vc_@C_@E = str_b[(4u * k4_@C + 2u) * D4 + ((cg ^ ((4u * k4_@C + 2u) & 7u)) + 8u * @Eu)];
+            let vd_@C_@E = str_b[(4u * k4_@C + 3u) * D4 + ((cg ^ ((4u * k4_@C + 3u) & 7u)) + 8u * @Eu)];
+            o_@I_@E += pa_@C_@I.x * va_@C_@E + pa_@C_@I.y * vb_@C_@E + pa_@C_@I.z * vc_@C_@E + pa_@C_@I.w * vd_@C_@E;
         }
 //#end
     }
@@ -266,13 +268,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var dp_@I_@J = 0.0;
 //#unroll D4U
         {
-            let c = @u;
-            let qa_@I = own_a[(rg + RG * @Iu) * D4 + (c ^ xr)];
-            let ga_@I = own_b[(rg + RG * @Iu) * D4 + (c ^ xr)];
-            let kb_@J = str_a[(cg + 8u * @Ju) * D4 + (c ^ cg)];
-            let vb_@J = str_b[(cg + 8u * @Ju) * D4 + (c ^ cg)];
-            s_@I_@J += dot(qa_@I, kb_@J);
-            dp_@I_@J += dot(ga_@I, vb_@J);
+            let c_@C = @u * CU + @Cu;
+            let qa_@C_@I = own_a[(rg + RG * @Iu) * D4 + (c_@C ^ xr)];
+            let ga_@C_@I = own_b[(rg + RG * @Iu) * D4 + (c_@C ^ xr)];
+            let kb_@C_@J = str_a[(cg + 8u * @Ju) * D4 + (c_@C ^ cg)];
+            let vb_@C_@J = str_b[(cg + 8u * @Ju) * D4 + (c_@C ^ cg)];
+            s_@I_@J += dot(qa_@C_@I, kb_@C_@J);
+            dp_@I_@J += dot(ga_@C_@I, vb_@C_@J);
         }
 //#end
         let key_@J = j0 + cg + 8u * @Ju;
@@ -283,13 +285,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
 //#unroll BC4U
         {
-            let k4 = @u;
-            let da_@I = str_b[(rg + RG * @Iu) * P4 + (k4 ^ xr)];
-            let ka_@E = str_a[(4u * k4) * D4 + ((cg ^ ((4u * k4) & 7u)) + 8u * @Eu)];
-            let kb_@E = str_a[(4u * k4 + 1u) * D4 + ((cg ^ ((4u * k4 + 1u) & 7u)) + 8u * @Eu)];
-            let kc_@E = str_a[(4u * k4 + 2u) * D4 + ((cg ^ ((4u * k4 + 2u) & 7u)) + 8u * @Eu)];
-            let kd_@E = str_a[(4u * k4 + 3u) * D4 + ((cg ^ ((4u * k4 + 3u) & 7u)) + 8u * @Eu)];
-            dq_@I_@E += da_@I.x * ka_@E + da_@I.y * kb_@E + da_@I.z * kc_@E + da_@I.w * kd_@E;
+            let k4_@C = @u * CU + @Cu;
+            let da_@C_@I = str_b[(rg + RG * @Iu) * P4 + (k4_@C ^ xr)];
+            let ka_@C_@E = str_a[(4u * k4_@C) * D4 + ((cg ^ ((4u * k4_@C) & 7u)) + 8u * @Eu)];
+            let kb_@C_@E = str_a[(4u * k4_@C + 1u) * D4 + ((cg ^ ((4u * k4_@C + 1u) & 7u)) + 8u * @Eu)];
+            let kc_@C_@E = str_a[(4u * k4_@C + 2u) * D4 + ((cg ^ ((4u * k4_@C + 2u) & 7u)) + 8u * @Eu)];
+            let kd_@C_@E = str_a[(4u * k4_@C + 3u) * D4 + ((cg ^ ((4u * k4_@C + 3u) & 7u)) + 8u * @Eu)];
+            dq_@I_@E += da_@C_@I.x * ka_@C_@E + da_@C_@I.y * kb_@C_@E + da_@C_@I.z * kc_@C_@E + da_@C_@I.w * kd_@C_@E;
         }
 //#end
     }
@@ -321,13 +323,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var dp_@I_@J = 0.0;
 //#unroll D4U
         {
-            let c = @u;
-            let ka_@I = own_a[(rg + RG * @Iu) * D4 + (c ^ xr)];
-            let va_@I = own_b[(rg + RG * @Iu) * D4 + (c ^ xr)];
-            let qb_@J = str_a[(cg + 8u * @Ju) * D4 + (c ^ cg)];
-            let gb_@J = str_b[(cg + 8u * @Ju) * D4 + (c ^ cg)];
-            s_@I_@J += dot(ka_@I, qb_@J);
-            dp_@I_@J += dot(va_@I, gb_@J);
+            let c_@C = @u * CU + @Cu;
+            let ka_@C_@I = own_a[(rg + RG * @Iu) * D4 + (c_@C ^ xr)];
+            let va_@C_@I = own_b[(rg + RG * @Iu) * D4 + (c_@C ^ xr)];
+            let qb_@C_@J = str_a[(cg + 8u * @Ju) * D4 + (c_@C ^ cg)];
+            let gb_@C_@J = str_b[(cg + 8u * @Ju) * D4 + (c_@C ^ cg)];
+            s_@I_@J += dot(ka_@C_@I, qb_@C_@J);
+            dp_@I_@J += dot(va_@C_@I, gb_@C_@J);
         }
 //#end
         let qi_@J = i0 + cg + 8u * @Ju;
@@ -337,19 +339,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
 //#unroll BC4U
         {
-            let k4 = @u;
-            let pa_@I = pt[(rg + RG * @Iu) * P4 + (k4 ^ xr)];
-            let da_@I = dt[(rg + RG * @Iu) * P4 + (k4 ^ xr)];
-            let ga_@E = str_b[(4u * k4) * D4 + ((cg ^ ((4u * k4) & 7u)) + 8u * @Eu)];
-            let gb_@E = str_b[(4u * k4 + 1u) * D4 + ((cg ^ ((4u * k4 + 1u) & 7u)) + 8u * @Eu)];
-            let gc_@E = str_b[(4u * k4 + 2u) * D4 + ((cg ^ ((4u * k4 + 2u) & 7u)) + 8u * @Eu)];
-            let gd_@E = str_b[(4u * k4 + 3u) * D4 + ((cg ^ ((4u * k4 + 3u) & 7u)) + 8u * @Eu)];
-            let qa_@E = str_a[(4u * k4) * D4 + ((cg ^ ((4u * k4) & 7u)) + 8u * @Eu)];
-            let qb_@E = str_a[(4u * k4 + 1u) * D4 + ((cg ^ ((4u * k4 + 1u) & 7u)) + 8u * @Eu)];
-            let qc_@E = str_a[(4u * k4 + 2u) * D4 + ((cg ^ ((4u * k4 + 2u) & 7u)) + 8u * @Eu)];
-            let qd_@E = str_a[(4u * k4 + 3u) * D4 + ((cg ^ ((4u * k4 + 3u) & 7u)) + 8u * @Eu)];
-            dv_@I_@E += pa_@I.x * ga_@E + pa_@I.y * gb_@E + pa_@I.z * gc_@E + pa_@I.w * gd_@E;
-            dk_@I_@E += da_@I.x * qa_@E + da_@I.y * qb_@E + da_@I.z * qc_@E + da_@I.w * qd_@E;
+            let k4_@C = @u * CU + @Cu;
+            let pa_@C_@I = pt[(rg + RG * @Iu) * P4 + (k4_@C ^ xr)];
+            let da_@C_@I = dt[(rg + RG * @Iu) * P4 + (k4_@C ^ xr)];
+            let ga_@C_@E = str_b[(4u * k4_@C) * D4 + ((cg ^ ((4u * k4_@C) & 7u)) + 8u * @Eu)];
+            let gb_@C_@E = str_b[(4u * k4_@C + 1u) * D4 + ((cg ^ ((4u * k4_@C + 1u) & 7u)) + 8u * @Eu)];
+            let gc_@C_@E = str_b[(4u * k4_@C + 2u) * D4 + ((cg ^ ((4u * k4_@C + 2u) & 7u)) + 8u * @Eu)];
+            let gd_@C_@E = str_b[(4u * k4_@C + 3u) * D4 + ((cg ^ ((4u * k4_@C + 3u) & 7u)) + 8u * @Eu)];
+            let qa_@C_@E = str_a[(4u * k4_@C) * D4 + ((cg ^ ((4u * k4_@C) & 7u)) + 8u * @Eu)];
+            let qb_@C_@E = str_a[(4u * k4_@C + 1u) * D4 + ((cg ^ ((4u * k4_@C + 1u) & 7u)) + 8u * @Eu)];
+            let qc_@C_@E = str_a[(4u * k4_@C + 2u) * D4 + ((cg ^ ((4u * k4_@C + 2u) & 7u)) + 8u * @Eu)];
+            let qd_@C_@E = str_a[(4u * k4_@C + 3u) * D4 + ((cg ^ ((4u * k4_@C + 3u) & 7u)) + 8u * @Eu)];
+            dv_@I_@E += pa_@C_@I.x * ga_@C_@E + pa_@C_@I.y * gb_@C_@E + pa_@C_@I.z * gc_@C_@E + pa_@C_@I.w * gd_@C_@E;
+            dk_@I_@E += da_@C_@I.x * qa_@C_@E + da_@C_@I.y * qb_@C_@E + da_@C_@I.z * qc_@C_@E + da_@C_@I.w * qd_@C_@E;
         }
 //#end
     }

@@ -118,14 +118,22 @@ pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
         .find(|t| t.valid(d4) && t.workgroup_bytes(mode, d4) <= limit)
 }
 
-/// Whether the loops over the head dimension and a tile's rows are written out: only
-/// where `WGTRAIN_TILED_ATTENTION` holds `unroll`, on GPUs (not `cpu` adapters). On the
-/// H100 the loops were faster: the forward (64 x 64, 4 rows a thread, prefetch) took
-/// 612 us as loops against 801 written out (254 registers against 210), dQ 872 against
-/// 1151.
-pub fn unrolled(cpu: bool) -> bool {
+/// How the loops over the head dimension and over a tile's rows are written: 0 written
+/// out, else kept as loops taking this many chunks a turn. Loops of one chunk, unless
+/// `WGTRAIN_TILED_ATTENTION` holds `unroll` (written out) or `u2` / `u4` (chunks a turn),
+/// which apply on GPUs only (not `cpu` adapters). On the H100 the loops were faster: the
+/// forward (64 x 64, 4 rows a thread, prefetch) took 612 us as loops against 801
+/// written out (152 registers against 254), dQ 872 against 1151.
+pub fn chunks(cpu: bool) -> u32 {
     let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
-    !cpu && spec.split(',').any(|p| p.trim() == "unroll")
+    let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
+    match () {
+        _ if cpu => 1,
+        _ if said("unroll") => 0,
+        _ if said("u4") => 4,
+        _ if said("u2") => 2,
+        _ => 1,
+    }
 }
 
 /// What a tuning spec says of one kernel.
@@ -169,16 +177,21 @@ fn parse_tile(value: &str) -> Option<TiledTile> {
 }
 
 /// The WGSL of one variant: qkv of type `tq`, dy of type `td`, head size 4 `d4`; the
-/// loops over the head dimension and a tile's rows written out if `unroll`, else kept as
-/// loops (CPU adapters, whose compilers are slow on large code).
-pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, unroll: bool) -> Result<String, Error> {
-    if !tile.valid(d4) {
+/// loops over the head dimension and a tile's rows written out if `chunks` is 0, else
+/// kept as loops taking `chunks` chunks a turn ([`chunks`]).
+pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, chunks: u32) -> Result<String, Error> {
+    let cu = chunks.max(1);
+    if !tile.valid(d4) || !d4.is_multiple_of(cu) || !(tile.bc / 4).is_multiple_of(cu) {
         return Err(Error::invalid(
             "flash attention",
-            format!("the register-tiled kernel cannot take tile {tile:?} at head size {}", 4 * d4),
+            format!(
+                "the register-tiled kernel cannot take tile {tile:?} at head size {} in chunks of {chunks}",
+                4 * d4
+            ),
         ));
     }
-    let wgsl = render("flash_attention_tiled", SOURCE, &variant(mode, tq, td, d4, tile, unroll))?;
+    let wgsl = render("flash_attention_tiled", SOURCE, &variant(mode, tq, td, d4, tile, chunks))?;
+    let wgsl = repeat_marked(&wgsl, "@C", cu);
     let wgsl = repeat_marked(&wgsl, "@O", tile.br * d4 / tile.threads());
     let wgsl = repeat_marked(&wgsl, "@L", tile.bc * d4 / tile.threads());
     let wgsl = repeat_marked(&wgsl, "@I", tile.tm);
@@ -187,10 +200,16 @@ pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, u
 }
 
 /// The template values of one variant.
-pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, unroll: bool) -> Vec<(&'static str, String)> {
+pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, chunks: u32) -> Vec<(&'static str, String)> {
     let flag = |on: bool| on.to_string();
     let (own, streamed, scores) = (tile.br * d4, tile.bc * d4, tile.br * tile.bc / 4);
-    let count = |n: u32| if unroll { n.to_string() } else { format!("{n} loop") };
+    let count = |n: u32| {
+        if chunks == 0 {
+            n.to_string()
+        } else {
+            format!("{} loop", n / chunks)
+        }
+    };
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
         ("ENABLE", enables(&[tq, td])),
@@ -203,6 +222,7 @@ pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, 
         ("NT", tile.threads().to_string()),
         ("D4U", count(d4)),
         ("BC4U", count(tile.bc / 4)),
+        ("CU", chunks.max(1).to_string()),
         ("OWN_B", own.to_string()),
         (
             "STR_A",

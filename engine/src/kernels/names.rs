@@ -126,8 +126,11 @@ pub fn describe(key: &KernelKey) -> String {
             v[4],
             v[5],
             v[6],
-            if v[7] & 1 == 1 { "" } else { " loop" },
-            if v[7] & 2 == 2 { " prefetch" } else { "" }
+            match v[7] & 0xff {
+                0 => String::new(),
+                c => format!(" loop{c}"),
+            },
+            if v[7] >> 8 & 1 == 1 { " prefetch" } else { "" }
         ),
         family => format!("{family}{v:?}"),
     }

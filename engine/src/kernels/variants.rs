@@ -104,11 +104,11 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                         TiledTile { br: 16, bc: 32, tm: 2, prefetch: false },
                         TiledTile { br: 8, bc: 32, tm: 1, prefetch: false },
                     ] {
-                        for unroll in [false, true] {
+                        for chunks in [0, 1, 2, 4] {
                             out.push(Variant {
                                 name: "flash_attention_tiled",
-                                values: format!("{mode:?} {tq:?} dy {td:?} d4 {d4} {tile:?} unroll {unroll}"),
-                                wgsl: flash_attention_tiled::source(mode, tq, td, d4, tile, unroll)?,
+                                values: format!("{mode:?} {tq:?} dy {td:?} d4 {d4} {tile:?} chunks {chunks}"),
+                                wgsl: flash_attention_tiled::source(mode, tq, td, d4, tile, chunks)?,
                             });
                         }
                     }
