@@ -45,12 +45,42 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     // fits 48 KiB.
     for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
         for tile in [
-            TiledTile { br: 64, bc: 64, tm: 4, prefetch: false },
-            TiledTile { br: 32, bc: 64, tm: 4, prefetch: false },
-            TiledTile { br: 64, bc: 32, tm: 4, prefetch: false },
-            TiledTile { br: 32, bc: 32, tm: 4, prefetch: false },
-            TiledTile { br: 32, bc: 32, tm: 2, prefetch: false },
-            TiledTile { br: 16, bc: 32, tm: 2, prefetch: false },
+            TiledTile {
+                br: 64,
+                bc: 64,
+                tm: 4,
+                prefetch: false,
+            },
+            TiledTile {
+                br: 32,
+                bc: 64,
+                tm: 4,
+                prefetch: false,
+            },
+            TiledTile {
+                br: 64,
+                bc: 32,
+                tm: 4,
+                prefetch: false,
+            },
+            TiledTile {
+                br: 32,
+                bc: 32,
+                tm: 4,
+                prefetch: false,
+            },
+            TiledTile {
+                br: 32,
+                bc: 32,
+                tm: 2,
+                prefetch: false,
+            },
+            TiledTile {
+                br: 16,
+                bc: 32,
+                tm: 2,
+                prefetch: false,
+            },
         ] {
             for (prefetch, chunks) in [(true, 0), (false, 1), (true, 1), (true, 2), (true, 4)] {
                 let tile = TiledTile { prefetch, ..tile };

@@ -8,53 +8,12 @@
 
 mod common;
 
-use common::{Rng, assert_close_within, finish, rounded, runtime, upload};
+use common::{Rng, assert_close_within, attention_reference as reference, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
 use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, eligible, pick};
 use wgtrain_engine::kernels::{attention, tolerance::tolerance};
 use wgtrain_engine::{DType, Runtime};
-
-/// y, and dqkv for upstream gradient dy, of causal attention in f64.
-fn reference(qkv: &[f64], dy: &[f64], b: usize, t: usize, nh: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
-    let c = nh * d;
-    let at = |bi: usize, ti: usize, part: usize, h: usize, k: usize| bi * t * 3 * c + ti * 3 * c + part * c + h * d + k;
-    let yat = |bi: usize, ti: usize, h: usize, k: usize| bi * t * c + ti * c + h * d + k;
-    let scale = 1.0 / (d as f64).sqrt();
-    let mut y = vec![0.0; b * t * c];
-    let mut dqkv = vec![0.0; b * t * 3 * c];
-    for bi in 0..b {
-        for h in 0..nh {
-            for i in 0..t {
-                let s: Vec<f64> = (0..=i)
-                    .map(|j| (0..d).map(|k| qkv[at(bi, i, 0, h, k)] * qkv[at(bi, j, 1, h, k)]).sum::<f64>() * scale)
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
-                for (j, &pj) in p.iter().enumerate() {
-                    for k in 0..d {
-                        y[yat(bi, i, h, k)] += pj * qkv[at(bi, j, 2, h, k)];
-                    }
-                }
-                // dP = dY V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K scale; dK += dS^T Q scale; dV += P^T dY.
-                let dp: Vec<f64> = (0..=i)
-                    .map(|j| (0..d).map(|k| dy[yat(bi, i, h, k)] * qkv[at(bi, j, 2, h, k)]).sum())
-                    .collect();
-                let dot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for j in 0..=i {
-                    let ds = p[j] * (dp[j] - dot);
-                    for k in 0..d {
-                        dqkv[at(bi, i, 0, h, k)] += ds * qkv[at(bi, j, 1, h, k)] * scale;
-                        dqkv[at(bi, j, 1, h, k)] += ds * qkv[at(bi, i, 0, h, k)] * scale;
-                        dqkv[at(bi, j, 2, h, k)] += p[j] * dy[yat(bi, i, h, k)];
-                    }
-                }
-            }
-        }
-    }
-    (y, dqkv)
-}
 
 fn paths(rt: &Runtime) -> Vec<Path> {
     let mut v = vec![Path::Plain];

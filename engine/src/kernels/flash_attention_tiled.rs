@@ -43,18 +43,74 @@ pub struct TiledTile {
 
 /// Tiles tried in order, the first that fits the adapter's workgroup memory taken: the
 /// largest blocks per thread that the H100's 48 KiB hold at head size 64, then ones
-/// that fit 32 KiB (lavapipe) and smaller.
-const CANDIDATES: [(TiledMode, TiledTile); 10] = [
-    (TiledMode::Forward, TiledTile { br: 64, bc: 64, tm: 4, prefetch: true }),
-    (TiledMode::Forward, TiledTile { br: 32, bc: 32, tm: 4, prefetch: true }),
-    (TiledMode::Forward, TiledTile { br: 16, bc: 32, tm: 2, prefetch: true }),
-    (TiledMode::Query, TiledTile { br: 64, bc: 32, tm: 4, prefetch: true }),
-    (TiledMode::Query, TiledTile { br: 32, bc: 32, tm: 4, prefetch: true }),
-    (TiledMode::Query, TiledTile { br: 16, bc: 32, tm: 2, prefetch: true }),
-    (TiledMode::Query, TiledTile { br: 8, bc: 32, tm: 1, prefetch: true }),
-    (TiledMode::KeyValue, TiledTile { br: 32, bc: 32, tm: 2, prefetch: true }),
-    (TiledMode::KeyValue, TiledTile { br: 16, bc: 32, tm: 2, prefetch: true }),
-    (TiledMode::KeyValue, TiledTile { br: 8, bc: 32, tm: 1, prefetch: true }),
+/// that fit 32 KiB (lavapipe) and smaller. dK dV has none: it runs on the lane kernel
+/// unless a tile is asked for (`kv=32x32x2p`), since within 48 KiB a workgroup owns at
+/// most 32 keys against 32 queries a tile, and on the H100 (f32, head size 64) that took
+/// 1554 us against the lane kernel's 1248.
+const CANDIDATES: [(TiledMode, TiledTile); 7] = [
+    (
+        TiledMode::Forward,
+        TiledTile {
+            br: 64,
+            bc: 64,
+            tm: 4,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Forward,
+        TiledTile {
+            br: 32,
+            bc: 32,
+            tm: 4,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Forward,
+        TiledTile {
+            br: 16,
+            bc: 32,
+            tm: 2,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Query,
+        TiledTile {
+            br: 64,
+            bc: 32,
+            tm: 4,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Query,
+        TiledTile {
+            br: 32,
+            bc: 32,
+            tm: 4,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Query,
+        TiledTile {
+            br: 16,
+            bc: 32,
+            tm: 2,
+            prefetch: true,
+        },
+    ),
+    (
+        TiledMode::Query,
+        TiledTile {
+            br: 8,
+            bc: 32,
+            tm: 1,
+            prefetch: true,
+        },
+    ),
 ];
 
 impl TiledTile {
@@ -119,11 +175,12 @@ pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
 }
 
 /// How the loops over the head dimension and over a tile's rows are written: 0 written
-/// out, else kept as loops taking this many chunks a turn. Loops of one chunk, unless
-/// `WGTRAIN_TILED_ATTENTION` holds `unroll` (written out) or `u2` / `u4` (chunks a turn),
-/// which apply on GPUs only (not `cpu` adapters). On the H100 the loops were faster: the
-/// forward (64 x 64, 4 rows a thread, prefetch) took 612 us as loops against 801
-/// written out (152 registers against 254), dQ 872 against 1151.
+/// out, else kept as loops taking this many chunks a turn. On GPUs loops of 2 chunks,
+/// unless `WGTRAIN_TILED_ATTENTION` holds `unroll` (written out) or `u1` / `u4`; on CPU
+/// adapters (lavapipe) loops of one. On the H100 (f32, head size 64, prefetch) the
+/// forward (64 x 64, 4 rows a thread) took 585 us with 2 chunks a turn, 594 with 4, 612
+/// with 1 and 801 written out (201, 196, 210 and 254 registers); dQ (64 x 32) 838, 831,
+/// 872 and 1151.
 pub fn chunks(cpu: bool) -> u32 {
     let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
     let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
@@ -132,7 +189,8 @@ pub fn chunks(cpu: bool) -> u32 {
         _ if said("unroll") => 0,
         _ if said("u4") => 4,
         _ if said("u2") => 2,
-        _ => 1,
+        _ if said("u1") => 1,
+        _ => 2,
     }
 }
 

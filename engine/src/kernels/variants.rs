@@ -97,12 +97,42 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             for td in floats {
                 for d4 in [8, 16, 32] {
                     for tile in [
-                        TiledTile { br: 64, bc: 64, tm: 4, prefetch: false },
-                        TiledTile { br: 64, bc: 64, tm: 4, prefetch: true },
-                        TiledTile { br: 32, bc: 32, tm: 4, prefetch: false },
-                        TiledTile { br: 32, bc: 32, tm: 4, prefetch: true },
-                        TiledTile { br: 16, bc: 32, tm: 2, prefetch: false },
-                        TiledTile { br: 8, bc: 32, tm: 1, prefetch: false },
+                        TiledTile {
+                            br: 64,
+                            bc: 64,
+                            tm: 4,
+                            prefetch: false,
+                        },
+                        TiledTile {
+                            br: 64,
+                            bc: 64,
+                            tm: 4,
+                            prefetch: true,
+                        },
+                        TiledTile {
+                            br: 32,
+                            bc: 32,
+                            tm: 4,
+                            prefetch: false,
+                        },
+                        TiledTile {
+                            br: 32,
+                            bc: 32,
+                            tm: 4,
+                            prefetch: true,
+                        },
+                        TiledTile {
+                            br: 16,
+                            bc: 32,
+                            tm: 2,
+                            prefetch: false,
+                        },
+                        TiledTile {
+                            br: 8,
+                            bc: 32,
+                            tm: 1,
+                            prefetch: false,
+                        },
                     ] {
                         for chunks in [0, 1, 2, 4] {
                             out.push(Variant {

@@ -1,0 +1,59 @@
+//! The register-tiled dK dV kernel, which runs only when a tile is asked for
+//! (`WGTRAIN_TILED_ATTENTION=kv=...`; the lane kernel is the default): this binary asks
+//! for one for its whole process (other test binaries are separate processes), then
+//! checks the output and all three gradients against f64, causal, odd T, head sizes 32
+//! to 128, f32 and f16 inputs, and that the backward repeats bitwise.
+
+mod common;
+
+use common::{Rng, assert_close_within, attention_reference, finish, rounded, runtime, upload};
+use wgtrain_engine::DType;
+use wgtrain_engine::TensorOps;
+use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
+
+#[test]
+fn the_tiled_dk_dv_kernel_matches_f64_and_repeats_bitwise() {
+    // 16 keys a workgroup against 32 queries a tile, prefetched: it fits lavapipe's
+    // 32 KiB at head size 64 (the H100's 48 KiB too).
+    // SAFETY: set before any thread of this process reads it; the tests of this binary
+    // are this one.
+    unsafe { std::env::set_var("WGTRAIN_TILED_ATTENTION", "kv=16x32x2p") };
+    let rt = runtime();
+    if Path::for_adapter(&rt) != Path::Tiled {
+        eprintln!("the adapter does not grant subgroups of 8: no register-tiled path to test");
+        return;
+    }
+    let mut rng = Rng(44);
+    for (b, t, nh, d) in [(1, 65, 2, 64), (2, 70, 1, 32), (1, 40, 1, 128)] {
+        // (Head size 128: the tile does not fit lavapipe's 32 KiB; the lane kernel runs there.)
+        let c = nh * d;
+        let data = rng.vec(b * t * 3 * c, -1.5, 1.5);
+        let dy_data = rng.vec(b * t * c, -1.0, 1.0);
+        for dtype in [DType::F32, DType::F16] {
+            if dtype == DType::F16 && !rt.gpu.caps.shader_f16 {
+                continue;
+            }
+            let qkv = upload(&rt, &data, &[b, t, 3 * c], dtype);
+            let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
+            let (want_y, want_d) = attention_reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
+            let what = format!("[{b},{t},{nh},{d}] {dtype:?}");
+            let saved = forward_on(&rt, &qkv, nh, Path::Tiled, "attn").unwrap();
+            let tol = if dtype == DType::F16 { (4e-3, 1e-2) } else { (1e-5, 1e-4) };
+            assert_close_within(&rt, &format!("{what} y"), &saved.y, &want_y, tol);
+            let dqkv = backward_on(&rt, &qkv, nh, &saved, &dy, Path::Tiled, "dqkv").unwrap();
+            let gtol = if dtype == DType::F16 {
+                (4e-3, 1e-2)
+            } else {
+                (2e-5 * (t as f64).sqrt(), 1e-4)
+            };
+            assert_close_within(&rt, &format!("{what} dqkv"), &dqkv, &want_d, gtol);
+            let again = backward_on(&rt, &qkv, nh, &saved, &dy, Path::Tiled, "dqkv").unwrap();
+            let (x, y) = (dqkv.to_f32_vec(&rt).unwrap(), again.to_f32_vec(&rt).unwrap());
+            assert!(
+                x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: backward repeats bitwise"
+            );
+        }
+    }
+    finish(&rt);
+}
