@@ -37,8 +37,10 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     // the 64-row tiles it gets in 48 KiB.
     for (mode, what) in [(0, "forward"), (2, "dK dV"), (3, "dQ")] {
         for dt in [DType::F32, DType::F16] {
-            let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, Path::Subgroup, true)?;
-            out.push((format!("flash_simt {what} {dt:?} d64 subgroup"), wgsl));
+            for unroll in [true, false] {
+                let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, Path::Subgroup, unroll)?;
+                out.push((format!("flash_simt {what} {dt:?} d64 subgroup unroll {unroll}"), wgsl));
+            }
         }
     }
     // The register-tiled SIMT attention at GPT-2's head size: each candidate tile that

@@ -110,32 +110,24 @@ fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
 
 
 //#if BWD_KV
-// The next query tile in registers: fetched while the tile before it is computed, then
-// stashed into workgroup memory. Element e of the tile (row e / D4, vec4 column e % D4)
-// is thread e % WG's; rows past T read row T - 1 and are stashed as zeros.
-var<private> fq_@L: vec4<f32>;
-var<private> fg_@L: vec4<f32>;
-var<private> fl: f32;
-var<private> fd: f32;
-
-// Fetches queries i0.. of (b, h): Q, dY, and (threads lid < BC) lse and D.
-fn fetch_q(lid: u32, b: u32, h: u32, i0: u32) {
-    let i_@L = min(i0 + min(lid + WG * @Lu, BC * D4 - 1u) / D4, p.t - 1u);
-    fq_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + min(lid + WG * @Lu, BC * D4 - 1u) % D4]);
-    fg_@L = vec4<f32>(dy[y_at(b, i_@L, h) + min(lid + WG * @Lu, BC * D4 - 1u) % D4]);
-    let r = min(i0 + lid, p.t - 1u);
-    fl = lse[row_at(b, h, r)];
-    fd = dvec[row_at(b, h, r)];
-}
-
-// Stashes the fetched tile of queries i0..: Q into tile_a, dY into tile_b, lse and D.
-fn stash_q(lid: u32, i0: u32) {
-    let e_@L = lid + WG * @Lu;
-    if e_@L < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), fq_@L, i0 + e_@L / D4 < p.t); }
-    if e_@L < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), fg_@L, i0 + e_@L / D4 < p.t); }
-    if lid < BC {
-        tile_s[lid / 4u][lid % 4u] = select(0.0, fl, i0 + lid < p.t);
-        tile_d[lid / 4u][lid % 4u] = select(0.0, fd, i0 + lid < p.t);
+// Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b (as load_kv does), lse
+// and D.
+fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
+    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
+    let i_@L = min(i0 + e_@L / D4, p.t - 1u);
+    let q_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + e_@L % D4]);
+    let g_@L = vec4<f32>(dy[y_at(b, i_@L, h) + e_@L % D4]);
+    if lid + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), q_@L, i0 + e_@L / D4 < p.t); }
+    if lid + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), g_@L, i0 + e_@L / D4 < p.t); }
+    for (var r = lid; r < BC; r += WG) {
+        let i = i0 + r;
+        if i < p.t {
+            tile_s[r / 4u][r % 4u] = lse[row_at(b, h, i)];
+            tile_d[r / 4u][r % 4u] = dvec[row_at(b, h, i)];
+        } else {
+            tile_s[r / 4u][r % 4u] = 0.0;
+            tile_d[r / 4u][r % 4u] = 0.0;
+        }
     }
 }
 //#endif
@@ -265,14 +257,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var dv_@k = vec4<f32>(0.0);
     // Queries from the block's first key row down: tiles above the diagonal skipped.
     let first = (blk * BR) / BC * BC;
-    fetch_q(lid, b, h, first);
     for (var i0 = first; i0 < p.t; i0 += BC) {
         workgroupBarrier();
-        stash_q(lid, i0);
+        load_q(lid, b, h, i0);
         workgroupBarrier();
-        if i0 + BC < p.t {
-            fetch_q(lid, b, h, i0 + BC);
-        }
 //#unroll ROWS4
         {
             let ii = 4u * @u;

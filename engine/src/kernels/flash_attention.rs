@@ -31,8 +31,7 @@ use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
 
-/// Rows (queries, or keys in dK/dV) per workgroup of the lane kernels: at least the
-/// tile's rows (dK dV's threads below the tile's rows fetch its lse and D). On the H100
+/// Rows (queries, or keys in dK/dV) per workgroup of the lane kernels. On the H100
 /// (f32, head size 64) 32 rows took dK dV from 1248 to 1813 us, dQ from 1037 to 1994
 /// and the forward from 737 to 1421.
 const BR: u32 = 64;
@@ -384,7 +383,8 @@ pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unr
 /// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
 pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
     let slices = d4 / path.lanes(d4, mode);
-    slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
+    let kept = std::env::var("WGTRAIN_TILED_ATTENTION").is_ok_and(|v| v.split(',').any(|p| p.trim() == "lane-loop"));
+    !kept && slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
