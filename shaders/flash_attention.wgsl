@@ -31,8 +31,7 @@
 // that they live in registers (arrays indexed in loops were kept in local memory by the
 // H100's driver). The loops over a tile's rows, four at a time, are written out by the
 // host (the `//#unroll` blocks, `@u` the copy's index): the driver kept them as loops.
-// A thread's tile loads are named variables too (the marker an at-sign and L), NL of
-// them a round, in ROUNDS rounds.
+// A thread's tile loads are named variables too (the marker an at-sign and L).
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
 // TD (dy), D4 (head size / 4), BR, BC, R, MODE, SUBGROUP, FWD/PRE/CAST/BWD_KV/BWD_Q (the
@@ -71,8 +70,6 @@ const R: u32 = {{R}}u;
 const WG: u32 = BR * R;
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
-const NL: u32 = {{NL}}u;        // a thread's loads of a tile a round
-const ROUNDS: u32 = {{ROUNDS}}u; // rounds of loads a tile
 const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) at a time
 
 // Two tiles of BC rows of D4 vec4s (stride RS) in workgroup memory (K and V, or Q and dY), and a
@@ -102,15 +99,12 @@ fn merge_sum4(x: vec4<f32>) -> vec4<f32> { return x; }
 // thread's loads issued before any is stored (rows past T read row T - 1): one round
 // trip to memory a tile, where a loop of loads and stores made one a turn.
 fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
-    for (var round = 0u; round < ROUNDS; round++) {
-        let base = lid + WG * NL * round;
-        let e_@L = min(base + WG * @Lu, BC * D4 - 1u);
-        let j_@L = min(j0 + e_@L / D4, p.t - 1u);
-        let k_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 1u, h) + e_@L % D4]);
-        let v_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 2u, h) + e_@L % D4]);
-        if base + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), k_@L, j0 + e_@L / D4 < p.t); }
-        if base + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), v_@L, j0 + e_@L / D4 < p.t); }
-    }
+    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
+    let j_@L = min(j0 + e_@L / D4, p.t - 1u);
+    let k_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 1u, h) + e_@L % D4]);
+    let v_@L = vec4<f32>(qkv[qkv_at(b, j_@L, 2u, h) + e_@L % D4]);
+    if lid + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), k_@L, j0 + e_@L / D4 < p.t); }
+    if lid + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), v_@L, j0 + e_@L / D4 < p.t); }
 }
 //#endif
 
@@ -119,15 +113,12 @@ fn load_kv(lid: u32, b: u32, h: u32, j0: u32) {
 // Loads queries i0.. of (b, h): Q into tile_a, dY into tile_b (as load_kv does), lse
 // and D.
 fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
-    for (var round = 0u; round < ROUNDS; round++) {
-        let base = lid + WG * NL * round;
-        let e_@L = min(base + WG * @Lu, BC * D4 - 1u);
-        let i_@L = min(i0 + e_@L / D4, p.t - 1u);
-        let q_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + e_@L % D4]);
-        let g_@L = vec4<f32>(dy[y_at(b, i_@L, h) + e_@L % D4]);
-        if base + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), q_@L, i0 + e_@L / D4 < p.t); }
-        if base + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), g_@L, i0 + e_@L / D4 < p.t); }
-    }
+    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
+    let i_@L = min(i0 + e_@L / D4, p.t - 1u);
+    let q_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + e_@L % D4]);
+    let g_@L = vec4<f32>(dy[y_at(b, i_@L, h) + e_@L % D4]);
+    if lid + WG * @Lu < BC * D4 { tile_a[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), q_@L, i0 + e_@L / D4 < p.t); }
+    if lid + WG * @Lu < BC * D4 { tile_b[e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), g_@L, i0 + e_@L / D4 < p.t); }
     for (var r = lid; r < BC; r += WG) {
         let i = i0 + r;
         if i < p.t {

@@ -215,13 +215,9 @@ impl Dims {
 /// memory.
 fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
     let limit = rt.gpu.caps.limits.max_compute_workgroup_storage_size as usize;
-    let most = std::env::var("WGTRAIN_TILED_ATTENTION")
-        .ok()
-        .and_then(|v| v.split(',').find_map(|p| p.trim().strip_prefix("lane-bc=")?.parse().ok()))
-        .unwrap_or(64u32);
     [64u32, 32, 16, 8, 4]
         .into_iter()
-        .filter(|&bc| bc >= lanes && bc <= most)
+        .filter(|&bc| bc >= lanes)
         .find(|&bc| 2 * bc as usize * (d + 4) * 4 + 2 * bc as usize * 4 <= limit)
         .ok_or_else(|| {
             Error::invalid(
@@ -229,16 +225,6 @@ fn tile_rows(rt: &Runtime, d: usize, lanes: u32) -> Result<u32, Error> {
                 format!("head size {d} needs more workgroup memory than the adapter's {limit} bytes"),
             )
         })
-}
-
-/// Rounds in which a lane kernel's thread loads a tile (`WGTRAIN_TILED_ATTENTION` with
-/// `lane-rounds=N`, for tuning; 1 by default).
-fn load_rounds() -> u32 {
-    std::env::var("WGTRAIN_TILED_ATTENTION")
-        .ok()
-        .and_then(|v| v.split(',').find_map(|p| p.trim().strip_prefix("lane-rounds=")?.parse().ok()))
-        .filter(|&n: &u32| (1..=8).contains(&n))
-        .unwrap_or(1)
 }
 
 /// The most vec4 slices per lane whose loops over a tile are written out: beyond it the
@@ -384,10 +370,9 @@ fn kernel(
 /// by 0, 1, ...).
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path, unroll))?;
-    // A thread's loads of a streamed tile: BC * D4 vec4s over the workgroup's threads,
-    // in rounds.
+    // A thread's loads of a streamed tile: BC * D4 vec4s over the workgroup's threads.
     let threads = BR * path.lanes(d4, mode);
-    let wgsl = repeat_marked(&wgsl, "@L", (bc * d4).div_ceil(threads).div_ceil(load_rounds()));
+    let wgsl = repeat_marked(&wgsl, "@L", (bc * d4).div_ceil(threads));
     Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4, mode)))
 }
 
@@ -398,7 +383,8 @@ pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unr
 /// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
 pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
     let slices = d4 / path.lanes(d4, mode);
-    slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
+    let kept = std::env::var("WGTRAIN_TILED_ATTENTION").is_ok_and(|v| v.split(',').any(|p| p.trim() == "lane-loop"));
+    !kept && slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
@@ -421,8 +407,6 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("R", lanes.to_string()),
         ("WG", (BR * lanes).to_string()),
         ("TILE", (bc * (d4 + 1)).to_string()),
-        ("NL", (bc * d4).div_ceil(BR * lanes).div_ceil(load_rounds()).to_string()),
-        ("ROUNDS", load_rounds().to_string()),
         ("MODE", mode.to_string()),
         ("SUBGROUP", flag(path == Path::Subgroup)),
         ("FWD", flag(mode == Mode::Forward as u32)),
