@@ -1,8 +1,8 @@
 //! Fused (flash) attention against f64 references and against the composite: the
 //! output and all three gradients, causal, odd T (1, 7, 65, 257), head sizes 12 to 128,
-//! f32 and f16 inputs, on every path this machine runs (lavapipe: the subgroup path
-//! and the plain one, forced; an H100: the tensor-core path too, for f16 and head sizes
-//! that are multiples of 16); bitwise repeatable backward; B * NH beyond one dispatch
+//! f32 and f16 inputs, on every path this machine runs (lavapipe: the register-tiled,
+//! subgroup and plain paths, forced; an H100: the tensor-core path too, for f16 and head
+//! sizes that are multiples of 16); bitwise repeatable backward; B * NH beyond one dispatch
 //! row of workgroups; bad shapes are clear errors; the tensor-core path's choice and
 //! tiles. Guard bytes are on throughout.
 

@@ -7,9 +7,10 @@
 //! Paths, chosen by the adapter and the inputs: `Coop` (tensor cores through
 //! cooperative matrices, `kernels::flash_attention_coop`) for f16 qkv and head sizes that
 //! are multiples of 16 where 16x16x16 f16 -> f32 and subgroups of 32 are granted;
-//! otherwise `Tiled` (register-tiled SIMT kernels, `kernels::flash_attention_tiled`) for
-//! head sizes that are multiples of 32 where subgroups of at least 8 are granted and a
-//! tile fits; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
+//! otherwise `Tiled` where subgroups of at least 8 are granted: the forward and dQ on
+//! register-tiled SIMT kernels (`kernels::flash_attention_tiled`) for head sizes that
+//! are multiples of 32 where a tile fits, dK dV (and whatever no tile fits) on the lane
+//! kernels; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
 //! dot products summed with subgroup shuffles) where subgroups
 //! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
 //! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
@@ -49,9 +50,10 @@ pub enum Path {
     Subgroup,
     /// Tensor cores (cooperative matrices): f16 qkv, head sizes multiples of 16.
     Coop,
-    /// Register-tiled SIMT kernels: each thread owns a block of scores and of outputs;
-    /// head sizes multiples of 32, subgroups of at least 8. Where no tile fits the
-    /// adapter's workgroup memory, a kernel runs as on `Subgroup`.
+    /// Register-tiled SIMT kernels for the forward and dQ (each thread owns a block of
+    /// scores and of outputs; head sizes multiples of 32, subgroups of at least 8); dK
+    /// dV, and a kernel whose tile does not fit the adapter's workgroup memory, run as on
+    /// `Subgroup` (`kernels::flash_attention_tiled::pick`).
     Tiled,
 }
 
@@ -383,8 +385,7 @@ pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unr
 /// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
 pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
     let slices = d4 / path.lanes(d4, mode);
-    let kept = std::env::var("WGTRAIN_TILED_ATTENTION").is_ok_and(|v| v.split(',').any(|p| p.trim() == "lane-loop"));
-    !kept && slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
+    slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and

@@ -3,8 +3,11 @@
 //! and a block of outputs. Its tiles (rows owned, rows streamed, own rows per thread)
 //! are chosen per kernel by the adapter's workgroup memory; head sizes that are
 //! multiples of 32 up to 128. `kernels::flash_attention` picks it (`Path::Tiled`) where
-//! subgroups of at least 8 lanes are granted, and falls back to its lane kernels where
-//! no tile fits.
+//! subgroups of at least 8 lanes are granted, for the forward and dQ (dK dV only when a
+//! tile is asked for: see [`pick`]), and falls back to its lane kernels where no tile
+//! fits. `WGTRAIN_TILED_ATTENTION` tunes it: `fwd=`, `q=`, `kv=` tiles
+//! (`BRxBCxTM`, `p` for prefetch, or `off`), `unroll` / `u1` / `u2` / `u4` (the loops),
+//! or `off` (the lane kernels throughout).
 //!
 //! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
@@ -261,13 +264,7 @@ pub fn source(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, c
 pub fn variant(mode: TiledMode, tq: DType, td: DType, d4: u32, tile: TiledTile, chunks: u32) -> Vec<(&'static str, String)> {
     let flag = |on: bool| on.to_string();
     let (own, streamed, scores) = (tile.br * d4, tile.bc * d4, tile.br * tile.bc / 4);
-    let count = |n: u32| {
-        if chunks == 0 {
-            n.to_string()
-        } else {
-            format!("{} loop", n / chunks)
-        }
-    };
+    let count = |n: u32| n.checked_div(chunks).map_or_else(|| n.to_string(), |turns| format!("{turns} loop"));
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
         ("ENABLE", enables(&[tq, td])),
