@@ -26,9 +26,9 @@
 // Each thread's block is named variables: a line holding a marker (an at-sign and I, J
 // or E) is repeated by the host once per own row, streamed row or owned column (the
 // marker replaced by its index; O and L likewise for a thread's loads, C for the
-// chunks a turn of a loop takes when the loops are kept), so that the
-// blocks live in registers; the loops over the head dimension and over a tile's rows
-// are written out by the host (`//#unroll` blocks, `@u` the copy).
+// chunks a turn of a loop takes), so that the blocks live in registers. The loops over
+// the head dimension and over a tile's rows (`//#unroll` blocks, `@u` the turn) are
+// kept as loops of CU chunks a turn (2 on GPUs by default) or written out by the host.
 // No atomics: each output is summed by its own thread in a fixed order, so results are
 // bitwise repeatable.
 //
