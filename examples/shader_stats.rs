@@ -43,47 +43,10 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             }
         }
     }
-    // The register-tiled SIMT attention at GPT-2's head size: each candidate tile that
+    // The register-tiled SIMT attention at GPT-2's head size: each tile of its sweep that
     // fits 48 KiB.
     for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
-        for tile in [
-            TiledTile {
-                br: 64,
-                bc: 64,
-                tm: 4,
-                prefetch: false,
-            },
-            TiledTile {
-                br: 32,
-                bc: 64,
-                tm: 4,
-                prefetch: false,
-            },
-            TiledTile {
-                br: 64,
-                bc: 32,
-                tm: 4,
-                prefetch: false,
-            },
-            TiledTile {
-                br: 32,
-                bc: 32,
-                tm: 4,
-                prefetch: false,
-            },
-            TiledTile {
-                br: 32,
-                bc: 32,
-                tm: 2,
-                prefetch: false,
-            },
-            TiledTile {
-                br: 16,
-                bc: 32,
-                tm: 2,
-                prefetch: false,
-            },
-        ] {
+        for tile in flash_attention_tiled::SWEEP {
             for (prefetch, chunks) in [(true, 0), (false, 1), (true, 1), (true, 2), (true, 4)] {
                 let tile = TiledTile { prefetch, ..tile };
                 if tile.workgroup_bytes(mode, 16) <= 48 * 1024 {

@@ -157,6 +157,30 @@ fn stash_tile(lid: u32, t0: u32) {
 //#endif
 }
 
+// The first streamed tile, rows t0..: with PREFETCH, fetched into registers before the loop.
+fn first_tile(lid: u32, b: u32, h: u32, t0: u32) {
+//#if PREFETCH
+    fetch_tile(lid, b, h, t0);
+//#endif
+}
+
+// A turn of the loop over streamed tiles begins: tile t0.. into workgroup memory once
+// every thread is done with the one before; with PREFETCH, the next tile (if below
+// `end`) fetched into registers while this one is computed.
+fn enter_tile(lid: u32, b: u32, h: u32, t0: u32, end: u32) {
+    workgroupBarrier();
+//#if FETCH_NOW
+    fetch_tile(lid, b, h, t0);
+//#endif
+    stash_tile(lid, t0);
+    workgroupBarrier();
+//#if PREFETCH
+    if t0 + BC < end {
+        fetch_tile(lid, b, h, t0 + BC);
+    }
+//#endif
+}
+
 @compute @workgroup_size({{NT}})
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group = wid.x + wid.y * nwg.x;
@@ -183,21 +207,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var l_@I = 0.0;
     var o_@I_@E = vec4<f32>(0.0);
     let last = min(p.t, r0 + BR);
-//#if PREFETCH
-    fetch_tile(lid, b, h, 0u);
-//#endif
+    first_tile(lid, b, h, 0u);
     for (var j0 = 0u; j0 < last; j0 += BC) {
-        workgroupBarrier();
-//#if FETCH_NOW
-        fetch_tile(lid, b, h, j0);
-//#endif
-        stash_tile(lid, j0);
-        workgroupBarrier();
-//#if PREFETCH
-        if j0 + BC < last {
-            fetch_tile(lid, b, h, j0 + BC);
-        }
-//#endif
+        enter_tile(lid, b, h, j0, last);
         var s_@I_@J = 0.0;
 //#unroll D4U
         {
@@ -249,21 +261,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let dd_@I = dvec[row_at(b, h, min(row_@I, p.t - 1u))];
     var dq_@I_@E = vec4<f32>(0.0);
     let last = min(p.t, r0 + BR);
-//#if PREFETCH
-    fetch_tile(lid, b, h, 0u);
-//#endif
+    first_tile(lid, b, h, 0u);
     for (var j0 = 0u; j0 < last; j0 += BC) {
-        workgroupBarrier();
-//#if FETCH_NOW
-        fetch_tile(lid, b, h, j0);
-//#endif
-        stash_tile(lid, j0);
-        workgroupBarrier();
-//#if PREFETCH
-        if j0 + BC < last {
-            fetch_tile(lid, b, h, j0 + BC);
-        }
-//#endif
+        enter_tile(lid, b, h, j0, last);
         var s_@I_@J = 0.0;
         var dp_@I_@J = 0.0;
 //#unroll D4U
@@ -304,21 +304,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var dv_@I_@E = vec4<f32>(0.0);
     // Queries from the block's first key row down: tiles above the diagonal skipped.
     let first = r0 / BC * BC;
-//#if PREFETCH
-    fetch_tile(lid, b, h, first);
-//#endif
+    first_tile(lid, b, h, first);
     for (var i0 = first; i0 < p.t; i0 += BC) {
-        workgroupBarrier();
-//#if FETCH_NOW
-        fetch_tile(lid, b, h, i0);
-//#endif
-        stash_tile(lid, i0);
-        workgroupBarrier();
-//#if PREFETCH
-        if i0 + BC < p.t {
-            fetch_tile(lid, b, h, i0 + BC);
-        }
-//#endif
+        enter_tile(lid, b, h, i0, p.t);
         var s_@I_@J = 0.0;
         var dp_@I_@J = 0.0;
 //#unroll D4U

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Rng, assert_close_within, attention_reference as reference, finish, rounded, runtime, upload};
+use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
 use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, eligible, pick};
@@ -49,16 +49,14 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
         (2, 9, 3, 12),
         (1, 11, 2, 20),
     ] {
-        let c = nh * d;
-        let data = rng.vec(b * t * 3 * c, -1.5, 1.5);
-        let dy_data = rng.vec(b * t * c, -1.0, 1.0);
-        for dtype in [DType::F32, DType::F16] {
-            if dtype == DType::F16 && !rt.gpu.caps.shader_f16 {
-                continue;
-            }
-            let qkv = upload(&rt, &data, &[b, t, 3 * c], dtype);
-            let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
-            let (want_y, want_d) = reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
+        for AttentionCase {
+            dtype,
+            qkv,
+            dy,
+            want_y,
+            want_d,
+        } in attention_cases(&rt, &mut rng, (b, t, nh, d))
+        {
             for &path in &on {
                 if path == Path::Coop && Path::for_inputs(&rt, dtype, d) != Path::Coop {
                     continue;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Rng, assert_close_within, attention_reference, finish, rounded, runtime, upload};
+use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, runtime};
 use wgtrain_engine::DType;
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
@@ -26,16 +26,14 @@ fn the_tiled_dk_dv_kernel_matches_f64_and_repeats_bitwise() {
     let mut rng = Rng(44);
     for (b, t, nh, d) in [(1, 65, 2, 64), (2, 70, 1, 32), (1, 40, 1, 128)] {
         // (Head size 128: the tile does not fit lavapipe's 32 KiB; the lane kernel runs there.)
-        let c = nh * d;
-        let data = rng.vec(b * t * 3 * c, -1.5, 1.5);
-        let dy_data = rng.vec(b * t * c, -1.0, 1.0);
-        for dtype in [DType::F32, DType::F16] {
-            if dtype == DType::F16 && !rt.gpu.caps.shader_f16 {
-                continue;
-            }
-            let qkv = upload(&rt, &data, &[b, t, 3 * c], dtype);
-            let dy = upload(&rt, &dy_data, &[b, t, c], DType::F32);
-            let (want_y, want_d) = attention_reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
+        for AttentionCase {
+            dtype,
+            qkv,
+            dy,
+            want_y,
+            want_d,
+        } in attention_cases(&rt, &mut rng, (b, t, nh, d))
+        {
             let what = format!("[{b},{t},{nh},{d}] {dtype:?}");
             let saved = forward_on(&rt, &qkv, nh, Path::Tiled, "attn").unwrap();
             let tol = if dtype == DType::F16 { (4e-3, 1e-2) } else { (1e-5, 1e-4) };

@@ -136,3 +136,35 @@ pub fn attention_reference(qkv: &[f64], dy: &[f64], b: usize, t: usize, nh: usiz
     }
     (y, dqkv)
 }
+
+/// An attention test case: qkv [B, T, 3C] of `dtype`, dy [B, T, C] in f32, and the f64
+/// reference's y and dqkv.
+pub struct AttentionCase {
+    pub dtype: DType,
+    pub qkv: Tensor,
+    pub dy: Tensor,
+    pub want_y: Vec<f64>,
+    pub want_d: Vec<f64>,
+}
+
+/// Random qkv (in [-1.5, 1.5)) and dy (in [-1, 1)) for causal attention of `nh` heads of
+/// size `d`, drawn once and uploaded in f32 and (where the adapter takes it) f16.
+pub fn attention_cases(rt: &Runtime, rng: &mut Rng, (b, t, nh, d): (usize, usize, usize, usize)) -> Vec<AttentionCase> {
+    let c = nh * d;
+    let data = rng.vec(b * t * 3 * c, -1.5, 1.5);
+    let dy_data = rng.vec(b * t * c, -1.0, 1.0);
+    [DType::F32, DType::F16]
+        .into_iter()
+        .filter(|&dtype| dtype != DType::F16 || rt.gpu.caps.shader_f16)
+        .map(|dtype| {
+            let (want_y, want_d) = attention_reference(&rounded(&data, dtype), &rounded(&dy_data, DType::F32), b, t, nh, d);
+            AttentionCase {
+                dtype,
+                qkv: upload(rt, &data, &[b, t, 3 * c], dtype),
+                dy: upload(rt, &dy_data, &[b, t, c], DType::F32),
+                want_y,
+                want_d,
+            }
+        })
+        .collect()
+}

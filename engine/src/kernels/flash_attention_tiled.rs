@@ -51,72 +51,39 @@ pub struct TiledTile {
 /// most 32 keys against 32 queries a tile, and on the H100 (f32, head size 64) that took
 /// 1554 us against the lane kernel's 1248.
 const CANDIDATES: [(TiledMode, TiledTile); 7] = [
-    (
-        TiledMode::Forward,
-        TiledTile {
-            br: 64,
-            bc: 64,
-            tm: 4,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Forward,
-        TiledTile {
-            br: 32,
-            bc: 32,
-            tm: 4,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Forward,
-        TiledTile {
-            br: 16,
-            bc: 32,
-            tm: 2,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Query,
-        TiledTile {
-            br: 64,
-            bc: 32,
-            tm: 4,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Query,
-        TiledTile {
-            br: 32,
-            bc: 32,
-            tm: 4,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Query,
-        TiledTile {
-            br: 16,
-            bc: 32,
-            tm: 2,
-            prefetch: true,
-        },
-    ),
-    (
-        TiledMode::Query,
-        TiledTile {
-            br: 8,
-            bc: 32,
-            tm: 1,
-            prefetch: true,
-        },
-    ),
+    (TiledMode::Forward, TiledTile::prefetched(64, 64, 4)),
+    (TiledMode::Forward, TiledTile::prefetched(32, 32, 4)),
+    (TiledMode::Forward, TiledTile::prefetched(16, 32, 2)),
+    (TiledMode::Query, TiledTile::prefetched(64, 32, 4)),
+    (TiledMode::Query, TiledTile::prefetched(32, 32, 4)),
+    (TiledMode::Query, TiledTile::prefetched(16, 32, 2)),
+    (TiledMode::Query, TiledTile::prefetched(8, 32, 1)),
+];
+
+/// The tiles `tests/kernel_variants.rs` validates and `examples/shader_stats` compiles
+/// (each with and without prefetch): the candidates, and the ones measured against them.
+pub const SWEEP: [TiledTile; 8] = [
+    TiledTile::prefetched(64, 64, 4),
+    TiledTile::prefetched(32, 64, 4),
+    TiledTile::prefetched(64, 32, 4),
+    TiledTile::prefetched(32, 32, 4),
+    TiledTile::prefetched(32, 32, 2),
+    TiledTile::prefetched(16, 32, 2),
+    TiledTile::prefetched(8, 32, 1),
+    TiledTile::prefetched(64, 64, 2),
 ];
 
 impl TiledTile {
+    /// A tile that fetches the next streamed tile while it computes this one.
+    pub const fn prefetched(br: u32, bc: u32, tm: u32) -> TiledTile {
+        TiledTile {
+            br,
+            bc,
+            tm,
+            prefetch: true,
+        }
+    }
+
     /// Threads per workgroup.
     pub fn threads(self) -> u32 {
         8 * self.br / self.tm.max(1)

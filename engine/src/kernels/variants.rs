@@ -91,55 +91,21 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         }
     }
     // The register-tiled attention: every mode, type pair and head size it takes, with
-    // each candidate tile, written out and as loops.
+    // each tile of the sweep that it takes there, with and without prefetch, written out
+    // and as loops of 1, 2 and 4 chunks.
     for mode in [TiledMode::Forward, TiledMode::KeyValue, TiledMode::Query] {
         for tq in floats {
             for td in floats {
                 for d4 in [8, 16, 32] {
-                    for tile in [
-                        TiledTile {
-                            br: 64,
-                            bc: 64,
-                            tm: 4,
-                            prefetch: false,
-                        },
-                        TiledTile {
-                            br: 64,
-                            bc: 64,
-                            tm: 4,
-                            prefetch: true,
-                        },
-                        TiledTile {
-                            br: 32,
-                            bc: 32,
-                            tm: 4,
-                            prefetch: false,
-                        },
-                        TiledTile {
-                            br: 32,
-                            bc: 32,
-                            tm: 4,
-                            prefetch: true,
-                        },
-                        TiledTile {
-                            br: 16,
-                            bc: 32,
-                            tm: 2,
-                            prefetch: false,
-                        },
-                        TiledTile {
-                            br: 8,
-                            bc: 32,
-                            tm: 1,
-                            prefetch: false,
-                        },
-                    ] {
-                        for chunks in [0, 1, 2, 4] {
-                            out.push(Variant {
-                                name: "flash_attention_tiled",
-                                values: format!("{mode:?} {tq:?} dy {td:?} d4 {d4} {tile:?} chunks {chunks}"),
-                                wgsl: flash_attention_tiled::source(mode, tq, td, d4, tile, chunks)?,
-                            });
+                    for tile in flash_attention_tiled::SWEEP.into_iter().filter(|t| t.valid(d4)) {
+                        for tile in [TiledTile { prefetch: false, ..tile }, tile] {
+                            for chunks in [0, 1, 2, 4] {
+                                out.push(Variant {
+                                    name: "flash_attention_tiled",
+                                    values: format!("{mode:?} {tq:?} dy {td:?} d4 {d4} {tile:?} chunks {chunks}"),
+                                    wgsl: flash_attention_tiled::source(mode, tq, td, d4, tile, chunks)?,
+                                });
+                            }
                         }
                     }
                 }
