@@ -67,9 +67,10 @@ const RS: u32 = D4 + 1u;       // a tile row's stride in vec4s: padded so the ro
 const BR: u32 = {{BR}}u;
 const BC: u32 = {{BC}}u;
 const R: u32 = {{R}}u;
-const WG: u32 = BR * R;
+const WG: u32 = {{WG}}u;    // threads: R a row, or R a pair of rows (KV2)
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
+const LOG2E: f32 = 1.4426950408889634;
 const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) at a time
 
 // Two tiles of BC rows of D4 vec4s (stride RS) in workgroup memory (K and V, or Q and dY), and a
@@ -250,7 +251,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         dqkv[qkv_at(b, row, 0u, h) + sub + R * @ku] = dq_@k * p.scale;
     }
 //#endif
-//#if BWD_KV
+//#if KV1
     var k_@k = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + sub + R * @ku]);
     var v_@k = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + sub + R * @ku]);
     var dk_@k = vec4<f32>(0.0);
@@ -283,6 +284,93 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if valid {
         dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk_@k * p.scale;
         dqkv[qkv_at(b, row, 2u, h) + sub + R * @ku] = dv_@k;
+    }
+//#endif
+//#if KV2
+    // Two key rows a thread, `row` and `row1` = row + BR / 2, and 8 lanes a pair of rows
+    // (R = 8): a query tile's vec4 is read once for both rows. K is scaled by scale *
+    // log2 e, so that P = exp2(s - lse * log2 e). Per four queries the lanes'
+    // partial scores and dY.V (2 rows x 4 queries each) are reduce-scattered over the 8
+    // lanes (xor 4: row, xor 2 and xor 1: query), so lane `sub` ends with the full pair
+    // for row (sub & 4 ? row1 : row) and query sub & 3, and takes that one exponent; the
+    // lanes then all-gather P and dS (xor 1, 2, 4) for the products with the tile.
+    let row1 = row + BR / 2u;
+    let srow1 = min(row1, p.t - 1u);
+    let k0_@k = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + sub + R * @ku]) * (p.scale * LOG2E);
+    let k1_@k = vec4<f32>(qkv[qkv_at(b, srow1, 1u, h) + sub + R * @ku]) * (p.scale * LOG2E);
+    let v0_@k = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + sub + R * @ku]);
+    let v1_@k = vec4<f32>(qkv[qkv_at(b, srow1, 2u, h) + sub + R * @ku]);
+    var dk0_@k = vec4<f32>(0.0);
+    var dk1_@k = vec4<f32>(0.0);
+    var dv0_@k = vec4<f32>(0.0);
+    var dv1_@k = vec4<f32>(0.0);
+    let hi4 = (sub & 4u) != 0u;
+    let hi2 = (sub & 2u) != 0u;
+    let hi1 = (sub & 1u) != 0u;
+    let mine = select(row, row1, hi4);   // the key row of the lane's one exponent
+    let qs = sub & 3u;                   // and its query among the four
+    let first = (blk * BR) / BC * BC;
+    for (var i0 = first; i0 < p.t; i0 += BC) {
+        workgroupBarrier();
+        load_q(lid, b, h, i0);
+        workgroupBarrier();
+//#unroll ROWS4
+        {
+            let ii = 4u * @u;
+            let at = ii * RS + sub;
+            let qa_@k = tile_a[at + R * @ku];
+            let qb_@k = tile_a[at + RS + R * @ku];
+            let qc_@k = tile_a[at + 2u * RS + R * @ku];
+            let qd_@k = tile_a[at + 3u * RS + R * @ku];
+            let ga_@k = tile_b[at + R * @ku];
+            let gb_@k = tile_b[at + RS + R * @ku];
+            let gc_@k = tile_b[at + 2u * RS + R * @ku];
+            let gd_@k = tile_b[at + 3u * RS + R * @ku];
+            var s0 = vec4<f32>(0.0);
+            var s1 = vec4<f32>(0.0);
+            var e0 = vec4<f32>(0.0);
+            var e1 = vec4<f32>(0.0);
+            s0 += vec4<f32>(dot(qa_@k, k0_@k), dot(qb_@k, k0_@k), dot(qc_@k, k0_@k), dot(qd_@k, k0_@k));
+            s1 += vec4<f32>(dot(qa_@k, k1_@k), dot(qb_@k, k1_@k), dot(qc_@k, k1_@k), dot(qd_@k, k1_@k));
+            e0 += vec4<f32>(dot(ga_@k, v0_@k), dot(gb_@k, v0_@k), dot(gc_@k, v0_@k), dot(gd_@k, v0_@k));
+            e1 += vec4<f32>(dot(ga_@k, v1_@k), dot(gb_@k, v1_@k), dot(gc_@k, v1_@k), dot(gd_@k, v1_@k));
+            // Reduce-scatter: keep the half that is the lane's, add the partner's.
+            let s4 = select(s0, s1, hi4) + subgroupShuffleXor(select(s1, s0, hi4), 4u);
+            let e4 = select(e0, e1, hi4) + subgroupShuffleXor(select(e1, e0, hi4), 4u);
+            let lo2 = vec4<f32>(s4.xy, e4.xy);
+            let up2 = vec4<f32>(s4.zw, e4.zw);
+            let r2 = select(lo2, up2, hi2) + subgroupShuffleXor(select(up2, lo2, hi2), 2u);
+            let r1 = select(r2.xz, r2.yw, hi1) + subgroupShuffleXor(select(r2.yw, r2.xz, hi1), 1u);
+            let qi = i0 + ii + qs;
+            let ok = qi >= mine && qi < p.t && mine < p.t;
+            let pv = select(0.0, exp2(r1.x - tile_s[ii / 4u][qs] * LOG2E), ok);
+            let pd = vec2<f32>(pv, pv * (r1.y - tile_d[ii / 4u][qs]));
+            // All-gather: (P, dS) of queries 0..3 for both rows.
+            let x1 = subgroupShuffleXor(pd, 1u);
+            let pp = select(vec4<f32>(pd.x, x1.x, pd.y, x1.y), vec4<f32>(x1.x, pd.x, x1.y, pd.y), hi1);
+            let x2 = subgroupShuffleXor(pp, 2u);
+            let pm = select(vec4<f32>(pp.xy, x2.xy), vec4<f32>(x2.xy, pp.xy), hi2);
+            let dm = select(vec4<f32>(pp.zw, x2.zw), vec4<f32>(x2.zw, pp.zw), hi2);
+            let po = subgroupShuffleXor(pm, 4u);
+            let do4 = subgroupShuffleXor(dm, 4u);
+            let p0 = select(pm, po, hi4);
+            let p1 = select(po, pm, hi4);
+            let d0 = select(dm, do4, hi4);
+            let d1 = select(do4, dm, hi4);
+            dv0_@k += p0.x * ga_@k + p0.y * gb_@k + p0.z * gc_@k + p0.w * gd_@k;
+            dv1_@k += p1.x * ga_@k + p1.y * gb_@k + p1.z * gc_@k + p1.w * gd_@k;
+            dk0_@k += d0.x * qa_@k + d0.y * qb_@k + d0.z * qc_@k + d0.w * qd_@k;
+            dk1_@k += d1.x * qa_@k + d1.y * qb_@k + d1.z * qc_@k + d1.w * qd_@k;
+        }
+//#end
+    }
+    if valid {
+        dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk0_@k * p.scale;
+        dqkv[qkv_at(b, row, 2u, h) + sub + R * @ku] = dv0_@k;
+    }
+    if row1 < p.t {
+        dqkv[qkv_at(b, row1, 1u, h) + sub + R * @ku] = dk1_@k * p.scale;
+        dqkv[qkv_at(b, row1, 2u, h) + sub + R * @ku] = dv1_@k;
     }
 //#endif
 }

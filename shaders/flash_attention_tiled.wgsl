@@ -4,7 +4,8 @@
 // f16; everything is computed in f32. Nothing of size T x T is ever stored.
 //
 // Layout as in shaders/flash_attention.wgsl: qkv [B, T, 3C], y and dy [B, T, C], lse and
-// D = rowsum(dy * y) [B, NH, T] (f32), dqkv [B, T, 3C] (f32). Scores are scale * q.k;
+// D = rowsum(dy * y) [B, NH, T] (f32), dqkv [B, T, 3C] (f32). dQ computes D for its own
+// rows and writes it, so it runs before dK dV, and no row-dot kernel runs. Scores are scale * q.k;
 // exponents are taken in log2 units (the scale times log2 e folded into the operand
 // that the scores read first).
 //
@@ -48,6 +49,9 @@
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dvec: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dqkv: array<vec4<f32>>;
+//#if BWD_Q
+@group(0) @binding(6) var<storage, read_write> y: array<vec4<{{TQ}}>>;
+//#endif
 //#endif
 
 const D4: u32 = {{D4}}u;
@@ -258,7 +262,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     load_own_a(lid, b, h, r0, 0u, p.scale * LOG2E);
     load_own_b(lid, b, h, r0);
     let lse_@I = lse[row_at(b, h, min(row_@I, p.t - 1u))] * LOG2E;
-    let dd_@I = dvec[row_at(b, h, min(row_@I, p.t - 1u))];
+    // D = rowsum(dY * Y) of the own rows (the row dot, folded in): each lane's columns,
+    // then the row group's 8 lanes; written for dK dV, which runs after.
+    workgroupBarrier();
+    var dd_@I = 0.0;
+    dd_@I += dot(own_b[(rg + RG * @Iu) * D4 + ((cg + 8u * @Eu) ^ xr)], vec4<f32>(y[y_at(b, min(row_@I, p.t - 1u), h) + cg + 8u * @Eu]));
+    dd_@I += subgroupShuffleXor(dd_@I, 1u);
+    dd_@I += subgroupShuffleXor(dd_@I, 2u);
+    dd_@I += subgroupShuffleXor(dd_@I, 4u);
+    if cg == 0u && row_@I < p.t { dvec[row_at(b, h, row_@I)] = dd_@I; }
     var dq_@I_@E = vec4<f32>(0.0);
     let last = min(p.t, r0 + BR);
     first_tile(lid, b, h, 0u);

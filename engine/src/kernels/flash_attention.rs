@@ -64,12 +64,32 @@ impl Path {
     /// the H100 at head size 64 (f32), 2 lanes ran the forward in 1.10 ms and dQ in 1.22
     /// (4 lanes: 1.24 and 1.35; 1 lane: 1.78 and 3.74) and dK dV in 1.82 (4 lanes: 1.44).
     pub fn lanes(self, d4: u32, mode: u32) -> u32 {
+        if self.key_rows(d4, mode) == 2 {
+            return 8;
+        }
         let most = if mode == Mode::KeyValue as u32 { 4 } else { 2 };
         match self {
             Path::Subgroup | Path::Tiled if most == 4 && d4.is_multiple_of(4) => 4,
             Path::Subgroup | Path::Tiled if d4.is_multiple_of(2) => 2,
             _ => 1,
         }
+    }
+
+    /// Key rows a thread of the lane dK dV holds: 2 on the tiled path (subgroups of at
+    /// least 8) at head sizes 32 and 64, with 8 lanes a pair of rows, so that each vec4
+    /// read from a query tile serves both rows; else 1 (and on `kv=lane` in
+    /// `WGTRAIN_TILED_ATTENTION`). Only dK dV (`mode` 2) has this kernel.
+    pub fn key_rows(self, d4: u32, mode: u32) -> u32 {
+        if self == Path::Tiled && mode == Mode::KeyValue as u32 && matches!(d4, 8 | 16) && !tiled::one_key_row() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Threads a workgroup of the SIMT kernel `mode` at head size 4 `d4`.
+    pub fn threads(self, d4: u32, mode: u32) -> u32 {
+        BR / self.key_rows(d4, mode) * self.lanes(d4, mode)
     }
 
     /// The path for qkv of type `tq` and head size `d`: tensor cores where the adapter
@@ -241,6 +261,9 @@ struct Chosen {
     kernel: std::sync::Arc<crate::runtime::Kernel>,
     per: u32,
     br: u32,
+    /// A dQ kernel that computes D = rowsum(dy * y) itself and writes it (binding y
+    /// after the usual five): no row-dot kernel runs before it.
+    row_dot: bool,
 }
 
 /// The kernel of `mode` on `path` (the row dot has no tensor-core variant: it runs
@@ -301,6 +324,7 @@ fn kernel(
             kernel: k,
             per: 0,
             br: tile.br(),
+            row_dot: false,
         });
     }
     let d4 = (d / 4) as u32;
@@ -327,23 +351,26 @@ fn kernel(
                     chunks | u32::from(tile.prefetch) << 8,
                 ],
             );
+            let row_dot = tm == TiledMode::Query;
+            let bindings = bindings + usize::from(row_dot);
             let k = rt.kernel(key, bindings, || tiled::source(tm, tq, td, d4, tile, chunks))?;
             return Ok(Chosen {
                 kernel: k,
                 per: 0,
                 br: tile.br,
+                row_dot,
             });
         }
     }
     // The lane kernels: the row dot on every path, and the Tiled path's fallback.
     let path = match path {
         Path::Coop => Path::Plain,
-        Path::Tiled => Path::Subgroup,
+        Path::Tiled if path.key_rows(d4, mode as u32) == 1 => Path::Subgroup,
         p => p,
     };
     let lanes = path.lanes(d4, mode as u32);
     let bc = tile_rows(rt, d, lanes)?;
-    let subgroup = u32::from(path == Path::Subgroup);
+    let subgroup = u32::from(matches!(path, Path::Subgroup | Path::Tiled));
     let unroll = unrolled(rt, d4, path, mode as u32);
     let key = KernelKey::new(
         "flash_attention",
@@ -363,6 +390,7 @@ fn kernel(
         kernel: k,
         per: bc,
         br: BR,
+        row_dot: false,
     })
 }
 
@@ -373,7 +401,7 @@ fn kernel(
 pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Result<String, Error> {
     let wgsl = render("flash_attention", SOURCE, &variant(mode, tq, td, d4, bc, path, unroll))?;
     // A thread's loads of a streamed tile: BC * D4 vec4s over the workgroup's threads.
-    let threads = BR * path.lanes(d4, mode);
+    let threads = path.threads(d4, mode);
     let wgsl = repeat_marked(&wgsl, "@L", (bc * d4).div_ceil(threads));
     Ok(repeat_marked(&wgsl, "@k", d4 / path.lanes(d4, mode)))
 }
@@ -406,15 +434,17 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("BC", bc.to_string()),
         ("ROWS4", format!("{}{}", bc / 4, if unroll { "" } else { " loop" })),
         ("R", lanes.to_string()),
-        ("WG", (BR * lanes).to_string()),
+        ("WG", path.threads(d4, mode).to_string()),
         ("TILE", (bc * (d4 + 1)).to_string()),
         ("MODE", mode.to_string()),
-        ("SUBGROUP", flag(path == Path::Subgroup)),
+        ("SUBGROUP", flag(matches!(path, Path::Subgroup | Path::Tiled))),
         ("FWD", flag(mode == Mode::Forward as u32)),
         ("PRE", flag(mode == Mode::RowDot as u32 || mode == Mode::RowDotCast as u32)),
         ("CAST", flag(mode == Mode::RowDotCast as u32)),
         ("BWD", flag(mode == Mode::KeyValue as u32 || mode == Mode::Query as u32)),
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
+        ("KV1", flag(mode == Mode::KeyValue as u32 && path.key_rows(d4, mode) == 1)),
+        ("KV2", flag(path.key_rows(d4, mode) == 2)),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
         ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
     ]
@@ -524,27 +554,38 @@ pub fn backward_tiled(
     } else {
         None
     };
-    let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
-    let pre = kernel(rt, pre_mode, tq, td, dims.d, path, None, pre_bindings)?;
-    // D / 4 threads a row.
-    let rows_per = (BR * path.lanes((dims.d / 4) as u32, pre_mode as u32)) as usize / (dims.d / 4);
-    let mut pre_bound = vec![&saved.y, dy, &dvec];
-    pre_bound.extend(&dy16);
-    rt.launch(
-        &pre.kernel,
-        bytemuck::bytes_of(&dims.params(0, 0)),
-        &pre_bound,
-        grid(rows.div_ceil(rows_per) as u32),
-    )?;
+    // The register-tiled dQ computes D itself (it runs first); else the row-dot kernel.
+    let mut query = match dy16 {
+        None => Some(kernel(rt, Mode::Query, tq, td, dims.d, path, tile, 5)?).filter(|k| k.row_dot),
+        Some(_) => None,
+    };
+    if query.is_none() {
+        let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
+        let pre = kernel(rt, pre_mode, tq, td, dims.d, path, None, pre_bindings)?;
+        // D / 4 threads a row.
+        let rows_per = (BR * path.lanes((dims.d / 4) as u32, pre_mode as u32)) as usize / (dims.d / 4);
+        let mut pre_bound = vec![&saved.y, dy, &dvec];
+        pre_bound.extend(&dy16);
+        rt.launch(
+            &pre.kernel,
+            bytemuck::bytes_of(&dims.params(0, 0)),
+            &pre_bound,
+            grid(rows.div_ceil(rows_per) as u32),
+        )?;
+    }
     let (dy, td) = dy16.as_ref().map_or((dy, td), |t| (t, DType::F16));
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
-    for (mode, products) in [(Mode::KeyValue, 8.0), (Mode::Query, 6.0)] {
-        let k = kernel(rt, mode, tq, td, dims.d, path, tile, 5)?;
+    for (mode, products) in [(Mode::Query, 6.0), (Mode::KeyValue, 8.0)] {
+        let k = match query.take() {
+            Some(k) => k,
+            None => kernel(rt, mode, tq, td, dims.d, path, tile, 5)?,
+        };
         let blocks = dims.blocks(k.br);
+        let bound = [qkv, dy, &saved.lse, &dvec, &dqkv, &saved.y];
         rt.launch_with_work(
             &k.kernel,
             bytemuck::bytes_of(&dims.params(blocks, k.per)),
-            &[qkv, dy, &saved.lse, &dvec, &dqkv],
+            &bound[..5 + usize::from(k.row_dot)],
             grid(blocks * (dims.b * dims.nh) as u32),
             Some(products * dims.pairs() * dims.d as f64),
             4,

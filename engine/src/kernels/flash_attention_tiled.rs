@@ -6,8 +6,9 @@
 //! subgroups of at least 8 lanes are granted, for the forward and dQ (dK dV only when a
 //! tile is asked for: see [`pick`]), and falls back to its lane kernels where no tile
 //! fits. `WGTRAIN_TILED_ATTENTION` tunes it: `fwd=`, `q=`, `kv=` tiles
-//! (`BRxBCxTM`, `p` for prefetch, or `off`), `unroll` / `u1` / `u2` / `u4` (the loops),
-//! or `off` (the lane kernels throughout).
+//! (`BRxBCxTM`, `p` for prefetch, or `off`; `kv=lane` the lane dK dV with one key row
+//! a thread), `unroll` / `u1` / `u2` / `u4` (the loops), or `off` (the lane kernels
+//! throughout).
 //!
 //! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
@@ -181,6 +182,14 @@ fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
         Some(v) => parse_tile(v).map_or(Forced::None, Forced::Tile),
         None => Forced::None,
     }
+}
+
+/// Whether `WGTRAIN_TILED_ATTENTION` holds `kv=lane`: dK dV on the lane kernel that
+/// gives each thread one key row (`kernels::flash_attention::Path::key_rows`), for
+/// comparison with the default of two.
+pub fn one_key_row() -> bool {
+    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    spec_value(&spec, TiledMode::KeyValue) == Some("lane")
 }
 
 fn spec_value(spec: &str, mode: TiledMode) -> Option<&str> {
