@@ -37,9 +37,13 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     // the 64-row tiles it gets in 48 KiB.
     for (mode, what) in [(0, "forward"), (2, "dK dV"), (3, "dQ")] {
         for dt in [DType::F32, DType::F16] {
-            for unroll in [true, false] {
-                let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, Path::Subgroup, unroll)?;
-                out.push((format!("flash_simt {what} {dt:?} d64 subgroup unroll {unroll}"), wgsl));
+            // dK dV on the tiled path: two key rows a thread.
+            let paths = if mode == 2 { &[Path::Subgroup, Path::Tiled][..] } else { &[Path::Subgroup][..] };
+            for &path in paths {
+                for unroll in [true, false] {
+                    let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, path, unroll)?;
+                    out.push((format!("flash_simt {what} {dt:?} d64 {path:?} unroll {unroll}"), wgsl));
+                }
             }
         }
     }

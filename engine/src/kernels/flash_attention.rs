@@ -412,6 +412,9 @@ pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unr
 /// (lavapipe), whose compilers unroll for themselves and compile big code slowly (the
 /// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
 pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
+    if mode == 2 && std::env::var_os("WGTRAIN_EXP_KVLOOP").is_some() {
+        return false;
+    }
     let slices = d4 / path.lanes(d4, mode);
     slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
