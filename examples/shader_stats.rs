@@ -38,7 +38,11 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     for (mode, what) in [(0, "forward"), (2, "dK dV"), (3, "dQ")] {
         for dt in [DType::F32, DType::F16] {
             // dK dV on the tiled path: two key rows a thread.
-            let paths = if mode == 2 { &[Path::Subgroup, Path::Tiled][..] } else { &[Path::Subgroup][..] };
+            let paths = if mode == 2 {
+                &[Path::Subgroup, Path::Tiled][..]
+            } else {
+                &[Path::Subgroup][..]
+            };
             for &path in paths {
                 for unroll in [true, false] {
                     let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, path, unroll)?;

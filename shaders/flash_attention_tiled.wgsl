@@ -5,9 +5,9 @@
 //
 // Layout as in shaders/flash_attention.wgsl: qkv [B, T, 3C], y and dy [B, T, C], lse and
 // D = rowsum(dy * y) [B, NH, T] (f32), dqkv [B, T, 3C] (f32). dQ computes D for its own
-// rows and writes it, so it runs before dK dV, and no row-dot kernel runs. Scores are scale * q.k;
-// exponents are taken in log2 units (the scale times log2 e folded into the operand
-// that the scores read first).
+// rows and writes it (no row-dot kernel runs), so it runs before dK dV. Scores are
+// scale * q.k; exponents are taken in log2 units (the scale times log2 e folded into the
+// operand that the scores read first).
 //
 // A workgroup owns BR rows of one (batch, head): queries (FWD, BWD_Q) or keys (BWD_KV),
 // and streams tiles of BC rows of the other side through workgroup memory, skipping the

@@ -10,7 +10,7 @@
 //! otherwise `Tiled` where subgroups of at least 8 are granted: the forward and dQ on
 //! register-tiled SIMT kernels (`kernels::flash_attention_tiled`) for head sizes that
 //! are multiples of 32 where a tile fits, dK dV (and whatever no tile fits) on the lane
-//! kernels; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
+//! kernels, with two key rows a thread at head sizes 32 and 64; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
 //! dot products summed with subgroup shuffles) where subgroups
 //! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
 //! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
@@ -52,8 +52,9 @@ pub enum Path {
     Coop,
     /// Register-tiled SIMT kernels for the forward and dQ (each thread owns a block of
     /// scores and of outputs; head sizes multiples of 32, subgroups of at least 8); dK
-    /// dV, and a kernel whose tile does not fit the adapter's workgroup memory, run as on
-    /// `Subgroup` (`kernels::flash_attention_tiled::pick`).
+    /// dV on the lane kernel with two key rows a thread ([`Path::rows`]); a kernel
+    /// whose tile does not fit the adapter's workgroup memory runs as on `Subgroup`
+    /// (`kernels::flash_attention_tiled::pick`).
     Tiled,
 }
 
@@ -64,7 +65,7 @@ impl Path {
     /// the H100 at head size 64 (f32), 2 lanes ran the forward in 1.10 ms and dQ in 1.22
     /// (4 lanes: 1.24 and 1.35; 1 lane: 1.78 and 3.74) and dK dV in 1.82 (4 lanes: 1.44).
     pub fn lanes(self, d4: u32, mode: u32) -> u32 {
-        if self.key_rows(d4, mode) == 2 {
+        if self.rows(d4, mode) == 2 {
             return 8;
         }
         let most = if mode == Mode::KeyValue as u32 { 4 } else { 2 };
@@ -75,21 +76,23 @@ impl Path {
         }
     }
 
-    /// Key rows a thread of the lane dK dV holds: 2 on the tiled path (subgroups of at
-    /// least 8) at head sizes 32 and 64, with 8 lanes a pair of rows, so that each vec4
-    /// read from a query tile serves both rows; else 1 (and on `kv=lane` in
-    /// `WGTRAIN_TILED_ATTENTION`). Only dK dV (`mode` 2) has this kernel.
-    pub fn key_rows(self, d4: u32, mode: u32) -> u32 {
-        if self == Path::Tiled && mode == Mode::KeyValue as u32 && matches!(d4, 8 | 16) && !tiled::one_key_row() {
-            2
-        } else {
-            1
-        }
+    /// Rows a thread of the lane kernel `mode` holds: 2 for dK dV on the tiled path
+    /// (subgroups of at least 8) at head sizes 32 and 64, with 8 lanes a pair of rows, so
+    /// that each vec4 read from a streamed tile serves both rows (1 on `kv=lane` in
+    /// `WGTRAIN_TILED_ATTENTION`); 2 for dQ there on `q=pairs`; else 1. On the H100 (f32,
+    /// head size 64) two rows took dK dV from 1245 to 1088 us.
+    pub fn rows(self, d4: u32, mode: u32) -> u32 {
+        let two = match mode {
+            m if m == Mode::KeyValue as u32 => !tiled::one_key_row(),
+            m if m == Mode::Query as u32 => tiled::query_pairs(),
+            _ => false,
+        };
+        if self == Path::Tiled && matches!(d4, 8 | 16) && two { 2 } else { 1 }
     }
 
     /// Threads a workgroup of the SIMT kernel `mode` at head size 4 `d4`.
     pub fn threads(self, d4: u32, mode: u32) -> u32 {
-        BR / self.key_rows(d4, mode) * self.lanes(d4, mode)
+        BR / self.rows(d4, mode) * self.lanes(d4, mode)
     }
 
     /// The path for qkv of type `tq` and head size `d`: tensor cores where the adapter
@@ -365,7 +368,7 @@ fn kernel(
     // The lane kernels: the row dot on every path, and the Tiled path's fallback.
     let path = match path {
         Path::Coop => Path::Plain,
-        Path::Tiled if path.key_rows(d4, mode as u32) == 1 => Path::Subgroup,
+        Path::Tiled if path.rows(d4, mode as u32) == 1 => Path::Subgroup,
         p => p,
     };
     let lanes = path.lanes(d4, mode as u32);
@@ -385,12 +388,15 @@ fn kernel(
             subgroup | u32::from(unroll) << 1,
         ],
     );
+    // dQ with two rows a thread computes the row dot itself, reading y.
+    let row_dot = mode == Mode::Query && path.rows(d4, mode as u32) == 2;
+    let bindings = bindings + usize::from(row_dot);
     let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path, unroll))?;
     Ok(Chosen {
         kernel: k,
         per: bc,
         br: BR,
-        row_dot: false,
+        row_dot,
     })
 }
 
@@ -410,11 +416,10 @@ pub fn source(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unr
 /// size 4 `d4`: where a lane holds at most [`UNROLL_SLICES`] slices (the H100 ran the
 /// f32 attention in 4.07 ms written out, against 4.18 ms as loops); on CPU adapters
 /// (lavapipe), whose compilers unroll for themselves and compile big code slowly (the
-/// attention tests took 4 minutes written out against 50 s), only up to 2 slices.
+/// attention tests took 4 minutes written out against 50 s), only up to 2 slices. dK dV
+/// with two key rows a thread ran in 1088 us written out (255 registers) against 1157 as
+/// loops (167).
 pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
-    if mode == 2 && std::env::var_os("WGTRAIN_EXP_KVLOOP").is_some() {
-        return false;
-    }
     let slices = d4 / path.lanes(d4, mode);
     slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
@@ -446,8 +451,10 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("CAST", flag(mode == Mode::RowDotCast as u32)),
         ("BWD", flag(mode == Mode::KeyValue as u32 || mode == Mode::Query as u32)),
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
-        ("KV1", flag(mode == Mode::KeyValue as u32 && path.key_rows(d4, mode) == 1)),
-        ("KV2", flag(path.key_rows(d4, mode) == 2)),
+        ("KV1", flag(mode == Mode::KeyValue as u32 && path.rows(d4, mode) == 1)),
+        ("KV2", flag(mode == Mode::KeyValue as u32 && path.rows(d4, mode) == 2)),
+        ("Q1", flag(mode == Mode::Query as u32 && path.rows(d4, mode) == 1)),
+        ("Q2", flag(mode == Mode::Query as u32 && path.rows(d4, mode) == 2)),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
         ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
     ]

@@ -1,6 +1,7 @@
 //! The register-tiled SIMT attention (shaders/flash_attention_tiled.wgsl): the forward,
 //! dQ and dK dV computed in f32 as small matmuls, each thread owning a block of scores
-//! and a block of outputs. Its tiles (rows owned, rows streamed, own rows per thread)
+//! and a block of outputs; dQ also computes the row dot D = rowsum(dy * y) of its rows,
+//! which dK dV reads, so no row-dot kernel runs. Its tiles (rows owned, rows streamed, own rows per thread)
 //! are chosen per kernel by the adapter's workgroup memory; head sizes that are
 //! multiples of 32 up to 128. `kernels::flash_attention` picks it (`Path::Tiled`) where
 //! subgroups of at least 8 lanes are granted, for the forward and dQ (dK dV only when a
@@ -50,7 +51,7 @@ pub struct TiledTile {
 /// that fit 32 KiB (lavapipe) and smaller. dK dV has none: it runs on the lane kernel
 /// unless a tile is asked for (`kv=32x32x2p`), since within 48 KiB a workgroup owns at
 /// most 32 keys against 32 queries a tile, and on the H100 (f32, head size 64) that took
-/// 1554 us against the lane kernel's 1248.
+/// 1554 us against the lane kernel's 1248 (1088 with two key rows a thread).
 const CANDIDATES: [(TiledMode, TiledTile); 7] = [
     (TiledMode::Forward, TiledTile::prefetched(64, 64, 4)),
     (TiledMode::Forward, TiledTile::prefetched(32, 32, 4)),
@@ -178,18 +179,25 @@ enum Forced {
 /// What `spec` says of `mode` (`fwd=BRxBCxTM[p],q=...,kv=...`, or `kv=off`).
 fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
     match spec_value(spec, mode) {
-        Some("off") => Forced::Off,
+        Some("off" | "pairs") => Forced::Off,
         Some(v) => parse_tile(v).map_or(Forced::None, Forced::Tile),
         None => Forced::None,
     }
 }
 
 /// Whether `WGTRAIN_TILED_ATTENTION` holds `kv=lane`: dK dV on the lane kernel that
-/// gives each thread one key row (`kernels::flash_attention::Path::key_rows`), for
+/// gives each thread one key row (`kernels::flash_attention::Path::rows`), for
 /// comparison with the default of two.
 pub fn one_key_row() -> bool {
     let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
     spec_value(&spec, TiledMode::KeyValue) == Some("lane")
+}
+
+/// Whether `WGTRAIN_TILED_ATTENTION` holds `q=pairs`: dQ on the lane kernel with two
+/// query rows a thread instead of a tile.
+pub fn query_pairs() -> bool {
+    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    spec_value(&spec, TiledMode::Query) == Some("pairs")
 }
 
 fn spec_value(spec: &str, mode: TiledMode) -> Option<&str> {

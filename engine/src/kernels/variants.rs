@@ -79,7 +79,10 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
                     // Path::Tiled differs from Subgroup only in dK dV (two key rows a thread).
                     let tiled = (mode == 2).then_some(super::flash_attention::Path::Tiled);
-                    for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup].into_iter().chain(tiled) {
+                    for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup]
+                        .into_iter()
+                        .chain(tiled)
+                    {
                         for unroll in [false, true] {
                             out.push(Variant {
                                 name: "flash_attention",
