@@ -19,8 +19,7 @@
 //   from the saved lse: dV += P dY, dK += (P * (dY.V - D)) Q * scale.
 //   KV2: two key rows a thread (rows r and r + BR / 2), 8 lanes a pair: see below.
 // MODE 3, dQ: a workgroup takes BR query rows; K and V stream as in the forward;
-//   dQ += (P * (dY.V - D)) K * scale. Q2: two query rows a thread, as KV2, computing
-//   D itself.
+//   dQ += (P * (dY.V - D)) K * scale.
 // No atomics: each output row is summed by its own threads in a fixed order, so the
 // results are bitwise repeatable.
 //
@@ -37,8 +36,8 @@
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), ENABLE, TQ (qkv and y),
 // TD (dy), D4 (head size / 4), BR, BC, R, WG (threads), MODE, SUBGROUP,
-// FWD/PRE/CAST/BWD_KV/BWD_Q (the mode's code and bindings), KV1/KV2 and Q1/Q2 (dK dV
-// and dQ with one or two rows a thread) and KV_TILES.
+// FWD/PRE/CAST/BWD_KV/BWD_Q (the mode's code and bindings), KV1/KV2 (dK dV with one or
+// two key rows a thread) and KV_TILES.
 {{ENABLE}}
 
 {{ATTENTION_COMMON}}
@@ -63,9 +62,6 @@ var<workgroup> pre_part: array<f32, {{WG}}>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dvec: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dqkv: array<vec4<f32>>;
-//#if Q2
-@group(0) @binding(6) var<storage, read_write> y: array<vec4<{{TQ}}>>;
-//#endif
 //#endif
 
 const D4: u32 = {{D4}}u;
@@ -226,7 +222,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
     }
 //#endif
-//#if Q1
+//#if BWD_Q
     var q_@k = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + sub + R * @ku]);
     var g_@k = vec4<f32>(dy[y_at(b, srow, h) + sub + R * @ku]);
     var dq_@k = vec4<f32>(0.0);
@@ -255,87 +251,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     if valid {
         dqkv[qkv_at(b, row, 0u, h) + sub + R * @ku] = dq_@k * p.scale;
-    }
-//#endif
-//#if Q2
-    // Two query rows a thread, `row` and `row1` = row + BR / 2, 8 lanes a pair (as KV2):
-    // per four keys the partial scores and dY.V are reduce-scattered, each lane takes one
-    // exponent, and the lanes all-gather dS. The row dot D = rowsum(dY * Y) is computed
-    // here (no row-dot kernel runs) and written for dK dV, which runs after.
-    let row1 = row + BR / 2u;
-    let srow1 = min(row1, p.t - 1u);
-    let q0_@k = vec4<f32>(qkv[qkv_at(b, srow, 0u, h) + sub + R * @ku]) * (p.scale * LOG2E);
-    let q1_@k = vec4<f32>(qkv[qkv_at(b, srow1, 0u, h) + sub + R * @ku]) * (p.scale * LOG2E);
-    let g0_@k = vec4<f32>(dy[y_at(b, srow, h) + sub + R * @ku]);
-    let g1_@k = vec4<f32>(dy[y_at(b, srow1, h) + sub + R * @ku]);
-    var dd = vec2<f32>(0.0);
-    dd += vec2<f32>(dot(g0_@k, vec4<f32>(y[y_at(b, srow, h) + sub + R * @ku])), dot(g1_@k, vec4<f32>(y[y_at(b, srow1, h) + sub + R * @ku])));
-    dd += subgroupShuffleXor(dd, 1u);
-    dd += subgroupShuffleXor(dd, 2u);
-    dd += subgroupShuffleXor(dd, 4u);
-    if sub == 0u && valid { dvec[row_at(b, h, row)] = dd.x; }
-    if sub == 0u && row1 < p.t { dvec[row_at(b, h, row1)] = dd.y; }
-    var dq0_@k = vec4<f32>(0.0);
-    var dq1_@k = vec4<f32>(0.0);
-    let hi4 = (sub & 4u) != 0u;
-    let hi2 = (sub & 2u) != 0u;
-    let hi1 = (sub & 1u) != 0u;
-    let mine = select(row, row1, hi4);   // the query row of the lane's one exponent
-    let ks = sub & 3u;                   // and its key among the four
-    let lse_m = lse[row_at(b, h, min(mine, p.t - 1u))] * LOG2E;
-    let d_m = select(dd.x, dd.y, hi4);
-    let last = min(p.t, blk * BR + BR);
-    for (var j0 = 0u; j0 < last; j0 += BC) {
-        workgroupBarrier();
-        load_kv(lid, b, h, j0);
-        workgroupBarrier();
-//#unroll ROWS4
-        {
-            let jj = 4u * @u;
-            let at = jj * RS + sub;
-            let ka_@k = tile_a[at + R * @ku];
-            let kb_@k = tile_a[at + RS + R * @ku];
-            let kc_@k = tile_a[at + 2u * RS + R * @ku];
-            let kd_@k = tile_a[at + 3u * RS + R * @ku];
-            let va_@k = tile_b[at + R * @ku];
-            let vb_@k = tile_b[at + RS + R * @ku];
-            let vc_@k = tile_b[at + 2u * RS + R * @ku];
-            let vd_@k = tile_b[at + 3u * RS + R * @ku];
-            var s0 = vec4<f32>(0.0);
-            var s1 = vec4<f32>(0.0);
-            var e0 = vec4<f32>(0.0);
-            var e1 = vec4<f32>(0.0);
-            s0 += vec4<f32>(dot(ka_@k, q0_@k), dot(kb_@k, q0_@k), dot(kc_@k, q0_@k), dot(kd_@k, q0_@k));
-            s1 += vec4<f32>(dot(ka_@k, q1_@k), dot(kb_@k, q1_@k), dot(kc_@k, q1_@k), dot(kd_@k, q1_@k));
-            e0 += vec4<f32>(dot(va_@k, g0_@k), dot(vb_@k, g0_@k), dot(vc_@k, g0_@k), dot(vd_@k, g0_@k));
-            e1 += vec4<f32>(dot(va_@k, g1_@k), dot(vb_@k, g1_@k), dot(vc_@k, g1_@k), dot(vd_@k, g1_@k));
-            let s4 = select(s0, s1, hi4) + subgroupShuffleXor(select(s1, s0, hi4), 4u);
-            let e4 = select(e0, e1, hi4) + subgroupShuffleXor(select(e1, e0, hi4), 4u);
-            let lo2 = vec4<f32>(s4.xy, e4.xy);
-            let up2 = vec4<f32>(s4.zw, e4.zw);
-            let r2 = select(lo2, up2, hi2) + subgroupShuffleXor(select(up2, lo2, hi2), 2u);
-            let r1 = select(r2.xz, r2.yw, hi1) + subgroupShuffleXor(select(r2.yw, r2.xz, hi1), 1u);
-            let kj = j0 + jj + ks;
-            let ok = kj <= mine && kj < p.t && mine < p.t;
-            let ds = select(0.0, exp2(r1.x - lse_m) * (r1.y - d_m), ok);
-            // All-gather dS of keys 0..3 for both rows.
-            let x1 = subgroupShuffleXor(ds, 1u);
-            let d2 = select(vec2<f32>(ds, x1), vec2<f32>(x1, ds), hi1);
-            let x2 = subgroupShuffleXor(d2, 2u);
-            let dm = select(vec4<f32>(d2, x2), vec4<f32>(x2, d2), hi2);
-            let x4 = subgroupShuffleXor(dm, 4u);
-            let d0 = select(dm, x4, hi4);
-            let d1 = select(x4, dm, hi4);
-            dq0_@k += d0.x * ka_@k + d0.y * kb_@k + d0.z * kc_@k + d0.w * kd_@k;
-            dq1_@k += d1.x * ka_@k + d1.y * kb_@k + d1.z * kc_@k + d1.w * kd_@k;
-        }
-//#end
-    }
-    if valid {
-        dqkv[qkv_at(b, row, 0u, h) + sub + R * @ku] = dq0_@k * p.scale;
-    }
-    if row1 < p.t {
-        dqkv[qkv_at(b, row1, 0u, h) + sub + R * @ku] = dq1_@k * p.scale;
     }
 //#endif
 //#if KV1

@@ -78,16 +78,16 @@ impl Path {
 
     /// Rows a thread of the lane kernel `mode` holds: 2 for dK dV on the tiled path
     /// (subgroups of at least 8) at head sizes 32 and 64, with 8 lanes a pair of rows, so
-    /// that each vec4 read from a streamed tile serves both rows (1 on `kv=lane` in
-    /// `WGTRAIN_TILED_ATTENTION`); 2 for dQ there on `q=pairs`; else 1. On the H100 (f32,
-    /// head size 64) two rows took dK dV from 1245 to 1088 us.
+    /// that each vec4 read from a query tile serves both rows (1 on `kv=lane` in
+    /// `WGTRAIN_TILED_ATTENTION`); else 1. On the H100 (f32, head size 64) two rows took
+    /// dK dV from 1245 to 1088 us. (dQ with two query rows a thread took 885-889 us
+    /// against the tiled dQ's 849, so dQ stays tiled.)
     pub fn rows(self, d4: u32, mode: u32) -> u32 {
-        let two = match mode {
-            m if m == Mode::KeyValue as u32 => !tiled::one_key_row(),
-            m if m == Mode::Query as u32 => tiled::query_pairs(),
-            _ => false,
-        };
-        if self == Path::Tiled && matches!(d4, 8 | 16) && two { 2 } else { 1 }
+        if self == Path::Tiled && mode == Mode::KeyValue as u32 && matches!(d4, 8 | 16) && !tiled::one_key_row() {
+            2
+        } else {
+            1
+        }
     }
 
     /// Threads a workgroup of the SIMT kernel `mode` at head size 4 `d4`.
@@ -388,15 +388,12 @@ fn kernel(
             subgroup | u32::from(unroll) << 1,
         ],
     );
-    // dQ with two rows a thread computes the row dot itself, reading y.
-    let row_dot = mode == Mode::Query && path.rows(d4, mode as u32) == 2;
-    let bindings = bindings + usize::from(row_dot);
     let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path, unroll))?;
     Ok(Chosen {
         kernel: k,
         per: bc,
         br: BR,
-        row_dot,
+        row_dot: false,
     })
 }
 
@@ -452,9 +449,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("BWD", flag(mode == Mode::KeyValue as u32 || mode == Mode::Query as u32)),
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
         ("KV1", flag(mode == Mode::KeyValue as u32 && path.rows(d4, mode) == 1)),
-        ("KV2", flag(mode == Mode::KeyValue as u32 && path.rows(d4, mode) == 2)),
-        ("Q1", flag(mode == Mode::Query as u32 && path.rows(d4, mode) == 1)),
-        ("Q2", flag(mode == Mode::Query as u32 && path.rows(d4, mode) == 2)),
+        ("KV2", flag(path.rows(d4, mode) == 2)),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
         ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
     ]

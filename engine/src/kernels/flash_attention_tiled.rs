@@ -179,7 +179,7 @@ enum Forced {
 /// What `spec` says of `mode` (`fwd=BRxBCxTM[p],q=...,kv=...`, or `kv=off`).
 fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
     match spec_value(spec, mode) {
-        Some("off" | "pairs") => Forced::Off,
+        Some("off") => Forced::Off,
         Some(v) => parse_tile(v).map_or(Forced::None, Forced::Tile),
         None => Forced::None,
     }
@@ -191,13 +191,6 @@ fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
 pub fn one_key_row() -> bool {
     let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
     spec_value(&spec, TiledMode::KeyValue) == Some("lane")
-}
-
-/// Whether `WGTRAIN_TILED_ATTENTION` holds `q=pairs`: dQ on the lane kernel with two
-/// query rows a thread instead of a tile.
-pub fn query_pairs() -> bool {
-    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
-    spec_value(&spec, TiledMode::Query) == Some("pairs")
 }
 
 fn spec_value(spec: &str, mode: TiledMode) -> Option<&str> {
