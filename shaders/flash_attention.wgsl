@@ -296,20 +296,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // lanes (xor 4: row, xor 2 and xor 1: query), so lane `sub` ends with the full pair
     // for row (sub & 4 ? row1 : row) and query sub & 3, and takes that one exponent; the
     // lanes then all-gather P and dS (xor 1, 2, 4) for the products with the tile.
-//#if SKIP
-    let kr0 = blk * BR + 2u * r;
-    let kr1 = kr0 + 1u;
-    // The subgroup's first key row: a chunk of queries all before it adds nothing.
-    let wmin = subgroupMin(kr0);
-//#else
-    let kr0 = row;
-    let kr1 = row + BR / 2u;
-//#endif
-    let srow0 = min(kr0, p.t - 1u);
-    let srow1 = min(kr1, p.t - 1u);
-    let k0_@k = vec4<f32>(qkv[qkv_at(b, srow0, 1u, h) + sub + R * @ku]) * (p.scale * LOG2E);
+    let row1 = row + BR / 2u;
+    let srow1 = min(row1, p.t - 1u);
+    let k0_@k = vec4<f32>(qkv[qkv_at(b, srow, 1u, h) + sub + R * @ku]) * (p.scale * LOG2E);
     let k1_@k = vec4<f32>(qkv[qkv_at(b, srow1, 1u, h) + sub + R * @ku]) * (p.scale * LOG2E);
-    let v0_@k = vec4<f32>(qkv[qkv_at(b, srow0, 2u, h) + sub + R * @ku]);
+    let v0_@k = vec4<f32>(qkv[qkv_at(b, srow, 2u, h) + sub + R * @ku]);
     let v1_@k = vec4<f32>(qkv[qkv_at(b, srow1, 2u, h) + sub + R * @ku]);
     var dk0_@k = vec4<f32>(0.0);
     var dk1_@k = vec4<f32>(0.0);
@@ -318,7 +309,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let hi4 = (sub & 4u) != 0u;
     let hi2 = (sub & 2u) != 0u;
     let hi1 = (sub & 1u) != 0u;
-    let mine = select(kr0, kr1, hi4);   // the key row of the lane's one exponent
+    let mine = select(row, row1, hi4);   // the key row of the lane's one exponent
     let qs = sub & 3u;                   // and its query among the four
     let first = (blk * BR) / BC * BC;
     for (var i0 = first; i0 < p.t; i0 += BC) {
@@ -328,9 +319,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#unroll ROWS4
         {
             let ii = 4u * @u;
-//#if SKIP
-            if i0 + ii + 3u >= wmin {
-//#endif
             let at = ii * RS + sub;
             let qa_@k = tile_a[at + R * @ku];
             let qb_@k = tile_a[at + RS + R * @ku];
@@ -375,19 +363,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             dv1_@k += p1.x * ga_@k + p1.y * gb_@k + p1.z * gc_@k + p1.w * gd_@k;
             dk0_@k += d0.x * qa_@k + d0.y * qb_@k + d0.z * qc_@k + d0.w * qd_@k;
             dk1_@k += d1.x * qa_@k + d1.y * qb_@k + d1.z * qc_@k + d1.w * qd_@k;
-//#if SKIP
-            }
-//#endif
         }
 //#end
     }
-    if kr0 < p.t {
-        dqkv[qkv_at(b, kr0, 1u, h) + sub + R * @ku] = dk0_@k * p.scale;
-        dqkv[qkv_at(b, kr0, 2u, h) + sub + R * @ku] = dv0_@k;
+    if valid {
+        dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk0_@k * p.scale;
+        dqkv[qkv_at(b, row, 2u, h) + sub + R * @ku] = dv0_@k;
     }
-    if kr1 < p.t {
-        dqkv[qkv_at(b, kr1, 1u, h) + sub + R * @ku] = dk1_@k * p.scale;
-        dqkv[qkv_at(b, kr1, 2u, h) + sub + R * @ku] = dv1_@k;
+    if row1 < p.t {
+        dqkv[qkv_at(b, row1, 1u, h) + sub + R * @ku] = dk1_@k * p.scale;
+        dqkv[qkv_at(b, row1, 2u, h) + sub + R * @ku] = dv1_@k;
     }
 //#endif
 }

@@ -385,7 +385,7 @@ fn kernel(
             BR,
             bc,
             lanes,
-            subgroup | u32::from(unroll) << 1 | u32::from(std::env::var_os("WGTRAIN_EXP_KVSKIP").is_some()) << 2,
+            subgroup | u32::from(unroll) << 1,
         ],
     );
     let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path, unroll))?;
@@ -450,7 +450,6 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("BWD_KV", flag(mode == Mode::KeyValue as u32)),
         ("KV1", flag(mode == Mode::KeyValue as u32 && path.rows(d4, mode) == 1)),
         ("KV2", flag(path.rows(d4, mode) == 2)),
-        ("SKIP", flag(std::env::var_os("WGTRAIN_EXP_KVSKIP").is_some())),
         ("BWD_Q", flag(mode == Mode::Query as u32)),
         ("KV_TILES", flag(mode == Mode::Forward as u32 || mode == Mode::Query as u32)),
     ]
