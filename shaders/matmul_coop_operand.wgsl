@@ -71,12 +71,7 @@ fn {{X}}_put(tid: u32, buf: u32, l: u32, v: {{TYPE}}) {
     {{X}}_tile[t / 4u] = v.lo;
     {{X}}_tile[t / 4u + 1u] = v.hi;
 //#else
-//#if U8
-    {{X}}_tile[t / 4u] = vec4<f16>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)));
-    {{X}}_tile[t / 4u + 1u] = vec4<f16>(vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
-//#else
     {{X}}_tile[t / {{X}}_TW] = v;
-//#endif
 //#endif
 }
 

@@ -83,20 +83,13 @@ pub fn workgroup_bytes(tile: CoopTile) -> u64 {
     2 * u64::from(tile.nbuf) * (side(tile.bm()) + side(tile.bn())) + 4 * 256 * u64::from(tile.gm * tile.gn)
 }
 
-/// Experiment: 16-byte loads as vec4<u32> (alignment 16), unpacked to f16 at the stash.
-fn exp_u8() -> bool {
-    std::env::var_os("WGTRAIN_EXP_U8").is_some()
-}
-
 fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
     let is_a = x == "a";
     let mn = if is_a { tile.bm() } else { tile.bn() };
     // Storage orientation: A rows are M (row) or K (col); B rows are K (row) or N (col).
     let (rows, cols) = if load.col == is_a { (tile.bk, mn) } else { (mn, tile.bk) };
     let index = if load.col == is_a { "kk * ld + major" } else { "major * ld + kk" };
-    let u8 = load.width == 8 && exp_u8();
     let ty = match load.width {
-        8 if u8 => "vec4<u32>",
         8 => "H8",
         4 => "vec4<f16>",
         _ => "f16",
@@ -110,8 +103,7 @@ fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
         ("TYPE", ty.to_string()),
         ("TILE_TYPE", tile_ty.to_string()),
         ("TW", tw.to_string()),
-        ("W8", (load.width == 8 && !u8).to_string()),
-        ("U8", u8.to_string()),
+        ("W8", (load.width == 8).to_string()),
         ("ROWS", rows.to_string()),
         ("COLS", cols.to_string()),
         ("W", load.width.to_string()),
@@ -296,7 +288,7 @@ pub(super) fn launch(
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul_coop",
-            &[c.dtype() as u32, opts.activation as u32, la.code(), lb.code(), tile.packed(), u32::from(exp_u8())],
+            &[c.dtype() as u32, opts.activation as u32, la.code(), lb.code(), tile.packed()],
         ),
         4,
         || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile)?),
