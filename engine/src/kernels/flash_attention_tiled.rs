@@ -13,6 +13,8 @@
 //!
 //! May call: `error`, `kernels::common`, `runtime`, `tensor`.
 
+use std::sync::OnceLock;
+
 use super::common::{ATTENTION_COMMON, enables};
 use crate::error::Error;
 use crate::runtime::{render, repeat_marked};
@@ -131,11 +133,11 @@ impl TiledTile {
 /// puts a tile of its own first, for tuning; `WGTRAIN_TILED_ATTENTION=off` takes none
 /// (the lane kernels run instead).
 pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
-    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    let spec = spec();
     if spec.trim() == "off" {
         return None;
     }
-    let forced = match forced_tile(&spec, mode) {
+    let forced = match forced_tile(spec, mode) {
         Forced::Off => return None,
         Forced::Tile(t) => Some(t),
         Forced::None => None,
@@ -154,7 +156,7 @@ pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
 /// with 1 and 801 written out (201, 196, 210 and 254 registers); dQ (64 x 32) 838, 831,
 /// 872 and 1151.
 pub fn chunks(cpu: bool) -> u32 {
-    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
+    let spec = spec();
     let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
     match () {
         _ if cpu => 1,
@@ -189,8 +191,15 @@ fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
 /// gives each thread one key row (`kernels::flash_attention::Path::rows`), for
 /// comparison with the default of two.
 pub fn one_key_row() -> bool {
-    let spec = std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default();
-    spec_value(&spec, TiledMode::KeyValue) == Some("lane")
+    let spec = spec();
+    spec_value(spec, TiledMode::KeyValue) == Some("lane")
+}
+
+/// `WGTRAIN_TILED_ATTENTION`, read once per process: kernels are chosen at every launch,
+/// which should neither allocate nor read the environment.
+fn spec() -> &'static str {
+    static SPEC: OnceLock<String> = OnceLock::new();
+    SPEC.get_or_init(|| std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default())
 }
 
 fn spec_value(spec: &str, mode: TiledMode) -> Option<&str> {
