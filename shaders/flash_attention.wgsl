@@ -73,7 +73,6 @@ const WG: u32 = {{WG}}u;    // threads: R a row, or R a pair of rows (KV2)
 const MODE: u32 = {{MODE}}u;
 const NEG: f32 = -3.0e38;
 const LOG2E: f32 = 1.4426950408889634;
-const ROWS4H: u32 = {{ROWS4H}}u;   // DB: the chunk at which the next tile is stored
 const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) at a time
 
 // Two tiles of BC rows of D4 vec4s (stride RS) in workgroup memory (K and V, or Q and dY), and a
@@ -81,8 +80,8 @@ const QUAD: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);   // four keys (or queries) a
 var<workgroup> tile_a: array<vec4<f32>, {{TILE}}>;
 var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
 // The query tile's lse and D, four rows a vec4 (read four at a time).
-var<workgroup> tile_s: array<vec4<f32>, {{STATS}}>;
-var<workgroup> tile_d: array<vec4<f32>, {{STATS}}>;
+var<workgroup> tile_s: array<vec4<f32>, BC / 4u>;
+var<workgroup> tile_d: array<vec4<f32>, BC / 4u>;
 
 
 //#if SUBGROUP
@@ -132,34 +131,6 @@ fn load_q(lid: u32, b: u32, h: u32, i0: u32) {
             tile_s[r / 4u][r % 4u] = 0.0;
             tile_d[r / 4u][r % 4u] = 0.0;
         }
-    }
-}
-//#endif
-
-//#if DB
-// Two query tiles in workgroup memory (TS vec4s each): the next one is fetched into
-// registers at the current one's first chunk and stored into the other buffer midway.
-const TS: u32 = BC * RS;
-var<private> nq_@L: vec4<f32>;
-var<private> ng_@L: vec4<f32>;
-var<private> nls: f32;
-var<private> nld: f32;
-fn fetch_q(lid: u32, b: u32, h: u32, i0: u32) {
-    let e_@L = min(lid + WG * @Lu, BC * D4 - 1u);
-    let i_@L = min(i0 + e_@L / D4, p.t - 1u);
-    nq_@L = vec4<f32>(qkv[qkv_at(b, i_@L, 0u, h) + e_@L % D4]);
-    ng_@L = vec4<f32>(dy[y_at(b, i_@L, h) + e_@L % D4]);
-    let r = min(i0 + min(lid, BC - 1u), p.t - 1u);
-    nls = lse[row_at(b, h, r)];
-    nld = dvec[row_at(b, h, r)];
-}
-fn stash_q(lid: u32, i0: u32, buf: u32) {
-    let e_@L = lid + WG * @Lu;
-    if e_@L < BC * D4 { tile_a[buf * TS + e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), nq_@L, i0 + e_@L / D4 < p.t); }
-    if e_@L < BC * D4 { tile_b[buf * TS + e_@L / D4 * RS + e_@L % D4] = select(vec4<f32>(0.0), ng_@L, i0 + e_@L / D4 < p.t); }
-    if lid < BC {
-        tile_s[buf * (BC / 4u) + lid / 4u][lid % 4u] = select(0.0, nls, i0 + lid < p.t);
-        tile_d[buf * (BC / 4u) + lid / 4u][lid % 4u] = select(0.0, nld, i0 + lid < p.t);
     }
 }
 //#endif
@@ -341,32 +312,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let mine = select(row, row1, hi4);   // the key row of the lane's one exponent
     let qs = sub & 3u;                   // and its query among the four
     let first = (blk * BR) / BC * BC;
-//#if DB
-    fetch_q(lid, b, h, first);
-    stash_q(lid, first, 0u);
-    var buf = 0u;
-//#endif
     for (var i0 = first; i0 < p.t; i0 += BC) {
-//#if DB
-        workgroupBarrier();
-        let more = i0 + BC < p.t;
-        let tb = buf * TS;
-        let sb = buf * (BC / 4u);
-//#else
         workgroupBarrier();
         load_q(lid, b, h, i0);
         workgroupBarrier();
-        let tb = 0u;
-        let sb = 0u;
-//#endif
 //#unroll ROWS4
         {
             let ii = 4u * @u;
-//#if DB
-            if @u == 0u && more { fetch_q(lid, b, h, i0 + BC); }
-            if @u == ROWS4H && more { stash_q(lid, i0 + BC, 1u - buf); }
-//#endif
-            let at = tb + ii * RS + sub;
+            let at = ii * RS + sub;
             let qa_@k = tile_a[at + R * @ku];
             let qb_@k = tile_a[at + RS + R * @ku];
             let qc_@k = tile_a[at + 2u * RS + R * @ku];
@@ -392,8 +345,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let r1 = select(r2.xz, r2.yw, hi1) + subgroupShuffleXor(select(r2.yw, r2.xz, hi1), 1u);
             let qi = i0 + ii + qs;
             let ok = qi >= mine && qi < p.t && mine < p.t;
-            let pv = select(0.0, exp2(r1.x - tile_s[sb + ii / 4u][qs] * LOG2E), ok);
-            let pd = vec2<f32>(pv, pv * (r1.y - tile_d[sb + ii / 4u][qs]));
+            let pv = select(0.0, exp2(r1.x - tile_s[ii / 4u][qs] * LOG2E), ok);
+            let pd = vec2<f32>(pv, pv * (r1.y - tile_d[ii / 4u][qs]));
             // All-gather: (P, dS) of queries 0..3 for both rows.
             let x1 = subgroupShuffleXor(pd, 1u);
             let pp = select(vec4<f32>(pd.x, x1.x, pd.y, x1.y), vec4<f32>(x1.x, pd.x, x1.y, pd.y), hi1);
@@ -412,9 +365,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             dk1_@k += d1.x * qa_@k + d1.y * qb_@k + d1.z * qc_@k + d1.w * qd_@k;
         }
 //#end
-//#if DB
-        buf = 1u - buf;
-//#endif
     }
     if valid {
         dqkv[qkv_at(b, row, 1u, h) + sub + R * @ku] = dk0_@k * p.scale;

@@ -372,14 +372,7 @@ fn kernel(
         p => p,
     };
     let lanes = path.lanes(d4, mode as u32);
-    let db = exp_db(path, d4, mode as u32);
-    let bc = if db {
-        // Two query tiles of 32 (16 where they do not fit) in workgroup memory.
-        let limit = rt.gpu.caps.limits.max_compute_workgroup_storage_size as usize;
-        if 4 * 32 * (d + 4) * 4 + 4 * 32 * 4 <= limit { 32 } else { 16 }
-    } else {
-        tile_rows(rt, d, lanes)?
-    };
+    let bc = tile_rows(rt, d, lanes)?;
     let subgroup = u32::from(matches!(path, Path::Subgroup | Path::Tiled));
     let unroll = unrolled(rt, d4, path, mode as u32);
     let key = KernelKey::new(
@@ -392,7 +385,7 @@ fn kernel(
             BR,
             bc,
             lanes,
-            subgroup | u32::from(unroll) << 1 | u32::from(db) << 2,
+            subgroup | u32::from(unroll) << 1,
         ],
     );
     let k = rt.kernel(key, bindings, || source(mode as u32, tq, td, d4, bc, path, unroll))?;
@@ -428,11 +421,6 @@ pub fn unrolled(rt: &Runtime, d4: u32, path: Path, mode: u32) -> bool {
     slices <= if rt.gpu.report.device_type == "cpu" { 2 } else { UNROLL_SLICES }
 }
 
-/// Experiment: dK dV with two key rows a thread and two query tiles in workgroup memory.
-fn exp_db(path: Path, d4: u32, mode: u32) -> bool {
-    path.rows(d4, mode) == 2 && std::env::var_os("WGTRAIN_EXP_KVDB").is_some()
-}
-
 /// The template values of one variant: `mode` 0 forward, 1 the row dot D, 2 dK and
 /// dV, 3 dQ, 4 the row dot also writing dy in f16; `bc` rows per tile.
 pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, unroll: bool) -> Vec<(&'static str, String)> {
@@ -452,10 +440,7 @@ pub fn variant(mode: u32, tq: DType, td: DType, d4: u32, bc: u32, path: Path, un
         ("ROWS4", format!("{}{}", bc / 4, if unroll { "" } else { " loop" })),
         ("R", lanes.to_string()),
         ("WG", path.threads(d4, mode).to_string()),
-        ("TILE", (bc * (d4 + 1) * if exp_db(path, d4, mode) { 2 } else { 1 }).to_string()),
-        ("STATS", (bc / 4 * if exp_db(path, d4, mode) { 2 } else { 1 }).to_string()),
-        ("ROWS4H", (bc / 8).to_string()),
-        ("DB", flag(exp_db(path, d4, mode))),
+        ("TILE", (bc * (d4 + 1)).to_string()),
         ("MODE", mode.to_string()),
         ("SUBGROUP", flag(matches!(path, Path::Subgroup | Path::Tiled))),
         ("FWD", flag(mode == Mode::Forward as u32)),
