@@ -10,9 +10,10 @@
 //! otherwise `Tiled` where subgroups of at least 8 are granted: the forward and dQ on
 //! register-tiled SIMT kernels (`kernels::flash_attention_tiled`) for head sizes that
 //! are multiples of 32 where a tile fits, dK dV (and whatever no tile fits) on the lane
-//! kernels, with two key rows a thread at head sizes 32 and 64; otherwise `Subgroup` (a row's lanes split its head dimension, their partial
-//! dot products summed with subgroup shuffles) where subgroups
-//! of at least 4 are granted, else `Plain` (a thread per row, workgroup memory only).
+//! kernels, with two key rows a thread at head sizes 32 and 64; otherwise `Subgroup` (a
+//! row's lanes split its head dimension, their partial dot products summed with
+//! subgroup shuffles) where subgroups of at least 4 are granted, else `Plain` (a thread
+//! per row, workgroup memory only).
 //! f32 qkv is computed in f32 throughout (no tensor cores). Tiles are sized to the
 //! adapter's workgroup memory. Head sizes: multiples of 4 up to 128; any T; B * NH
 //! beyond one dispatch dimension.
@@ -559,32 +560,27 @@ pub fn backward_tiled(
     } else {
         None
     };
-    // The register-tiled dQ computes D itself (it runs first); else the row-dot kernel.
-    let mut query = match dy16 {
-        None => Some(kernel(rt, Mode::Query, tq, td, dims.d, path, tile, 5)?).filter(|k| k.row_dot),
-        Some(_) => None,
-    };
-    if query.is_none() {
+    // The backward kernels read dy in f16 where it is cast; the register-tiled dQ
+    // computes D itself (it runs first), else the row-dot kernel runs before both.
+    let td_bwd = if dy16.is_some() { DType::F16 } else { td };
+    let query = kernel(rt, Mode::Query, tq, td_bwd, dims.d, path, tile, 5)?;
+    let key_value = kernel(rt, Mode::KeyValue, tq, td_bwd, dims.d, path, tile, 5)?;
+    if !query.row_dot {
         let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
         let pre = kernel(rt, pre_mode, tq, td, dims.d, path, None, pre_bindings)?;
         // D / 4 threads a row.
         let rows_per = (BR * path.lanes((dims.d / 4) as u32, pre_mode as u32)) as usize / (dims.d / 4);
-        let mut pre_bound = vec![&saved.y, dy, &dvec];
-        pre_bound.extend(&dy16);
+        let pre_bound = [&saved.y, dy, &dvec, dy16.as_ref().unwrap_or(dy)];
         rt.launch(
             &pre.kernel,
             bytemuck::bytes_of(&dims.params(0, 0)),
-            &pre_bound,
+            &pre_bound[..pre_bindings],
             grid(rows.div_ceil(rows_per) as u32),
         )?;
     }
-    let (dy, td) = dy16.as_ref().map_or((dy, td), |t| (t, DType::F16));
+    let dy = dy16.as_ref().unwrap_or(dy);
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
-    for (mode, products) in [(Mode::Query, 6.0), (Mode::KeyValue, 8.0)] {
-        let k = match query.take() {
-            Some(k) => k,
-            None => kernel(rt, mode, tq, td, dims.d, path, tile, 5)?,
-        };
+    for (k, products) in [(query, 6.0), (key_value, 8.0)] {
         let blocks = dims.blocks(k.br);
         let bound = [qkv, dy, &saved.lse, &dvec, &dqkv, &saved.y];
         rt.launch_with_work(
