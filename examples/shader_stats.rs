@@ -8,6 +8,11 @@
 //! bindings wgpu itself uses) and compiles the SPIR-V that naga writes from the same
 //! WGSL. Prints one JSON object per kernel.
 //!
+//! With `SHADER_DUMP=DIR` it also writes, per kernel, what the driver gives back of the
+//! compiled code: its internal representations (`DIR/N.ir.I.txt`, where the driver has
+//! any) and the pipeline cache's data (`DIR/N.cache`, which on NVIDIA holds the machine
+//! code; scripts/sass_from_cache.py disassembles it), and `DIR/N.wgsl`.
+//!
 //! Run on the GPU machine: `cargo run --release --example shader_stats [FILTER]`.
 
 use ash::vk;
@@ -90,9 +95,18 @@ fn spirv(wgsl: &str) -> Result<(Vec<u32>, naga::Module), Failure> {
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
         .validate(&module)
         .map_err(|e| e.emit_to_string(wgsl))?;
+    // How workgroup memory is zeroed: as wgpu does on Vulkan 1.3 (native), or as
+    // `SHADER_ZERO=polyfill|none` says.
+    use naga::back::spv::ZeroInitializeWorkgroupMemoryMode as Zero;
+    let zero = match std::env::var("SHADER_ZERO").as_deref() {
+        Ok("polyfill") => Zero::Polyfill,
+        Ok("none") => Zero::None,
+        _ => Zero::Native,
+    };
     let options = naga::back::spv::Options {
         lang_version: (1, 6),
         flags: naga::back::spv::WriterFlags::empty(),
+        zero_initialize_workgroup_memory: zero,
         ..Default::default()
     };
     let words = naga::back::spv::write_vec(&module, &info, &options, None)?;
@@ -140,6 +154,11 @@ impl Vulkan {
                 .push_next(&mut coop)
                 .push_next(&mut exec);
             instance.get_physical_device_features2(pd, &mut f2);
+            // wgpu enables robust buffer access (a bounds check on every storage access,
+            // compiled in by the driver); `SHADER_ROBUST=0` compiles as a device without it.
+            if std::env::var("SHADER_ROBUST").as_deref() == Ok("0") {
+                f2.features.robust_buffer_access = vk::FALSE;
+            }
             // Statistics are required; cooperative matrices where present (the flash and
             // matmul kernels need them, the SIMT ones do not).
             let present: Vec<String> = instance
@@ -181,7 +200,7 @@ impl Vulkan {
 
     /// Compiles `words` (entry point `main`, bindings from `module`) and returns the
     /// driver's statistics as (name, value).
-    fn stats(&self, words: &[u32], module: &naga::Module) -> Result<Vec<(String, String)>, Failure> {
+    fn stats(&self, words: &[u32], module: &naga::Module, dump: Option<&std::path::Path>) -> Result<Vec<(String, String)>, Failure> {
         let mut bindings: Vec<vk::DescriptorSetLayoutBinding> = module
             .global_variables
             .iter()
@@ -213,13 +232,14 @@ impl Vulkan {
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(shader)
                 .name(c"main");
-            let info = vk::ComputePipelineCreateInfo::default()
-                .stage(stage)
-                .layout(layout)
-                .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
-            let pipeline = d
-                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
-                .map_err(|(_, e)| e)?[0];
+            let mut flags = vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR;
+            if dump.is_some() {
+                flags |= vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR;
+            }
+            let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout).flags(flags);
+            // A fresh cache per pipeline, so that its data holds this kernel alone.
+            let cache = d.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)?;
+            let pipeline = d.create_compute_pipelines(cache, &[info], None).map_err(|(_, e)| e)?[0];
             let pinfo = vk::PipelineInfoKHR::default().pipeline(pipeline);
             let n = self.exec.get_pipeline_executable_properties(&pinfo)?.len();
             let mut out = Vec::new();
@@ -236,12 +256,61 @@ impl Vulkan {
                     };
                     out.push((name, value));
                 }
+                if let Some(dir) = dump {
+                    for (j, text) in self.internal(&einfo)?.into_iter().enumerate() {
+                        std::fs::write(dir.with_extension(format!("ir.{i}.{j}.txt")), text)?;
+                    }
+                }
             }
+            if let Some(dir) = dump {
+                std::fs::write(dir.with_extension("cache"), d.get_pipeline_cache_data(cache)?)?;
+            }
+            d.destroy_pipeline_cache(cache, None);
             d.destroy_pipeline(pipeline, None);
             d.destroy_shader_module(shader, None);
             d.destroy_pipeline_layout(layout, None);
             d.destroy_descriptor_set_layout(set, None);
             Ok(out)
+        }
+    }
+}
+
+impl Vulkan {
+    /// The driver's internal representations of one executable, each as its name,
+    /// description and text (or its size where it is binary).
+    ///
+    /// # Safety
+    /// `einfo` names a live pipeline created with CAPTURE_INTERNAL_REPRESENTATIONS.
+    unsafe fn internal(&self, einfo: &vk::PipelineExecutableInfoKHR) -> Result<Vec<String>, Failure> {
+        // SAFETY: the two-call idiom, the second with buffers of the sizes the first gave.
+        unsafe {
+            let mut reps = self.exec.get_pipeline_executable_internal_representations(einfo)?;
+            let mut bufs: Vec<Vec<u8>> = reps.iter().map(|r| vec![0u8; r.data_size]).collect();
+            for (r, b) in reps.iter_mut().zip(bufs.iter_mut()) {
+                r.p_data = b.as_mut_ptr().cast();
+            }
+            let mut count = reps.len() as u32;
+            (self.exec.fp().get_pipeline_executable_internal_representations_khr)(
+                self.device.handle(),
+                einfo,
+                &mut count,
+                reps.as_mut_ptr(),
+            )
+            .result()?;
+            Ok(reps
+                .iter()
+                .zip(&bufs)
+                .map(|(r, b)| {
+                    let name = CStr::from_ptr(r.name.as_ptr()).to_string_lossy();
+                    let what = CStr::from_ptr(r.description.as_ptr()).to_string_lossy();
+                    let body = if r.is_text != 0 {
+                        String::from_utf8_lossy(b.split(|&c| c == 0).next().unwrap_or(&[])).into_owned()
+                    } else {
+                        format!("({} bytes of binary)", b.len())
+                    };
+                    format!("{name}: {what}\n{body}")
+                })
+                .collect())
         }
     }
 }
@@ -258,8 +327,16 @@ impl Drop for Vulkan {
 
 fn main() -> Result<(), Failure> {
     let filter = std::env::args().nth(1).unwrap_or_default();
+    let dump = std::env::var_os("SHADER_DUMP").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir)?;
+    }
     let vk = Vulkan::open()?;
-    for (name, wgsl) in kernels(&filter)? {
+    for (n, (name, wgsl)) in kernels(&filter)?.into_iter().enumerate() {
+        let path = dump.as_ref().map(|dir| dir.join(n.to_string()));
+        if let Some(p) = &path {
+            std::fs::write(p.with_extension("wgsl"), format!("// {name}\n{wgsl}"))?;
+        }
         let (words, module) = match spirv(&wgsl) {
             Ok(x) => x,
             Err(e) => {
@@ -267,7 +344,7 @@ fn main() -> Result<(), Failure> {
                 continue;
             }
         };
-        match vk.stats(&words, &module) {
+        match vk.stats(&words, &module, path.as_deref()) {
             Ok(stats) => {
                 let fields: Vec<String> = stats.iter().map(|(k, v)| format!("{k:?}: {v:?}")).collect();
                 println!("{{\"kernel\": {name:?}, {}}}", fields.join(", "));
