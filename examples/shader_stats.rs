@@ -33,9 +33,9 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
             if tile.workgroup_bytes(mode, 64) > 48 * 1024 {
                 continue;
             }
-            // dy in f16, as the tensor-core backward reads it.
+            // dy in f16, as the tensor-core backward reads it; T whole (GPT-2's 1024).
             let name = format!("flash_coop {mode:?} {}", tile.name());
-            out.push((name, source(mode, DType::F16, 64, tile)?));
+            out.push((name, source(mode, DType::F16, 64, tile, true)?));
         }
     }
     // The SIMT attention (f32, and f16 without tensor cores) at GPT-2's head size, with

@@ -80,6 +80,9 @@ const LD4: u32 = LD / 4u;    // the same in vec4s
 const PLD4: u32 = PLD / 4u;
 const SLD4: u32 = SLD / 4u;
 const LOADS: u32 = (BC * D8 + WG - 1u) / WG;   // 8-element loads a thread makes per tile
+// T a multiple of BR and BC (the host's rule): every row a load reads is inside T, and
+// the loads go unchecked (on the H100 the tensor-core matmul's bounds checks cost it 15%).
+const WHOLE: bool = {{WHOLE}};
 const NEG: f32 = -3.0e38;
 const LOG2E: f32 = 1.4426950408889634;
 
@@ -132,6 +135,11 @@ fn row_sync() {
     {{ROW_SYNC}}();
 }
 
+// Whether row t of a loaded tile is inside T (always, where WHOLE).
+fn in_t(t: u32) -> bool {
+    return WHOLE || t < p.t;
+}
+
 // Loads the block's own BR rows from row r0 into x_t (qkv part OWN_X) and y_t (OWN_Y);
 // zeros past T. (qkv_at and y_at give vec4 indices; heads start at multiples of 16.)
 fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
@@ -141,7 +149,7 @@ fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
         let t = r0 + r;
         var xv = H8();
         var yv = H8();
-        if t < p.t {
+        if in_t(t) {
             xv = qkv[qkv_at(b, t, {{OWN_X}}u, h) / 2u + c];
 //#if BWD_Q
             let g = dy[y_at(b, t, h) / 2u + c];
@@ -165,7 +173,7 @@ fn fetch_one(lid: u32, l: u32, b: u32, h: u32, r0: u32) -> Fetched {
     let t = r0 + e / D8;
     let c = e % D8;
     var v = Fetched();
-    if e < BC * D8 && t < p.t {
+    if e < BC * D8 && in_t(t) {
         v.x = qkv[qkv_at(b, t, {{PX}}u, h) / 2u + c];
 //#if BWD_KV
         v.y = dy[y_at(b, t, h) / 2u + c];
@@ -182,7 +190,7 @@ fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
     let i = r0 + lid;
     pre_s = 0.0;
     pre_d = 0.0;
-    if lid < BC && i < p.t {
+    if lid < BC && in_t(i) {
         pre_s = lse[row_at(b, h, i)] * LOG2E;
         pre_d = dvec[row_at(b, h, i)];
     }

@@ -12,6 +12,10 @@
 // turn (PAIRS). The operands' loaders and fragment loads come from
 // shaders/matmul_coop_operand.wgsl (OPERAND_A, OPERAND_B): each reads its operand in
 // its storage orientation, so transposed views load as wide as plain ones.
+// Where the host finds whole tiles (M, N and K multiples of the tile, an even count of
+// K tiles where two are taken a turn), CHECKED is off and the operands load without
+// bounds checks: on the H100 the checks cost 15% at 4096^3 (each load became a branch
+// region of its own in the driver's code; docs/benchmarks.md).
 // Out: with DIRECT (f32 C) and the host's flag (no bias, activation, scale or
 // accumulation; aligned C), whole tiles store fragments straight to C; otherwise each
 // fragment goes through a 16 x 16 staging area per subgroup and the epilogue, with
@@ -114,7 +118,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let t = 2u * pr;
         {
             let cur = 0u;
+//#if CHECKED
             fetch(AHEAD - 1u, tid, a_base, b_base, row0, col0, (t + AHEAD) * BK);
+//#else
+            // Whole tiles (an even count): two ahead, the last pair fetches nothing (its
+            // tile would be past K). (Clamping that fetch to the last tile instead cost
+            // the two-ahead tile most of what the unchecked loads gained on the H100.)
+            if AHEAD == 1u || pr + 1u < pairs {
+                fetch(AHEAD - 1u, tid, a_base, b_base, row0, col0, (t + AHEAD) * BK);
+            }
+//#endif
 {{MMA}}
             if NBUF == 1u {
                 workgroupBarrier();

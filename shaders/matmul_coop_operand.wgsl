@@ -33,15 +33,20 @@ var<private> {{X}}_reg1_@l: {{TYPE}};
 
 // This thread's `l`-th vector of the tile whose first element is (r0, s0) in storage
 // orientation; `rows` x `cols` is the operand's extent there, `outer` and `inner` its
-// strides. Elements outside the extent read as zero.
+// strides. Elements outside the extent read as zero; without CHECKED (whole tiles, the
+// host's rule) every element is inside it and nothing is checked.
 fn {{X}}_load(tid: u32, l: u32, base: u32, r0: u32, s0: u32, rows: u32, cols: u32, outer: u32, inner: u32) -> {{TYPE}} {
     let e = tid + l * THREADS;
     let gr = r0 + e / {{X}}_PER_ROW;
     let gs = s0 + (e % {{X}}_PER_ROW) * {{X}}_W;
     var v = {{TYPE}}();
+//#if CHECKED
     if gr < rows && gs < cols {
         v = {{X}}_src[(base + gr * outer + gs * inner) / {{X}}_W];
     }
+//#else
+    v = {{X}}_src[(base + gr * outer + gs * inner) / {{X}}_W];
+//#endif
     return v;
 }
 

@@ -11,7 +11,7 @@ mod common;
 use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
-use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, eligible, pick};
+use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, CoopTile, eligible, pick, whole};
 use wgtrain_engine::kernels::{attention, tolerance::tolerance};
 use wgtrain_engine::{DType, Runtime};
 
@@ -45,6 +45,9 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
         (1, 257, 1, 32),
         (1, 33, 1, 128),
         (1, 70, 3, 64),
+        // Whole tiles (T a multiple of the tensor-core tiles' rows): loads unchecked.
+        (2, 128, 2, 64),
+        (1, 192, 1, 128),
         // D / 4 = 3 and 5 threads a row in the row dot: rows do not fill its workgroups.
         (2, 9, 3, 12),
         (1, 11, 2, 20),
@@ -184,6 +187,13 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
         pick(CoopMode::Forward, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
         Some((64, 64))
     );
+    // Whole sequences load without bounds checks: T a multiple of the tile's rows per
+    // workgroup and per streamed tile.
+    let tile = pick(CoopMode::Forward, 64, 48 * 1024, true).unwrap();
+    assert!(whole(1024, tile) && whole(128, tile));
+    assert!(!whole(1000, tile) && !whole(65, tile) && !whole(0, tile));
+    let narrow = CoopTile { sg: 2, bc: 64, ..tile };
+    assert!(!whole(96, narrow) && whole(192, narrow));
     // The forward fetches its next tile ahead; the backward kernels do not.
     for (mode, ahead) in [(CoopMode::Forward, true), (CoopMode::KeyValue, false), (CoopMode::Query, false)] {
         assert_eq!(pick(mode, 64, 48 * 1024, true).map(|t| t.prefetch), Some(ahead), "{mode:?}");

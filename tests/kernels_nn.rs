@@ -142,8 +142,9 @@ fn every_tiled_variant_matches() {
     let rt = runtime();
     let mut rng = Rng(23);
     // (m, k, n): 64-tiles with an odd K; 128-tiles over 6 K tiles with tails and vec4
-    // loads; scalar loads (no dimension a multiple of 4).
-    for (m, k, n) in [(70, 37, 66), (136, 88, 132), (131, 45, 133)] {
+    // loads; scalar loads (no dimension a multiple of 4); whole tiles (loads unchecked)
+    // of 128 and of 64 (N 192 is not whole for 128).
+    for (m, k, n) in [(70, 37, 66), (136, 88, 132), (131, 45, 133), (128, 96, 128), (256, 64, 192)] {
         let a_data = rng.vec(m * k, -1.0, 1.0);
         let b_data = rng.vec(k * n, -1.0, 1.0);
         let (a64, b64) = (f64s(&a_data), f64s(&b_data));
@@ -359,6 +360,82 @@ fn f16_matmul_loads_tiles_and_epilogues() {
     finish(&rt);
 }
 
+/// Whole tiles, which the cooperative kernel loads without bounds checks: every
+/// candidate tile at shapes that are whole for every tile, with an even count of K tiles
+/// of 32 and an odd one of 64 (K 192: the tiles taking two K tiles a turn keep their
+/// checks there), with a count of 3 (K 96), and with even counts of both (K 256: the
+/// two-ahead tile's last turn fetches nothing), plain and with B a transposed view.
+#[test]
+fn f16_matmul_whole_tiles() {
+    use wgtrain_engine::kernels::matmul_coop::CANDIDATES;
+    let rt = runtime();
+    if !rt.gpu.caps.shader_f16 {
+        return;
+    }
+    let mut rng = Rng(23);
+    for (m, k, n) in [(256, 192, 256), (128, 96, 256), (128, 256, 128)] {
+        let a_data = rng.vec(m * k, -1.0, 1.0);
+        let b_data = rng.vec(k * n, -1.0, 1.0);
+        let (a64, b64) = (rounded(&a_data, DType::F16), rounded(&b_data, DType::F16));
+        let want = matmul_ref(&a64, &b64, 1, m, k, n);
+        let a = upload(&rt, &a_data, &[m, k], DType::F16);
+        let bt: Vec<f32> = transpose(&b64, k, n).iter().map(|&x| x as f32).collect();
+        for b in [
+            upload(&rt, &b_data, &[k, n], DType::F16),
+            upload(&rt, &bt, &[n, k], DType::F16).transpose(0, 1).unwrap(),
+        ] {
+            for tile in CANDIDATES.iter().copied().map(Some).chain([None]) {
+                let opts = MatmulOptions {
+                    coop_tile: tile,
+                    ..Default::default()
+                };
+                let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+                let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
+                let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+                let what = format!("f16 whole {m}x{k}x{n} tile={tile:?} coop={coop}");
+                assert_close_within(&rt, &what, &c, &want, tol);
+            }
+        }
+    }
+    finish(&rt);
+}
+
+/// The rule for loads without bounds checks: M, N and K multiples of the tile's, and an
+/// even count of K tiles where the loop takes two a turn.
+#[test]
+fn whole_tiles_are_told_apart() {
+    use wgtrain_engine::kernels::matmul::whole_tiles;
+    use wgtrain_engine::kernels::matmul_params::Load;
+    // The tiled kernel: TM 8 (128 x 128) and 4 (64 x 64), K by 32, rows contiguous.
+    let rows = [Load { col: false, width: 4 }; 2];
+    assert!(whole_tiles(4096, 4096, 4096, 8, 32, rows));
+    assert!(!whole_tiles(256, 192, 64, 8, 32, rows) && whole_tiles(256, 192, 64, 4, 32, rows));
+    assert!(!whole_tiles(128, 128, 48, 8, 32, rows) && !whole_tiles(128, 128, 0, 8, 32, rows));
+    // A transposed view keeps the checks.
+    assert!(!whole_tiles(4096, 4096, 4096, 8, 32, [rows[0], Load { col: true, width: 4 }]));
+    use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, whole};
+    use wgtrain_engine::kernels::matmul_params::Params;
+    let p = |m, n, k| Params {
+        m,
+        n,
+        k,
+        ..Default::default()
+    };
+    // 4096^3 and GPT-2's qkv forward, in 128 x 128 tiles by 32 (one a turn).
+    assert!(whole(&p(4096, 4096, 4096), TILE_128_SLIM));
+    assert!(whole(&p(8192, 2304, 768), TILE_128_SLIM));
+    // Three K tiles: whole for a tile taking one a turn; not for one taking two (its
+    // fourth tile is of zeros, which the checks make).
+    assert!(whole(&p(128, 128, 96), TILE_128_SLIM));
+    assert!(whole(&p(128, 128, 256), TILE_128_AHEAD));
+    assert!(!whole(&p(128, 128, 192), TILE_128_AHEAD));
+    // Tails in M, N or K, and no K at all.
+    assert!(!whole(&p(136, 128, 128), TILE_128_SLIM));
+    assert!(!whole(&p(128, 200, 128), TILE_128_SLIM));
+    assert!(!whole(&p(128, 128, 72), TILE_128_SLIM));
+    assert!(!whole(&p(128, 128, 0), TILE_128_SLIM));
+}
+
 #[test]
 fn the_cooperative_path_is_chosen_only_where_granted() {
     use wgtrain_engine::kernels::matmul_coop::eligible;
@@ -382,21 +459,23 @@ fn the_cooperative_path_is_chosen_only_where_granted() {
 }
 
 /// Between the 128 x 128 tensor-core tiles, a launch takes the one whose workgroups
-/// fill their waves better (one per SM against two), weighed by their speeds; split
-/// products take the 512-thread tile as their one per SM.
+/// fill their waves better (one per SM against two), weighed by their speeds; short K
+/// loops (per split-K slice) take the one with two K tiles in flight.
 #[test]
 fn the_128_tile_follows_the_waves() {
-    use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, TILE_128_SPLIT, by_waves};
+    use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, by_waves};
     // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
-    assert_eq!(by_waves(384, false), TILE_128_AHEAD);
-    // 4096^3 (1024 tiles) and the 1536-tile products fill both alike.
-    assert_eq!(by_waves(1024, false), TILE_128_SLIM);
-    assert_eq!(by_waves(1536, false), TILE_128_SLIM);
-    // Split-K launches: qkv.dw's 108 tiles x 4 fill both alike; 288 workgroups fill 73%
-    // of 3 waves of 132 but 55% of 2 of 264.
-    assert_eq!(by_waves(432, true), TILE_128_SLIM);
-    assert_eq!(by_waves(288, true), TILE_128_SPLIT);
-    assert_eq!((TILE_128_AHEAD.ahead, TILE_128_SPLIT.ahead, TILE_128_SPLIT.threads()), (2, 2, 512));
+    assert_eq!(by_waves(384, 3072), TILE_128_AHEAD);
+    // 4096^3 (1024 tiles) fills both alike.
+    assert_eq!(by_waves(1024, 4096), TILE_128_SLIM);
+    // Short K loops take the two tiles in flight whatever the waves.
+    assert_eq!(by_waves(1024, 768), TILE_128_AHEAD);
+    assert_eq!(by_waves(1536, 768), TILE_128_AHEAD);
+    // Split-K launches: qkv.dw's 108 tiles x 4 slices of 2048 fill both alike; fc.dw's
+    // 144 x 2 fill 73% of 3 waves of 132 but 55% of 2 of 264.
+    assert_eq!(by_waves(432, 2048), TILE_128_SLIM);
+    assert_eq!(by_waves(288, 4096), TILE_128_AHEAD);
+    assert_eq!(TILE_128_AHEAD.ahead, 2);
     assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }
 

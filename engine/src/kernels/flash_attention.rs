@@ -279,6 +279,7 @@ fn kernel(
     tq: DType,
     td: DType,
     d: usize,
+    t: usize,
     path: Path,
     tile: Option<CoopTile>,
     bindings: usize,
@@ -310,6 +311,7 @@ fn kernel(
             Some(t) => t,
             None => coop::pick(cm, d as u32, limit, rt.gpu.caps.subgroup_barrier).ok_or_else(too_big)?,
         };
+        let whole = coop::whole(t, tile);
         let key = KernelKey::new(
             "flash_attention_coop",
             &[
@@ -319,11 +321,10 @@ fn kernel(
                 d as u32 / 4,
                 tile.br(),
                 tile.bc,
-                u32::from(tile.subgroup_sync),
-                u32::from(tile.prefetch),
+                u32::from(tile.subgroup_sync) | u32::from(tile.prefetch) << 1 | u32::from(whole) << 2,
             ],
         );
-        let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile))?;
+        let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile, whole))?;
         return Ok(Chosen {
             kernel: k,
             per: 0,
@@ -475,7 +476,7 @@ pub fn forward_tiled(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, tile: Op
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;
-    let k = kernel(rt, Mode::Forward, dt, dt, dims.d, path, tile, 3)?;
+    let k = kernel(rt, Mode::Forward, dt, dt, dims.d, dims.t, path, tile, 3)?;
     let y = Tensor::empty(rt, &[dims.b, dims.t, dims.c()], dt, Category::Activation, label)?;
     let lse = Tensor::empty(
         rt,
@@ -563,11 +564,11 @@ pub fn backward_tiled(
     // The backward kernels read dy in f16 where it is cast; the register-tiled dQ
     // computes D itself (it runs first), else the row-dot kernel runs before both.
     let td_bwd = if dy16.is_some() { DType::F16 } else { td };
-    let query = kernel(rt, Mode::Query, tq, td_bwd, dims.d, path, tile, 5)?;
-    let key_value = kernel(rt, Mode::KeyValue, tq, td_bwd, dims.d, path, tile, 5)?;
+    let query = kernel(rt, Mode::Query, tq, td_bwd, dims.d, dims.t, path, tile, 5)?;
+    let key_value = kernel(rt, Mode::KeyValue, tq, td_bwd, dims.d, dims.t, path, tile, 5)?;
     if !query.row_dot {
         let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
-        let pre = kernel(rt, pre_mode, tq, td, dims.d, path, None, pre_bindings)?;
+        let pre = kernel(rt, pre_mode, tq, td, dims.d, dims.t, path, None, pre_bindings)?;
         // D / 4 threads a row.
         let rows_per = (BR * path.lanes((dims.d / 4) as u32, pre_mode as u32)) as usize / (dims.d / 4);
         let pre_bound = [&saved.y, dy, &dvec, dy16.as_ref().unwrap_or(dy)];

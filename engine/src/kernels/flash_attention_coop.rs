@@ -239,8 +239,15 @@ fn store(acc: &str, d: u32, write: &str) -> String {
     })
 }
 
-/// The template values of one variant: `td` is dy's type (ignored by the forward).
-pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'static str, String)> {
+/// Whether a sequence of `t` rows is whole for `tile` (a multiple of its rows per
+/// workgroup and per streamed tile): then its variant loads without bounds checks.
+pub fn whole(t: usize, tile: CoopTile) -> bool {
+    t > 0 && t.is_multiple_of(tile.br() as usize) && t.is_multiple_of(tile.bc as usize)
+}
+
+/// The template values of one variant: `td` is dy's type (ignored by the forward);
+/// `whole` as [`whole`] says.
+pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Vec<(&'static str, String)> {
     let bc = tile.bc;
     let flag = |on: bool| on.to_string();
     let dq = "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)";
@@ -301,6 +308,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
         ("OWN_X", ox.to_string()),
         ("OWN_Y", oy.to_string()),
         ("PREFETCH", flag(tile.prefetch)),
+        ("WHOLE", flag(whole)),
         (
             "ROW_SYNC",
             if tile.subgroup_sync {
@@ -323,8 +331,8 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Vec<(&'stat
 /// The WGSL of one variant: rendered (the loops over a lane's columns written out, four
 /// columns a copy), then the fetch lines repeated once per 8-element load a thread makes
 /// of each streamed tile.
-pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile) -> Result<String, Error> {
+pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Result<String, Error> {
     let loads = (tile.bc * d / 8).div_ceil(tile.threads());
-    let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile))?;
+    let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile, whole))?;
     Ok(repeat_marked(&wgsl, "@l", loads))
 }

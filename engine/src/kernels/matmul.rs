@@ -67,7 +67,25 @@ fn lanes(square: bool) -> &'static str {
 
 /// The template values of the tiled variant; `la` / `lb` pick each operand's tile
 /// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
-pub fn variant([ta, tb, tc]: [DType; 3], tm: u32, tile: SimtTile, act: Activation, [la, lb]: [Load; 2]) -> Vec<(&'static str, String)> {
+/// Whether an `m` x `n` x `k` product covers whole tiles of the tiled kernel with TM
+/// `tm` and K by `bk`, with both operands' rows contiguous (`la`, `lb`): then its
+/// variant loads without bounds checks. (With a transposed view among the operands the
+/// unchecked loads were slower on the H100: GPT-2's dX products 25% slower, its forward
+/// products 3-23% faster; docs/benchmarks.md.)
+pub fn whole_tiles(m: usize, n: usize, k: usize, tm: u32, bk: u32, [la, lb]: [Load; 2]) -> bool {
+    let (bm, bk) = (16 * tm as usize, bk as usize);
+    !la.col && !lb.col && m.is_multiple_of(bm) && n.is_multiple_of(bm) && k.is_multiple_of(bk) && k > 0
+}
+
+/// The template values of one variant; `whole` as [`whole_tiles`] says.
+pub fn variant(
+    [ta, tb, tc]: [DType; 3],
+    tm: u32,
+    tile: SimtTile,
+    act: Activation,
+    [la, lb]: [Load; 2],
+    whole: bool,
+) -> Vec<(&'static str, String)> {
     let (decl, step, store) = register_code(tm);
     let ty = |t: DType, l: Load| {
         if l.width == 4 {
@@ -89,6 +107,7 @@ pub fn variant([ta, tb, tc]: [DType; 3], tm: u32, tile: SimtTile, act: Activatio
         ("BK", tile.bk.to_string()),
         ("KSTEPS", format!("{}{}", tile.bk, if tile.unroll { "" } else { " loop" })),
         ("ONE_BUFFER", (tile.nbuf == 1).to_string()),
+        ("WHOLE", whole.to_string()),
         ("ACC_DECL", decl),
         ("STEP", step),
         ("STORE", store),
@@ -307,7 +326,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
     let coop_tile = match coop_tile {
         Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => {
-            Some(super::matmul_coop::by_waves(tiles * splits as u64, splits > 1))
+            Some(super::matmul_coop::by_waves(tiles * splits as u64, (k / splits) as u32))
         }
         t => t,
     };
@@ -474,6 +493,7 @@ fn launch_product(
     let tm = tile / 16;
     let [la, lb] = Load::of_operands(params, &[4]);
     let simt = opts.simt_tile.unwrap_or(SimtTile::DEFAULT);
+    let whole = whole_tiles(m, n, k, tm as u32, simt.bk, [la, lb]);
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul",
@@ -483,8 +503,7 @@ fn launch_product(
                 c.dtype() as u32,
                 tm as u32,
                 opts.activation as u32,
-                la.code(),
-                lb.code(),
+                la.code() | lb.code() << 8 | u32::from(whole) << 16,
                 simt.packed(),
             ],
         ),
@@ -505,7 +524,7 @@ fn launch_product(
             render(
                 "matmul",
                 SOURCE,
-                &variant([a.dtype(), b.dtype(), c.dtype()], tm as u32, simt, opts.activation, [la, lb]),
+                &variant([a.dtype(), b.dtype(), c.dtype()], tm as u32, simt, opts.activation, [la, lb], whole),
             )
         },
     )?;

@@ -37,19 +37,23 @@ pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
 /// [`TILE_128_K64`] with two K tiles in flight in registers (238 registers, still one
 /// workgroup per SM): as fast at 4096^3 on the H100 and faster at every GPT-2 product
 /// (`wgtrain bench --tune`: 112.1 against 99.9 TFLOP/s at attn_proj.fwd, 164.1 against
-/// 155.0 at qkv.dx; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM tile for
-/// products not split along K.
+/// 155.0 at qkv.dx; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM tile.
 pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
 /// 128 x 128 of C from 16 subgroups of 32 x 32, K by 32, two K tiles in flight (512
-/// threads at 108 registers: one workgroup per SM). On the H100 the fastest at GPT-2's
-/// dW products split along K (fc.dw 126.8 TFLOP/s against 119.5 for
-/// [`TILE_128_AHEAD`]); [`by_waves`]'s one-workgroup-per-SM tile for split products.
+/// threads at 108 registers: one workgroup per SM). With bounds checks on every load it
+/// was the fastest at GPT-2's dW products split along K; with whole tiles loaded
+/// unchecked [`TILE_128_AHEAD`] is faster at all four (fc.dw 262.8 against 296.7 us;
+/// docs/benchmarks.md), so only the sweep runs it.
 pub const TILE_128_SPLIT: CoopTile = CoopTile::new(4, 4, 2, 2, 32, 1).two_ahead();
-/// [`TILE_128_SLIM`]'s speed over the one-workgroup-per-SM tiles' where both fill
-/// their waves (4096^3 on the H100): over [`TILE_128_AHEAD`] (184.6 / 173.8) and over
-/// [`TILE_128_SPLIT`] (184.6 / 167.2).
-const SLIM_SPEEDUP: f64 = 1.062;
-const SLIM_SPEEDUP_SPLIT: f64 = 1.104;
+/// [`TILE_128_SLIM`]'s speed over [`TILE_128_AHEAD`]'s where both fill their waves
+/// (4096^3 on the H100, whole tiles: 659.6 / 639.4 us).
+const SLIM_SPEEDUP: f64 = 1.032;
+/// The shortest K loop (per split-K slice) for which [`by_waves`] weighs
+/// [`TILE_128_SLIM`]: below it the two tiles in flight win (GPT-2's K = 768 products on
+/// the H100: fc_proj.dx 257.0 us against 279.7, fc.fwd 260.8 against 260.7); at K 2048
+/// and 4096 the 128-thread tile wins (qkv.dw 184.5 against 201.0, 4096^3 639.4 against
+/// 659.6).
+const SLIM_MIN_K: u32 = 2048;
 /// The tiles the tuning sweep measures (docs/benchmarks.md has their rows on the H100).
 pub const CANDIDATES: [CoopTile; 20] = [
     TILE_128_K64,
@@ -83,7 +87,7 @@ pub fn workgroup_bytes(tile: CoopTile) -> u64 {
     2 * u64::from(tile.nbuf) * (side(tile.bm()) + side(tile.bn())) + 4 * 256 * u64::from(tile.gm * tile.gn)
 }
 
-fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
+fn operand(x: &str, tile: CoopTile, load: Load, whole: bool) -> Result<String, Error> {
     let is_a = x == "a";
     let mn = if is_a { tile.bm() } else { tile.bn() };
     // Storage orientation: A rows are M (row) or K (col); B rows are K (row) or N (col).
@@ -109,6 +113,7 @@ fn operand(x: &str, tile: CoopTile, load: Load) -> Result<String, Error> {
         ("W", load.width.to_string()),
         ("TILE_LEN", (rows * (cols + 8) * tile.nbuf).to_string()),
         ("COL", load.col.to_string()),
+        ("CHECKED", (!whole).to_string()),
         ("INDEX", index.to_string()),
     ];
     // One line per fetched vector: LOADS of them.
@@ -155,8 +160,20 @@ fn unrolled(tile: CoopTile) -> [String; 4] {
     [decl, mma, direct, staged]
 }
 
-/// The template values of one variant.
-pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile) -> Result<Vec<(&'static str, String)>, Error> {
+/// Whether a launch of `tile` covers whole tiles: M, N and K multiples of the tile's, and
+/// an even count of K tiles where the loop takes two a turn (its odd count gets a tile
+/// of zeros, which the loads' bounds checks make). Then the variant loads without them.
+pub fn whole(params: &Params, tile: CoopTile) -> bool {
+    let tiles = params.k / tile.bk;
+    params.m.is_multiple_of(tile.bm())
+        && params.n.is_multiple_of(tile.bn())
+        && params.k.is_multiple_of(tile.bk)
+        && tiles > 0
+        && (!tile.pairs() || tiles.is_multiple_of(2))
+}
+
+/// The template values of one variant; `whole` as [`whole`] says.
+pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile, whole: bool) -> Result<Vec<(&'static str, String)>, Error> {
     let a_fetch = if a.col {
         "k0, row0, p.k, p.m, p.a_cs, p.a_rs"
     } else {
@@ -184,11 +201,12 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile) -> 
         ("BK", tile.bk.to_string()),
         ("NBUF", tile.nbuf.to_string()),
         ("AHEAD", tile.ahead.to_string()),
-        ("PAIRS", (tile.nbuf == 2 || tile.ahead == 2).to_string()),
+        ("PAIRS", tile.pairs().to_string()),
+        ("CHECKED", (!whole).to_string()),
         ("THREADS", tile.threads().to_string()),
         ("STAGE_LEN", (256 * tile.gm * tile.gn).to_string()),
-        ("OPERAND_A", operand("a", tile, a)?),
-        ("OPERAND_B", operand("b", tile, b)?),
+        ("OPERAND_A", operand("a", tile, a, whole)?),
+        ("OPERAND_B", operand("b", tile, b, whole)?),
         ("A_FETCH", a_fetch.into()),
         ("B_FETCH", b_fetch.into()),
         ("DIRECT", (tc == DType::F32).to_string()),
@@ -224,25 +242,19 @@ pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
     }
 }
 
-/// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices;
-/// `split` when K is split): [`TILE_128_SLIM`] runs two workgroups per SM, the other
-/// ([`TILE_128_AHEAD`], or [`TILE_128_SPLIT`] for split products) one ([`FULL_WAVE`] at
-/// once); each one's share of busy SMs over its waves, weighed by its speed at full
-/// waves. E.g. GPT-2's 384-tile products (N = 768) fill 97% of three waves of one per
-/// SM and 73% of two of two per SM, so they take the first (measured: 164 against 125
-/// TFLOP/s for qkv.dx); 4096^3 and the 1536-tile products fill both alike and take
+/// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices)
+/// with a K loop of `k` (per slice): [`TILE_128_SLIM`] runs two workgroups per SM,
+/// [`TILE_128_AHEAD`] one ([`FULL_WAVE`] at once). Below [`SLIM_MIN_K`] the second;
+/// else each one's share of busy SMs over its waves, weighed by its speed at full waves.
+/// E.g. GPT-2's 384-tile products (N = 768) fill 97% of three waves of one per SM and
+/// 73% of two of two per SM, so they take the second; 4096^3 fills both alike and takes
 /// [`TILE_128_SLIM`].
-pub fn by_waves(workgroups: u64, split: bool) -> CoopTile {
+pub fn by_waves(workgroups: u64, k: u32) -> CoopTile {
     let fill = |slots: u64| workgroups as f64 / (workgroups.div_ceil(slots) * slots) as f64;
-    let (one, speedup) = if split {
-        (TILE_128_SPLIT, SLIM_SPEEDUP_SPLIT)
-    } else {
-        (TILE_128_AHEAD, SLIM_SPEEDUP)
-    };
-    if fill(2 * FULL_WAVE) * speedup > fill(FULL_WAVE) {
+    if k >= SLIM_MIN_K && fill(2 * FULL_WAVE) * SLIM_SPEEDUP > fill(FULL_WAVE) {
         TILE_128_SLIM
     } else {
-        one
+        TILE_128_AHEAD
     }
 }
 
@@ -285,13 +297,21 @@ pub(super) fn launch(
             ),
         ));
     }
+    let whole = whole(params, tile);
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul_coop",
-            &[c.dtype() as u32, opts.activation as u32, la.code(), lb.code(), tile.packed()],
+            &[
+                c.dtype() as u32,
+                opts.activation as u32,
+                la.code(),
+                lb.code(),
+                tile.packed(),
+                u32::from(whole),
+            ],
         ),
         4,
-        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile)?),
+        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile, whole)?),
     )?;
     let mut params = *params;
     params.flags = u32::from(direct(&params, c.dtype(), opts));

@@ -165,6 +165,11 @@ impl CoopTile {
         CoopTile { ahead: 2, ..self }
     }
 
+    /// Whether the K loop takes two tiles a turn (two buffers or two tiles ahead).
+    pub const fn pairs(&self) -> bool {
+        self.nbuf == 2 || self.ahead == 2
+    }
+
     /// Rows of C per workgroup.
     pub const fn bm(&self) -> u32 {
         self.gm * self.fm * 16

@@ -131,11 +131,13 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     prefetch: !best.prefetch,
                 };
                 for tile in [best, small] {
-                    out.push(Variant {
-                        name: "flash_attention_coop",
-                        values: format!("{mode:?} dy {td:?} d {d} {tile:?}"),
-                        wgsl: flash_attention_coop::source(mode, td, d, tile)?,
-                    });
+                    for whole in [false, true] {
+                        out.push(Variant {
+                            name: "flash_attention_coop",
+                            values: format!("{mode:?} dy {td:?} d {d} {tile:?} whole {whole}"),
+                            wgsl: flash_attention_coop::source(mode, td, d, tile, whole)?,
+                        });
+                    }
                 }
             }
         }
@@ -191,12 +193,16 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     let loads = [(false, 1), (false, 4), (true, 4)].map(|(col, width)| Load { col, width });
                     for la in loads {
                         for lb in loads {
-                            push(
-                                &mut out,
-                                "matmul",
-                                include_str!("../../../shaders/matmul.wgsl"),
-                                super::matmul::variant([ta, ta, tc], tm, SimtTile::DEFAULT, act, [la, lb]),
-                            )?;
+                            // Whole tiles (loads unchecked) with the vector loads.
+                            let vectors = la.width == 4 && lb.width == 4 && !la.col && !lb.col;
+                            for whole in [false, true].into_iter().filter(|&w| !w || vectors) {
+                                push(
+                                    &mut out,
+                                    "matmul",
+                                    include_str!("../../../shaders/matmul.wgsl"),
+                                    super::matmul::variant([ta, ta, tc], tm, SimtTile::DEFAULT, act, [la, lb], whole),
+                                )?;
+                            }
                         }
                     }
                 }
@@ -212,7 +218,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     &mut out,
                     "matmul",
                     include_str!("../../../shaders/matmul.wgsl"),
-                    super::matmul::variant([DType::F32; 3], tm, tile, Activation::Identity, [la, lb]),
+                    super::matmul::variant([DType::F32; 3], tm, tile, Activation::Identity, [la, lb], !la.col && !lb.col),
                 )?;
             }
         }
@@ -242,7 +248,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         super::reduce::sum_rows_variant(1, DType::F32),
     )?;
     // The cooperative matmul: every operand load with the default tile, and every
-    // candidate tile with the common loads.
+    // candidate tile with the common loads, with and without bounds checks.
     let loads: Vec<Load> = [false, true]
         .into_iter()
         .flat_map(|col| [8, 4, 1].map(|width| Load { col, width }))
@@ -255,7 +261,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     &mut out,
                     "matmul_coop",
                     coop,
-                    matmul_coop::variant(tc, Activation::Identity, a, b, TILE_128_K64)?,
+                    matmul_coop::variant(tc, Activation::Identity, a, b, TILE_128_K64, false)?,
                 )?;
             }
         }
@@ -263,7 +269,9 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             for act in [Activation::Identity, Activation::Gelu] {
                 let (row, col) = (Load { col: false, width: 8 }, Load { col: true, width: 8 });
                 for (a, b) in [(row, row), (col, row), (row, col)] {
-                    push(&mut out, "matmul_coop", coop, matmul_coop::variant(tc, act, a, b, tile)?)?;
+                    for whole in [false, true] {
+                        push(&mut out, "matmul_coop", coop, matmul_coop::variant(tc, act, a, b, tile, whole)?)?;
+                    }
                 }
             }
         }
