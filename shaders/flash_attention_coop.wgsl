@@ -83,6 +83,8 @@ const LOADS: u32 = (BC * D8 + WG - 1u) / WG;   // 8-element loads a thread makes
 // T a multiple of BR and BC (the host's rule): every row a load reads is inside T, and
 // the loads go unchecked (on the H100 the tensor-core matmul's bounds checks cost it 15%).
 const WHOLE: bool = {{WHOLE}};
+// Every thread's LOADS loads fall inside the tile (no check on the load index).
+const FULL: bool = LOADS * WG == BC * D8;
 const NEG: f32 = -3.0e38;
 const LOG2E: f32 = 1.4426950408889634;
 
@@ -173,7 +175,7 @@ fn fetch_one(lid: u32, l: u32, b: u32, h: u32, r0: u32) -> Fetched {
     let t = r0 + e / D8;
     let c = e % D8;
     var v = Fetched();
-    if e < BC * D8 && in_t(t) {
+    if (FULL || e < BC * D8) && in_t(t) {
         v.x = qkv[qkv_at(b, t, {{PX}}u, h) / 2u + c];
 //#if BWD_KV
         v.y = dy[y_at(b, t, h) / 2u + c];
@@ -200,7 +202,7 @@ fn fetch(lid: u32, b: u32, h: u32, r0: u32) {
 // Writes the fetched tile into x_t and y_t.
 fn stash_one(lid: u32, l: u32, x: H8, y: {{TY}}) {
     let e = lid + l * WG;
-    if e < BC * D8 {
+    if FULL || e < BC * D8 {
         let at = (e / D8) * LD4 + 2u * (e % D8);
         x_t[at] = x.lo;
         x_t[at + 1u] = x.hi;
