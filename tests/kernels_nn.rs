@@ -7,6 +7,7 @@ mod common;
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
+use wgtrain_engine::kernels::matmul_params::CoopTile;
 use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step, unscale_and_check};
 use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
@@ -277,6 +278,20 @@ fn f16_matmul_accumulates_in_f32() {
     finish(&rt);
 }
 
+/// a @ b (f16) into f32 with the cooperative `tile` forced (None: the host's pick),
+/// against `want`, at the tensor cores' tolerance where they ran.
+fn check_f16_product(rt: &Runtime, (a, b): (&Tensor, &Tensor), tile: Option<CoopTile>, want: &[f64], what: &str) {
+    let k = a.shape()[a.shape().len() - 1];
+    let opts = MatmulOptions {
+        coop_tile: tile,
+        ..Default::default()
+    };
+    let c = matmul(rt, a, b, DType::F32, &opts, Category::Other, "c").unwrap();
+    let coop = wgtrain_engine::kernels::matmul_coop::usable(rt, a, b, &c);
+    let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+    assert_close_within(rt, &format!("{what} tile={tile:?} coop={coop}"), &c, want, tol);
+}
+
 /// The cooperative kernel's operand loads (rows or transposed views; 8-, 4- and 1-wide),
 /// every candidate tile, tails in M, N and K, batches, the direct store and the epilogue.
 /// Where the adapter has no cooperative matrices (lavapipe) the same calls take the
@@ -317,15 +332,7 @@ fn f16_matmul_loads_tiles_and_epilogues() {
             // case c takes choices c, c + 16, ...
             for choice in (case..=CANDIDATES.len()).step_by(CASES) {
                 let tile = CANDIDATES.get(choice).copied();
-                let opts = MatmulOptions {
-                    coop_tile: tile,
-                    ..Default::default()
-                };
-                let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
-                let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
-                let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
-                let what = format!("f16 {m}x{k}x{n} a_t={a_t} b_t={b_t} tile={tile:?} coop={coop}");
-                assert_close_within(&rt, &what, &c, &want, tol);
+                check_f16_product(&rt, (&a, &b), tile, &want, &format!("f16 {m}x{k}x{n} a_t={a_t} b_t={b_t}"));
             }
             case += 1;
         }
@@ -385,15 +392,7 @@ fn f16_matmul_whole_tiles() {
             upload(&rt, &bt, &[n, k], DType::F16).transpose(0, 1).unwrap(),
         ] {
             for tile in CANDIDATES.iter().copied().map(Some).chain([None]) {
-                let opts = MatmulOptions {
-                    coop_tile: tile,
-                    ..Default::default()
-                };
-                let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
-                let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a, &b, &c);
-                let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
-                let what = format!("f16 whole {m}x{k}x{n} tile={tile:?} coop={coop}");
-                assert_close_within(&rt, &what, &c, &want, tol);
+                check_f16_product(&rt, (&a, &b), tile, &want, &format!("f16 whole {m}x{k}x{n}"));
             }
         }
     }
