@@ -188,6 +188,13 @@ fn split_k_products_match() {
     assert_eq!(split_k(108, 8192), 4);
     assert_eq!(split_k(1, 2048), 8, "the most slices that stay 256 long");
     assert_eq!(split_k(10, 100), 1, "too short to split");
+    // The tensor-core kernel doubles the slices where waves of one workgroup per SM fill
+    // better and the slices stay 2048 long: GPT-2's fc.dw, not its qkv.dw or attn_proj.dw.
+    use wgtrain_engine::kernels::matmul::split_k_coop;
+    assert_eq!(split_k_coop(144, 8192), 4);
+    assert_eq!(split_k_coop(108, 8192), 4);
+    assert_eq!(split_k_coop(36, 8192), 8);
+    assert_eq!(split_k_coop(264, 8192), 1);
     // By wave fill (264 slots): 144 tiles fill 2 waves of 264 at 55%, 5 waves at 87% in
     // 8 slices; 108 tiles fill their last wave at 82% in 2, 4 or 8 slices (the most win).
     use wgtrain_engine::kernels::matmul::split_k_by_waves;

@@ -322,7 +322,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     );
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
     let wave_split = !coop && opts.simt_tile.unwrap_or(SimtTile::DEFAULT).wave_split;
-    let splits = slices(tiles, k, batches, wave_split);
+    let splits = slices(tiles, k, batches, wave_split, coop);
     // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
     let coop_tile = match coop_tile {
         Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => {
@@ -390,14 +390,28 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
 }
 
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
-/// `k`: by wave fill for the tiled kernel's wave-split variants, else [`split_k`]; a
-/// batched product is not split.
-fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool) -> usize {
+/// `k`: by wave fill for the tiled kernel's wave-split variants, [`split_k_coop`] for the
+/// tensor-core kernel, else [`split_k`]; a batched product is not split.
+fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool, coop: bool) -> usize {
     match batches {
         1 if wave_split => split_k_by_waves(tiles, k),
+        1 if coop => split_k_coop(tiles, k),
         1 => split_k(tiles, k),
         _ => 1,
     }
+}
+
+/// K slices for the tensor-core kernel: [`split_k`]'s, or twice as many where those fill
+/// waves of one workgroup per SM (its two-ahead tile) better by over 10 points and stay
+/// at least 2048 long. On the H100 (docs/benchmarks.md) that took GPT-2's fc.dw from 2
+/// slices to 4, 264.5 -> 250.3 us; at qkv.dw, 4 slices of 2048 against 8 of 1024 were
+/// 184.1 against 220.2 us, hence the length.
+pub fn split_k_coop(tiles: u64, k: usize) -> usize {
+    let s = split_k(tiles, k);
+    let fill = |w: u64| w as f64 / (w.div_ceil(FULL_WAVE) * FULL_WAVE) as f64;
+    let t = 2 * s;
+    let doubled = s > 1 && t <= 8 && k.is_multiple_of(8 * t) && k / t >= 2048 && fill(tiles * t as u64) > fill(tiles * s as u64) + 0.1;
+    if doubled { t } else { s }
 }
 
 /// Bytes of split-K partials that the tiled kernel's default variant allocates for a
@@ -409,7 +423,8 @@ pub fn tiled_split_bytes(m: usize, n: usize, k: usize) -> u64 {
     let t = tiled_tile(m, n);
     let tiles = (m.div_ceil(t) * n.div_ceil(t)) as u64;
     let bulk = if k > ALIGN { k - k % ALIGN } else { k };
-    match slices(tiles, k, 1, SimtTile::DEFAULT.wave_split).max(slices(tiles, bulk, 1, SimtTile::DEFAULT.wave_split)) {
+    let wave_split = SimtTile::DEFAULT.wave_split;
+    match slices(tiles, k, 1, wave_split, false).max(slices(tiles, bulk, 1, wave_split, false)) {
         1 => 0,
         s => (s * m * n * 4) as u64,
     }
