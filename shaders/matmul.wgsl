@@ -28,7 +28,6 @@ const KQ: u32 = BK / 4u;         // vec4s along a K tile
 const Q: u32 = TM / 4u;        // vec4s per thread per row of fragments
 const NBUF: u32 = {{NBUF}}u;
 const TILE4: u32 = BK * BM / 4u; // vec4s of one buffer
-const WHOLE: bool = {{WHOLE}};
 // Tiles stored k-major as vec4s: tile[kk][x] of buffer s at s * TILE4 + (kk * BM + x) / 4.
 var<workgroup> a_tile: array<vec4<f32>, NBUF * TILE4>;
 var<workgroup> b_tile: array<vec4<f32>, NBUF * TILE4>;
@@ -77,18 +76,28 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // workgroup memory) while those loads are in flight, then stores tile k0.
     var k0 = 0u;
     loop {
-        // Global -> registers (tile k0; zeros past K). With WHOLE (M, N and K multiples
-        // of the tile: the host's rule) the loads go unchecked, and the last turn, whose
-        // tile is never stored, loads the last tile again instead of one past K.
-        let kl = select(k0, min(k0, p.k - BK), WHOLE);
+        // Global -> registers (tile k0; zeros past K).
+//#if WHOLE
+        // Whole tiles (M, N and K multiples of the tile, both operands' rows contiguous:
+        // the host's rule): the vec4 loads go unchecked, and the last turn, whose tile is
+        // never stored, loads the last tile again instead of one past K. (The checked
+        // loads below stay as they were: rewritten around a constant, the driver compiled
+        // them slower at some shapes.)
+        let kl = min(k0, p.k - BK);
+//#endif
 //#if VEC_A
         for (var l = 0u; l < V4; l++) {
             let e = tid + l * 256u;
             let gm = row0 + e / KQ;
+//#if WHOLE
             let gk = kl + (e % KQ) * 4u;
+            ra[l] = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]);
+//#else
+            let gk = k0 + (e % KQ) * 4u;
             var v = vec4<f32>(0.0);
-            if WHOLE || (gm < p.m && gk < p.k) { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
+            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
             ra[l] = v;
+//#endif
         }
 //#else
 //#if COL_A
@@ -96,19 +105,19 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // the tile's own (k-major) layout.
         for (var l = 0u; l < V4; l++) {
             let e = tid + l * 256u;
-            let gk = kl + e / (BM / 4u);
+            let gk = k0 + e / (BM / 4u);
             let gm = row0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
-            if WHOLE || (gk < p.k && gm < p.m) { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
+            if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
             ra[l] = v;
         }
 //#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
             let gm = row0 + e / BK;
-            let gk = kl + e % BK;
+            let gk = k0 + e % BK;
             var v = 0.0;
-            if WHOLE || (gm < p.m && gk < p.k) { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
             ra[l] = v;
         }
 //#endif
@@ -116,11 +125,17 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 //#if VEC_B
         for (var l = 0u; l < V4; l++) {
             let e = tid + l * 256u;
+//#if WHOLE
             let gk = kl + e / (BM / 4u);
             let gn = col0 + (e % (BM / 4u)) * 4u;
+            rb[l] = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]);
+//#else
+            let gk = k0 + e / (BM / 4u);
+            let gn = col0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
-            if WHOLE || (gk < p.k && gn < p.n) { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
+            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
             rb[l] = v;
+//#endif
         }
 //#else
 //#if COL_B
@@ -129,18 +144,18 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var l = 0u; l < V4; l++) {
             let e = tid + l * 256u;
             let gn = col0 + e / KQ;
-            let gk = kl + (e % KQ) * 4u;
+            let gk = k0 + (e % KQ) * 4u;
             var v = vec4<f32>(0.0);
-            if WHOLE || (gn < p.n && gk < p.k) { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
+            if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
             rb[l] = v;
         }
 //#else
         for (var l = 0u; l < BM * BK / 256u; l++) {
             let e = tid + l * 256u;
-            let gk = kl + e / BM;
+            let gk = k0 + e / BM;
             let gn = col0 + e % BM;
             var v = 0.0;
-            if WHOLE || (gk < p.k && gn < p.n) { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
             rb[l] = v;
         }
 //#endif

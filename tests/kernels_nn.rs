@@ -414,11 +414,13 @@ fn whole_tiles_are_told_apart() {
     use wgtrain_engine::kernels::matmul_params::Load;
     // The tiled kernel: TM 8 (128 x 128) and 4 (64 x 64), K by 32, rows contiguous.
     let rows = [Load { col: false, width: 4 }; 2];
+    let scalar = [Load { col: false, width: 1 }; 2];
     assert!(whole_tiles(4096, 4096, 4096, 8, 32, rows));
     assert!(!whole_tiles(256, 192, 64, 8, 32, rows) && whole_tiles(256, 192, 64, 4, 32, rows));
     assert!(!whole_tiles(128, 128, 48, 8, 32, rows) && !whole_tiles(128, 128, 0, 8, 32, rows));
-    // A transposed view keeps the checks.
+    // A transposed view, or scalar loads, keep the checks.
     assert!(!whole_tiles(4096, 4096, 4096, 8, 32, [rows[0], Load { col: true, width: 4 }]));
+    assert!(!whole_tiles(4096, 4096, 4096, 8, 32, scalar));
     use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, whole};
     use wgtrain_engine::kernels::matmul_params::Params;
     let p = |m, n, k| Params {

@@ -68,13 +68,14 @@ fn lanes(square: bool) -> &'static str {
 /// The template values of the tiled variant; `la` / `lb` pick each operand's tile
 /// loads (width 4: vec4 along rows, or along columns for `col`; width 1: scalar).
 /// Whether an `m` x `n` x `k` product covers whole tiles of the tiled kernel with TM
-/// `tm` and K by `bk`, with both operands' rows contiguous (`la`, `lb`): then its
-/// variant loads without bounds checks. (With a transposed view among the operands the
-/// unchecked loads were slower on the H100: GPT-2's dX products 25% slower, its forward
-/// products 3-23% faster; docs/benchmarks.md.)
+/// `tm` and K by `bk`, with both operands' rows contiguous and loaded as vec4s (`la`,
+/// `lb`): then its variant loads without bounds checks. (With a transposed view among
+/// the operands the unchecked loads were slower on the H100: GPT-2's dX products 25%
+/// slower, its forward products 1-24% faster; docs/benchmarks.md.)
 pub fn whole_tiles(m: usize, n: usize, k: usize, tm: u32, bk: u32, [la, lb]: [Load; 2]) -> bool {
     let (bm, bk) = (16 * tm as usize, bk as usize);
-    !la.col && !lb.col && m.is_multiple_of(bm) && n.is_multiple_of(bm) && k.is_multiple_of(bk) && k > 0
+    let rows = |l: Load| !l.col && l.width == 4;
+    rows(la) && rows(lb) && m.is_multiple_of(bm) && n.is_multiple_of(bm) && k.is_multiple_of(bk) && k > 0
 }
 
 /// The template values of one variant; `whole` as [`whole_tiles`] says.

@@ -218,7 +218,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     &mut out,
                     "matmul",
                     include_str!("../../../shaders/matmul.wgsl"),
-                    super::matmul::variant([DType::F32; 3], tm, tile, Activation::Identity, [la, lb], !la.col && !lb.col),
+                    super::matmul::variant(
+                        [DType::F32; 3],
+                        tm,
+                        tile,
+                        Activation::Identity,
+                        [la, lb],
+                        !la.col && !lb.col && la.width == 4 && lb.width == 4,
+                    ),
                 )?;
             }
         }
