@@ -9,7 +9,7 @@
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions, SimtTile};
-use super::matmul_params::{COMMON, FULL_WAVE, Load, Params};
+use super::matmul_params::{COMMON, FULL_WAVE, Load, Params, wave_fill};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, render};
@@ -409,9 +409,9 @@ fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool, coop: bool) ->
 /// 184.1 against 220.2 us, hence the length.
 pub fn split_k_coop(tiles: u64, k: usize) -> usize {
     let s = split_k(tiles, k);
-    let fill = |w: u64| w as f64 / (w.div_ceil(FULL_WAVE) * FULL_WAVE) as f64;
+    let fill = |slices: usize| wave_fill(tiles * slices as u64, FULL_WAVE);
     let t = 2 * s;
-    let doubled = s > 1 && t <= 8 && k.is_multiple_of(8 * t) && k / t >= 2048 && fill(tiles * t as u64) > fill(tiles * s as u64) + 0.1;
+    let doubled = s > 1 && t <= 8 && k.is_multiple_of(8 * t) && k / t >= 2048 && fill(t) > fill(s) + 0.1;
     if doubled { t } else { s }
 }
 

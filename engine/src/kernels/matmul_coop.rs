@@ -7,7 +7,7 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params};
+use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params, wave_fill};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
@@ -250,8 +250,7 @@ pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
 /// 73% of two of two per SM, so they take the second; 4096^3 fills both alike and takes
 /// [`TILE_128_SLIM`].
 pub fn by_waves(workgroups: u64, k: u32) -> CoopTile {
-    let fill = |slots: u64| workgroups as f64 / (workgroups.div_ceil(slots) * slots) as f64;
-    if k >= SLIM_MIN_K && fill(2 * FULL_WAVE) * SLIM_SPEEDUP > fill(FULL_WAVE) {
+    if k >= SLIM_MIN_K && wave_fill(workgroups, 2 * FULL_WAVE) * SLIM_SPEEDUP > wave_fill(workgroups, FULL_WAVE) {
         TILE_128_SLIM
     } else {
         TILE_128_AHEAD

@@ -131,6 +131,11 @@ impl SimtTile {
 /// tiles leave SMs idle (split-K, smaller tiles).
 pub const FULL_WAVE: u64 = 132;
 
+/// The share of busy slots over the waves `workgroups` take when `slots` run at once.
+pub fn wave_fill(workgroups: u64, slots: u64) -> f64 {
+    workgroups as f64 / (workgroups.div_ceil(slots) * slots) as f64
+}
+
 /// The tile of a cooperative-matrix matmul variant: `gm` x `gn` subgroups of 32, each
 /// owning `fm` x `fn_` 16 x 16 fragments of C; K steps by `bk` through `nbuf` (1 or 2)
 /// workgroup buffers per operand, with `ahead` (1 or 2; 2 only with one buffer) K tiles
