@@ -466,23 +466,26 @@ fn the_cooperative_path_is_chosen_only_where_granted() {
     );
 }
 
-/// Between the 128 x 128 tensor-core tiles, a launch takes the one whose workgroups
-/// fill their waves better (one per SM against two), weighed by their speeds; short K
-/// loops (per split-K slice) take the one with two K tiles in flight.
+/// Between the 128 x 128 tensor-core tiles: the one with two K tiles in flight, unless A
+/// is a transposed view (dW products) and the K loop (per split-K slice) is long; then
+/// the one whose workgroups fill their waves better (one per SM against two), weighed by
+/// their speeds.
 #[test]
 fn the_128_tile_follows_the_waves() {
     use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, by_waves};
     // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
-    assert_eq!(by_waves(384, 3072), TILE_128_AHEAD);
-    // 4096^3 (1024 tiles) fills both alike.
-    assert_eq!(by_waves(1024, 4096), TILE_128_SLIM);
+    assert_eq!(by_waves(384, 3072, false), TILE_128_AHEAD);
+    // 4096^3 (1024 tiles) fills both alike; A's rows are contiguous.
+    assert_eq!(by_waves(1024, 4096, false), TILE_128_AHEAD);
+    assert_eq!(by_waves(1024, 4096, true), TILE_128_SLIM);
     // Short K loops take the two tiles in flight whatever the waves.
-    assert_eq!(by_waves(1024, 768), TILE_128_AHEAD);
-    assert_eq!(by_waves(1536, 768), TILE_128_AHEAD);
-    // Split-K launches: qkv.dw's 108 tiles x 4 slices of 2048 fill both alike; fc.dw's
-    // 144 x 2 fill 73% of 3 waves of 132 but 55% of 2 of 264.
-    assert_eq!(by_waves(432, 2048), TILE_128_SLIM);
-    assert_eq!(by_waves(288, 4096), TILE_128_AHEAD);
+    assert_eq!(by_waves(1024, 768, true), TILE_128_AHEAD);
+    assert_eq!(by_waves(288, 1024, true), TILE_128_AHEAD);
+    // Split-K dW launches: qkv.dw's 108 tiles x 4 slices of 2048 fill both alike; fc.dw's
+    // 144 x 4 fill 87% of 5 waves of 132 but 73% of 3 of 264.
+    assert_eq!(by_waves(432, 2048, true), TILE_128_SLIM);
+    assert_eq!(by_waves(576, 2048, true), TILE_128_AHEAD);
+    assert_eq!(by_waves(432, 2048, false), TILE_128_AHEAD);
     assert_eq!(TILE_128_AHEAD.ahead, 2);
     assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }

@@ -327,7 +327,8 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
     let coop_tile = match coop_tile {
         Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => {
-            Some(super::matmul_coop::by_waves(tiles * splits as u64, (k / splits) as u32))
+            let a_col = Load::of_operands(&params, &[8, 4])[0].col;
+            Some(super::matmul_coop::by_waves(tiles * splits as u64, (k / splits) as u32, a_col))
         }
         t => t,
     };

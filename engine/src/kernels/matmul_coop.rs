@@ -30,14 +30,15 @@ pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
 /// two per SM (GPT-2's N = 768 products).
 pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
 /// 128 x 128 of C per workgroup from 4 subgroups of 64 x 64, K by 32, one buffer: at
-/// 128 threads two workgroups fit an SM. With vector workgroup tiles the fastest at
-/// 4096^3 on the H100 (184.8 TFLOP/s against [`TILE_128_K64`]'s 173.6, one sweep:
-/// docs/benchmarks.md); [`by_waves`] weighs the two.
+/// 128 threads two workgroups fit an SM. The fastest 128 x 128 tile at dW products (A a
+/// transposed view) with long K slices on the H100 (docs/benchmarks.md); [`by_waves`]
+/// weighs it against [`TILE_128_AHEAD`].
 pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
 /// [`TILE_128_K64`] with two K tiles in flight in registers (238 registers, still one
-/// workgroup per SM): as fast at 4096^3 on the H100 and faster at every GPT-2 product
-/// (`wgtrain bench --tune`: 112.1 against 99.9 TFLOP/s at attn_proj.fwd, 164.1 against
-/// 155.0 at qkv.dx; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM tile.
+/// workgroup per SM): faster at every GPT-2 product but the dW products with long K
+/// slices, and at 4096^3 (`wgtrain bench --tune` on the H100: 613.4 against
+/// [`TILE_128_SLIM`]'s 639.3 us; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM
+/// tile.
 pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
 /// 128 x 128 of C from 16 subgroups of 32 x 32, K by 32, two K tiles in flight (512
 /// threads at 108 registers: one workgroup per SM). With bounds checks on every load it
@@ -45,17 +46,18 @@ pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
 /// unchecked [`TILE_128_AHEAD`] is faster at all four (fc.dw 262.8 against 296.7 us;
 /// docs/benchmarks.md), so only the sweep runs it.
 pub const TILE_128_SPLIT: CoopTile = CoopTile::new(4, 4, 2, 2, 32, 1).two_ahead();
-/// [`TILE_128_SLIM`]'s speed over [`TILE_128_AHEAD`]'s where both fill their waves
-/// (4096^3 on the H100, whole tiles: 659.6 / 639.4 us).
-const SLIM_SPEEDUP: f64 = 1.032;
+/// [`TILE_128_SLIM`]'s speed over [`TILE_128_AHEAD`]'s where both fill their waves and
+/// A is a transposed view (a dW product): GPT-2's qkv.dw on the H100, 4 slices of 2048,
+/// 184.0 against 199.2 us (docs/benchmarks.md). Where A's rows are contiguous the two-ahead
+/// tile is faster even there (4096^3: 613.4 against 639.3 us), so the 128-thread tile is
+/// weighed only for a transposed A.
+const SLIM_SPEEDUP: f64 = 1.08;
 /// The shortest K loop (per split-K slice) for which [`by_waves`] weighs
-/// [`TILE_128_SLIM`]: below it the two tiles in flight win (GPT-2's K = 768 products on
-/// the H100: fc_proj.dx 257.0 us against 279.7, fc.fwd 260.8 against 260.7); at K 2048
-/// and 4096 the 128-thread tile wins (qkv.dw 184.5 against 201.0, 4096^3 639.4 against
-/// 659.6).
+/// [`TILE_128_SLIM`]: below it the two tiles in flight win (GPT-2's attn_proj.dw, 8 slices
+/// of 1024, on the H100: 104.7 us against 96.2).
 const SLIM_MIN_K: u32 = 2048;
 /// The tiles the tuning sweep measures (docs/benchmarks.md has their rows on the H100).
-pub const CANDIDATES: [CoopTile; 20] = [
+pub const CANDIDATES: [CoopTile; 24] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
@@ -78,6 +80,12 @@ pub const CANDIDATES: [CoopTile; 20] = [
     TILE_WIDE.two_ahead(),
     CoopTile::new(2, 4, 4, 2, 32, 1).two_ahead(),
     TILE_128_SPLIT,
+    // 96 x 96: a 768 x 768 output in 64 tiles, two K slices of 64 a wave (GPT-2's
+    // attn_proj.dw, 36 tiles of 128 x 128).
+    CoopTile::new(3, 2, 2, 3, 64, 1),
+    CoopTile::new(3, 2, 2, 3, 64, 1).two_ahead(),
+    CoopTile::new(2, 2, 3, 3, 64, 1),
+    CoopTile::new(2, 3, 3, 2, 32, 2),
 ];
 
 /// Bytes of workgroup memory a variant uses.
@@ -243,14 +251,16 @@ pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
 }
 
 /// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices)
-/// with a K loop of `k` (per slice): [`TILE_128_SLIM`] runs two workgroups per SM,
-/// [`TILE_128_AHEAD`] one ([`FULL_WAVE`] at once). Below [`SLIM_MIN_K`] the second;
-/// else each one's share of busy SMs over its waves, weighed by its speed at full waves.
-/// E.g. GPT-2's 384-tile products (N = 768) fill 97% of three waves of one per SM and
-/// 73% of two of two per SM, so they take the second; 4096^3 fills both alike and takes
-/// [`TILE_128_SLIM`].
-pub fn by_waves(workgroups: u64, k: u32) -> CoopTile {
-    if k >= SLIM_MIN_K && wave_fill(workgroups, 2 * FULL_WAVE) * SLIM_SPEEDUP > wave_fill(workgroups, FULL_WAVE) {
+/// with a K loop of `k` (per slice), A a transposed view where `a_col`:
+/// [`TILE_128_SLIM`] runs two workgroups per SM, [`TILE_128_AHEAD`] one ([`FULL_WAVE`]
+/// at once). The second, unless A is transposed and the loop is at least [`SLIM_MIN_K`]
+/// long: then each one's share of busy SMs over its waves, weighed by its speed at full
+/// waves. E.g. GPT-2's qkv.dw (108 tiles x 4 slices of 2048) fills both alike and takes
+/// the first; fc.dw (144 x 4) fills 87% of waves of one per SM and 73% of two per SM, and
+/// takes the second.
+pub fn by_waves(workgroups: u64, k: u32, a_col: bool) -> CoopTile {
+    let slim = wave_fill(workgroups, 2 * FULL_WAVE) * SLIM_SPEEDUP;
+    if a_col && k >= SLIM_MIN_K && slim > wave_fill(workgroups, FULL_WAVE) {
         TILE_128_SLIM
     } else {
         TILE_128_AHEAD
