@@ -137,7 +137,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     //   set 0 and odd ones into set 1, so that the first two are fetched together.
     // (The branches on NBUF and AHEAD are on constants.) Every turn but the last fetches
     // without a condition; the last one is written out on its own and fetches only what
-    // is left (on the H100 this took GPT-2's K = 768 products 3-6% faster than one loop
+    // is left (on the H100 this took GPT-2's K = 768 products 5-8% faster than one loop
     // whose fetches were conditional; docs/benchmarks.md).
     let pairs = (tiles + 1u) / 2u;
     for (var pr = 0u; pr + 1u < pairs; pr++) {

@@ -74,8 +74,7 @@ fn lanes(square: bool) -> &'static str {
 /// slower, its forward products 1-24% faster; docs/benchmarks.md.)
 pub fn whole_tiles(m: usize, n: usize, k: usize, tm: u32, bk: u32, [la, lb]: [Load; 2]) -> bool {
     let (bm, bk) = (16 * tm as usize, bk as usize);
-    let rows = |l: Load| !l.col && l.width == 4;
-    rows(la) && rows(lb) && m.is_multiple_of(bm) && n.is_multiple_of(bm) && k.is_multiple_of(bk) && k > 0
+    la.vec4_rows() && lb.vec4_rows() && m.is_multiple_of(bm) && n.is_multiple_of(bm) && k.is_multiple_of(bk) && k > 0
 }
 
 /// The template values of one variant; `whole` as [`whole_tiles`] says.

@@ -80,8 +80,9 @@ pub const CANDIDATES: [CoopTile; 24] = [
     TILE_WIDE.two_ahead(),
     CoopTile::new(2, 4, 4, 2, 32, 1).two_ahead(),
     TILE_128_SPLIT,
-    // 96 x 96: a 768 x 768 output in 64 tiles, two K slices of 64 a wave (GPT-2's
-    // attn_proj.dw, 36 tiles of 128 x 128).
+    // 96 x 96: a 768 x 768 output (GPT-2's attn_proj.dw, 36 tiles of 128 x 128) in 64
+    // tiles, so that two K slices fill one wave of 132 workgroups. Slower than the 128
+    // x 128 tiles on the H100, save that one product (docs/benchmarks.md): not picked.
     CoopTile::new(3, 2, 2, 3, 64, 1),
     CoopTile::new(3, 2, 2, 3, 64, 1).two_ahead(),
     CoopTile::new(2, 2, 3, 3, 64, 1),

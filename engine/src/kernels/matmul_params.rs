@@ -342,4 +342,10 @@ impl Load {
     pub fn code(self) -> u32 {
         u32::from(self.col) | self.width << 1
     }
+
+    /// Whether the operand's rows are contiguous and loaded as vec4s (the tiled kernel's
+    /// whole-tile variant takes only these).
+    pub fn vec4_rows(self) -> bool {
+        !self.col && self.width == 4
+    }
 }

@@ -194,7 +194,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     for la in loads {
                         for lb in loads {
                             // Whole tiles (loads unchecked) with the vector loads.
-                            let vectors = la.width == 4 && lb.width == 4 && !la.col && !lb.col;
+                            let vectors = la.vec4_rows() && lb.vec4_rows();
                             for whole in [false, true].into_iter().filter(|&w| !w || vectors) {
                                 push(
                                     &mut out,
@@ -224,7 +224,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                         tile,
                         Activation::Identity,
                         [la, lb],
-                        !la.col && !lb.col && la.width == 4 && lb.width == 4,
+                        la.vec4_rows() && lb.vec4_rows(),
                     ),
                 )?;
             }
