@@ -103,16 +103,32 @@ fn stash(rs: u32, tid: u32, buf: u32) {
     b_stash(rs, tid, buf);
 }
 
+// A launch whose flags have bit 1 is the first pass of a split product in uneven K
+// slices: workgroups of batch z take slice z of p.splits, [lo, hi) in whole units of
+// SLICE_UNIT (each slice's share of p.k / SLICE_UNIT units rounded, so no slice is a
+// unit longer than another), into partial z (C's batch stride). The host sets it only
+// for whole tiles (the loads are unchecked, so no slice reads into the next).
+const SLICE_UNIT: u32 = 128u;
+
 @compute @workgroup_size({{THREADS}})
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let here = place(wid.x, wid.y, wid.z);
+    var here = place(wid.x, wid.y, wid.z);
+    var k_len = p.k;
+    if (p.flags & 2u) != 0u {
+        let units = p.k / SLICE_UNIT;
+        let lo = wid.z * units / p.splits * SLICE_UNIT;
+        let hi = (wid.z + 1u) * units / p.splits * SLICE_UNIT;
+        here.a_base += lo * p.a_cs;
+        here.b_base += lo * p.b_rs;
+        k_len = hi - lo;
+    }
     let tid = lid.x;
     let s = tid / 32u;
     let lane = tid % 32u;
     let m0 = (s / GN) * FM * 16u;
     let n0 = (s % GN) * FN * 16u;
 {{ACC_DECL}}
-    let tiles = (p.k + BK - 1u) / BK;
+    let tiles = (k_len + BK - 1u) / BK;
     fetch(0u, tid, here, 0u);
 //#if PAIRS
     // Two ahead, the second K tile's loads are in flight with the first's.
@@ -202,7 +218,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let gn0 = here.col0 + n0;
     let c_base = here.c_base;
 //#if DIRECT
-    if p.flags != 0u && here.row0 + BM <= p.m && here.col0 + BN <= p.n {
+    if (p.flags & 1u) != 0u && here.row0 + BM <= p.m && here.col0 + BN <= p.n {
 {{STORE_DIRECT}}
         return;
     }

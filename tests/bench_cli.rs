@@ -71,3 +71,51 @@ fn a_compare_file_that_is_not_bench_rows_is_a_clear_error() {
     let missing = wgtrain(&["bench", "--quick", "--compare", dir.join("none.json").to_str().unwrap()], &[]);
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
 }
+
+/// `--matmul MxKxN` times the user's shapes; `--launches N` times N calls back to back
+/// and reports one's time (the row says how many); `--splits N` forces K slices, and a
+/// shape that cannot take them is left out with the reason; a malformed shape is a clear
+/// usage error before anything runs.
+#[test]
+fn user_shapes_back_to_back_launches_and_forced_slices() {
+    let dir = scratch("bench-shapes");
+    let out = dir.join("rows.json");
+    let table = run_ok(
+        &args(&[
+            "bench",
+            "--quick",
+            "--matmul",
+            "64x512x96",
+            "--matmul",
+            "32x48x16",
+            "--launches",
+            "3",
+            "--splits",
+            "2",
+            "--json",
+            out.to_str().unwrap(),
+        ]),
+        &[],
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let shapes: Vec<&serde_json::Value> = rows.iter().map(|r| &r["shape"]).collect();
+    assert_eq!(
+        shapes,
+        [&serde_json::json!([64, 512, 96]), &serde_json::json!([32, 48, 16])],
+        "{table}"
+    );
+    for r in &rows {
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["extra"], serde_json::json!({"launches": 3, "splits": 2}), "{r}");
+    }
+    // 7 equal slices of 512 do not exist (here the tiled kernel runs, which takes only
+    // equal ones): the row is left out and the run still succeeds.
+    let odd = wgtrain(&["bench", "--quick", "--matmul", "64x512x96", "--splits", "7"], &[]);
+    assert!(odd.status.success());
+    let err = String::from_utf8_lossy(&odd.stderr);
+    assert!(err.contains("row left out: 7 slices of K = 512"), "{err}");
+    assert!(!String::from_utf8_lossy(&odd.stdout).contains("[64, 512, 96]"));
+    let bad = wgtrain(&["bench", "--quick", "--matmul", "64x512"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not MxKxN"));
+}

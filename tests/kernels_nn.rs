@@ -188,13 +188,23 @@ fn split_k_products_match() {
     assert_eq!(split_k(108, 8192), 4);
     assert_eq!(split_k(1, 2048), 8, "the most slices that stay 256 long");
     assert_eq!(split_k(10, 100), 1, "too short to split");
-    // The tensor-core kernel doubles the slices where waves of one workgroup per SM fill
-    // better and the slices stay 2048 long: GPT-2's fc.dw, not its qkv.dw or attn_proj.dw.
-    use wgtrain_engine::kernels::matmul::split_k_coop;
-    assert_eq!(split_k_coop(144, 8192), 4);
-    assert_eq!(split_k_coop(108, 8192), 4);
-    assert_eq!(split_k_coop(36, 8192), 8);
-    assert_eq!(split_k_coop(264, 8192), 1);
+    // The tensor-core kernel takes the count its cost model finds fastest: GPT-2's
+    // attn_proj.dw (36 tiles) in 3 uneven slices (one wave of 108 workgroups), fc.dw (144)
+    // in 3, qkv.dw (108, one wave already) unsplit, as measured on the H100; a product
+    // of two waves or more unsplit.
+    use wgtrain_engine::kernels::matmul::{split_cost, split_k_coop};
+    assert_eq!(split_k_coop(36, 8192, true, true), 3);
+    assert_eq!(split_k_coop(144, 8192, true, true), 3);
+    assert_eq!(split_k_coop(108, 8192, true, true), 1);
+    assert_eq!(split_k_coop(264, 8192, true, true), 1);
+    assert_eq!(split_k_coop(1152, 768, false, true), 1, "GPT-2's qkv.fwd");
+    assert!(split_cost(36, 3, 22.0, true) < split_cost(36, 8, 8.0, true));
+    assert!(split_cost(108, 1, 64.0, true) < split_cost(108, 4, 16.0, true));
+    // Without uneven slices (K off the unit, or tiles not whole): 2, 4 or 8 equal slices
+    // at least 256 long, each a multiple of 8, where one fits.
+    assert_eq!(split_k_coop(36, 8192, true, false), 8);
+    assert_eq!(split_k_coop(36, 8200, true, false), 1, "8200 = 8 x 1025: no equal slices of 8");
+    assert_eq!(split_k_coop(4, 300, true, false), 1, "no equal slice of 300 is 256 long");
     // By wave fill (264 slots): 144 tiles fill 2 waves of 264 at 55%, 5 waves at 87% in
     // 8 slices; 108 tiles fill their last wave at 82% in 2, 4 or 8 slices (the most win).
     use wgtrain_engine::kernels::matmul::split_k_by_waves;
@@ -403,6 +413,87 @@ fn f16_matmul_whole_tiles() {
             }
         }
     }
+    finish(&rt);
+}
+
+/// Forced K slices (`MatmulOptions::split_k`): the tensor-core kernel takes uneven ones
+/// over whole tiles (K = 7 units of 128 in 2, 3, 5 and 7 slices; A as stored and as a
+/// transposed view, the way a weight gradient reads it; f32 and f16 C, with the whole
+/// epilogue once); the tiled kernel takes equal slices only and says so for others.
+#[test]
+fn f16_matmul_uneven_k_slices() {
+    let rt = runtime();
+    if !rt.gpu.caps.shader_f16 {
+        return;
+    }
+    let mut rng = Rng(24);
+    let (m, k, n) = (256, 896, 128);
+    let a_data = rng.vec(m * k, -1.0, 1.0);
+    let b_data = rng.vec(k * n, -1.0, 1.0);
+    let (bias_data, c_data) = (rng.vec(n, -1.0, 1.0), rng.vec(m * n, -1.0, 1.0));
+    let (a64, b64) = (rounded(&a_data, DType::F16), rounded(&b_data, DType::F16));
+    let want = matmul_ref(&a64, &b64, 1, m, k, n);
+    let at: Vec<f32> = transpose(&a64, m, k).iter().map(|&x| x as f32).collect();
+    let b = upload(&rt, &b_data, &[k, n], DType::F16);
+    let bias = upload(&rt, &bias_data, &[n], DType::F32);
+    let probe = Tensor::empty(&rt, &[m, n], DType::F32, Category::Other, "probe").unwrap();
+    let a_plain = upload(&rt, &a_data, &[m, k], DType::F16);
+    let coop = wgtrain_engine::kernels::matmul_coop::usable(&rt, &a_plain, &b, &probe);
+    let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
+    for a in [a_plain, upload(&rt, &at, &[k, m], DType::F16).transpose(0, 1).unwrap()] {
+        for splits in [2, 3, 5, 7] {
+            let opts = MatmulOptions {
+                split_k: Some(splits),
+                ..Default::default()
+            };
+            let what = format!("{splits} slices, A strides {:?}, coop={coop}", a.strides());
+            match matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c") {
+                Ok(c) => assert_close_within(&rt, &what, &c, &want, tol),
+                Err(e) => {
+                    assert!(!coop && k % splits != 0, "{what}: {e}");
+                    assert!(e.to_string().contains("slices of K = 896"), "{e}");
+                }
+            }
+        }
+    }
+    // The whole epilogue and an f16 C, in 3 slices where the tensor cores take them.
+    let splits = if coop { 3 } else { 7 };
+    let a = upload(&rt, &a_data, &[m, k], DType::F16);
+    let c = upload(&rt, &c_data, &[m, n], DType::F32);
+    let opts = MatmulOptions {
+        alpha: 0.5,
+        beta: 1.0,
+        bias: Some(&bias),
+        activation: Activation::Gelu,
+        split_k: Some(splits),
+        ..Default::default()
+    };
+    matmul_into(&rt, &a, &b, &c, &opts).unwrap();
+    let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh());
+    let full: Vec<f64> = (0..m * n)
+        .map(|i| gelu(0.5 * want[i] + bias_data[i % n] as f64 + c_data[i] as f64))
+        .collect();
+    assert_close_within(&rt, &format!("{splits} slices, whole epilogue"), &c, &full, tol);
+    let c16 = matmul(
+        &rt,
+        &a,
+        &b,
+        DType::F16,
+        &MatmulOptions {
+            split_k: Some(splits),
+            ..Default::default()
+        },
+        Category::Other,
+        "c16",
+    )
+    .unwrap();
+    assert_close_within(&rt, &format!("{splits} slices, f16 C"), &c16, &want, tolerance(DType::F16, 1));
+    // A count the shape cannot take, on any adapter.
+    let opts = MatmulOptions {
+        split_k: Some(0),
+        ..Default::default()
+    };
+    assert!(matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").is_err());
     finish(&rt);
 }
 

@@ -42,6 +42,30 @@ pub struct BenchArgs {
     /// matrices).
     #[arg(long)]
     tune: bool,
+    /// Instead of the benchmarks: a matmul of this shape, MxKxN (repeat the flag for
+    /// more): f16 inputs on the tensor-core path where the adapter has it, else f32.
+    #[arg(long, value_name = "MxKxN", value_parser = parse_shape)]
+    matmul: Vec<[usize; 3]>,
+    /// Calls of each case per timed sample, back to back (as a training step runs its
+    /// kernels); the row's time is per call. 1 (the default) times each call from an
+    /// idle device, as scripts/torch_kernels.py times PyTorch's.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    launches: u32,
+    /// K slices for every matmul row (split-K; 1 does not split) instead of the count the
+    /// shape picks: the rows show what another split would cost. A split the shape
+    /// cannot take fails its row with the reason.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    splits: Option<u32>,
+}
+
+/// `MxKxN` as three positive sizes.
+fn parse_shape(text: &str) -> Result<[usize; 3], String> {
+    let dims: Vec<usize> = text
+        .split(['x', 'X'])
+        .map(|d| d.trim().parse::<usize>().ok().filter(|&d| d > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{text:?} is not MxKxN with three positive sizes (e.g. 8192x768x768)"))?;
+    <[usize; 3]>::try_from(dims).map_err(|_| format!("{text:?} is not MxKxN: three sizes, not {}", text.split(['x', 'X']).count()))
 }
 
 /// Rows of a previous run, read before anything is measured (a bad file fails fast).
@@ -90,7 +114,13 @@ pub fn run(args: BenchArgs) -> CliResult {
                 s.last_us
             );
         }
-        if args.tune {
+        bench::measure::set_launches(args.launches as usize);
+        bench::measure::set_splits(args.splits.map(|n| n as usize));
+        if !args.matmul.is_empty() {
+            for &shape in &args.matmul {
+                records.extend(bench::measure::unless_unsplittable(bench::kernels::matmul_shape(&rt, shape))?);
+            }
+        } else if args.tune {
             records.extend(bench::tune::run_all(&rt, &wanted)?);
         } else {
             records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
@@ -100,7 +130,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             }
         }
     }
-    if wanted("alloc") && !args.tune {
+    if wanted("alloc") && !args.tune && args.matmul.is_empty() {
         records.extend(bench::alloc::run_all(&gpu, args.quick)?.into_iter().filter(|r| wanted(&r.kernel)));
     }
     print_table(&records);
@@ -164,10 +194,9 @@ fn print_comparison(records: &[BenchRecord], previous: &[BenchRecord], path: &st
     );
     let (mut matched, mut differ) = (0, 0);
     for r in records {
-        let Some(p) = previous
-            .iter()
-            .find(|p| p.kernel == r.kernel && p.dtype == r.dtype && p.shape == r.shape)
-        else {
+        let Some(p) = previous.iter().find(|p| {
+            p.kernel == r.kernel && p.dtype == r.dtype && p.shape == r.shape && p.extra.get("launches") == r.extra.get("launches")
+        }) else {
             continue;
         };
         matched += 1;

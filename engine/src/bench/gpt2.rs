@@ -10,12 +10,12 @@
 //! May call: `bench::{measure, record}`, `error`, `kernels`, `memory`, `runtime`,
 //! `tensor`.
 
-use super::measure::{Rng, Row, SAMPLES, record, softmax_ref, stored, time, upload};
+use super::measure::{Rng, Row, SAMPLES, record, softmax_ref, stored, time, unless_unsplittable, upload};
 use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::matmul_into;
+use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::matmul_params::Forced;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, embedding, flash_attention, layernorm};
@@ -106,7 +106,10 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         Product::GradWeight => (x.transpose(0, 1)?, y),
     };
     let c = Tensor::empty(rt, &[m, cols], DType::F32, Category::Temporary, "bench.out")?;
-    let opts = forced.options();
+    let opts = MatmulOptions {
+        split_k: super::measure::splits(),
+        ..forced.options()
+    };
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     // Element (i, p) of the first operand and (p, j) of the second, as multiplied.
@@ -444,7 +447,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
             if wanted(&format!("gpt2.{layer}.{what}")) {
                 for &dtype in &dtypes {
                     let rows = s.rows();
-                    out.push(linear(
+                    out.extend(unless_unsplittable(linear(
                         rt,
                         Linear {
                             layer,
@@ -455,7 +458,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
                             dtype,
                             forced: Forced::Auto,
                         },
-                    )?);
+                    ))?);
                 }
             }
         }

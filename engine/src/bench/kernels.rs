@@ -13,7 +13,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::attention;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::matmul_into;
+use crate::kernels::matmul::{MatmulOptions, matmul_into};
 use crate::kernels::matmul_params::Forced;
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
@@ -78,7 +78,10 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
     let c = Tensor::empty(rt, &[m, n], DType::F32, Category::Temporary, "matmul")?;
-    let opts = forced.options();
+    let opts = MatmulOptions {
+        split_k: super::measure::splits(),
+        ..forced.options()
+    };
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     let mut got = Vec::new();
@@ -105,6 +108,16 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
             tol,
         },
     ))
+}
+
+/// A matmul of the user's shape (`wgtrain bench --matmul MxKxN`): f16 inputs on the
+/// tensor-core path where the adapter grants it, else f32 on the tiled kernel.
+pub fn matmul_shape(rt: &Runtime, shape: [usize; 3]) -> Result<BenchRecord, Error> {
+    if rt.gpu.caps.coop_f16_16x16x16() {
+        matmul(rt, "matmul_coop_f16", shape, DType::F16, Forced::Auto)
+    } else {
+        matmul(rt, "matmul_f32", shape, DType::F32, Forced::Tiled)
+    }
 }
 
 fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Result<BenchRecord, Error> {

@@ -13,6 +13,7 @@
 //! `runtime`,
 //! `tensor`. Called by: `bench::{kernels, gpt2}`, the CLI (`settle`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::record::{BenchRecord, median};
@@ -38,6 +39,45 @@ const MAX_REPEATS: usize = 200;
 pub const MAX_SPREAD: f64 = 0.10;
 /// Elements or rows checked against the reference in large cases.
 pub const SAMPLES: usize = 48;
+/// Launches of a case per timed sample (`wgtrain bench --launches`): 1 times each call
+/// from an idle device, as the PyTorch peers' script times theirs; more time calls
+/// back to back, as a training step runs them, and report the time of one.
+static LAUNCHES: AtomicUsize = AtomicUsize::new(1);
+
+/// Sets the launches per timed sample (at least 1) for the rows timed after it.
+pub fn set_launches(n: usize) {
+    LAUNCHES.store(n.max(1), Ordering::Relaxed);
+}
+
+/// The launches per timed sample.
+pub fn launches() -> usize {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// A matmul row under forced K slices that the shape cannot take is left out (said on
+/// standard error) rather than ending the run; any other error ends it.
+pub fn unless_unsplittable(row: Result<BenchRecord, Error>) -> Result<Option<BenchRecord>, Error> {
+    match row {
+        Err(Error::Invalid { op, reason }) if splits().is_some() && op == "matmul K slices" => {
+            eprintln!("row left out: {reason}");
+            Ok(None)
+        }
+        row => row.map(Some),
+    }
+}
+
+/// K slices forced on the matmul rows (`wgtrain bench --splits`; 0: the shape picks).
+static SPLITS: AtomicUsize = AtomicUsize::new(0);
+
+/// Forces `n` K slices on the matmul rows timed after it (`None`: the shape picks).
+pub fn set_splits(n: Option<usize>) {
+    SPLITS.store(n.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// The K slices forced on the matmul rows, if any.
+pub fn splits() -> Option<usize> {
+    Some(SPLITS.load(Ordering::Relaxed)).filter(|&n| n > 0)
+}
 
 /// A seeded xorshift generator: the same inputs on every machine.
 pub struct Rng(pub u64);
@@ -101,6 +141,8 @@ pub struct Timing {
     pub repeats: usize,
     /// The reason to distrust the row, if any.
     pub flag: Option<String>,
+    /// Calls per timed sample, back to back (the median is per call).
+    pub launches: usize,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -115,7 +157,14 @@ const COMPILED: Duration = Duration::from_millis(500);
 /// Times `f` (which records launches) as the module says. A first, untimed call builds
 /// the pipelines; when that took long enough for the device to idle down, it is settled
 /// again ([`settle_clock`]) before the warm-up.
-pub fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<Timing, Error> {
+pub fn time(rt: &Runtime, mut one: impl FnMut() -> Result<(), Error>) -> Result<Timing, Error> {
+    let launches = launches();
+    let mut f = || -> Result<(), Error> {
+        for _ in 0..launches {
+            one()?;
+        }
+        Ok(())
+    };
     let first = Instant::now();
     rt.time(&mut f)?;
     if first.elapsed() >= COMPILED {
@@ -143,7 +192,7 @@ pub fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<Ti
     let timed = Instant::now();
     let mut samples = Vec::new();
     while samples.len() < MAX_REPEATS && (samples.len() < MIN_REPEATS || timed.elapsed() < MIN_TIMED) {
-        samples.push(rt.time(&mut f)? * 1e6);
+        samples.push(rt.time(&mut f)? * 1e6 / launches as f64);
     }
     let median_us = median(&mut samples);
     let spread = (percentile(&samples, 0.9) - percentile(&samples, 0.1)) / median_us.max(1e-12);
@@ -162,6 +211,7 @@ pub fn time(rt: &Runtime, mut f: impl FnMut() -> Result<(), Error>) -> Result<Ti
         spread,
         repeats: samples.len(),
         flag: (!reasons.is_empty()).then(|| reasons.join("; ")),
+        launches,
     })
 }
 
@@ -196,7 +246,16 @@ pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<
         spread: Some(t.spread),
         repeats: Some(t.repeats as u32),
         flag: t.flag.clone(),
-        extra: serde_json::Value::Null,
+        extra: {
+            let mut knobs = serde_json::Map::new();
+            if t.launches > 1 {
+                knobs.insert("launches".into(), t.launches.into());
+            }
+            if let Some(n) = splits().filter(|_| kernel.contains("matmul") || kernel.starts_with("gpt2.") || kernel.starts_with("tune.")) {
+                knobs.insert("splits".into(), n.into());
+            }
+            if knobs.is_empty() { serde_json::Value::Null } else { knobs.into() }
+        },
     }
 }
 

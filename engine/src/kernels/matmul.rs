@@ -9,7 +9,7 @@
 
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions, SimtTile};
-use super::matmul_params::{COMMON, FULL_WAVE, Load, Params, wave_fill};
+use super::matmul_params::{COMMON, FULL_WAVE, Load, Params, SLICE_UNIT, SLICED};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, render};
@@ -322,12 +322,36 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     );
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
     let wave_split = !coop && opts.simt_tile.unwrap_or(SimtTile::DEFAULT).wave_split;
-    let splits = slices(tiles, k, batches, wave_split, coop);
+    let splits = match opts.split_k {
+        Some(s) if s == 0 || (s > 1 && batches > 1) => {
+            return Err(Error::invalid(
+                "matmul K slices",
+                format!("{s} slices (at least 1, and only a single product is split)"),
+            ));
+        }
+        Some(s) => s,
+        None => {
+            let a_col = Load::of_operands(&params, &[8, 4])[0].col;
+            let uneven = k.is_multiple_of(SLICE_UNIT) && coop_tile.is_some_and(|t| t.bm() == 128 && t.bn() == 128) && {
+                let all = Params { flags: SLICED, ..params };
+                [super::matmul_coop::TILE_128_AHEAD, super::matmul_coop::TILE_128_SLIM]
+                    .iter()
+                    .all(|&t| super::matmul_coop::whole(&all, t))
+            };
+            slices(tiles, k, batches, wave_split, coop.then_some((a_col, uneven)))
+        }
+    };
+    // The longest slice: uneven slices are whole units of SLICE_UNIT.
+    let slice_len = if k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT {
+        (k / SLICE_UNIT).div_ceil(splits) * SLICE_UNIT
+    } else {
+        k / splits
+    };
     // Between the two 128 x 128 tensor-core tiles, by how the launch fills its waves.
     let coop_tile = match coop_tile {
         Some(t) if opts.coop_tile.is_none() && t.bm() == 128 && t.bn() == 128 => {
             let a_col = Load::of_operands(&params, &[8, 4])[0].col;
-            Some(super::matmul_coop::by_waves(tiles * splits as u64, (k / splits) as u32, a_col))
+            Some(super::matmul_coop::by_waves(tiles * splits as u64, slice_len as u32, a_col))
         }
         t => t,
     };
@@ -345,13 +369,31 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         }
         _ => Tensor::empty(rt, &[splits, m, n], DType::F32, Category::Temporary, "matmul.splitk")?,
     };
-    let kc = (k / splits) as u32;
+    // The tensor-core kernel takes uneven slices of whole tiles itself (`SLICED`); other
+    // launches step along K by their batch strides, in equal slices.
+    let sliced = coop_tile.is_some_and(|t| {
+        let all = Params {
+            splits: splits as u32,
+            flags: SLICED,
+            ..params
+        };
+        k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT && super::matmul_coop::whole(&all, t)
+    });
+    if !(sliced || k.is_multiple_of(splits) && k / splits > 0) {
+        return Err(Error::invalid(
+            "matmul K slices",
+            format!("{splits} slices of K = {k} (equal slices here: K a multiple of the count)"),
+        ));
+    }
+    let kc = if sliced { k as u32 } else { (k / splits) as u32 };
     let first = Params {
         k: kc,
+        flags: if sliced { SLICED } else { 0 },
+        splits: if sliced { splits as u32 } else { 1 },
         batch1: 1,
-        a_bs0: kc * params.a_cs,
+        a_bs0: if sliced { 0 } else { kc * params.a_cs },
         a_bs1: 0,
-        b_bs0: kc * params.b_rs,
+        b_bs0: if sliced { 0 } else { kc * params.b_rs },
         b_bs1: 0,
         c_off: parts.offset() as u32,
         c_rs: n as u32,
@@ -392,27 +434,72 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
 
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
 /// `k`: by wave fill for the tiled kernel's wave-split variants, [`split_k_coop`] for the
-/// tensor-core kernel, else [`split_k`]; a batched product is not split.
-fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool, coop: bool) -> usize {
-    match batches {
-        1 if wave_split => split_k_by_waves(tiles, k),
-        1 if coop => split_k_coop(tiles, k),
-        1 => split_k(tiles, k),
+/// tensor-core kernel (`coop`: whether A is a transposed view, and whether uneven slices
+/// may be taken), else [`split_k`]; a batched product is not split.
+fn slices(tiles: u64, k: usize, batches: usize, wave_split: bool, coop: Option<(bool, bool)>) -> usize {
+    match (batches, coop) {
+        (1, _) if wave_split => split_k_by_waves(tiles, k),
+        (1, Some((a_col, uneven))) => split_k_coop(tiles, k, a_col, uneven),
+        (1, None) => split_k(tiles, k),
         _ => 1,
     }
 }
 
-/// K slices for the tensor-core kernel: [`split_k`]'s, or twice as many where those fill
-/// waves of one workgroup per SM (its two-ahead tile) better by over 10 points and stay
-/// at least 2048 long. On the H100 (docs/benchmarks.md) that took GPT-2's fc.dw from 2
-/// slices to 4, 264.5 -> 250.3 us; at qkv.dw, 4 slices of 2048 against 8 of 1024 were
-/// 184.1 against 220.2 us, hence the length.
-pub fn split_k_coop(tiles: u64, k: usize) -> usize {
-    let s = split_k(tiles, k);
-    let fill = |slices: usize| wave_fill(tiles * slices as u64, FULL_WAVE);
-    let t = 2 * s;
-    let doubled = s > 1 && t <= 8 && k.is_multiple_of(8 * t) && k / t >= 2048 && fill(t) > fill(s) + 0.1;
-    if doubled { t } else { s }
+/// Microseconds on the H100 per wave and per [`SLICE_UNIT`] of a slice's K, for the
+/// two-ahead tile (waves of one workgroup per SM) and the 128-thread tile (waves of two);
+/// per partial tile of a split product (written, then read by the second pass); and per
+/// split product (the second pass). Fit to GPT-2's four dW products at 1-8 and 11
+/// slices (`wgtrain bench --filter .dw --splits N`, docs/launch-h100/call3): within 3%
+/// of every row but qkv.dw unsplit (7%), and each product's fastest count is the
+/// model's.
+const SPLIT_MODEL_US: (f64, f64, f64, f64) = (2.307, 4.146, 0.074, 10.97);
+
+/// The modelled time of a tensor-core product of `tiles` output tiles in `splits` slices
+/// of at most `slice_units` units of K (see [`SPLIT_MODEL_US`]), with the 128 x 128 tile
+/// that [`by_waves`](super::matmul_coop::by_waves) gives it.
+pub fn split_cost(tiles: u64, splits: u64, slice_units: f64, a_col: bool) -> f64 {
+    let (ahead, slim, partial, pass) = SPLIT_MODEL_US;
+    let workgroups = tiles * splits;
+    let len = (slice_units * SLICE_UNIT as f64) as u32;
+    let work = if super::matmul_coop::by_waves(workgroups, len, a_col) == super::matmul_coop::TILE_128_SLIM {
+        workgroups.div_ceil(2 * FULL_WAVE) as f64 * slice_units * slim
+    } else {
+        workgroups.div_ceil(FULL_WAVE) as f64 * slice_units * ahead
+    };
+    if splits > 1 {
+        work + workgroups as f64 * partial + pass
+    } else {
+        work
+    }
+}
+
+/// K slices for the tensor-core kernel: the count, up to 16, of least [`split_cost`].
+/// With `uneven` (K a multiple of [`SLICE_UNIT`] and whole 128 x 128 tiles) any count of
+/// whole units; otherwise 2, 4 or 8 equal slices at least 256 long and multiples of 8.
+/// On the H100 this splits GPT-2's attn_proj.dw in 3 (69.3 us against 89.1 in the 8 slices
+/// before), fc.dw and fc_proj.dw in 3 (224.6 against 238.1 in 4), and qkv.dw not at all
+/// (158.0 against 177.2 in 4; docs/launch-h100/call3).
+pub fn split_k_coop(tiles: u64, k: usize, a_col: bool, uneven: bool) -> usize {
+    let units = k as f64 / SLICE_UNIT as f64;
+    let cost = |s: usize| {
+        let len = if uneven {
+            (k / SLICE_UNIT).div_ceil(s) as f64
+        } else {
+            units / s as f64
+        };
+        split_cost(tiles, s as u64, len, a_col)
+    };
+    let fits = |s: usize| {
+        if uneven {
+            s <= k / SLICE_UNIT
+        } else {
+            s == 1 || [2, 4, 8].contains(&s) && k.is_multiple_of(8 * s) && k / s >= 256
+        }
+    };
+    (1..=16)
+        .filter(|&s| fits(s))
+        .min_by(|&x, &y| cost(x).total_cmp(&cost(y)))
+        .unwrap_or(1)
 }
 
 /// Bytes of split-K partials that the tiled kernel's default variant allocates for a
@@ -425,7 +512,7 @@ pub fn tiled_split_bytes(m: usize, n: usize, k: usize) -> u64 {
     let tiles = (m.div_ceil(t) * n.div_ceil(t)) as u64;
     let bulk = if k > ALIGN { k - k % ALIGN } else { k };
     let wave_split = SimtTile::DEFAULT.wave_split;
-    match slices(tiles, k, 1, wave_split, false).max(slices(tiles, bulk, 1, wave_split, false)) {
+    match slices(tiles, k, 1, wave_split, None).max(slices(tiles, bulk, 1, wave_split, None)) {
         1 => 0,
         s => (s * m * n * 4) as u64,
     }

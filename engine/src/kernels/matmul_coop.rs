@@ -7,7 +7,7 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params, wave_fill};
+use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params, SLICED, wave_fill};
 use crate::error::Error;
 use crate::runtime::{KernelKey, Runtime, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
@@ -308,6 +308,12 @@ pub(super) fn launch(
         ));
     }
     let whole = whole(params, tile);
+    if params.flags & SLICED != 0 && !whole {
+        return Err(Error::invalid(
+            "matmul K slices",
+            format!("uneven K slices take whole tiles of {}", tile.name()),
+        ));
+    }
     let kernel = rt.kernel(
         KernelKey::new(
             "matmul_coop",
@@ -324,9 +330,12 @@ pub(super) fn launch(
         || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile, whole)?),
     )?;
     let mut params = *params;
-    params.flags = u32::from(direct(&params, c.dtype(), opts));
+    let sliced = params.flags & SLICED;
+    params.flags = sliced | u32::from(direct(&params, c.dtype(), opts));
     let bias = opts.bias.unwrap_or(c);
-    let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(batches);
+    // A sliced launch's batches share the one product's K.
+    let products = if sliced != 0 { 1 } else { batches };
+    let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(products);
     rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(&params),

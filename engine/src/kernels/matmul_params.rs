@@ -53,6 +53,9 @@ pub struct MatmulOptions<'a> {
     /// The tiled kernel's variant, where the caller forces one (the tuning sweep);
     /// `None` takes [`SimtTile::DEFAULT`].
     pub simt_tile: Option<SimtTile>,
+    /// K slices, where the caller forces them (the tuning sweep, `wgtrain bench
+    /// --splits`); `None` lets the shape pick. 1 does not split.
+    pub split_k: Option<usize>,
     /// Memory that is dead during the product (contiguous f32), where split-K keeps its
     /// partials when they fit, instead of a new block: a caller whose peak the partials
     /// would raise lends it.
@@ -126,6 +129,14 @@ impl SimtTile {
         format!("{lanes}_b{}_k{}_{k}{w}", self.nbuf, self.bk)
     }
 }
+
+/// [`Params::flags`]' bit for a cooperative first pass in uneven K slices: batch z of the
+/// launch takes slice z of `splits`, in whole units of [`SLICE_UNIT`] of K (each slice's
+/// rounded share), `k` being the whole product's.
+pub const SLICED: u32 = 2;
+/// The K granule of uneven slices (shaders/matmul_coop.wgsl's `SLICE_UNIT`): two K tiles
+/// of 64, so every slice has an even count of them (the two-a-turn loop's whole tiles).
+pub const SLICE_UNIT: usize = 128;
 
 /// Workgroups that fill a large GPU once (an H100 has 132 SMs): below it a product's
 /// tiles leave SMs idle (split-K, smaller tiles).
@@ -255,6 +266,7 @@ impl Default for MatmulOptions<'_> {
             tiled_only: false,
             coop_tile: None,
             simt_tile: None,
+            split_k: None,
             scratch: None,
         }
     }
@@ -288,9 +300,12 @@ pub struct Params {
     pub alpha: f32,
     pub beta: f32,
     /// Bit 0: the cooperative kernel may store whole tiles straight to C (no bias,
-    /// activation, scale or accumulation; C aligned). The tiled kernel ignores it.
+    /// activation, scale or accumulation; C aligned). Bit 1: the cooperative kernel's
+    /// first pass of a split product in uneven K slices ([`SLICED`]). The tiled kernel
+    /// ignores both.
     pub flags: u32,
-    /// K slices of a split-K matmul (its second pass sums this many partials).
+    /// K slices of a split-K matmul (its second pass sums this many partials; with
+    /// [`SLICED`], the first pass's slices).
     pub splits: u32,
 }
 

@@ -14,9 +14,11 @@
 //! use of the encoder (each dispatch is its own synchronization scope, so the order of
 //! reads and writes holds); a pass per launch cost the host several microseconds each.
 //!
-//! Timestamps: while timing is on, each launch's compute pass writes the shared query
-//! set (the first launch its beginning, every launch its end); this is the seam where
-//! per-launch timestamps go.
+//! Timestamps: while timing is on, the timed launches share a compute pass as untimed
+//! ones do (so a span of launches is timed as a step runs it), and each pass opened for
+//! them writes the shared query set: the first its beginning, every one its end (a pass
+//! ends early at a submission or another use of the encoder). While profiling, each
+//! launch has a pass of its own with both timestamps.
 //!
 //! May call: `device`, `error`, `runtime::cache`.
 
@@ -186,9 +188,10 @@ impl Recorder for DeviceRecorder {
             layout: &kernel.layout,
             entries: &entries[..1 + bindings.len()],
         });
+        let open = self.pass.is_some();
         let timestamp_writes = match (&mut self.profiler, meta, &mut self.timing, &self.queries) {
             (Some(profiler), Some(meta), _, _) => Some(profiler.next(&self.gpu, kernel.key, meta.label, groups, meta.work)),
-            (_, _, Some(first), Some((set, _, _))) => Some(wgpu::ComputePassTimestampWrites {
+            (_, _, Some(first), Some((set, _, _))) if !open => Some(wgpu::ComputePassTimestampWrites {
                 query_set: set,
                 beginning_of_pass_write_index: std::mem::replace(first, false).then_some(0),
                 end_of_pass_write_index: Some(1),
@@ -218,13 +221,20 @@ impl Recorder for DeviceRecorder {
             let encoder = self
                 .encoder
                 .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes,
-            });
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes,
+                })
+                .forget_lifetime();
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            // A timed span's pass stays open for its next launches; a profiled launch's
+            // pass is its own.
+            if self.profiler.is_none() {
+                self.pass = Some(pass);
+            }
         }
         if self.slot - self.written >= SUBMIT_EVERY {
             self.submit();
@@ -252,6 +262,8 @@ impl Recorder for DeviceRecorder {
     }
 
     fn begin_timing(&mut self) {
+        // Launches recorded before are not timed: their pass ends here.
+        self.pass = None;
         self.timing = self.queries.is_some().then_some(true);
     }
 
