@@ -416,23 +416,17 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         splits: splits as u32,
         ..params
     };
-    // Four elements a thread where the partials are whole vec4s.
-    let vec4 = (m * n).is_multiple_of(4) && parts.offset() == 0;
     let kernel = rt.kernel(
-        KernelKey::new(
-            "matmul_splitk",
-            &[c.dtype() as u32, opts.activation as u32, u32::from(vec4)],
-        ),
+        KernelKey::new("matmul_splitk", &[c.dtype() as u32, opts.activation as u32]),
         4,
-        || render("matmul_splitk", SPLIT_SOURCE, &split_variant(c.dtype(), opts.activation, vec4)),
+        || render("matmul_splitk", SPLIT_SOURCE, &split_variant(c.dtype(), opts.activation)),
     )?;
     let bias = opts.bias.unwrap_or(c);
-    let per_thread = if vec4 { 4 } else { 1 };
     rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(&second),
         &[&parts, &parts, c, bias],
-        crate::runtime::grid((m * n).div_ceil(256 * per_thread) as u32),
+        crate::runtime::grid((m * n).div_ceil(256) as u32),
         None,
         2,
     )
@@ -570,10 +564,9 @@ fn tiled_tile(m: usize, n: usize) -> usize {
     if m >= 128 && n >= 128 { 128 } else { 64 }
 }
 
-/// The template values of the split-K second pass (`vec4`: four elements a thread).
-pub fn split_variant(tc: DType, act: Activation, vec4: bool) -> Vec<(&'static str, String)> {
+/// The template values of the split-K second pass.
+pub fn split_variant(tc: DType, act: Activation) -> Vec<(&'static str, String)> {
     vec![
-        ("VEC4", vec4.to_string()),
         ("ENABLE", enables(&[tc])),
         ("MATMUL_COMMON", COMMON.into()),
         ("TC", tc.wgsl().into()),

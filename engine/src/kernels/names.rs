@@ -77,12 +77,7 @@ pub fn describe(key: &KernelKey) -> String {
             ["partials", "sums"].get(v[0] as usize).unwrap_or(&"?"),
             dtype(v[1])
         ),
-        "matmul_splitk" => format!(
-            "matmul split-K sum ->{}{}{}",
-            dtype(v[0]),
-            activation(v[1]),
-            if v.get(2) == Some(&1) { " vec4" } else { "" }
-        ),
+        "matmul_splitk" => format!("matmul split-K sum ->{}{}", dtype(v[0]), activation(v[1])),
         "softmax" => {
             let mode = [SoftmaxMode::Softmax, SoftmaxMode::LogSoftmax, SoftmaxMode::Backward]
                 .into_iter()

@@ -232,14 +232,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
     }
     for act in [Activation::Identity, Activation::Relu, Activation::Gelu] {
         for tc in floats {
-            for vec4 in [false, true] {
-                push(
-                    &mut out,
-                    "matmul_splitk",
-                    include_str!("../../../shaders/matmul_splitk.wgsl"),
-                    super::matmul::split_variant(tc, act, vec4),
-                )?;
-            }
+            push(
+                &mut out,
+                "matmul_splitk",
+                include_str!("../../../shaders/matmul_splitk.wgsl"),
+                super::matmul::split_variant(tc, act),
+            )?;
         }
     }
     for t in floats {
