@@ -2,7 +2,7 @@
 // the same strided operands, parameters and epilogue as matmul.wgsl.
 // A workgroup of GM x GN subgroups of 32 computes a BM x BN tile of C; each subgroup owns
 // FM x FN fragments of 16 x 16, accumulators in registers: the host writes their
-// declarations, multiply-adds (every 16-step of a K tile) and stores out unrolled (ACC_DECL, MMA, STORE_DIRECT,
+// declarations, multiply-adds (every 16-step of a K tile) and stores out unrolled (ACC_DECL, MMA, STORE_WIDE,
 // STORE_STAGED) as named variables, since an array of cooperative matrices indexed in a
 // loop ran at ~30 TFLOP/s on the H100 against 100-150 unrolled (it is not kept in registers). K steps by BK through
 // NBUF workgroup buffers per operand: the next tile is fetched from global memory into
@@ -16,11 +16,13 @@
 // K tiles where two are taken a turn), CHECKED is off and the operands load without
 // bounds checks: on the H100 the checks cost 15% at 4096^3 (each load became a branch
 // region of its own in the driver's code; docs/benchmarks.md).
-// Out: with DIRECT (f32 C) and the host's flag (no bias, activation, scale or
-// accumulation; aligned C), whole tiles store fragments straight to C; otherwise each
-// fragment goes through a 16 x 16 staging area per subgroup and the epilogue, with
-// bounds checks. The host picks this kernel only where the adapter grants 16x16x16
-// f16 -> f32 and subgroups of exactly 32.
+// Out: each fragment goes through a 16 x 16 staging area per subgroup and the epilogue.
+// Whole tiles with the host's flag (C's offset and strides multiples of 4) then store four
+// neighbouring elements a lane at once (`store_wide`); other tiles one element a lane, with
+// bounds checks (`store_staged`). On the H100 the wide stores took GPT-2's attn_proj.fwd
+// from 73.7 to 57.2 us against storing the fragments straight to C (coopStoreT with C's
+// row stride), and 4096^3 from 611 to 581 (docs/benchmarks.md). The host picks this
+// kernel only where the adapter grants 16x16x16 f16 -> f32 and subgroups of exactly 32.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -62,6 +64,47 @@ fn store_staged(frag: coop_mat16x16<f32, C>, s: u32, lane: u32, gm0: u32, gn0: u
         if gm < p.m && gn < p.n {
             store_c(c_base + gm * p.c_rs + gn, gn, stage[at + e]);
         }
+    }
+    workgroupBarrier();
+}
+
+// C again, four elements an entry, for whole tiles' stores (the host binds C's block here
+// too; with f16 C an entry is 8 bytes).
+@group(0) @binding(5) var<storage, read_write> c4: array<vec4<{{TC}}>>;
+
+// One element of the epilogue: act(alpha * acc + bias[gn] + beta * old).
+fn epilogue(acc: f32, gn: u32, old: f32) -> f32 {
+    var v = p.alpha * acc;
+    if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
+    if p.beta != 0.0 { v += p.beta * old; }
+    return {{ACT}};
+}
+
+// Stores one accumulator fragment of a whole tile (C's offset and row stride multiples of
+// 4) through subgroup s's 16 x 16 staging area and the epilogue, four elements a lane:
+// lane l takes columns 4 (l % 4) .. + 3 of rows l / 4 and l / 4 + 8. Every subgroup calls
+// it the same number of times (it holds workgroup barriers).
+fn store_wide(frag: coop_mat16x16<f32, C>, s: u32, lane: u32, gm0: u32, gn0: u32, c_base: u32) {
+    let at = s * 256u;
+    coopStoreT(frag, &stage[at], 16u);
+    workgroupBarrier();
+    let q = 4u * (lane % 4u);
+    let gn = gn0 + q;
+    for (var h = 0u; h < 2u; h++) {
+        let r = lane / 4u + 8u * h;
+        let e = at + r * 16u + q;
+        let ci = (c_base + (gm0 + r) * p.c_rs + gn) / 4u;
+        var old = vec4<f32>(0.0);
+        if p.beta != 0.0 {
+            old = vec4<f32>(c4[ci]);
+        }
+        let v = vec4<f32>(
+            epilogue(stage[e], gn, old.x),
+            epilogue(stage[e + 1u], gn + 1u, old.y),
+            epilogue(stage[e + 2u], gn + 2u, old.z),
+            epilogue(stage[e + 3u], gn + 3u, old.w),
+        );
+        c4[ci] = vec4<{{TC}}>(v);
     }
     workgroupBarrier();
 }
@@ -217,11 +260,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let gm0 = here.row0 + m0;
     let gn0 = here.col0 + n0;
     let c_base = here.c_base;
-//#if DIRECT
     if (p.flags & 1u) != 0u && here.row0 + BM <= p.m && here.col0 + BN <= p.n {
-{{STORE_DIRECT}}
+{{STORE_WIDE}}
         return;
     }
-//#endif
 {{STORE_STAGED}}
 }

@@ -412,21 +412,24 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         ..Default::default()
     };
     launch_product(rt, &first, a, b, &parts, &plain, splits as u32)?;
+    // Four elements a thread where a row's quads are aligned in C and in the partials.
+    let quads = n.is_multiple_of(4) && parts.offset() == 0 && params.c_off % 4 == 0 && params.c_rs % 4 == 0;
     let second = Params {
         splits: splits as u32,
+        flags: u32::from(quads),
         ..params
     };
     let kernel = rt.kernel(
         KernelKey::new("matmul_splitk", &[c.dtype() as u32, opts.activation as u32]),
-        4,
+        5,
         || render("matmul_splitk", SPLIT_SOURCE, &split_variant(c.dtype(), opts.activation)),
     )?;
     let bias = opts.bias.unwrap_or(c);
     rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(&second),
-        &[&parts, &parts, c, bias],
-        crate::runtime::grid((m * n).div_ceil(256) as u32),
+        &[&parts, &parts, c, bias, c],
+        crate::runtime::grid((m * n).div_ceil(if quads { 1024 } else { 256 }) as u32),
         None,
         2,
     )

@@ -131,11 +131,11 @@ fn operand(x: &str, tile: CoopTile, load: Load, whole: bool) -> Result<String, E
 }
 
 /// The unrolled per-fragment code: accumulator declarations, a K tile's fragment loads
-/// and multiply-adds (each 16-step written out), the direct stores and the staged stores.
+/// and multiply-adds (each 16-step written out), the wide stores and the staged stores.
 fn unrolled(tile: CoopTile) -> [String; 4] {
     use std::fmt::Write;
     let frags = || (0..tile.fm).flat_map(|i| (0..tile.fn_).map(move |j| (i, j)));
-    let (mut decl, mut mma, mut direct, mut staged) = (String::new(), String::new(), String::new(), String::new());
+    let (mut decl, mut mma, mut wide, mut staged) = (String::new(), String::new(), String::new(), String::new());
     for (i, j) in frags() {
         let _ = writeln!(decl, "    var acc_{i}_{j} = coop_mat16x16<f32, C>();");
     }
@@ -154,19 +154,19 @@ fn unrolled(tile: CoopTile) -> [String; 4] {
     }
     for (i, j) in frags() {
         let _ = writeln!(
-            direct,
-            "        {{\n            let ci = c_base + (gm0 + {}u) * p.c_rs + gn0 + {}u;\n            let ld = p.c_rs;\n            coopStoreT(acc_{i}_{j}, &c[ci], ld);\n        }}",
-            16 * i,
-            16 * j
-        );
-        let _ = writeln!(
             staged,
             "    store_staged(acc_{i}_{j}, s, lane, gm0 + {}u, gn0 + {}u, c_base);",
             16 * i,
             16 * j
         );
+        let _ = writeln!(
+            wide,
+            "            store_wide(acc_{i}_{j}, s, lane, gm0 + {}u, gn0 + {}u, c_base);",
+            16 * i,
+            16 * j
+        );
     }
-    [decl, mma, direct, staged]
+    [decl, mma, wide, staged]
 }
 
 /// Whether a launch of `tile` covers whole tiles: M, N and K multiples of the tile's, and
@@ -193,12 +193,12 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile, who
     } else {
         "k0, col0, p.k, p.n, p.b_rs, p.b_cs"
     };
-    let [decl, mma, direct, staged] = unrolled(tile);
+    let [decl, mma, wide, staged] = unrolled(tile);
     Ok(vec![
         ("ACC_DECL", decl),
         ("MMA", mma),
-        ("STORE_DIRECT", direct),
         ("STORE_STAGED", staged),
+        ("STORE_WIDE", wide),
         ("MATMUL_COMMON", COMMON.into()),
         ("TC", tc.wgsl().into()),
         ("ACT", act.expr().into()),
@@ -218,7 +218,6 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile, who
         ("OPERAND_B", operand("b", tile, b, whole)?),
         ("A_FETCH", a_fetch.into()),
         ("B_FETCH", b_fetch.into()),
-        ("DIRECT", (tc == DType::F32).to_string()),
     ])
 }
 
@@ -268,15 +267,10 @@ pub fn by_waves(workgroups: u64, k: u32, a_col: bool) -> CoopTile {
     }
 }
 
-/// Whether whole tiles may store straight to C: f32 C, nothing in the epilogue, and C's
-/// offset and strides multiples of 8 elements.
-pub fn direct(params: &Params, c: DType, opts: &MatmulOptions) -> bool {
-    c == DType::F32
-        && opts.bias.is_none()
-        && opts.activation == Activation::Identity
-        && opts.alpha == 1.0
-        && opts.beta == 0.0
-        && [params.c_off, params.c_rs, params.c_bs0, params.c_bs1].iter().all(|v| v % 8 == 0)
+/// Whether whole tiles may store four neighbouring elements of C at once (`store_wide`):
+/// C's offset and strides multiples of 4 elements.
+pub fn wide(params: &Params) -> bool {
+    [params.c_off, params.c_rs, params.c_bs0, params.c_bs1].iter().all(|v| v % 4 == 0)
 }
 
 pub(super) fn launch(
@@ -326,20 +320,21 @@ pub(super) fn launch(
                 u32::from(whole),
             ],
         ),
-        4,
+        5,
         || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile, whole)?),
     )?;
     let mut params = *params;
     let sliced = params.flags & SLICED;
-    params.flags = sliced | u32::from(direct(&params, c.dtype(), opts));
+    params.flags = sliced | u32::from(wide(&params));
     let bias = opts.bias.unwrap_or(c);
     // A sliced launch's batches share the one product's K.
     let products = if sliced != 0 { 1 } else { batches };
     let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(products);
+    // C is bound twice: one element an entry (ragged tiles) and four (whole tiles).
     rt.launch_with_work(
         &kernel,
         bytemuck::bytes_of(&params),
-        &[a, b, c, bias],
+        &[a, b, c, bias, c],
         [params.n.div_ceil(tile.bn()), params.m.div_ceil(tile.bm()), batches],
         Some(flops),
         2,

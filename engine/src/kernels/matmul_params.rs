@@ -299,8 +299,9 @@ pub struct Params {
     pub has_bias: u32,
     pub alpha: f32,
     pub beta: f32,
-    /// Bit 0: the cooperative kernel may store whole tiles straight to C (no bias,
-    /// activation, scale or accumulation; C aligned). Bit 1: the cooperative kernel's
+    /// Bit 0: the cooperative kernel may store whole tiles four elements at once (C's
+    /// offset and strides multiples of 4; the split-K second pass: likewise, with N).
+    /// Bit 1: the cooperative kernel's
     /// first pass of a split product in uneven K slices ([`SLICED`]). The tiled kernel
     /// ignores both.
     pub flags: u32,
