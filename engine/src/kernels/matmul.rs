@@ -413,7 +413,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     };
     launch_product(rt, &first, a, b, &parts, &plain, splits as u32)?;
     // Four elements a thread where a row's quads are aligned in C and in the partials.
-    let quads = n.is_multiple_of(4) && parts.offset() == 0 && params.c_off % 4 == 0 && params.c_rs % 4 == 0;
+    let quads = n.is_multiple_of(4) && parts.offset() == 0 && params.c_off.is_multiple_of(4) && params.c_rs.is_multiple_of(4);
     let second = Params {
         splits: splits as u32,
         flags: u32::from(quads),

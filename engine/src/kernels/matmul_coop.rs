@@ -181,8 +181,16 @@ pub fn whole(params: &Params, tile: CoopTile) -> bool {
         && (!tile.pairs() || tiles.is_multiple_of(2))
 }
 
-/// The template values of one variant; `whole` as [`whole`] says.
-pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile, whole: bool) -> Result<Vec<(&'static str, String)>, Error> {
+/// The template values of one variant; `whole` as [`whole`] says; `plain` where the
+/// epilogue does nothing ([`plain`]).
+pub fn variant(
+    tc: DType,
+    act: Activation,
+    (a, b): (Load, Load),
+    tile: CoopTile,
+    whole: bool,
+    plain: bool,
+) -> Result<Vec<(&'static str, String)>, Error> {
     let a_fetch = if a.col {
         "k0, row0, p.k, p.m, p.a_cs, p.a_rs"
     } else {
@@ -212,6 +220,7 @@ pub fn variant(tc: DType, act: Activation, a: Load, b: Load, tile: CoopTile, who
         ("AHEAD", tile.ahead.to_string()),
         ("PAIRS", tile.pairs().to_string()),
         ("CHECKED", (!whole).to_string()),
+        ("PLAIN", plain.to_string()),
         ("THREADS", tile.threads().to_string()),
         ("STAGE_LEN", (256 * tile.gm * tile.gn).to_string()),
         ("OPERAND_A", operand("a", tile, a, whole)?),
@@ -267,6 +276,12 @@ pub fn by_waves(workgroups: u64, k: u32, a_col: bool) -> CoopTile {
     }
 }
 
+/// Whether the epilogue leaves the product as it is: no bias, activation, scale or
+/// accumulation (the variant that stores it without reading the epilogue's parameters).
+pub fn plain(opts: &MatmulOptions) -> bool {
+    opts.bias.is_none() && opts.activation == Activation::Identity && opts.alpha == 1.0 && opts.beta == 0.0
+}
+
 /// Whether whole tiles may store four neighbouring elements of C at once (`store_wide`):
 /// C's offset and strides multiples of 4 elements.
 pub fn wide(params: &Params) -> bool {
@@ -302,6 +317,7 @@ pub(super) fn launch(
         ));
     }
     let whole = whole(params, tile);
+    let plain = plain(opts);
     if params.flags & SLICED != 0 && !whole {
         return Err(Error::invalid(
             "matmul K slices",
@@ -317,11 +333,17 @@ pub(super) fn launch(
                 la.code(),
                 lb.code(),
                 tile.packed(),
-                u32::from(whole),
+                u32::from(whole) | u32::from(plain) << 1,
             ],
         ),
         5,
-        || render("matmul_coop", SOURCE, &variant(c.dtype(), opts.activation, la, lb, tile, whole)?),
+        || {
+            render(
+                "matmul_coop",
+                SOURCE,
+                &variant(c.dtype(), opts.activation, (la, lb), tile, whole, plain)?,
+            )
+        },
     )?;
     let mut params = *params;
     let sliced = params.flags & SLICED;

@@ -268,7 +268,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     &mut out,
                     "matmul_coop",
                     coop,
-                    matmul_coop::variant(tc, Activation::Identity, a, b, TILE_128_K64, false)?,
+                    matmul_coop::variant(tc, Activation::Identity, (a, b), TILE_128_K64, false, false)?,
                 )?;
             }
         }
@@ -277,7 +277,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 let (row, col) = (Load { col: false, width: 8 }, Load { col: true, width: 8 });
                 for (a, b) in [(row, row), (col, row), (row, col)] {
                     for whole in [false, true] {
-                        push(&mut out, "matmul_coop", coop, matmul_coop::variant(tc, act, a, b, tile, whole)?)?;
+                        for plain in [false, true].into_iter().filter(|&p| !p || act == Activation::Identity) {
+                            push(
+                                &mut out,
+                                "matmul_coop",
+                                coop,
+                                matmul_coop::variant(tc, act, (a, b), tile, whole, plain)?,
+                            )?;
+                        }
                     }
                 }
             }
