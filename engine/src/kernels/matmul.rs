@@ -332,12 +332,10 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         Some(s) => s,
         None => {
             let a_col = Load::of_operands(&params, &[8, 4])[0].col;
-            let uneven = k.is_multiple_of(SLICE_UNIT) && coop_tile.is_some_and(|t| t.bm() == 128 && t.bn() == 128) && {
-                let all = Params { flags: SLICED, ..params };
-                [super::matmul_coop::TILE_128_AHEAD, super::matmul_coop::TILE_128_SLIM]
+            let uneven = coop_tile.is_some_and(|t| t.bm() == 128 && t.bn() == 128)
+                && [super::matmul_coop::TILE_128_AHEAD, super::matmul_coop::TILE_128_SLIM]
                     .iter()
-                    .all(|&t| super::matmul_coop::whole(&all, t))
-            };
+                    .all(|&t| sliceable(&params, 1, t));
             slices(tiles, k, batches, wave_split, coop.then_some((a_col, uneven)))
         }
     };
@@ -371,14 +369,7 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
     };
     // The tensor-core kernel takes uneven slices of whole tiles itself (`SLICED`); other
     // launches step along K by their batch strides, in equal slices.
-    let sliced = coop_tile.is_some_and(|t| {
-        let all = Params {
-            splits: splits as u32,
-            flags: SLICED,
-            ..params
-        };
-        k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT && super::matmul_coop::whole(&all, t)
-    });
+    let sliced = coop_tile.is_some_and(|t| sliceable(&params, splits, t));
     if !(sliced || k.is_multiple_of(splits) && k / splits > 0) {
         return Err(Error::invalid(
             "matmul K slices",
@@ -433,6 +424,15 @@ fn matmul_whole(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, opts: &MatmulO
         None,
         2,
     )
+}
+
+/// Whether the tensor-core kernel with `tile` can take this product in `splits` uneven K
+/// slices (`SLICED`): K a multiple of [`SLICE_UNIT`], a unit at least a slice, and whole
+/// tiles (the loads are unchecked, so no slice reads into the next).
+fn sliceable(params: &Params, splits: usize, tile: super::matmul_params::CoopTile) -> bool {
+    let k = params.k as usize;
+    let all = Params { flags: SLICED, ..*params };
+    k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT && super::matmul_coop::whole(&all, tile)
 }
 
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
