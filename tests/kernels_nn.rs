@@ -310,7 +310,8 @@ fn check_f16_product(rt: &Runtime, (a, b): (&Tensor, &Tensor), tile: Option<Coop
 }
 
 /// The cooperative kernel's operand loads (rows or transposed views; 8-, 4- and 1-wide),
-/// every candidate tile, tails in M, N and K, batches, the wide stores of whole tiles (with and without the epilogue) and the staged ones of ragged tiles.
+/// every candidate tile, tails in M, N and K, batches, the wide stores of whole tiles
+/// (with and without the epilogue) and the staged ones of ragged tiles.
 /// Where the adapter has no cooperative matrices (lavapipe) the same calls take the
 /// tiled kernel, and the checks hold for it.
 #[test]
