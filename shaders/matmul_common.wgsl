@@ -17,10 +17,18 @@ struct Params {
 alias V = f32;
 {{ACTIVATIONS}}
 
-// c[ci] = act(alpha * acc + bias[gn] + beta * c[ci]), for column gn of the output.
-fn store_c(ci: u32, gn: u32, acc: f32) {
+// One element of the epilogue, for column gn of the output: act(alpha * acc + bias[gn] +
+// beta * old), `old` being C's element before (read only where beta is not 0).
+fn epilogue(acc: f32, gn: u32, old: f32) -> f32 {
     var v = p.alpha * acc;
     if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-    if p.beta != 0.0 { v += p.beta * f32(c[ci]); }
-    c[ci] = {{TC}}({{ACT}});
+    if p.beta != 0.0 { v += p.beta * old; }
+    return {{ACT}};
+}
+
+// c[ci] = act(alpha * acc + bias[gn] + beta * c[ci]), for column gn of the output.
+fn store_c(ci: u32, gn: u32, acc: f32) {
+    var old = 0.0;
+    if p.beta != 0.0 { old = f32(c[ci]); }
+    c[ci] = {{TC}}(epilogue(acc, gn, old));
 }

@@ -72,14 +72,6 @@ fn store_staged(frag: coop_mat16x16<f32, C>, s: u32, lane: u32, gm0: u32, gn0: u
 // too; with f16 C an entry is 8 bytes).
 @group(0) @binding(5) var<storage, read_write> c4: array<vec4<{{TC}}>>;
 
-// One element of the epilogue: act(alpha * acc + bias[gn] + beta * old).
-fn epilogue(acc: f32, gn: u32, old: f32) -> f32 {
-    var v = p.alpha * acc;
-    if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-    if p.beta != 0.0 { v += p.beta * old; }
-    return {{ACT}};
-}
-
 // Stores one accumulator fragment of a whole tile (C's offset and row stride multiples of
 // 4) through subgroup s's 16 x 16 staging area and the epilogue (none in a PLAIN variant:
 // no bias, activation, scale or accumulation, which the host compiles apart: with the

@@ -12,14 +12,6 @@
 @group(0) @binding(2) var<storage, read_write> parts4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> c4: array<vec4<{{TC}}>>;
 
-// One element of the epilogue: act(alpha * acc + bias[gn] + beta * old).
-fn epilogue(acc: f32, gn: u32, old: f32) -> f32 {
-    var v = p.alpha * acc;
-    if p.has_bias != 0u { v += bias[p.bias_off + gn]; }
-    if p.beta != 0.0 { v += p.beta * old; }
-    return {{ACT}};
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;

@@ -15,7 +15,7 @@ use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::{MatmulOptions, matmul_into};
+use crate::kernels::matmul::matmul_into;
 use crate::kernels::matmul_params::Forced;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, embedding, flash_attention, layernorm};
@@ -106,10 +106,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         Product::GradWeight => (x.transpose(0, 1)?, y),
     };
     let c = Tensor::empty(rt, &[m, cols], DType::F32, Category::Temporary, "bench.out")?;
-    let opts = MatmulOptions {
-        split_k: super::measure::splits(),
-        ..forced.options()
-    };
+    let opts = super::measure::matmul_options(forced);
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     // Element (i, p) of the first operand and (p, j) of the second, as multiplied.
@@ -139,7 +136,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
         Product::GradWeight => "dw",
     };
     let prefix = forced.row_prefix();
-    Ok(record(
+    Ok(super::measure::with_splits(record(
         &format!("{prefix}gpt2.{layer}.{what}"),
         dtype,
         &[m, inner, cols],
@@ -151,7 +148,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
             want: &want,
             tol,
         },
-    ))
+    )))
 }
 
 /// Which attention a row runs.

@@ -13,7 +13,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::attention;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
-use crate::kernels::matmul::{MatmulOptions, matmul_into};
+use crate::kernels::matmul::matmul_into;
 use crate::kernels::matmul_params::Forced;
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
@@ -78,10 +78,7 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
     let c = Tensor::empty(rt, &[m, n], DType::F32, Category::Temporary, "matmul")?;
-    let opts = MatmulOptions {
-        split_k: super::measure::splits(),
-        ..forced.options()
-    };
+    let opts = super::measure::matmul_options(forced);
     let timing = time(rt, || matmul_into(rt, &x, &y, &c, &opts))?;
     let out = c.to_f32_vec(rt)?;
     let mut got = Vec::new();
@@ -95,7 +92,7 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
     let bytes = ((m * k + k * n) * dtype.size() + m * n * 4) as f64;
     let coop = !opts.tiled_only && crate::kernels::matmul_coop::usable(rt, &x, &y, &c);
     let tol = if coop { tensor_core_tolerance(k) } else { tolerance(DType::F32, k) };
-    Ok(record(
+    Ok(super::measure::with_splits(record(
         name,
         dtype,
         &[m, k, n],
@@ -107,7 +104,7 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
             want: &want,
             tol,
         },
-    ))
+    )))
 }
 
 /// A matmul of the user's shape (`wgtrain bench --matmul MxKxN`): f16 inputs on the

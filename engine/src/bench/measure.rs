@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::record::{BenchRecord, median};
 use crate::error::Error;
+use crate::kernels::matmul::MatmulOptions;
+use crate::kernels::matmul_params::Forced;
 use crate::kernels::tolerance::compare;
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -77,6 +79,25 @@ pub fn set_splits(n: Option<usize>) {
 /// The K slices forced on the matmul rows, if any.
 pub fn splits() -> Option<usize> {
     Some(SPLITS.load(Ordering::Relaxed)).filter(|&n| n > 0)
+}
+
+/// A matmul row's options: the variant `forced` names, with the forced K slices.
+pub fn matmul_options(forced: Forced) -> MatmulOptions<'static> {
+    MatmulOptions {
+        split_k: splits(),
+        ..forced.options()
+    }
+}
+
+/// A matmul row's record, saying in `extra` the K slices it was forced to, if any.
+pub fn with_splits(mut row: BenchRecord) -> BenchRecord {
+    if let Some(n) = splits() {
+        if !row.extra.is_object() {
+            row.extra = serde_json::json!({});
+        }
+        row.extra["splits"] = n.into();
+    }
+    row
 }
 
 /// A seeded xorshift generator: the same inputs on every machine.
@@ -246,15 +267,10 @@ pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<
         spread: Some(t.spread),
         repeats: Some(t.repeats as u32),
         flag: t.flag.clone(),
-        extra: {
-            let mut knobs = serde_json::Map::new();
-            if t.launches > 1 {
-                knobs.insert("launches".into(), t.launches.into());
-            }
-            if let Some(n) = splits().filter(|_| kernel.contains("matmul") || kernel.starts_with("gpt2.") || kernel.starts_with("tune.")) {
-                knobs.insert("splits".into(), n.into());
-            }
-            if knobs.is_empty() { serde_json::Value::Null } else { knobs.into() }
+        extra: if t.launches > 1 {
+            serde_json::json!({ "launches": t.launches })
+        } else {
+            serde_json::Value::Null
         },
     }
 }
