@@ -18,10 +18,11 @@
 // syncs with ROW_SYNC (a subgroup or workgroup barrier, chosen by the host); only the
 // streamed tiles need workgroup barriers.
 //
-// MODE 0, forward, in one pass over the keys (FlashAttention's online softmax): O is held
-//   by the lanes in f32 registers (a row's 2 lanes, 4 columns each of every 8), since
-//   WGSL gives no access to an accumulator's elements: each tile's P V goes to fresh
-//   fragments, through the staging area, and is added to O rescaled by exp(m - m_new).
+// MODE 0, forward, in one pass over the keys (FlashAttention's online softmax), O
+//   accumulated in fragments: P is formed against a row reference max that moves only
+//   when the row's max passes it by more than RESCALE (2^8), so O needs rescaling (a
+//   round trip through the staging area, since WGSL gives no access to an accumulator's
+//   elements) only on those rare tiles.
 // MODE 2, dK and dV: rows are keys; query tiles from the diagonal down: P^T from the
 //   saved lse, dV += P^T dY, dS^T = P^T * (dP^T - D), dK += dS^T Q * scale.
 // MODE 3, dQ: rows are queries; key tiles up to the diagonal: dQ += dS K * scale.
@@ -36,7 +37,7 @@
 // Global loads take 8 elements (16 bytes of qkv, `H8`; dy's `G8`) at a time.
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), TD (dy), TY (the second
-// streamed tile's 8-element load: H8, or G8 for dy), D, SG, BC (>= BR), the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
+// streamed tile's 8-element load: H8, or G8 for dy), D, SG, BC, the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
 // (OWN_X, OWN_Y), ROW_SYNC, PREFETCH (else each tile is fetched when stashed) and the
 // unrolled code.
 enable f16;
@@ -86,6 +87,9 @@ const WHOLE: bool = {{WHOLE}};
 // Every thread's LOADS loads fall inside the tile (no check on the load index).
 const FULL: bool = LOADS * WG == BC * D8;
 const NEG: f32 = -3.0e38;
+// How far (log2 units) a row's max may pass the forward's reference max before O is
+// rescaled: P stays <= 256, well inside f16.
+const RESCALE: f32 = 8.0;
 const LOG2E: f32 = 1.4426950408889634;
 
 var<workgroup> x_t: array<vec4<f16>, BC * LD4>;   // FWD, BWD_Q: K; BWD_KV: Q
@@ -102,6 +106,12 @@ struct Fetched {
     x: H8,
     y: {{TY}},
 }
+//#if FWD
+// Per subgroup: whether a row's reference max moved. Padded to 16 bytes: the driver may
+// place it before the vector tiles, which then need their 16-byte alignment (an 8-byte
+// array put the tiles of 1 and 2 subgroups off by 8 bytes on the H100).
+var<workgroup> moved: array<u32, (SG + 3u) / 4u * 4u>;
+//#endif
 //#if BWD_KV
 var<workgroup> tile_s: array<vec4<f32>, BC / 4u>;   // the query tile's lse
 var<workgroup> tile_d: array<vec4<f32>, BC / 4u>;   // and D
@@ -142,10 +152,13 @@ fn in_t(t: u32) -> bool {
     return WHOLE || t < p.t;
 }
 
-// Loads the block's own BR rows from row r0 into x_t (qkv part OWN_X) and y_t (OWN_Y);
-// zeros past T. (qkv_at and y_at give vec4 indices; heads start at multiples of 16.)
+// Loads OWN_ROWS of the block's own rows from row r0 into x_t (qkv part OWN_X) and y_t
+// (OWN_Y); zeros past T. (qkv_at and y_at give vec4 indices; heads start at multiples
+// of 16.) Where the streamed tiles are shorter than the block, the own rows come in
+// BR / BC passes (see `own` in kernels/flash_attention_coop.rs).
+const OWN_ROWS: u32 = min(BR, BC);
 fn load_own(lid: u32, b: u32, h: u32, r0: u32) {
-    for (var e = lid; e < BR * D8; e += WG) {
+    for (var e = lid; e < OWN_ROWS * D8; e += WG) {
         let r = e / D8;
         let c = e % D8;
         let t = r0 + r;
@@ -312,9 +325,17 @@ fn write_ds(half: u32, sat: u32, pat: u32, row_d: f32) {
 @compute @workgroup_size({{WG}})
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group = wid.x + wid.y * nwg.x;
-    let bh = group / p.blocks;
-    let blk = group % p.blocks;
-    if bh >= p.b * p.nh { return; }
+    // The blocks that see the most of the other side go first (the last query blocks,
+    // the first key blocks): the longest workgroups start in the first wave, and the
+    // last wave's are short.
+    let bhn = p.b * p.nh;
+    if group >= bhn * p.blocks { return; }
+    let bh = group % bhn;
+//#if BWD_KV
+    let blk = group / bhn;
+//#else
+    let blk = p.blocks - 1u - group / bhn;
+//#endif
     let b = bh / p.nh;
     let h = bh % p.nh;
     let row0 = blk * BR;
@@ -328,8 +349,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let srow = min(row, p.t - 1u);
     let sat = (m0 + r) * SLD;     // the lane's row in the staging area
     let pat = (m0 + r) * PLD;     // and in p_t
-    load_own(lid, b, h, row0);
-    workgroupBarrier();
 {{OWN}}
 //#if BWD_KV
     // Queries from the block's first key row down: tiles above the diagonal skipped.
@@ -341,10 +360,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let end = min(p.t, row0 + BR);
 //#endif
 //#if FWD
-    // One pass over the keys with the online softmax: per tile, the row's max (its two
-    // lanes merged), P = exp(s - max) into p_t, P V into fresh fragments, staged, and
-    // the lane's columns of O (registers) rescaled and added: O = O exp(m - m_new) + P V.
-    // (m and the exponents in log2 units.)
+    // One pass over the keys with the online softmax, O accumulated in fragments. Per
+    // tile: the row's max (its two lanes merged); P = exp2(s - m) into p_t against the
+    // row's reference max m, which moves only where the tile's max passes it by more
+    // than RESCALE (P <= 2^RESCALE otherwise, as FlashAttention-4 does); then P V added
+    // to O. Where some row's m moved (rarely after the first tile), the subgroup first
+    // rescales O by exp2(m - m_new) through the staging area. (m and the exponents in
+    // log2 units; l, the lane's part of the row sum, against m.)
     var m = NEG;
     var l = 0.0;
 {{ACC_DECL}}
@@ -361,7 +383,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
 //#end
         let lm = max(max(tm.x, tm.y), max(tm.z, tm.w));
-        let m_new = max(m, max(lm, subgroupShuffleXor(lm, 1u)));
+        let m_tile = max(lm, subgroupShuffleXor(lm, 1u));
+        let m_new = select(m, m_tile, m_tile > m + RESCALE);
         let alpha = exp2(m - m_new);
         var sum = vec4<f32>(0.0);
 //#unroll COLS4
@@ -373,11 +396,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
 //#end
         l = l * alpha + ((sum.x + sum.y) + (sum.z + sum.w));
+        // Whether some row of the workgroup moved its reference (O is zero until the first
+        // tile's P V: nothing to rescale before). The rescale's cooperative loads and
+        // stores need control flow uniform over the workgroup, hence one flag a subgroup
+        // and a uniform load of them.
+        let moved_here = subgroupAny(alpha != 1.0 && t0 != first);
+        if lane == 0u {
+            moved[s] = select(0u, 1u, moved_here);
+        }
+        let flags = workgroupUniformLoad(&moved);
+        if {{ANY_MOVED}} {
+{{RESCALE}}
+        }
         m = m_new;
         row_sync();
 {{ACC_FIRST}}
     }
-    // The row's sum over both lanes (one max), its lse, and O / l.
+    // The row's sum over both lanes, its lse, and 1 / l for y = O / l.
     let l_row = l + subgroupShuffleXor(l, 1u);
     let row_lse = m / LOG2E + log(l_row);
     let inv = 1.0 / l_row;

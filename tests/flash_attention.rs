@@ -10,8 +10,8 @@ mod common;
 
 use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, runtime, upload};
 use wgtrain_engine::TensorOps;
-use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
-use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, CoopTile, eligible, pick, whole};
+use wgtrain_engine::kernels::flash_attention::{BackwardTiles, Path, backward_on, backward_tiled, forward_on, forward_tiled};
+use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, CoopTile, candidates, eligible, pick, whole};
 use wgtrain_engine::kernels::{attention, tolerance::tolerance};
 use wgtrain_engine::{DType, Runtime};
 
@@ -87,6 +87,40 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
                         "{what}: backward is bitwise repeatable"
                     );
                 }
+            }
+        }
+    }
+    finish(&rt);
+}
+
+/// Every tensor-core tile, forced into all three kernels, against f64 (the tests above
+/// run the picked ones): tiles whose streamed rows are fewer than the block's load the own
+/// rows in passes, and the forward's reference max moves (scores of several units, odd T).
+/// Where the adapter grants no tensor cores (lavapipe) there is nothing to run.
+#[test]
+fn every_tensor_core_tile_matches_f64() {
+    let rt = runtime();
+    if Path::for_inputs(&rt, DType::F16, 64) != Path::Coop {
+        return;
+    }
+    let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
+    let mut rng = Rng(45);
+    for (b, t, nh, d) in [(1, 65, 2, 64), (2, 128, 1, 64), (1, 33, 1, 128), (1, 100, 1, 32)] {
+        for case in attention_cases(&rt, &mut rng, (b, t, nh, d)) {
+            if case.dtype != DType::F16 {
+                continue;
+            }
+            for tile in candidates(rt.gpu.caps.subgroup_barrier) {
+                let modes = [CoopMode::Forward, CoopMode::KeyValue, CoopMode::Query];
+                if modes.iter().any(|&m| tile.workgroup_bytes(m, d as u32) > limit) {
+                    continue;
+                }
+                let what = format!("[{b},{t},{nh},{d}] {}", tile.name());
+                let saved = forward_tiled(&rt, &case.qkv, nh, Path::Coop, Some(tile), "attn").unwrap();
+                assert_close_within(&rt, &format!("{what} y"), &saved.y, &case.want_y, (4e-3, 1e-2));
+                let both = BackwardTiles::both(Some(tile));
+                let dqkv = backward_tiled(&rt, &case.qkv, nh, &saved, &case.dy, Path::Coop, both, "dqkv").unwrap();
+                assert_close_within(&rt, &format!("{what} dqkv"), &dqkv, &case.want_d, (4e-3, 1e-2));
             }
         }
     }
@@ -185,8 +219,10 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     }
     assert_eq!(
         pick(CoopMode::Forward, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
-        Some((64, 64))
+        Some((64, 16))
     );
+    // A smaller limit gets the first tile that fits it: one subgroup's (6928 bytes).
+    assert_eq!(pick(CoopMode::Forward, 64, 8 * 1024, false).map(|t| (t.br(), t.bc)), Some((16, 16)));
     // Whole sequences load without bounds checks: T a multiple of the tile's rows per
     // workgroup and per streamed tile.
     let tile = pick(CoopMode::Forward, 64, 48 * 1024, true).unwrap();
@@ -194,10 +230,27 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     assert!(!whole(1000, tile) && !whole(65, tile) && !whole(0, tile));
     let narrow = CoopTile { sg: 2, bc: 64, ..tile };
     assert!(!whole(96, narrow) && whole(192, narrow));
-    // The forward fetches its next tile ahead; the backward kernels do not.
-    for (mode, ahead) in [(CoopMode::Forward, true), (CoopMode::KeyValue, false), (CoopMode::Query, false)] {
+    // The forward and dQ fetch their next tile ahead; dK dV does not.
+    for (mode, ahead) in [(CoopMode::Forward, true), (CoopMode::KeyValue, false), (CoopMode::Query, true)] {
         assert_eq!(pick(mode, 64, 48 * 1024, true).map(|t| t.prefetch), Some(ahead), "{mode:?}");
     }
+    // Not where a thread would hold more than four loads of each operand ahead.
+    for d in [16, 32, 64, 128] {
+        for limit in [48 * 1024, 12 * 1024] {
+            for mode in [CoopMode::Forward, CoopMode::Query] {
+                if let Some(t) = pick(mode, d, limit, true) {
+                    assert_eq!(t.prefetch, t.loads(d) <= 4, "{mode:?} d{d} {t:?}");
+                }
+            }
+        }
+    }
+    let wide = CoopTile {
+        sg: 2,
+        bc: 64,
+        subgroup_sync: true,
+        prefetch: false,
+    };
+    assert!(wide.loads(128) > 4);
     let rt = runtime();
     let granted = rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32);
     assert_eq!(Path::for_inputs(&rt, DType::F16, 64) == Path::Coop, granted);

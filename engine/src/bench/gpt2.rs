@@ -14,6 +14,7 @@ use super::measure::{Rng, Row, SAMPLES, record, softmax_ref, stored, time, unles
 use super::record::BenchRecord;
 use crate::error::Error;
 use crate::kernels::TensorOps;
+use crate::kernels::flash_attention::BackwardTiles;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::matmul_into;
 use crate::kernels::matmul_params::Forced;
@@ -156,8 +157,12 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
 pub(super) enum Attention {
     /// The composite (matmuls and a softmax storing [B, NH, T, T]).
     Composite,
-    /// Flash attention on the adapter's path, or with the tensor-core tile forced.
-    Fused(Option<crate::kernels::flash_attention_coop::CoopTile>),
+    /// Flash attention on the adapter's path, or with the tensor-core tiles forced (the
+    /// forward's, and the backward kernels').
+    Fused(
+        Option<crate::kernels::flash_attention_coop::CoopTile>,
+        flash_attention::BackwardTiles,
+    ),
 }
 
 /// Causal attention over qkv [B, T, 3C]: forward, and backward when `backward`;
@@ -178,12 +183,12 @@ pub(super) fn attention_row(
     let qkv = upload(rt, &data, &[b, t, 3 * c], dtype)?;
     // The fused kernels get dy in f32, as training gives it (fp16-mixed's attention output
     // gradient is f32); the composite gets qkv's type.
-    let dy_type = if matches!(which, Attention::Fused(_)) { DType::F32 } else { dtype };
+    let dy_type = if matches!(which, Attention::Fused(..)) { DType::F32 } else { dtype };
     let dy = upload(rt, &dy_data, &[b, t, c], dy_type)?;
     let mut last = None;
     let timing = time(rt, || {
         last = Some(match which {
-            Attention::Fused(tile) => {
+            Attention::Fused(tile, tiles) => {
                 let path = flash_attention::Path::for_inputs(rt, dtype, d);
                 let saved = flash_attention::forward_tiled(rt, &qkv, nh, path, tile, "bench.attn")?;
                 let dqkv = if backward {
@@ -194,7 +199,7 @@ pub(super) fn attention_row(
                         &saved,
                         &dy,
                         path,
-                        tile,
+                        tiles,
                         "bench.dattn",
                     )?)
                 } else {
@@ -461,7 +466,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
         }
     }
     for (name, which) in [
-        ("gpt2.flash_attention.fwd_bwd", Attention::Fused(None)),
+        ("gpt2.flash_attention.fwd_bwd", Attention::Fused(None, BackwardTiles::default())),
         ("gpt2.attention.fwd_bwd", Attention::Composite),
     ] {
         if wanted(name) {

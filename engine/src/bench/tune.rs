@@ -15,6 +15,7 @@
 use super::gpt2::{Attention, GPT2, Linear, PRODUCTS, attention_row, linear, linear_layers};
 use super::record::BenchRecord;
 use crate::error::Error;
+use crate::kernels::flash_attention::BackwardTiles;
 use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use crate::kernels::matmul_coop::{CANDIDATES, workgroup_bytes};
 use crate::kernels::matmul_params::{Forced, SimtTile};
@@ -44,7 +45,18 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
             .iter()
             .all(|&m| tile.workgroup_bytes(m, GPT2.head() as u32) <= limit);
         let name = format!("tune.flash.{}", tile.name());
-        for (what, backward) in [("fwd", false), ("fwd_bwd", true)] {
+        // The tile in every kernel; then in one backward kernel, the rest picked (its
+        // row against the others' says what the tile does for that kernel alone).
+        let only = |query: bool| BackwardTiles {
+            query: Some(tile).filter(|_| query),
+            key_value: Some(tile).filter(|_| !query),
+        };
+        for (what, forward, backward) in [
+            ("fwd", Some(tile), None),
+            ("fwd_bwd", Some(tile), Some(BackwardTiles::both(Some(tile)))),
+            ("bwd_q", None, Some(only(true))),
+            ("bwd_kv", None, Some(only(false))),
+        ] {
             let name = format!("{name}.{what}");
             if fits && wanted(&name) {
                 out.push(logged(attention_row(
@@ -52,8 +64,8 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
                     &name,
                     GPT2,
                     DType::F16,
-                    Attention::Fused(Some(tile)),
-                    backward,
+                    Attention::Fused(forward, backward.unwrap_or_default()),
+                    backward.is_some(),
                 )?));
             }
         }

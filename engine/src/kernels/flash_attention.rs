@@ -509,7 +509,27 @@ pub fn backward_on(
     path: Path,
     label: &str,
 ) -> Result<Tensor, Error> {
-    backward_tiled(rt, qkv, nh, saved, dy, path, None, label)
+    backward_tiled(rt, qkv, nh, saved, dy, path, BackwardTiles::default(), label)
+}
+
+/// Tensor-core tiles forced for the backward kernels (`wgtrain bench --tune`, which also
+/// times each kernel's tiles with the other's picked); `None` picks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackwardTiles {
+    /// dQ's tile.
+    pub query: Option<CoopTile>,
+    /// dK dV's tile.
+    pub key_value: Option<CoopTile>,
+}
+
+impl BackwardTiles {
+    /// The same tile (or the pick) for both kernels.
+    pub fn both(tile: Option<CoopTile>) -> BackwardTiles {
+        BackwardTiles {
+            query: tile,
+            key_value: tile,
+        }
+    }
 }
 
 /// [`backward_on`] with the tensor-core path's tile forced (`wgtrain bench --tune`).
@@ -521,7 +541,7 @@ pub fn backward_tiled(
     saved: &FlashSaved,
     dy: &Tensor,
     path: Path,
-    tile: Option<CoopTile>,
+    tiles: BackwardTiles,
     label: &str,
 ) -> Result<Tensor, Error> {
     let dims = Dims::of(qkv, nh)?;
@@ -564,8 +584,8 @@ pub fn backward_tiled(
     // The backward kernels read dy in f16 where it is cast; the register-tiled dQ
     // computes D itself (it runs first), else the row-dot kernel runs before both.
     let td_bwd = if dy16.is_some() { DType::F16 } else { td };
-    let query = kernel(rt, Mode::Query, tq, td_bwd, dims.d, dims.t, path, tile, 5)?;
-    let key_value = kernel(rt, Mode::KeyValue, tq, td_bwd, dims.d, dims.t, path, tile, 5)?;
+    let query = kernel(rt, Mode::Query, tq, td_bwd, dims.d, dims.t, path, tiles.query, 5)?;
+    let key_value = kernel(rt, Mode::KeyValue, tq, td_bwd, dims.d, dims.t, path, tiles.key_value, 5)?;
     if !query.row_dot {
         let (pre_mode, pre_bindings) = if dy16.is_some() { (Mode::RowDotCast, 4) } else { (Mode::RowDot, 3) };
         let pre = kernel(rt, pre_mode, tq, td, dims.d, dims.t, path, None, pre_bindings)?;

@@ -65,6 +65,11 @@ impl CoopTile {
         )
     }
 
+    /// 16-byte loads of each streamed operand a thread makes per tile at head size `d`.
+    pub fn loads(self, d: u32) -> u32 {
+        (self.bc * d / 8).div_ceil(self.threads())
+    }
+
     /// Bytes of workgroup memory for head size `d` in `mode`: the two streamed tiles,
     /// the staging area, P or dS, and (dK dV) the query tile's lse and D.
     pub fn workgroup_bytes(self, mode: CoopMode, d: u32) -> u64 {
@@ -77,8 +82,12 @@ impl CoopTile {
     }
 }
 
-/// The tiles tried, best first.
-const TILES: [(u32, u32); 5] = [(4, 64), (2, 64), (2, 32), (1, 32), (1, 16)];
+/// The tiles tried, best first. The NVIDIA driver gives a workgroup's memory 64 KiB of
+/// each SM (`examples/occupancy_probe`: one workgroup of 32 KiB or more per SM, two of
+/// 24 KiB, three of 16 KiB), so the small tiles that let three or four workgroups share an
+/// SM come first: at [8, 12, 1024, 64] 4 x 16 took the forward from 229 to 136 us and
+/// forward + backward from 828 to 575 us (docs/benchmarks.md).
+const TILES: [(u32, u32); 8] = [(4, 16), (2, 16), (4, 32), (2, 32), (1, 16), (4, 64), (2, 64), (1, 32)];
 
 /// The rule for the tensor-core variant, apart from the adapter (tested on every
 /// machine): cooperative 16x16x16 f16 -> f32, subgroups of exactly 32, f16 qkv, head
@@ -87,17 +96,18 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
     coop_f16 && subgroup_size == (32, 32) && tq == DType::F16 && d.is_multiple_of(16) && d <= 128
 }
 
-/// The largest tile of `mode` for head size `d` within `limit` bytes of workgroup memory,
-/// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them). The
-/// forward fetches the next tile ahead; the backward kernels, whose tiles hold twice the
-/// operands, fetch each tile when they stash it: with vector workgroup tiles that is
-/// faster on the H100 (`wgtrain bench --tune --filter tune.flash`, [8, 12, 1024, 64]:
-/// forward 284.6 us ahead against 317.4; forward + backward 1130.1 us with no kernel
-/// fetching ahead against 1222.6 with all three, 1102 us as picked; docs/benchmarks.md).
+/// The first tile of `mode` for head size `d` within `limit` bytes of workgroup memory,
+/// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them).
+/// The forward and dQ fetch the next tile ahead; dK dV, which holds four accumulators
+/// and the most registers, fetches each tile when it stashes it (`wgtrain bench --tune
+/// --filter tune.flash`, [8, 12, 1024, 64], 4 x 16 tiles: forward 136 us ahead against
+/// 164; with the other backward kernel picked, dQ ahead 520 us against 553, dK dV
+/// direct 554 against 609; docs/benchmarks.md). A tile whose threads would hold more
+/// than four 16-byte loads of each operand ahead fetches when it stashes.
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
-    let ahead = mode == CoopMode::Forward;
+    let ahead = |t: &CoopTile| mode != CoopMode::KeyValue && t.loads(d) <= 4;
     candidates(subgroup_barrier)
-        .filter(|t| t.prefetch == ahead)
+        .filter(|t| t.prefetch == ahead(t))
         .find(|t| t.workgroup_bytes(mode, d) <= limit)
 }
 
@@ -121,16 +131,52 @@ fn declare(name: &str, n: u32) -> String {
     })
 }
 
-/// The subgroup's own rows of `tile` [rows][D] as A fragments `name_0..` (D / 16).
-fn own(name: &str, tile: &str, d: u32) -> String {
-    (0..d / 16).fold(String::new(), |mut s, k| {
+/// The block's own rows loaded into `x_t` and `y_t`, and each subgroup's 16 of them as A
+/// fragments: `names` (one per tile) `_0..` (D / 16 each). Where the streamed tiles hold
+/// the whole block (BC >= BR), one pass. Else BR / BC passes of BC rows: every subgroup
+/// loads fragments in every pass (cooperative loads need uniform control flow) and keeps
+/// those of the pass holding its rows.
+fn own(names: &[(&str, &str)], d: u32, br: u32, bc: u32) -> String {
+    let load = |s: &mut String, decl: &str, row: &str| {
+        for (name, tile) in names {
+            for k in 0..d / 16 {
+                let _ = writeln!(
+                    s,
+                    "    {decl}{name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[{row} * LD4 + {}u], LD4);",
+                    4 * k
+                );
+            }
+        }
+    };
+    let mut s = String::new();
+    if bc >= br {
+        s += "    load_own(lid, b, h, row0);\n    workgroupBarrier();\n";
+        load(&mut s, "let ", "m0");
+        return s;
+    }
+    for (name, _) in names {
+        for k in 0..d / 16 {
+            let _ = writeln!(s, "    var {name}_{k} = coop_mat16x16<f16, A>();");
+        }
+    }
+    for pass in 0..br / bc {
         let _ = writeln!(
             s,
-            "    let {name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[m0 * LD4 + {}u], LD4);",
-            4 * k
+            "    load_own(lid, b, h, row0 + {}u);\n    workgroupBarrier();\n    {{",
+            pass * bc
         );
-        s
-    })
+        let mut fresh = String::new();
+        load(&mut fresh, "let fresh_", "(m0 % BC)");
+        s += &fresh.replace("\n    ", "\n        ").replacen("    ", "        ", 1);
+        let _ = writeln!(s, "        if m0 / BC == {pass}u {{");
+        for (name, _) in names {
+            for k in 0..d / 16 {
+                let _ = writeln!(s, "            {name}_{k} = fresh_{name}_{k};");
+            }
+        }
+        s += "        }\n    }\n    workgroupBarrier();\n";
+    }
+    s
 }
 
 /// (Workgroup arrays hold vec4s: indices and strides below are in vec4s.)
@@ -158,73 +204,81 @@ fn scores(a: &str, b: &str, d: u32, bc: u32) -> String {
 }
 
 /// Accumulators `acc_j` += the subgroup's 16 rows of `p_t` [rows][BC] times `b` [BC][D]:
-/// D / 16 fragments over K = BC.
-fn accumulate(acc: &str, b: &str, d: u32) -> String {
-    let mut s = String::from("        for (var kk = 0u; kk < BC; kk += 16u) {\n");
-    s += "            let fa = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD4 + kk / 4u], PLD4);\n";
-    for j in 0..d / 16 {
+/// D / 16 fragments over K = BC, written out.
+fn accumulate(acc: &str, b: &str, d: u32, bc: u32) -> String {
+    let mut s = String::from("        {\n");
+    for kk in (0..bc).step_by(16) {
         let _ = writeln!(
             s,
-            "            {acc}_{j} = coopMultiplyAdd(fa, coopLoadT<coop_mat16x16<f16, B>>(&{b}[kk * LD4 + {}u], LD4), {acc}_{j});",
-            4 * j
+            "            let fa_{kk} = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD4 + {}u], PLD4);",
+            kk / 4
         );
+        for j in 0..d / 16 {
+            let _ = writeln!(
+                s,
+                "            {acc}_{j} = coopMultiplyAdd(fa_{kk}, coopLoadT<coop_mat16x16<f16, B>>(&{b}[{}u * LD4 + {}u], LD4), {acc}_{j});",
+                kk,
+                4 * j
+            );
+        }
     }
     s + "        }"
 }
 
-/// The forward's lane-held O: `o_u`, the lane's columns 4 (half + 2 u) .. + 3 of its
-/// row, u < D / 8.
-fn declare_o(d: u32) -> String {
-    (0..d / 8).fold(String::new(), |mut s, u| {
-        let _ = writeln!(s, "    var o_{u} = vec4<f32>();");
+/// Runs `each` over the fragments of a D-column accumulator in chunks that the staging
+/// area's BC columns hold: `each(j0, j1)` for fragments j0..j1, the chunk staged at
+/// columns 0.. of the subgroup's rows.
+fn chunked(d: u32, bc: u32, mut each: impl FnMut(u32, u32) -> String) -> String {
+    let per = bc.min(d) / 16;
+    (0..(d / 16).div_ceil(per))
+        .map(|chunk| each(chunk * per, ((chunk + 1) * per).min(d / 16)))
+        .collect()
+}
+
+/// The forward's rare rescale of the accumulators `o_j` by each row's `alpha` (where the
+/// row's reference max moved): through the staging area, chunk by chunk, each lane
+/// scaling its columns 4 (half + 2 u) of its row.
+fn rescale_o(d: u32, bc: u32) -> String {
+    chunked(d, bc, |j0, j1| {
+        let mut s = String::from("            row_sync();\n");
+        for j in j0..j1 {
+            let _ = writeln!(s, "            coopStoreT(o_{j}, &stg[m0 * SLD4 + {}u], SLD4);", 4 * (j - j0));
+        }
+        s += "            row_sync();\n";
+        for u in 0..2 * (j1 - j0) {
+            let _ = writeln!(s, "            stg[(sat + 4u * (half + {}u)) / 4u] *= alpha;", 2 * u);
+        }
+        s += "            row_sync();\n";
+        for j in j0..j1 {
+            let _ = writeln!(
+                s,
+                "            o_{j} = coopLoadT<coop_mat16x16<f32, C>>(&stg[m0 * SLD4 + {}u], SLD4);",
+                4 * (j - j0)
+            );
+        }
         s
     })
 }
 
-/// The forward's P V for one key tile: the subgroup's 16 rows of `p_t` times V (`y_t`)
-/// into fresh fragments, staged BC columns at a time, and each lane's columns of O
-/// rescaled by `alpha` and added.
-fn forward_pv(d: u32, bc: u32) -> String {
-    let mut s = declare("pv", d / 16).replace("    var", "        var");
-    s += "        for (var kk = 0u; kk < BC; kk += 16u) {\n";
-    s += "            let fa = coopLoadT<coop_mat16x16<f16, A>>(&p_t[m0 * PLD4 + kk / 4u], PLD4);\n";
-    for j in 0..d / 16 {
-        let _ = writeln!(
-            s,
-            "            pv_{j} = coopMultiplyAdd(fa, coopLoadT<coop_mat16x16<f16, B>>(&y_t[kk * LD4 + {}u], LD4), pv_{j});",
-            4 * j
-        );
-    }
-    s += "        }\n";
-    // The staging area's rows hold BC columns: D / BC chunks of BC / 16 fragments.
-    let per = bc.min(d) / 16;
-    for chunk in 0..(d / 16).div_ceil(per) {
-        let (j0, j1) = (chunk * per, ((chunk + 1) * per).min(d / 16));
+/// The forward's y = O / l: the accumulators staged chunk by chunk, each lane writing
+/// its columns of its row (rows inside T).
+fn store_y(d: u32, bc: u32) -> String {
+    chunked(d, bc, |j0, j1| {
+        let mut s = String::new();
         for j in j0..j1 {
-            let _ = writeln!(s, "        coopStoreT(pv_{j}, &stg[m0 * SLD4 + {}u], SLD4);", 4 * (j - j0));
+            let _ = writeln!(s, "    coopStoreT(o_{j}, &stg[m0 * SLD4 + {}u], SLD4);", 4 * (j - j0));
         }
-        s += "        row_sync();\n";
-        // The lane's u-th vec4 is column 4 (half + 2 u): in this chunk for 16 j0 <= 8 u < 16 j1.
-        for u in 2 * j0..2 * j1 {
+        s += "    row_sync();\n    if row < p.t {\n";
+        for u in 0..2 * (j1 - j0) {
             let _ = writeln!(
                 s,
-                "        o_{u} = o_{u} * alpha + staged4(sat + 4u * (half + {}u) - {}u);",
-                2 * u,
-                16 * j0
+                "        y[y_at(b, row, h) + half + {}u] = vec4<f16>(staged4(sat + 4u * (half + {}u)) * inv);",
+                2 * u + 4 * j0,
+                2 * u
             );
         }
-        s += "        row_sync();\n";
-    }
-    s
-}
-
-/// The forward's y = O / l from the lanes' registers (rows inside T).
-fn store_y(d: u32) -> String {
-    let mut s = String::from("    if row < p.t {\n");
-    for u in 0..d / 8 {
-        let _ = writeln!(s, "        y[y_at(b, row, h) + half + {}u] = vec4<f16>(o_{u} * inv);", 2 * u);
-    }
-    s + "    }\n"
+        s + "    }\n    row_sync();\n"
+    })
 }
 
 /// Stores accumulators `acc_j` through the subgroup's rows of the staging area with
@@ -248,7 +302,7 @@ pub fn whole(t: usize, tile: CoopTile) -> bool {
 /// The template values of one variant: `td` is dy's type (ignored by the forward);
 /// `whole` as [`whole`] says.
 pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Vec<(&'static str, String)> {
-    let bc = tile.bc;
+    let (br, bc) = (tile.br(), tile.bc);
     let flag = |on: bool| on.to_string();
     let dq = "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)";
     let dk = "write_dqkv(lane, b, h, row0, m0, 1u, COL, p.scale)";
@@ -257,34 +311,34 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
     // accumulation, stores, streamed parts, own parts)
     let (own_code, sx, sy, decl, first, second, stores, (px, py), (ox, oy)) = match mode {
         CoopMode::Forward => (
-            own("q", "x_t", d),
+            own(&[("q", "x_t")], d, br, bc),
             scores("q", "x_t", d, bc),
             String::new(),
-            declare_o(d),
-            forward_pv(d, bc),
+            declare("o", d / 16),
+            accumulate("o", "y_t", d, bc),
             String::new(),
-            store_y(d),
+            store_y(d, bc),
             (1, 2),
             (0, 0),
         ),
         CoopMode::Query => (
-            own("q", "x_t", d) + &own("g", "y_t", d),
+            own(&[("q", "x_t"), ("g", "y_t")], d, br, bc),
             scores("q", "x_t", d, bc),
             scores("g", "y_t", d, bc),
             declare("dq", d / 16),
-            accumulate("dq", "x_t", d),
+            accumulate("dq", "x_t", d, bc),
             String::new(),
             store("dq", d, dq),
             (1, 2),
             (0, 0),
         ),
         CoopMode::KeyValue => (
-            own("k", "x_t", d) + &own("v", "y_t", d),
+            own(&[("k", "x_t"), ("v", "y_t")], d, br, bc),
             scores("k", "x_t", d, bc),
             scores("v", "y_t", d, bc),
             declare("dk", d / 16) + &declare("dv", d / 16),
-            accumulate("dk", "x_t", d),
-            accumulate("dv", "y_t", d),
+            accumulate("dk", "x_t", d, bc),
+            accumulate("dv", "y_t", d, bc),
             store("dk", d, dk) + &store("dv", d, dv),
             (0, 0),
             (1, 2),
@@ -321,6 +375,22 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
         ("OWN", own_code),
         ("SCORES_X", sx),
         ("SCORES_Y", sy),
+        (
+            "ANY_MOVED",
+            // (bitwise: naga lowers a short-circuit `||` to a branch, which is not uniform)
+            format!(
+                "({}) != 0u",
+                (0..tile.sg).map(|i| format!("flags[{i}]")).collect::<Vec<_>>().join(" | ")
+            ),
+        ),
+        (
+            "RESCALE",
+            if mode == CoopMode::Forward {
+                rescale_o(d, bc)
+            } else {
+                String::new()
+            },
+        ),
         ("ACC_DECL", decl),
         ("ACC_FIRST", first),
         ("ACC_SECOND", second),
@@ -332,7 +402,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
 /// columns a copy), then the fetch lines repeated once per 8-element load a thread makes
 /// of each streamed tile.
 pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Result<String, Error> {
-    let loads = (tile.bc * d / 8).div_ceil(tile.threads());
+    let loads = tile.loads(d);
     let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile, whole))?;
     Ok(repeat_marked(&wgsl, "@l", loads))
 }
