@@ -55,15 +55,20 @@ struct G8 {
 }
 
 @group(0) @binding(1) var<storage, read_write> qkv: array<H8>;
+// qkv4 (and dy4) are qkv (and dy) again, as vectors: where T is whole, each subgroup
+// loads its own rows' fragments from them directly (`own` in the host's code).
 //#if FWD
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(4) var<storage, read_write> qkv4: array<vec4<f16>>;
 //#endif
 //#if BWD
 @group(0) @binding(2) var<storage, read_write> dy: array<G8>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dvec: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dqkv: array<f32>;
+@group(0) @binding(6) var<storage, read_write> qkv4: array<vec4<f16>>;
+@group(0) @binding(7) var<storage, read_write> dy4: array<vec4<f16>>;
 //#endif
 
 const D: u32 = {{D}}u;

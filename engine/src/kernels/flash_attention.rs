@@ -268,6 +268,9 @@ struct Chosen {
     /// A dQ kernel that computes D = rowsum(dy * y) itself and writes it (binding y
     /// after the usual five): no row-dot kernel runs before it.
     row_dot: bool,
+    /// A tensor-core kernel: qkv (and, backward, dy) bound again after the usual
+    /// bindings, as the vector views its own rows are loaded through.
+    views: bool,
 }
 
 /// The kernel of `mode` on `path` (the row dot has no tensor-core variant: it runs
@@ -324,12 +327,15 @@ fn kernel(
                 u32::from(tile.subgroup_sync) | u32::from(tile.prefetch) << 1 | u32::from(whole) << 2,
             ],
         );
-        let k = rt.kernel(key, bindings, || coop::source(cm, td, d as u32, tile, whole))?;
+        // (the views: qkv forward; qkv and dy backward)
+        let views = if cm == CoopMode::Forward { 1 } else { 2 };
+        let k = rt.kernel(key, bindings + views, || coop::source(cm, td, d as u32, tile, whole))?;
         return Ok(Chosen {
             kernel: k,
             per: 0,
             br: tile.br(),
             row_dot: false,
+            views: true,
         });
     }
     let d4 = (d / 4) as u32;
@@ -364,6 +370,7 @@ fn kernel(
                 per: 0,
                 br: tile.br,
                 row_dot,
+                views: false,
             });
         }
     }
@@ -396,6 +403,7 @@ fn kernel(
         per: bc,
         br: BR,
         row_dot: false,
+        views: false,
     })
 }
 
@@ -488,10 +496,11 @@ pub fn forward_tiled(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, tile: Op
     let blocks = dims.blocks(k.br);
     // Q K^T and P V: every path makes one pass over the keys.
     let products = 4.0;
+    let bound = [qkv, &y, &lse, qkv];
     rt.launch_with_work(
         &k.kernel,
         bytemuck::bytes_of(&dims.params(blocks, k.per)),
-        &[qkv, &y, &lse],
+        &bound[..3 + usize::from(k.views)],
         grid(blocks * (dims.b * dims.nh) as u32),
         Some(products * dims.pairs() * dims.d as f64),
         1,
@@ -603,11 +612,13 @@ pub fn backward_tiled(
     let dqkv = Tensor::empty(rt, qkv.shape(), DType::F32, Category::Temporary, label)?;
     for (k, products) in [(query, 6.0), (key_value, 8.0)] {
         let blocks = dims.blocks(k.br);
-        let bound = [qkv, dy, &saved.lse, &dvec, &dqkv, &saved.y];
+        let simt = [qkv, dy, &saved.lse, &dvec, &dqkv, &saved.y];
+        let coop = [qkv, dy, &saved.lse, &dvec, &dqkv, qkv, dy];
+        let bound: &[&Tensor] = if k.views { &coop } else { &simt[..5 + usize::from(k.row_dot)] };
         rt.launch_with_work(
             &k.kernel,
             bytemuck::bytes_of(&dims.params(blocks, k.per)),
-            &bound[..5 + usize::from(k.row_dot)],
+            bound,
             grid(blocks * (dims.b * dims.nh) as u32),
             Some(products * dims.pairs() * dims.d as f64),
             4,

@@ -131,32 +131,89 @@ fn declare(name: &str, n: u32) -> String {
     })
 }
 
-/// The block's own rows loaded into `x_t` and `y_t`, and each subgroup's 16 of them as A
-/// fragments: `names` (one per tile) `_0..` (D / 16 each). Where the streamed tiles hold
-/// the whole block (BC >= BR), one pass. Else BR / BC passes of BC rows: every subgroup
-/// loads fragments in every pass (cooperative loads need uniform control flow) and keeps
-/// those of the pass holding its rows.
-fn own(names: &[(&str, &str)], d: u32, br: u32, bc: u32) -> String {
+/// An operand a subgroup owns 16 rows of: its fragments' name, the workgroup tile its
+/// rows pass through, and where they are in global memory (a vector view and the vec4
+/// index of the subgroup's first row, then the row stride in vec4s).
+struct Own {
+    name: &'static str,
+    tile: &'static str,
+    view: &'static str,
+    at: &'static str,
+    stride: &'static str,
+}
+
+/// Q, K or V (qkv part 0, 1 or 2), or dY.
+fn own_part(name: &'static str, tile: &'static str, part: u32) -> Own {
+    const AT: [&str; 3] = [
+        "qkv_at(b, row0 + m0, 0u, h)",
+        "qkv_at(b, row0 + m0, 1u, h)",
+        "qkv_at(b, row0 + m0, 2u, h)",
+    ];
+    Own {
+        name,
+        tile,
+        view: "qkv4",
+        at: AT[part as usize],
+        stride: "3u * p.c4",
+    }
+}
+
+fn own_dy(name: &'static str, tile: &'static str) -> Own {
+    Own {
+        name,
+        tile,
+        view: "dy4",
+        at: "y_at(b, row0 + m0, h)",
+        stride: "p.c4",
+    }
+}
+
+/// Each subgroup's 16 own rows as A fragments `name_0..` (D / 16 each).
+/// - `whole` (every row of every block inside T): straight from global memory, through
+///   the vector views of qkv and dy.
+/// - Else through `x_t` and `y_t` (zeros past T): in one pass where the streamed tiles
+///   hold the whole block (BC >= BR), else in BR / BC passes of BC rows, where every
+///   subgroup loads fragments in every pass (cooperative loads need uniform control
+///   flow) and keeps those of the pass holding its rows.
+fn own(ops: &[Own], d: u32, br: u32, bc: u32, whole: bool) -> String {
+    let mut s = String::new();
     let load = |s: &mut String, decl: &str, row: &str| {
-        for (name, tile) in names {
+        for op in ops {
             for k in 0..d / 16 {
                 let _ = writeln!(
                     s,
-                    "    {decl}{name}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[{row} * LD4 + {}u], LD4);",
+                    "    {decl}{}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{}[{row} * LD4 + {}u], LD4);",
+                    op.name,
+                    op.tile,
                     4 * k
                 );
             }
         }
     };
-    let mut s = String::new();
+    if whole {
+        for op in ops {
+            for k in 0..d / 16 {
+                let _ = writeln!(
+                    s,
+                    "    let {}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{}[{} + {}u], {});",
+                    op.name,
+                    op.view,
+                    op.at,
+                    4 * k,
+                    op.stride
+                );
+            }
+        }
+        return s;
+    }
     if bc >= br {
         s += "    load_own(lid, b, h, row0);\n    workgroupBarrier();\n";
         load(&mut s, "let ", "m0");
         return s;
     }
-    for (name, _) in names {
+    for op in ops {
         for k in 0..d / 16 {
-            let _ = writeln!(s, "    var {name}_{k} = coop_mat16x16<f16, A>();");
+            let _ = writeln!(s, "    var {}_{k} = coop_mat16x16<f16, A>();", op.name);
         }
     }
     for pass in 0..br / bc {
@@ -169,9 +226,9 @@ fn own(names: &[(&str, &str)], d: u32, br: u32, bc: u32) -> String {
         load(&mut fresh, "let fresh_", "(m0 % BC)");
         s += &fresh.replace("\n    ", "\n        ").replacen("    ", "        ", 1);
         let _ = writeln!(s, "        if m0 / BC == {pass}u {{");
-        for (name, _) in names {
+        for op in ops {
             for k in 0..d / 16 {
-                let _ = writeln!(s, "            {name}_{k} = fresh_{name}_{k};");
+                let _ = writeln!(s, "            {0}_{k} = fresh_{0}_{k};", op.name);
             }
         }
         s += "        }\n    }\n    workgroupBarrier();\n";
@@ -311,7 +368,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
     // accumulation, stores, streamed parts, own parts)
     let (own_code, sx, sy, decl, first, second, stores, (px, py), (ox, oy)) = match mode {
         CoopMode::Forward => (
-            own(&[("q", "x_t")], d, br, bc),
+            own(&[own_part("q", "x_t", 0)], d, br, bc, whole),
             scores("q", "x_t", d, bc),
             String::new(),
             declare("o", d / 16),
@@ -322,7 +379,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
             (0, 0),
         ),
         CoopMode::Query => (
-            own(&[("q", "x_t"), ("g", "y_t")], d, br, bc),
+            own(&[own_part("q", "x_t", 0), own_dy("g", "y_t")], d, br, bc, whole),
             scores("q", "x_t", d, bc),
             scores("g", "y_t", d, bc),
             declare("dq", d / 16),
@@ -333,7 +390,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
             (0, 0),
         ),
         CoopMode::KeyValue => (
-            own(&[("k", "x_t"), ("v", "y_t")], d, br, bc),
+            own(&[own_part("k", "x_t", 1), own_part("v", "y_t", 2)], d, br, bc, whole),
             scores("k", "x_t", d, bc),
             scores("v", "y_t", d, bc),
             declare("dk", d / 16) + &declare("dv", d / 16),
