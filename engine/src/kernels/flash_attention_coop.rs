@@ -82,11 +82,12 @@ impl CoopTile {
     }
 }
 
-/// The tiles tried, best first. The NVIDIA driver gives a workgroup's memory 64 KiB of
-/// each SM (`examples/occupancy_probe`: one workgroup of 32 KiB or more per SM, two of
-/// 24 KiB, three of 16 KiB), so the small tiles that let three or four workgroups share an
-/// SM come first: at [8, 12, 1024, 64] 4 x 16 took the forward from 229 to 136 us and
-/// forward + backward from 828 to 575 us (docs/benchmarks.md).
+/// The tiles tried, best first. The NVIDIA driver gives workgroups 64 KiB of each SM's
+/// memory (`examples/occupancy_probe`: one workgroup of 32 KiB or more per SM, two of
+/// 24 KiB, three of 16 KiB), so the small tiles that let several workgroups share an SM
+/// come first: at [8, 12, 1024, 64] on the H100, 4 x 16 against 4 x 64 (all three
+/// kernels forced, fetching ahead) took the forward from 228.9 to 136.3 us and forward +
+/// backward from 827.8 to 541.3 us (docs/benchmarks.md).
 const TILES: [(u32, u32); 8] = [(4, 16), (2, 16), (4, 32), (2, 32), (1, 16), (4, 64), (2, 64), (1, 32)];
 
 /// The rule for the tensor-core variant, apart from the adapter (tested on every
@@ -100,9 +101,9 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 /// syncing with subgroup barriers where `subgroup_barrier` (the adapter grants them).
 /// The forward and dQ fetch the next tile ahead; dK dV, which holds four accumulators
 /// and the most registers, fetches each tile when it stashes it (`wgtrain bench --tune
-/// --filter tune.flash`, [8, 12, 1024, 64], 4 x 16 tiles: forward 136 us ahead against
-/// 164; with the other backward kernel picked, dQ ahead 520 us against 553, dK dV
-/// direct 554 against 609; docs/benchmarks.md). A tile whose threads would hold more
+/// --filter tune.flash`, [8, 12, 1024, 64], 4 x 16 tiles: forward 136.3 us ahead against
+/// 164.2; forward + backward with the other backward kernel picked: dQ ahead 527.9 us
+/// against 561.6, dK dV direct 527.7 against 542.0; docs/benchmarks.md). A tile whose threads would hold more
 /// than four 16-byte loads of each operand ahead fetches when it stashes.
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
     let ahead = |t: &CoopTile| mode != CoopMode::KeyValue && t.loads(d) <= 4;
