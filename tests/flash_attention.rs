@@ -4,7 +4,7 @@
 //! subgroup and plain paths, forced; an H100: the tensor-core path too, for f16 and head
 //! sizes that are multiples of 16); bitwise repeatable backward; B * NH beyond one dispatch
 //! row of workgroups; bad shapes are clear errors; the tensor-core path's choice and
-//! tiles. Guard bytes are on throughout.
+//! tiles, and every tile forced against f64. Guard bytes are on throughout.
 
 mod common;
 

@@ -33,8 +33,7 @@ pub enum CoopMode {
 pub struct CoopTile {
     /// Subgroups of 32 per workgroup.
     pub sg: u32,
-    /// Rows per streamed tile (at least the rows per workgroup: the block's own rows are
-    /// loaded through the tile's memory).
+    /// Rows per streamed tile (fewer than the rows per workgroup is allowed: see `own`).
     pub bc: u32,
     /// A subgroup barrier between a subgroup's phases (else a workgroup barrier).
     pub subgroup_sync: bool,
@@ -352,7 +351,8 @@ fn store(acc: &str, d: u32, write: &str) -> String {
 }
 
 /// Whether a sequence of `t` rows is whole for `tile` (a multiple of its rows per
-/// workgroup and per streamed tile): then its variant loads without bounds checks.
+/// workgroup and per streamed tile): then its variant loads without bounds checks, and
+/// its subgroups load their own rows straight from global memory.
 pub fn whole(t: usize, tile: CoopTile) -> bool {
     t > 0 && t.is_multiple_of(tile.br() as usize) && t.is_multiple_of(tile.bc as usize)
 }
