@@ -3,13 +3,16 @@
 //! cooperative-matrix matmul (`kernels::matmul_coop::CANDIDATES`), at 4096^3 and at each
 //! product of GPT-2's four linear layers (forward, dX, dW at the gpt2 workload's
 //! shapes), and every tile of the tensor-core flash attention
-//! (`kernels::flash_attention_coop::candidates`, forward and forward + backward at
-//! GPT-2's shape), each row checked against the CPU like every benchmark. Its tables are
+//! (`kernels::flash_attention_coop::candidates`, at GPT-2's shape: forward, forward +
+//! backward, and forward + backward with the tile in dQ alone (`.bwd_q`) or dK dV alone
+//! (`.bwd_kv`), the other kernels picked), each row checked against the CPU like every
+//! benchmark (a loose check for the attention: `tests/flash_attention.rs` is the strict one). Its tables are
 //! what `SimtTile::DEFAULT`, `matmul_coop::pick` and `flash_attention_coop::pick` are
 //! chosen from. The tensor-core rows need an adapter with 16x16x16 f16 cooperative
 //! matrices and subgroups of 32; elsewhere only the f32 rows run.
 //!
-//! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::flash_attention_coop`,
+//! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::flash_attention`,
+//! `kernels::flash_attention_coop`,
 //! `kernels::matmul_coop`, `runtime`, `tensor`.
 
 use super::gpt2::{Attention, GPT2, Linear, PRODUCTS, attention_row, linear, linear_layers};
