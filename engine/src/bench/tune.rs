@@ -12,8 +12,7 @@
 //! matrices and subgroups of 32; elsewhere only the f32 rows run.
 //!
 //! May call: `bench::{gpt2, kernels, record}`, `error`, `kernels::flash_attention`,
-//! `kernels::flash_attention_coop`,
-//! `kernels::matmul_coop`, `runtime`, `tensor`.
+//! `kernels::flash_attention_coop`, `kernels::matmul_coop`, `runtime`, `tensor`.
 
 use super::gpt2::{Attention, GPT2, Linear, PRODUCTS, attention_row, linear, linear_layers};
 use super::record::BenchRecord;
