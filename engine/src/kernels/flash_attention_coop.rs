@@ -87,7 +87,7 @@ impl CoopTile {
 /// come first: at [8, 12, 1024, 64] on the H100, 4 x 16 against 4 x 64 (all three
 /// kernels forced, fetching ahead) took the forward from 228.9 to 136.3 us and forward +
 /// backward from 827.8 to 541.3 us (docs/benchmarks.md).
-const TILES: [(u32, u32); 8] = [(4, 16), (2, 16), (4, 32), (2, 32), (1, 16), (4, 64), (2, 64), (1, 32)];
+const TILES: [(u32, u32); 9] = [(4, 16), (2, 16), (4, 32), (2, 32), (1, 16), (4, 64), (2, 64), (1, 32), (8, 16)];
 
 /// The rule for the tensor-core variant, apart from the adapter (tested on every
 /// machine): cooperative 16x16x16 f16 -> f32, subgroups of exactly 32, f16 qkv, head
@@ -104,12 +104,22 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 /// 164.2; forward + backward with the other backward kernel picked: dQ ahead 527.9 us
 /// against 561.6, dK dV direct 527.7 against 542.0; docs/benchmarks.md). A tile whose threads would hold more
 /// than four 16-byte loads of each operand ahead fetches when it stashes.
+///
+/// The forward tries [`FORWARD_FIRST`] before the list.
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
     let ahead = |t: &CoopTile| mode != CoopMode::KeyValue && t.loads(d) <= 4;
     candidates(subgroup_barrier)
+        .filter(|t| mode == CoopMode::Forward && (t.sg, t.bc) == FORWARD_FIRST)
+        .chain(candidates(subgroup_barrier))
         .filter(|t| t.prefetch == ahead(t))
         .find(|t| t.workgroup_bytes(mode, d) <= limit)
 }
+
+/// The forward's first tile: 8 subgroups x 16 streamed rows (23 KiB, two workgroups of
+/// 256 threads per SM at 128 registers) took the forward from 136.2 to 132.3 us at
+/// [8, 12, 1024, 64], and was slower than 4 x 16 in both backward kernels (dQ 531.9
+/// against 525.7 us, dK dV 599.9 against 539.9, fetching ahead; docs/benchmarks.md).
+const FORWARD_FIRST: (u32, u32) = (8, 16);
 
 /// Every tile, best first: what [`pick`] chooses from and `wgtrain bench --tune` measures.
 pub fn candidates(subgroup_barrier: bool) -> impl Iterator<Item = CoopTile> {
