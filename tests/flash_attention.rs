@@ -221,10 +221,7 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
         pick(CoopMode::Forward, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
         Some((128, 16))
     );
-    assert_eq!(
-        pick(CoopMode::Query, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)),
-        Some((64, 16))
-    );
+    assert_eq!(pick(CoopMode::Query, 64, 48 * 1024, false).map(|t| (t.br(), t.bc)), Some((64, 16)));
     // A smaller limit gets the first tile that fits it: one subgroup's (6928 bytes).
     assert_eq!(pick(CoopMode::Forward, 64, 8 * 1024, false).map(|t| (t.br(), t.bc)), Some((16, 16)));
     // Whole sequences load without bounds checks: T a multiple of the tile's rows per
