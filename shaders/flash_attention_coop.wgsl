@@ -37,9 +37,10 @@
 // Global loads take 8 elements (16 bytes of qkv, `H8`; dy's `G8`) at a time.
 //
 // Template: ATTENTION_COMMON (shaders/attention_common.wgsl), TD (dy), TY (the second
-// streamed tile's 8-element load: H8, or G8 for dy), D, SG, BC, the mode flags (FWD, BWD, BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned
-// (OWN_X, OWN_Y), ROW_SYNC, PREFETCH (else each tile is fetched when stashed) and the
-// unrolled code.
+// streamed tile's 8-element load: H8, or G8 for dy), D, SG, BC, the mode flags (FWD, BWD,
+// BWD_KV, BWD_Q), the parts of qkv streamed (PX, PY) and owned (OWN_X, OWN_Y), ROW_SYNC,
+// PREFETCH (else each tile is fetched when stashed), the forward's ANY_MOVED (its flags
+// tested, bitwise) and the unrolled code.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -369,8 +370,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // tile: the row's max (its two lanes merged); P = exp2(s - m) into p_t against the
     // row's reference max m, which moves only where the tile's max passes it by more
     // than RESCALE (P <= 2^RESCALE otherwise, as FlashAttention-4 does); then P V added
-    // to O. Where some row's m moved (rarely after the first tile), the subgroup first
-    // rescales O by exp2(m - m_new) through the staging area. (m and the exponents in
+    // to O. Where some row's m moved (rarely after the first tile), every subgroup first
+    // rescales its O by exp2(m - m_new) through the staging area. (m and the exponents in
     // log2 units; l, the lane's part of the row sum, against m.)
     var m = NEG;
     var l = 0.0;

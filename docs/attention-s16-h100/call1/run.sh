@@ -22,3 +22,7 @@ import json
 for r in json.load(open('$R/torch-kernels.json')):
     print(r['kernel'], r['dtype'], round(r['median_us'],1), end='; ')
 "
+# The device had no zstd, so the SASS came in two steps: the dumped pipeline caches were decompressed here
+# (scripts/sass_from_cache.py's code_of on each cache's zstd frame), and the code sections disassembled on the
+# device with /usr/local/cuda/bin/nvdisasm -b SM90: Forward.sass, KeyValue.sass, Query.sass. (The caches and
+# the rendered WGSL, which the code at eec2716 makes again, are not kept.)

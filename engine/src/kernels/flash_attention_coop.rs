@@ -102,8 +102,9 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 /// and the most registers, fetches each tile when it stashes it (`wgtrain bench --tune
 /// --filter tune.flash`, [8, 12, 1024, 64], 4 x 16 tiles: forward 136.3 us ahead against
 /// 164.2; forward + backward with the other backward kernel picked: dQ ahead 527.9 us
-/// against 561.6, dK dV direct 527.7 against 542.0; docs/benchmarks.md). A tile whose threads would hold more
-/// than four 16-byte loads of each operand ahead fetches when it stashes.
+/// against 561.6, dK dV direct 527.7 against 542.0; docs/benchmarks.md). A tile whose
+/// threads would hold more than four 16-byte loads of each operand ahead fetches when it
+/// stashes.
 ///
 /// The forward tries [`FORWARD_FIRST`] before the list.
 pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
@@ -147,33 +148,26 @@ fn declare(name: &str, n: u32) -> String {
 struct Own {
     name: &'static str,
     tile: &'static str,
-    view: &'static str,
-    at: &'static str,
+    at: String,
     stride: &'static str,
 }
 
-/// Q, K or V (qkv part 0, 1 or 2), or dY.
+/// Q, K or V (qkv part 0, 1 or 2).
 fn own_part(name: &'static str, tile: &'static str, part: u32) -> Own {
-    const AT: [&str; 3] = [
-        "qkv_at(b, row0 + m0, 0u, h)",
-        "qkv_at(b, row0 + m0, 1u, h)",
-        "qkv_at(b, row0 + m0, 2u, h)",
-    ];
     Own {
         name,
         tile,
-        view: "qkv4",
-        at: AT[part as usize],
+        at: format!("qkv4[qkv_at(b, row0 + m0, {part}u, h)"),
         stride: "3u * p.c4",
     }
 }
 
+/// dY.
 fn own_dy(name: &'static str, tile: &'static str) -> Own {
     Own {
         name,
         tile,
-        view: "dy4",
-        at: "y_at(b, row0 + m0, h)",
+        at: "dy4[y_at(b, row0 + m0, h)".into(),
         stride: "p.c4",
     }
 }
@@ -187,38 +181,28 @@ fn own_dy(name: &'static str, tile: &'static str) -> Own {
 ///   flow) and keeps those of the pass holding its rows.
 fn own(ops: &[Own], d: u32, br: u32, bc: u32, whole: bool) -> String {
     let mut s = String::new();
-    let load = |s: &mut String, decl: &str, row: &str| {
+    // One line per operand and fragment k: `{indent}{decl}name_k = coopLoadT(&{from}...)`,
+    // `from(op)` giving the array and the row's vec4 index, then the stride.
+    let load = |s: &mut String, indent: &str, decl: &str, from: &dyn Fn(&Own) -> (String, &str)| {
         for op in ops {
+            let (at, stride) = from(op);
             for k in 0..d / 16 {
                 let _ = writeln!(
                     s,
-                    "    {decl}{}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{}[{row} * LD4 + {}u], LD4);",
+                    "{indent}{decl}{}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{at} + {}u], {stride});",
                     op.name,
-                    op.tile,
                     4 * k
                 );
             }
         }
     };
     if whole {
-        for op in ops {
-            for k in 0..d / 16 {
-                let _ = writeln!(
-                    s,
-                    "    let {}_{k} = coopLoadT<coop_mat16x16<f16, A>>(&{}[{} + {}u], {});",
-                    op.name,
-                    op.view,
-                    op.at,
-                    4 * k,
-                    op.stride
-                );
-            }
-        }
+        load(&mut s, "    ", "let ", &|op| (op.at.clone(), op.stride));
         return s;
     }
     if bc >= br {
         s += "    load_own(lid, b, h, row0);\n    workgroupBarrier();\n";
-        load(&mut s, "let ", "m0");
+        load(&mut s, "    ", "let ", &|op| (format!("{}[m0 * LD4", op.tile), "LD4"));
         return s;
     }
     for op in ops {
@@ -232,9 +216,9 @@ fn own(ops: &[Own], d: u32, br: u32, bc: u32, whole: bool) -> String {
             "    load_own(lid, b, h, row0 + {}u);\n    workgroupBarrier();\n    {{",
             pass * bc
         );
-        let mut fresh = String::new();
-        load(&mut fresh, "let fresh_", "(m0 % BC)");
-        s += &fresh.replace("\n    ", "\n        ").replacen("    ", "        ", 1);
+        load(&mut s, "        ", "let fresh_", &|op| {
+            (format!("{}[(m0 % BC) * LD4", op.tile), "LD4")
+        });
         let _ = writeln!(s, "        if m0 / BC == {pass}u {{");
         for op in ops {
             for k in 0..d / 16 {
