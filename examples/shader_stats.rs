@@ -18,6 +18,7 @@
 use ash::vk;
 use std::ffi::CStr;
 use wgtrain_engine::DType;
+use wgtrain_engine::kernels::attention_plan::{LaneKernel, Mode};
 use wgtrain_engine::kernels::flash_attention::{self, Path};
 use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, candidates, source};
 use wgtrain_engine::kernels::flash_attention_tiled::{self, TiledMode, TiledTile};
@@ -40,17 +41,17 @@ fn kernels(filter: &str) -> Result<Vec<(String, String)>, Failure> {
     }
     // The SIMT attention (f32, and f16 without tensor cores) at GPT-2's head size, with
     // the 64-row tiles it gets in 48 KiB.
-    for (mode, what) in [(0, "forward"), (2, "dK dV"), (3, "dQ")] {
+    for (mode, what) in [(Mode::Forward, "forward"), (Mode::KeyValue, "dK dV"), (Mode::Query, "dQ")] {
         for dt in [DType::F32, DType::F16] {
             // dK dV on the tiled path: two key rows a thread.
-            let paths = if mode == 2 {
+            let paths = if mode == Mode::KeyValue {
                 &[Path::Subgroup, Path::Tiled][..]
             } else {
                 &[Path::Subgroup][..]
             };
             for &path in paths {
                 for unroll in [true, false] {
-                    let wgsl = flash_attention::source(mode, dt, DType::F32, 16, 64, path, unroll)?;
+                    let wgsl = flash_attention::source(&LaneKernel::new(path, 16, mode, 64, unroll), dt, DType::F32)?;
                     out.push((format!("flash_simt {what} {dt:?} d64 {path:?} unroll {unroll}"), wgsl));
                 }
             }

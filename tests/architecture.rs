@@ -16,7 +16,7 @@ const CRATES: [(&str, &str); 5] = [
     ("src", "main.rs"),
     ("web/server/src", "lib.rs"),
     ("web/app/src", "lib.rs"),
-    ("web/protocol/src", "lib.rs"),
+    ("record/src", "lib.rs"),
 ];
 
 fn root() -> PathBuf {

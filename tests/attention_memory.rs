@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use wgtrain_engine::train::{Config, Observer, RunOptions, TrainError, Trainer};
-use wgtrain_protocol::{StepLog, StepMemory};
+use wgtrain_record::{StepLog, StepMemory};
 
 #[derive(Default)]
 struct Largest(Mutex<Vec<(u64, String)>>);

@@ -118,8 +118,8 @@ fn bad_descriptions_are_clear_errors() {
         ("not json", "not JSON"),
         ("[{\"index\": 0}]", "not a `wgtrain devices --json` report"),
         ("[]", "no GPU adapter"),
-        // What docs/devices-h100.json holds: written before reports gave subgroup sizes.
-        (include_str!("../docs/devices-h100.json"), "does not give their size"),
+        // An H100 report written before reports gave subgroup sizes.
+        (include_str!("fixtures/devices-h100-no-subgroups.json"), "does not give their size"),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {
         let file = dir.join(format!("d{i}.json"));

@@ -17,13 +17,13 @@ use wgtrain_engine::{DType, Runtime};
 
 fn paths(rt: &Runtime) -> Vec<Path> {
     let mut v = vec![Path::Plain];
-    if Path::for_adapter(rt) != Path::Plain {
+    if Path::for_adapter(&rt.gpu.caps.facts) != Path::Plain {
         v.push(Path::Subgroup);
     }
-    if Path::for_adapter(rt) == Path::Tiled {
+    if Path::for_adapter(&rt.gpu.caps.facts) == Path::Tiled {
         v.push(Path::Tiled);
     }
-    if Path::for_inputs(rt, DType::F16, 64) == Path::Coop {
+    if Path::for_inputs(&rt.gpu.caps.facts, DType::F16, 64) == Path::Coop {
         v.push(Path::Coop);
     }
     v
@@ -61,7 +61,7 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
         } in attention_cases(&rt, &mut rng, (b, t, nh, d))
         {
             for &path in &on {
-                if path == Path::Coop && Path::for_inputs(&rt, dtype, d) != Path::Coop {
+                if path == Path::Coop && Path::for_inputs(&rt.gpu.caps.facts, dtype, d) != Path::Coop {
                     continue;
                 }
                 let what = format!("[{b},{t},{nh},{d}] {dtype:?} {path:?}");
@@ -100,7 +100,7 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
 #[test]
 fn every_tensor_core_tile_matches_f64() {
     let rt = runtime();
-    if Path::for_inputs(&rt, DType::F16, 64) != Path::Coop {
+    if Path::for_inputs(&rt.gpu.caps.facts, DType::F16, 64) != Path::Coop {
         return;
     }
     let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
@@ -165,7 +165,7 @@ fn many_heads_span_a_second_dispatch_row_and_bad_shapes_are_errors() {
     // 65537 (batch, head) pairs of one row: more workgroups than one dispatch dimension,
     // on the plain path and the register-tiled one (at a head size it takes).
     let mut cases = vec![(Path::Plain, 4)];
-    if Path::for_adapter(&rt) == Path::Tiled {
+    if Path::for_adapter(&rt.gpu.caps.facts) == Path::Tiled {
         cases.push((Path::Tiled, 32));
     }
     for (path, d) in cases {
@@ -254,8 +254,8 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     assert!(wide.loads(128) > 4);
     let rt = runtime();
     let granted = rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32);
-    assert_eq!(Path::for_inputs(&rt, DType::F16, 64) == Path::Coop, granted);
-    assert_ne!(Path::for_inputs(&rt, DType::F32, 64), Path::Coop);
+    assert_eq!(Path::for_inputs(&rt.gpu.caps.facts, DType::F16, 64) == Path::Coop, granted);
+    assert_ne!(Path::for_inputs(&rt.gpu.caps.facts, DType::F32, 64), Path::Coop);
     // Asked where it cannot run (lavapipe, or f32 anywhere): a clear error.
     let mut rng = Rng(44);
     let qkv = upload(&rt, &rng.vec(2 * 4 * 3 * 64, -1.0, 1.0), &[2, 4, 3 * 64], DType::F32);

@@ -1,7 +1,6 @@
-//! The register-tiled dK dV kernel, which runs only when a tile is asked for
-//! (`WGTRAIN_TILED_ATTENTION=kv=...`; the lane kernel is the default): this binary asks
-//! for one for its whole process (other test binaries are separate processes), then
-//! checks the output and all three gradients against f64, causal, odd T, head sizes 32
+//! The register-tiled dK dV kernel, which runs only when a tile is asked for (the
+//! runtime's `KernelOverrides::attention_tiles`, `kv=...`; the lane kernel is the
+//! default): this test asks for one on its runtime, then checks the output and all three gradients against f64, causal, odd T, head sizes 32
 //! to 128, f32 and f16 inputs, and that the backward repeats bitwise.
 
 mod common;
@@ -10,16 +9,17 @@ use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, r
 use wgtrain_engine::DType;
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{Path, backward_on, forward_on};
+use wgtrain_engine::runtime::KernelOverrides;
 
 #[test]
 fn the_tiled_dk_dv_kernel_matches_f64_and_repeats_bitwise() {
     // 16 keys a workgroup against 32 queries a tile, prefetched: it fits lavapipe's
     // 32 KiB at head size 64 (the H100's 48 KiB too).
-    // SAFETY: set before any thread of this process reads it; the tests of this binary
-    // are this one.
-    unsafe { std::env::set_var("WGTRAIN_TILED_ATTENTION", "kv=16x32x2p") };
-    let rt = runtime();
-    if Path::for_adapter(&rt) != Path::Tiled {
+    let mut rt = runtime();
+    rt.set_overrides(KernelOverrides {
+        attention_tiles: "kv=16x32x2p".into(),
+    });
+    if Path::for_adapter(&rt.gpu.caps.facts) != Path::Tiled {
         eprintln!("the adapter does not grant subgroups of 8: no register-tiled path to test");
         return;
     }

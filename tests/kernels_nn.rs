@@ -181,39 +181,7 @@ fn every_tiled_variant_matches() {
 /// beta accumulating onto C).
 #[test]
 fn split_k_products_match() {
-    use wgtrain_engine::kernels::matmul::split_k;
-    assert_eq!(split_k(264, 8192), 1, "two full waves need no split");
-    assert_eq!(split_k(144, 8192), 2);
-    assert_eq!(split_k(36, 8192), 8);
-    assert_eq!(split_k(108, 8192), 4);
-    assert_eq!(split_k(1, 2048), 8, "the most slices that stay 256 long");
-    assert_eq!(split_k(10, 100), 1, "too short to split");
-    // The tensor-core kernel takes the count its cost model finds fastest: GPT-2's
-    // attn_proj.dw (36 tiles) in 3 uneven slices (one wave of 108 workgroups), fc.dw (144)
-    // in 3, qkv.dw (108, one wave already) unsplit, as measured on the H100; a product
-    // of two waves or more unsplit.
-    use wgtrain_engine::kernels::matmul::{split_cost, split_k_coop};
-    assert_eq!(split_k_coop(36, 8192, true, true), 3);
-    assert_eq!(split_k_coop(144, 8192, true, true), 3);
-    assert_eq!(split_k_coop(108, 8192, true, true), 1);
-    assert_eq!(split_k_coop(264, 8192, true, true), 1);
-    assert_eq!(split_k_coop(1152, 768, false, true), 1, "GPT-2's qkv.fwd");
-    assert!(split_cost(36, 3, 22.0, true) < split_cost(36, 8, 8.0, true));
-    assert!(split_cost(108, 1, 64.0, true) < split_cost(108, 4, 16.0, true));
-    // Without uneven slices (K off the unit, or tiles not whole): 2, 4 or 8 equal slices
-    // at least 256 long, each a multiple of 8, where one fits.
-    assert_eq!(split_k_coop(36, 8192, true, false), 8);
-    assert_eq!(split_k_coop(36, 8200, true, false), 1, "8200 = 8 x 1025: no equal slices of 8");
-    assert_eq!(split_k_coop(4, 300, true, false), 1, "no equal slice of 300 is 256 long");
-    // By wave fill (264 slots): 144 tiles fill 2 waves of 264 at 55%, 5 waves at 87% in
-    // 8 slices; 108 tiles fill their last wave at 82% in 2, 4 or 8 slices (the most win).
-    use wgtrain_engine::kernels::matmul::split_k_by_waves;
-    assert_eq!(split_k_by_waves(144, 8192), 8);
-    assert_eq!(split_k_by_waves(108, 8192), 8);
-    assert_eq!(split_k_by_waves(100, 2048), 8);
-    assert_eq!(split_k_by_waves(264, 8192), 1, "a full wave is not split");
-    assert_eq!(split_k_by_waves(144, 768), 2, "4 slices would be shorter than 256");
-    assert_eq!(split_k(10, 1000), 1, "slices would not be multiples of 8");
+    // The split rules themselves: tests/kernel_plans.rs.
     let rt = runtime();
     let mut rng = Rng(22);
     let (m, k, n) = (33, 2048, 65);
@@ -556,30 +524,6 @@ fn the_cooperative_path_is_chosen_only_where_granted() {
             .iter()
             .any(|c| (c.m, c.n, c.k) == (16, 16, 16) && c.ab == "f16" && c.cr == "f32")
     );
-}
-
-/// Between the 128 x 128 tensor-core tiles: the one with two K tiles in flight, unless A
-/// is a transposed view (dW products) and the K loop (per split-K slice) is long; then
-/// the one whose workgroups fill their waves better (one per SM against two), weighed by
-/// their speeds.
-#[test]
-fn the_128_tile_follows_the_waves() {
-    use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, by_waves};
-    // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
-    assert_eq!(by_waves(384, 3072, false), TILE_128_AHEAD);
-    // 4096^3 (1024 tiles) fills both alike; A's rows are contiguous.
-    assert_eq!(by_waves(1024, 4096, false), TILE_128_AHEAD);
-    assert_eq!(by_waves(1024, 4096, true), TILE_128_SLIM);
-    // Short K loops take the two tiles in flight whatever the waves.
-    assert_eq!(by_waves(1024, 768, true), TILE_128_AHEAD);
-    assert_eq!(by_waves(288, 1024, true), TILE_128_AHEAD);
-    // Split-K dW launches: qkv.dw's 108 tiles x 4 slices of 2048 fill both alike; fc.dw's
-    // 144 x 4 fill 87% of 5 waves of 132 but 73% of 3 of 264.
-    assert_eq!(by_waves(432, 2048, true), TILE_128_SLIM);
-    assert_eq!(by_waves(576, 2048, true), TILE_128_AHEAD);
-    assert_eq!(by_waves(432, 2048, false), TILE_128_AHEAD);
-    assert_eq!(TILE_128_AHEAD.ahead, 2);
-    assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! paged allocator every tensor lives in) -> `device` (adapters, features, typed errors).
 //! Beside them: `error` (the engine's error), `data` (host datasets and the loader),
 //! `optim` and `scaler` (optimizer and loss scaler over parameters), `files`, `bench`.
-//! The types the dashboard reads come from `wgtrain_protocol`. `tests/architecture.rs`
+//! The types the dashboard reads come from `wgtrain_record`. `tests/architecture.rs`
 //! checks that no two modules, and no two files of a folder, import each other.
 
 pub mod autograd;

@@ -16,6 +16,7 @@ use clap::Args;
 use super::{CliResult, write_atomically};
 use wgtrain_engine::bench::{self, BenchRecord};
 use wgtrain_engine::memory::AllocatorOptions;
+use wgtrain_engine::runtime::KernelOverrides;
 use wgtrain_engine::{Gpu, Runtime};
 
 /// Arguments of `wgtrain bench`.
@@ -56,6 +57,18 @@ pub struct BenchArgs {
     /// cannot take fails its row with the reason.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     splits: Option<u32>,
+    /// The register-tiled f32 attention's variants, forced for every attention row:
+    /// `fwd=`, `q=`, `kv=` tiles (rows owned x rows streamed x own rows a thread, `p` for
+    /// prefetch, or `off`; `kv=lane`: one key row a thread), `unroll`, `u1`, `u2`, `u4`
+    /// (its loops), or `off` (the lane kernels throughout); e.g. `fwd=64x64x4p,kv=lane`.
+    #[arg(long, value_name = "SPEC", value_parser = parse_attention_tiles)]
+    attention_tiles: Option<String>,
+}
+
+/// A register-tiled attention spec, checked before anything runs.
+fn parse_attention_tiles(text: &str) -> Result<String, String> {
+    wgtrain_engine::kernels::flash_attention_tiled::check_spec(text).map_err(|e| e.to_string())?;
+    Ok(text.to_string())
 }
 
 /// `MxKxN` as three positive sizes.
@@ -92,7 +105,7 @@ pub fn run(args: BenchArgs) -> CliResult {
     let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
     let mut records: Vec<BenchRecord> = Vec::new();
     {
-        let rt = Runtime::new(
+        let mut rt = Runtime::new(
             gpu.clone(),
             AllocatorOptions {
                 debug: Some(false),
@@ -100,6 +113,9 @@ pub fn run(args: BenchArgs) -> CliResult {
                 ..Default::default()
             },
         )?;
+        rt.set_overrides(KernelOverrides {
+            attention_tiles: args.attention_tiles.clone().unwrap_or_default(),
+        });
         if !args.quick {
             let s = bench::measure::settle(&rt)?;
             eprintln!(

@@ -19,8 +19,8 @@ fn main() {
         "Cargo.lock",
         "index.html",
         "style.css",
-        "../protocol/src",
-        "../protocol/Cargo.toml",
+        "../../record/src",
+        "../../record/Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={}", app.join(f).display());
     }

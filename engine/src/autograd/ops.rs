@@ -1,9 +1,11 @@
 //! Differentiable ops: each runs its forward kernels, and records a backward that owns
 //! only what it needs. Forward and backward of an op sit side by side, as in llm.c.
 //!
-//! May call: `autograd::tape`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
+//! May call: `autograd::tape`, `device` (adapter facts), `error`, `kernels`, `memory`,
+//! `runtime`, `tensor`.
 
 use super::tape::{Tape, Var};
+use crate::device::AdapterFacts;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
@@ -358,7 +360,7 @@ pub fn lm_head_cross_entropy(
     let mut chunk = row_chunk.max(1).min(n.max(1)).min(fits);
     let mixed = tape.half_matmuls();
     if grad {
-        chunk = chunk_rows(chunk, n, ld, v, if mixed { None } else { Some(c) });
+        chunk = chunk_rows(&rt.gpu.caps.facts, chunk, n, ld, v, if mixed { None } else { Some(c) });
     }
     let logits = Tensor::empty(rt, &[chunk, ld], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
     // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
@@ -445,11 +447,11 @@ pub fn lm_head_cross_entropy(
 /// partials need room there too (under fp16-mixed they go into the dead f32 logits).
 /// The chunk shrinks until that holds, and the `n` rows are then spread evenly over the
 /// chunks it takes.
-fn chunk_rows(chunk: usize, n: usize, ld: usize, v: usize, f32_dh: Option<usize>) -> usize {
+fn chunk_rows(facts: &AdapterFacts, chunk: usize, n: usize, ld: usize, v: usize, f32_dh: Option<usize>) -> usize {
     let per = if f32_dh.is_some() { 4 } else { 6 };
     let budget = (chunk * v * per) as u64;
     let fits = |rows: usize| {
-        let partials = f32_dh.map_or(0, |c| crate::kernels::matmul::tiled_split_bytes(rows, c, v));
+        let partials = f32_dh.map_or(0, |c| crate::kernels::matmul_plan::tiled_split_bytes(facts, rows, c, v));
         (rows * ld * per) as u64 + partials <= budget
     };
     let mut rows = chunk;
@@ -532,7 +534,20 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
 #[cfg(test)]
 mod tests {
     use super::chunk_rows;
-    use crate::kernels::matmul::tiled_split_bytes;
+    use crate::device::AdapterFacts;
+    use crate::kernels::matmul_plan::tiled_split_bytes;
+
+    /// An adapter with the H100's 132 multiprocessors.
+    const H100: AdapterFacts = AdapterFacts {
+        multiprocessors: Some(132),
+        workgroup_bytes: 49152,
+        subgroup: true,
+        subgroup_size: (32, 32),
+        subgroup_barrier: true,
+        shader_f16: true,
+        coop_f16: true,
+        cpu: false,
+    };
 
     #[test]
     fn the_head_chunk_and_its_partials_stay_within_the_unpadded_chunk() {
@@ -540,8 +555,8 @@ mod tests {
         let (n, ld, v, c) = (8192, 50264, 50257, 768);
         for f32_dh in [Some(c), None] {
             let per = if f32_dh.is_some() { 4 } else { 6 };
-            let rows = chunk_rows(2048, n, ld, v, f32_dh);
-            let partials = f32_dh.map_or(0, |c| tiled_split_bytes(rows, c, v));
+            let rows = chunk_rows(&H100, 2048, n, ld, v, f32_dh);
+            let partials = f32_dh.map_or(0, |c| tiled_split_bytes(&H100, rows, c, v));
             assert!((rows * ld * per) as u64 + partials <= (2048 * v * per) as u64, "{rows}");
             // The f32 dh product does split at these rows: its partials were counted.
             if f32_dh.is_some() {
@@ -553,9 +568,9 @@ mod tests {
             assert!(rows * 5 - n < 5 * 8, "{rows}");
         }
         // A vocabulary already aligned and a product too wide to split: nothing to give up.
-        assert_eq!(chunk_rows(2048, 8192, 1024, 1024, None), 2048);
+        assert_eq!(chunk_rows(&H100, 2048, 8192, 1024, 1024, None), 2048);
         // Fewer rows than a chunk, and none.
-        assert!(chunk_rows(100, 100, 72, 65, Some(64)) <= 100);
-        assert_eq!(chunk_rows(1, 0, 72, 65, Some(64)), 1);
+        assert!(chunk_rows(&H100, 100, 100, 72, 65, Some(64)) <= 100);
+        assert_eq!(chunk_rows(&H100, 1, 0, 72, 65, Some(64)), 1);
     }
 }

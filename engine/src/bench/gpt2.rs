@@ -189,7 +189,7 @@ pub(super) fn attention_row(
     let timing = time(rt, || {
         last = Some(match which {
             Attention::Fused(tile, tiles) => {
-                let path = flash_attention::Path::for_inputs(rt, dtype, d);
+                let path = flash_attention::Path::for_inputs(&rt.gpu.caps.facts, dtype, d);
                 let saved = flash_attention::forward_tiled(rt, &qkv, nh, path, tile, "bench.attn")?;
                 let dqkv = if backward {
                     Some(flash_attention::backward_tiled(

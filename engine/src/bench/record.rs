@@ -1,9 +1,9 @@
 //! One benchmark row (the dashboard protocol's `BenchRecord`) and the median the
 //! benchmarks report.
 //!
-//! May call: `wgtrain_protocol`. Called by: the benchmarks, the CLI.
+//! May call: `wgtrain_record`. Called by: the benchmarks, the CLI.
 
-pub use wgtrain_protocol::BenchRecord;
+pub use wgtrain_record::BenchRecord;
 
 /// The median of `samples` (sorted in place); 0 for none.
 pub fn median(samples: &mut [f64]) -> f64 {

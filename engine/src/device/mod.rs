@@ -8,6 +8,7 @@
 //! May call: wgpu, `report`, `staging`, `pinned`. Called by: the allocator, kernels, the CLI.
 
 pub mod described;
+mod facts;
 pub mod host_vec;
 #[cfg(not(target_arch = "wasm32"))]
 mod pinned;
@@ -17,6 +18,7 @@ pub mod transfer;
 
 use std::sync::{Arc, Mutex};
 
+pub use facts::{ASSUMED_MULTIPROCESSORS, AdapterFacts};
 pub use report::{AdapterReport, CoopMatrixConfig, LimitsReport};
 
 /// Errors of the device layer.
@@ -116,6 +118,8 @@ pub struct Capabilities {
     pub limits: wgpu::Limits,
     /// Device-local memory, where the backend tells it.
     pub memory_bytes: Option<u64>,
+    /// What kernel plans choose by (from the fields above and the report).
+    pub facts: AdapterFacts,
 }
 
 impl Capabilities {
@@ -123,6 +127,23 @@ impl Capabilities {
     /// describes can do.
     pub fn granted(report: &AdapterReport, granted: wgpu::Features, limits: wgpu::Limits) -> Capabilities {
         let subgroup_size = report.subgroup_size.unwrap_or([0, 0]);
+        let cooperative_matrix = if granted.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            report.cooperative_matrix.clone()
+        } else {
+            Vec::new()
+        };
+        let facts = AdapterFacts {
+            multiprocessors: report.multiprocessors,
+            workgroup_bytes: u64::from(limits.max_compute_workgroup_storage_size),
+            subgroup: granted.contains(wgpu::Features::SUBGROUP),
+            subgroup_size: (subgroup_size[0], subgroup_size[1]),
+            subgroup_barrier: granted.contains(wgpu::Features::SUBGROUP_BARRIER),
+            shader_f16: granted.contains(wgpu::Features::SHADER_F16),
+            coop_f16: cooperative_matrix
+                .iter()
+                .any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32"),
+            cpu: report.device_type == "cpu",
+        };
         Capabilities {
             shader_f16: granted.contains(wgpu::Features::SHADER_F16),
             subgroup: granted.contains(wgpu::Features::SUBGROUP),
@@ -130,21 +151,16 @@ impl Capabilities {
             subgroup_size: (subgroup_size[0], subgroup_size[1]),
             timestamps: granted.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamps_inside_passes: granted.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
-            cooperative_matrix: if granted.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                report.cooperative_matrix.clone()
-            } else {
-                Vec::new()
-            },
+            cooperative_matrix,
             memory_bytes: report.memory_bytes,
             limits,
+            facts,
         }
     }
 
     /// Whether a 16x16x16 f16 x f16 -> f32 cooperative matrix configuration is granted.
     pub fn coop_f16_16x16x16(&self) -> bool {
-        self.cooperative_matrix
-            .iter()
-            .any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32")
+        self.facts.coop_f16
     }
 }
 

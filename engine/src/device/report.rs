@@ -2,9 +2,9 @@
 //! to choose their variant. The report types are the dashboard protocol's; this file
 //! fills them from wgpu.
 //!
-//! May call: wgpu, `wgtrain_protocol`.
+//! May call: wgpu, `wgtrain_record`.
 
-pub use wgtrain_protocol::{AdapterReport, CoopMatrixConfig, LimitsReport};
+pub use wgtrain_record::{AdapterReport, CoopMatrixConfig, LimitsReport};
 
 /// The features the engine uses, by the names `wgtrain devices` prints.
 pub const ENGINE_FEATURES: [(&str, wgpu::Features); 6] = [
@@ -98,7 +98,47 @@ pub fn adapter_report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
         cooperative_matrix,
         memory_bytes: device_local_bytes(adapter),
         subgroup_size: Some([info.subgroup_min_size, info.subgroup_max_size]),
+        multiprocessors: multiprocessors(adapter, info.device_type),
     }
+}
+
+/// The adapter's multiprocessors: a CPU adapter's threads (lavapipe runs a workgroup per
+/// thread), else what the Vulkan driver tells through VK_NV_shader_sm_builtins (SMs) or
+/// VK_AMD_shader_core_properties2 (active compute units); None elsewhere.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn multiprocessors(adapter: &wgpu::Adapter, device_type: wgpu::DeviceType) -> Option<u32> {
+    use ash::vk;
+    if device_type == wgpu::DeviceType::Cpu {
+        return std::thread::available_parallelism().ok().map(|n| n.get() as u32);
+    }
+    // SAFETY: as in `device_local_bytes`: read only, the guard dropped before returning.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    let device = hal.raw_physical_device();
+    // SAFETY: the physical device belongs to this instance, which outlives the calls.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(device) }.ok()?;
+    let has = |name: &std::ffi::CStr| extensions.iter().any(|e| e.extension_name_as_c_str() == Ok(name));
+    if has(ash::nv::shader_sm_builtins::NAME) {
+        let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
+        // SAFETY: the extension is supported, so the chained struct is filled in.
+        unsafe { instance.get_physical_device_properties2(device, &mut props) };
+        return (sm.shader_sm_count > 0).then_some(sm.shader_sm_count);
+    }
+    if has(ash::amd::shader_core_properties2::NAME) {
+        let mut core = vk::PhysicalDeviceShaderCoreProperties2AMD::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut core);
+        // SAFETY: as above.
+        unsafe { instance.get_physical_device_properties2(device, &mut props) };
+        return (core.active_compute_unit_count > 0).then_some(core.active_compute_unit_count);
+    }
+    None
+}
+
+/// Browsers do not tell.
+#[cfg(target_arch = "wasm32")]
+pub fn multiprocessors(_adapter: &wgpu::Adapter, _device_type: wgpu::DeviceType) -> Option<u32> {
+    None
 }
 
 /// Sum of the device-local memory heaps, read from Vulkan (other backends do not say).

@@ -6,14 +6,13 @@
 //! multiples of 32 up to 128. `kernels::flash_attention` picks it (`Path::Tiled`) where
 //! subgroups of at least 8 lanes are granted, for the forward and dQ (dK dV only when a
 //! tile is asked for: see [`pick`]), and falls back to its lane kernels where no tile
-//! fits. `WGTRAIN_TILED_ATTENTION` tunes it: `fwd=`, `q=`, `kv=` tiles
+//! fits. A tuning spec (the runtime's `KernelOverrides::attention_tiles`, `wgtrain
+//! bench --attention-tiles`) forces its variants: `fwd=`, `q=`, `kv=` tiles
 //! (`BRxBCxTM`, `p` for prefetch, or `off`; `kv=lane` the lane dK dV with one key row
 //! a thread), `unroll` / `u1` / `u2` / `u4` (the loops), or `off` (the lane kernels
 //! throughout).
 //!
 //! May call: `error`, `kernels::common`, `runtime`, `tensor`.
-
-use std::sync::OnceLock;
 
 use super::common::{ATTENTION_COMMON, enables};
 use crate::error::Error;
@@ -127,13 +126,11 @@ impl TiledTile {
 }
 
 /// The first candidate tile of `mode` that the kernel takes at head size 4 `d4` and that
-/// fits `limit` bytes of workgroup memory; `WGTRAIN_TILED_ATTENTION` (e.g.
+/// fits `limit` bytes of workgroup memory; a tuning `spec` (e.g.
 /// `fwd=64x64x4,q=32x32x4p,kv=32x32x4`, rows owned x rows streamed x own rows a thread,
-/// `p` for prefetch)
-/// puts a tile of its own first, for tuning; `WGTRAIN_TILED_ATTENTION=off` takes none
-/// (the lane kernels run instead).
-pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
-    let spec = spec();
+/// `p` for prefetch) puts a tile of its own first; `off` takes none (the lane kernels
+/// run instead).
+pub fn pick(spec: &str, mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
     if spec.trim() == "off" {
         return None;
     }
@@ -150,13 +147,12 @@ pub fn pick(mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTile> {
 
 /// How the loops over the head dimension and over a tile's rows are written: 0 written
 /// out, else kept as loops taking this many chunks a turn. On GPUs loops of 2 chunks,
-/// unless `WGTRAIN_TILED_ATTENTION` holds `unroll` (written out) or `u1` / `u4`; on CPU
+/// unless the tuning spec holds `unroll` (written out) or `u1` / `u4`; on CPU
 /// adapters (lavapipe) loops of one. On the H100 (f32, head size 64, prefetch) the
 /// forward (64 x 64, 4 rows a thread) took 585 us with 2 chunks a turn, 594 with 4, 612
 /// with 1 and 801 written out (201, 196, 210 and 254 registers); dQ (64 x 32) 838, 831,
 /// 872 and 1151.
-pub fn chunks(cpu: bool) -> u32 {
-    let spec = spec();
+pub fn chunks(spec: &str, cpu: bool) -> u32 {
     let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
     match () {
         _ if cpu => 1,
@@ -187,19 +183,34 @@ fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
     }
 }
 
-/// Whether `WGTRAIN_TILED_ATTENTION` holds `kv=lane`: dK dV on the lane kernel that
-/// gives each thread one key row (`kernels::flash_attention::Path::rows`), for
-/// comparison with the default of two.
-pub fn one_key_row() -> bool {
-    let spec = spec();
+/// Whether the tuning spec holds `kv=lane`: dK dV on the lane kernel that gives each
+/// thread one key row (`kernels::attention_plan::lane_rows`), for comparison with the
+/// default of two.
+pub fn one_key_row(spec: &str) -> bool {
     spec_value(spec, TiledMode::KeyValue) == Some("lane")
 }
 
-/// `WGTRAIN_TILED_ATTENTION`, read once per process: kernels are chosen at every launch,
-/// which should neither allocate nor read the environment.
-fn spec() -> &'static str {
-    static SPEC: OnceLock<String> = OnceLock::new();
-    SPEC.get_or_init(|| std::env::var("WGTRAIN_TILED_ATTENTION").unwrap_or_default())
+/// Checks a tuning spec: comma-separated `off`, `unroll`, `u1`, `u2`, `u4`,
+/// `fwd=`/`q=`/`kv=` with a tile `BRxBCxTM[p]` or `off` (`kv=` also `lane`).
+pub fn check_spec(spec: &str) -> Result<(), Error> {
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ok = match part.split_once('=') {
+            None => ["off", "unroll", "u1", "u2", "u4"].contains(&part),
+            Some((kernel, value)) => {
+                ["fwd", "q", "kv"].contains(&kernel)
+                    && (value == "off" || (kernel == "kv" && value == "lane") || parse_tile(value).is_some())
+            }
+        };
+        if !ok {
+            return Err(Error::invalid(
+                "attention tiles",
+                format!(
+                    "'{part}' (expected off, unroll, u1, u2, u4, or fwd=/q=/kv= with BRxBCxTM[p] or off; kv=lane)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn spec_value(spec: &str, mode: TiledMode) -> Option<&str> {

@@ -7,9 +7,9 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, CoopTile, FULL_WAVE, Load, MatmulOptions, Params, SLICED, wave_fill};
+use super::matmul_params::{Activation, COMMON, CoopTile, Load, MatmulOptions, Params, wave_fill};
 use crate::error::Error;
-use crate::runtime::{KernelKey, Runtime, render, repeat_marked};
+use crate::runtime::{Runtime, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
@@ -31,24 +31,24 @@ pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
 pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
 /// 128 x 128 of C per workgroup from 4 subgroups of 64 x 64, K by 32, one buffer: at
 /// 128 threads two workgroups fit an SM. The fastest 128 x 128 tile at dW products (A a
-/// transposed view) with long K slices on the H100 (docs/benchmarks.md); [`by_waves`]
+/// transposed view) with long K slices on the H100 (CHANGELOG.md); [`by_waves`]
 /// weighs it against [`TILE_128_AHEAD`].
 pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
 /// [`TILE_128_K64`] with two K tiles in flight in registers (238 registers, still one
 /// workgroup per SM): faster at every GPT-2 product but the dW products with long K
 /// slices, and at 4096^3 (`wgtrain bench --tune` on the H100: 613.4 against
-/// [`TILE_128_SLIM`]'s 639.3 us; docs/benchmarks.md). [`by_waves`]'s one-workgroup-per-SM
+/// [`TILE_128_SLIM`]'s 639.3 us; CHANGELOG.md). [`by_waves`]'s one-workgroup-per-SM
 /// tile.
 pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
 /// 128 x 128 of C from 16 subgroups of 32 x 32, K by 32, two K tiles in flight (512
 /// threads at 108 registers: one workgroup per SM). With bounds checks on every load it
 /// was the fastest at GPT-2's dW products split along K; with whole tiles loaded
 /// unchecked [`TILE_128_AHEAD`] is faster at all four (fc.dw 262.8 against 296.7 us;
-/// docs/benchmarks.md), so only the sweep runs it.
+/// CHANGELOG.md), so only the sweep runs it.
 pub const TILE_128_SPLIT: CoopTile = CoopTile::new(4, 4, 2, 2, 32, 1).two_ahead();
 /// [`TILE_128_SLIM`]'s speed over [`TILE_128_AHEAD`]'s where both fill their waves and
 /// A is a transposed view (a dW product): GPT-2's qkv.dw on the H100, 4 slices of 2048,
-/// 184.0 against 199.2 us (docs/benchmarks.md). Where A's rows are contiguous the two-ahead
+/// 184.0 against 199.2 us (CHANGELOG.md). Where A's rows are contiguous the two-ahead
 /// tile is faster even there (4096^3: 613.4 against 639.3 us), so the 128-thread tile is
 /// weighed only for a transposed A.
 const SLIM_SPEEDUP: f64 = 1.08;
@@ -56,7 +56,7 @@ const SLIM_SPEEDUP: f64 = 1.08;
 /// [`TILE_128_SLIM`]: below it the two tiles in flight win (GPT-2's attn_proj.dw, 8 slices
 /// of 1024, on the H100: 104.7 us against 96.2).
 const SLIM_MIN_K: u32 = 2048;
-/// The tiles the tuning sweep measures (docs/benchmarks.md has their rows on the H100).
+/// The tiles the tuning sweep measures (CHANGELOG.md has their rows on the H100).
 pub const CANDIDATES: [CoopTile; 24] = [
     TILE_128_K64,
     TILE_128,
@@ -82,7 +82,7 @@ pub const CANDIDATES: [CoopTile; 24] = [
     TILE_128_SPLIT,
     // 96 x 96: a 768 x 768 output (GPT-2's attn_proj.dw, 36 tiles of 128 x 128) in 64
     // tiles, so that two K slices fill one wave of 132 workgroups. Slower than the 128
-    // x 128 tiles on the H100, save that one product (docs/benchmarks.md): not picked.
+    // x 128 tiles on the H100, save that one product (CHANGELOG.md): not picked.
     CoopTile::new(3, 2, 2, 3, 64, 1),
     CoopTile::new(3, 2, 2, 3, 64, 1).two_ahead(),
     CoopTile::new(2, 2, 3, 3, 64, 1),
@@ -247,12 +247,12 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
 }
 
 /// The tile for an `m` x `n` output of `batches` batches: 128 x 128 by 64 when that
-/// fills the device once ([`FULL_WAVE`] workgroups) or for a single product (split-K
+/// fills the device once (`wave` workgroups: one per multiprocessor) or for a single product (split-K
 /// fills the device); 64 x 64 for batches of small products. (The caller then chooses
 /// between the 128 x 128 tiles by [`by_waves`], once it knows the split.)
-pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
+pub fn pick(m: u32, n: u32, batches: u32, wave: u64) -> CoopTile {
     let tiles = u64::from(m.div_ceil(128)) * u64::from(n.div_ceil(128)) * u64::from(batches);
-    if tiles >= FULL_WAVE || batches == 1 {
+    if tiles >= wave || batches == 1 {
         TILE_128_K64
     } else {
         TILE_64
@@ -261,15 +261,15 @@ pub fn pick(m: u32, n: u32, batches: u32) -> CoopTile {
 
 /// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices)
 /// with a K loop of `k` (per slice), A a transposed view where `a_col`:
-/// [`TILE_128_SLIM`] runs two workgroups per SM, [`TILE_128_AHEAD`] one ([`FULL_WAVE`]
-/// at once). The second, unless A is transposed and the loop is at least [`SLIM_MIN_K`]
+/// [`TILE_128_SLIM`] runs two workgroups per SM, [`TILE_128_AHEAD`] one (`wave` of
+/// them at once). The second, unless A is transposed and the loop is at least [`SLIM_MIN_K`]
 /// long: then each one's share of busy SMs over its waves, weighed by its speed at full
 /// waves. E.g. GPT-2's qkv.dw (108 tiles x 4 slices of 2048) fills both alike and takes
 /// the first; fc.dw (144 x 4) fills 87% of waves of one per SM and 73% of two per SM, and
 /// takes the second.
-pub fn by_waves(workgroups: u64, k: u32, a_col: bool) -> CoopTile {
-    let slim = wave_fill(workgroups, 2 * FULL_WAVE) * SLIM_SPEEDUP;
-    if a_col && k >= SLIM_MIN_K && slim > wave_fill(workgroups, FULL_WAVE) {
+pub fn by_waves(workgroups: u64, k: u32, a_col: bool, wave: u64) -> CoopTile {
+    let slim = wave_fill(workgroups, 2 * wave) * SLIM_SPEEDUP;
+    if a_col && k >= SLIM_MIN_K && slim > wave_fill(workgroups, wave) {
         TILE_128_SLIM
     } else {
         TILE_128_AHEAD
@@ -288,77 +288,8 @@ pub fn wide(params: &Params) -> bool {
     [params.c_off, params.c_rs, params.c_bs0, params.c_bs1].iter().all(|v| v % 4 == 0)
 }
 
-pub(super) fn launch(
-    rt: &Runtime,
-    params: &Params,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
-    opts: &MatmulOptions,
-    batches: u32,
-) -> Result<(), Error> {
-    let [la, lb] = Load::of_operands(params, &[8, 4]);
-    let tile = opts.coop_tile.unwrap_or_else(|| pick(params.m, params.n, batches));
-    let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
-    if !(tile.ahead == 1 || tile.ahead == 2 && tile.nbuf == 1) {
-        return Err(Error::invalid(
-            "matmul tile",
-            format!("{}: two K tiles in flight take one buffer", tile.name()),
-        ));
-    }
-    if workgroup_bytes(tile) > limit || tile.threads() > 1024 {
-        return Err(Error::invalid(
-            "matmul tile",
-            format!(
-                "{} needs {} bytes of workgroup memory (the adapter has {limit})",
-                tile.name(),
-                workgroup_bytes(tile)
-            ),
-        ));
-    }
-    let whole = whole(params, tile);
-    let plain = plain(opts);
-    if params.flags & SLICED != 0 && !whole {
-        return Err(Error::invalid(
-            "matmul K slices",
-            format!("uneven K slices take whole tiles of {}", tile.name()),
-        ));
-    }
-    let kernel = rt.kernel(
-        KernelKey::new(
-            "matmul_coop",
-            &[
-                c.dtype() as u32,
-                opts.activation as u32,
-                la.code(),
-                lb.code(),
-                tile.packed(),
-                u32::from(whole) | u32::from(plain) << 1,
-            ],
-        ),
-        5,
-        || {
-            render(
-                "matmul_coop",
-                SOURCE,
-                &variant(c.dtype(), opts.activation, (la, lb), tile, whole, plain)?,
-            )
-        },
-    )?;
-    let mut params = *params;
-    let sliced = params.flags & SLICED;
-    params.flags = sliced | u32::from(wide(&params));
-    let bias = opts.bias.unwrap_or(c);
-    // A sliced launch's batches share the one product's K.
-    let products = if sliced != 0 { 1 } else { batches };
-    let flops = 2.0 * f64::from(params.m) * f64::from(params.n) * f64::from(params.k) * f64::from(products);
-    // C is bound twice: one element an entry (ragged tiles) and four (whole tiles).
-    rt.launch_with_work(
-        &kernel,
-        bytemuck::bytes_of(&params),
-        &[a, b, c, bias, c],
-        [params.n.div_ceil(tile.bn()), params.m.div_ceil(tile.bm()), batches],
-        Some(flops),
-        2,
-    )
+/// The WGSL of the variant with C of type `tc`, epilogue `act`, operand loads `loads`,
+/// `tile`, whole tiles (`whole`: no bounds checks) and the PLAIN epilogue (`plain`).
+pub fn source(tc: DType, act: Activation, loads: (Load, Load), tile: CoopTile, whole: bool, plain: bool) -> Result<String, Error> {
+    render("matmul_coop", SOURCE, &variant(tc, act, loads, tile, whole, plain)?)
 }

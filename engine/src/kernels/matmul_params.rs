@@ -89,7 +89,7 @@ impl SimtTile {
 
     /// What the tiled kernel runs unless told otherwise: the fastest of
     /// [`SimtTile::candidates`] on the H100 at 4096^3 and at GPT-2's products
-    /// (docs/benchmarks.md, "The f32 matmul's variants").
+    /// (CHANGELOG.md).
     pub const DEFAULT: SimtTile = SimtTile {
         square: true,
         nbuf: 1,
@@ -137,10 +137,6 @@ pub const SLICED: u32 = 2;
 /// The K granule of uneven slices (shaders/matmul_coop.wgsl's `SLICE_UNIT`): two K tiles
 /// of 64, so every slice has an even count of them (the two-a-turn loop's whole tiles).
 pub const SLICE_UNIT: usize = 128;
-
-/// Workgroups that fill a large GPU once (an H100 has 132 SMs): below it a product's
-/// tiles leave SMs idle (split-K, smaller tiles).
-pub const FULL_WAVE: u64 = 132;
 
 /// The share of busy slots over the waves `workgroups` take when `slots` run at once.
 pub fn wave_fill(workgroups: u64, slots: u64) -> f64 {
@@ -275,7 +271,7 @@ impl Default for MatmulOptions<'_> {
 /// Launch parameters of both matmul kernels (`Params` in shaders/matmul_common.wgsl):
 /// sizes, element offsets and strides of A, B and C, the bias, alpha and beta.
 #[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable, Default)]
 pub struct Params {
     pub m: u32,
     pub n: u32,

@@ -11,6 +11,7 @@
 //! nn, optim, scaler, train, bench.
 
 pub mod attention;
+pub mod attention_plan;
 pub mod common;
 pub mod cross_entropy;
 pub mod embedding;
@@ -22,6 +23,7 @@ pub mod map;
 pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_params;
+pub mod matmul_plan;
 pub mod names;
 pub mod optim;
 pub mod reduce;

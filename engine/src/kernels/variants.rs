@@ -6,6 +6,7 @@
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
 //! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
+use super::attention_plan::{LaneKernel, Mode, Path};
 use super::flash_attention_coop::{self, CoopMode, CoopTile};
 use super::flash_attention_tiled::{self, TiledMode, TiledTile};
 use super::map::MapOp;
@@ -73,21 +74,21 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             )?;
         }
     }
-    for mode in 0..5 {
+    for mode in Mode::ALL {
         for tq in floats {
             for td in floats {
                 for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
                     // Path::Tiled differs from Subgroup only in dK dV (two key rows a thread).
-                    let tiled = (mode == 2).then_some(super::flash_attention::Path::Tiled);
-                    for path in [super::flash_attention::Path::Plain, super::flash_attention::Path::Subgroup]
+                    let tiled = (mode == Mode::KeyValue).then_some(Path::Tiled);
+                    for path in [Path::Plain, Path::Subgroup]
                         .into_iter()
                         .chain(tiled)
                     {
                         for unroll in [false, true] {
                             out.push(Variant {
                                 name: "flash_attention",
-                                values: format!("mode {mode} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?} unroll {unroll}"),
-                                wgsl: super::flash_attention::source(mode, tq, td, d4, bc, path, unroll)?,
+                                values: format!("mode {} {tq:?} dy {td:?} d4 {d4} tile {bc} {path:?} unroll {unroll}", mode as u32),
+                                wgsl: super::flash_attention::source(&LaneKernel::new(path, d4, mode, bc, unroll), tq, td)?,
                             });
                         }
                     }

@@ -15,12 +15,12 @@
 //! writes and reads zeros. The runtime records no launches then (`runtime::record`).
 //!
 //! May call: `device`, `memory::oom`, `memory::pool`, `memory::snapshot`,
-//! `memory::stats`, `wgtrain_protocol`.
+//! `memory::stats`, `wgtrain_record`.
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use wgtrain_protocol::{AllocId, Category, PageId, format_bytes};
+use wgtrain_record::{AllocId, Category, PageId, format_bytes};
 
 use super::oom::{AllocError, BackendOom};
 use super::pool::{PageBackend, Placement, Pool, PoolConfig};
@@ -528,7 +528,7 @@ impl Allocator {
     }
 
     /// Pages and their blocks now (no events, no counters).
-    pub fn snapshot_pages(&self) -> Vec<wgtrain_protocol::PageView> {
+    pub fn snapshot_pages(&self) -> Vec<wgtrain_record::PageView> {
         self.shared.pool().pages_view()
     }
 
@@ -538,7 +538,7 @@ impl Allocator {
     }
 
     /// Takes the event trace (oldest first) and the count dropped since the last take.
-    pub fn take_events(&self) -> (Vec<wgtrain_protocol::Event>, u64) {
+    pub fn take_events(&self) -> (Vec<wgtrain_record::Event>, u64) {
         self.shared.pool().take_events()
     }
 

@@ -44,9 +44,9 @@
 //! out-of-memory error and report, `stats` the counters, `snapshot` the page map and
 //! event trace, `allocator` the wgpu side: pages as buffers, the OOM error scope, RAII
 //! blocks and guard bytes. Categories, page and event views and byte formatting are
-//! the dashboard protocol's (`wgtrain_protocol`), re-exported here.
+//! the dashboard protocol's (`wgtrain_record`), re-exported here.
 //!
-//! May call: `device`, `wgtrain_protocol`. Called by: `runtime`, `tensor` and above.
+//! May call: `device`, `wgtrain_record`. Called by: `runtime`, `tensor` and above.
 
 pub mod allocator;
 pub mod oom;
@@ -60,4 +60,4 @@ pub use oom::{AllocError, OomReport};
 pub use pool::PoolConfig;
 pub use snapshot::MemorySnapshot;
 pub use stats::{MemoryStats, Stat};
-pub use wgtrain_protocol::{AllocId, BlockView, Category, Event, EventKind, PageId, PageView, PoolKind, format_bytes};
+pub use wgtrain_record::{AllocId, BlockView, Category, Event, EventKind, PageId, PageView, PoolKind, format_bytes};

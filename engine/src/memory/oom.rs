@@ -2,12 +2,12 @@
 //! message and the numbers behind it, and what a page backend says when the device
 //! refuses a page.
 //!
-//! May call: `wgtrain_protocol` (categories, byte formatting).
+//! May call: `wgtrain_record` (categories, byte formatting).
 
 use std::fmt;
 
 use serde::Serialize;
-use wgtrain_protocol::{Category, format_bytes};
+use wgtrain_record::{Category, format_bytes};
 
 /// Why the backend could not create a page.
 #[derive(Debug, Clone)]

@@ -5,12 +5,12 @@
 //! [`PageBackend`], which the wgpu allocator implements with buffers. That keeps this
 //! file small enough to property-test against a model (tests/allocator_props.rs).
 //!
-//! May call: `memory::oom`, `memory::stats`, `wgtrain_protocol`.
+//! May call: `memory::oom`, `memory::stats`, `wgtrain_record`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
-use wgtrain_protocol::{AllocId, Category, Event, EventKind, PageId, PoolKind};
+use wgtrain_record::{AllocId, Category, Event, EventKind, PageId, PoolKind};
 
 use super::oom::{AllocError, BackendOom, OomReport};
 use super::stats::MemoryStats;

@@ -2,10 +2,10 @@
 //! map and event trace (snapshot), and the invariant check the property tests run
 //! after every operation.
 //!
-//! May call: `memory::{pool, stats, snapshot}`, `wgtrain_protocol`. Called by: the
+//! May call: `memory::{pool, stats, snapshot}`, `wgtrain_record`. Called by: the
 //! allocator, tests.
 
-use wgtrain_protocol::{BlockView, Category, PageView};
+use wgtrain_record::{BlockView, Category, PageView};
 
 use super::pool::{PageBackend, Pool, pool_index};
 use super::snapshot::MemorySnapshot;

@@ -1,12 +1,12 @@
 //! The allocator's snapshot: counters, every page with its blocks, and the event trace
 //! (alloc, free, page_alloc, page_free, oom), for the dashboard and for export. The
-//! page, block and event types are the dashboard protocol's (`wgtrain_protocol`).
+//! page, block and event types are the dashboard protocol's (`wgtrain_record`).
 //!
-//! May call: `memory::stats`, `wgtrain_protocol`. Called by: `memory::pool_report`,
+//! May call: `memory::stats`, `wgtrain_record`. Called by: `memory::pool_report`,
 //! the allocator, tests.
 
 use serde::{Deserialize, Serialize};
-use wgtrain_protocol::{Event, PageView};
+use wgtrain_record::{Event, PageView};
 
 use super::stats::MemoryStats;
 

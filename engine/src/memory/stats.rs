@@ -1,13 +1,13 @@
 //! Allocator counters in the manner of torch.cuda.memory_stats, kept per category too,
 //! and the readable summary in the manner of torch.cuda.memory_summary().
 //!
-//! May call: `wgtrain_protocol`.
+//! May call: `wgtrain_record`.
 
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use wgtrain_protocol::{Category, format_bytes};
+use wgtrain_record::{Category, format_bytes};
 
 /// A current value and its peak (PyTorch's `.current` / `.peak`, plus the running
 /// totals `.allocated` / `.freed`).

@@ -183,6 +183,9 @@ pub struct Kernel {
     pub(super) layout: Arc<wgpu::BindGroupLayout>,
     pub(super) storage_bindings: usize,
     pub(super) key: KernelKey,
+    /// The name its family's plan gives it, where one does (else the profiler decodes
+    /// the key).
+    pub(super) name: Option<Arc<str>>,
 }
 
 impl Kernel {
@@ -194,6 +197,11 @@ impl Kernel {
     /// Its key (family and variant).
     pub fn key(&self) -> KernelKey {
         self.key
+    }
+
+    /// The name its family's plan gave it, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 }
 
@@ -239,13 +247,15 @@ impl PipelineCache {
             .clone()
     }
 
-    /// The compiled variant `key` binding `storage` tensors; `wgsl` renders its source
-    /// and is called only when the variant is not cached yet.
+    /// The compiled variant `key` binding `storage` tensors; `name` (the variant's
+    /// readable name, if its family gives one) and `wgsl` (its source) are called only
+    /// when the variant is not cached yet.
     pub fn get(
         &self,
         gpu: &Gpu,
         key: KernelKey,
         storage: usize,
+        name: impl FnOnce() -> Option<String>,
         wgsl: impl FnOnce() -> Result<String, Error>,
     ) -> Result<Arc<Kernel>, Error> {
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
@@ -257,6 +267,7 @@ impl PipelineCache {
                 format!("{storage} storage bindings, at most {MAX_STORAGE_BINDINGS}"),
             ));
         }
+        let label = name;
         let name = key.family;
         let layout = self.layout(gpu, storage);
         let pipeline = if gpu.stand_in {
@@ -287,6 +298,7 @@ impl PipelineCache {
             layout,
             storage_bindings: storage,
             key,
+            name: label().map(Arc::from),
         });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
         Ok(kernel)

@@ -45,6 +45,16 @@ pub trait Bound {
     fn block(&self) -> &Block;
 }
 
+/// Variants forced for benchmarks and tests, through the runtime (never the
+/// environment): production runs leave them empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelOverrides {
+    /// The register-tiled attention's tuning spec (`kernels::flash_attention_tiled`:
+    /// e.g. `fwd=64x64x4p,q=64x32x4p,kv=lane`, `unroll`, or `off`); empty: the plan's
+    /// own choice.
+    pub attention_tiles: String,
+}
+
 /// The device, its allocator and the kernel machinery: what every op takes.
 pub struct Runtime {
     /// The device.
@@ -55,6 +65,7 @@ pub struct Runtime {
     recorder: Mutex<Box<dyn Recorder>>,
     timestamps: bool,
     profiling: std::sync::atomic::AtomicBool,
+    overrides: KernelOverrides,
 }
 
 impl Runtime {
@@ -72,7 +83,19 @@ impl Runtime {
             cap: None,
             dry: true,
         };
-        Runtime::with_cache(self.gpu.clone(), options, self.cache.clone())
+        let mut dry = Runtime::with_cache(self.gpu.clone(), options, self.cache.clone())?;
+        dry.overrides = self.overrides.clone();
+        Ok(dry)
+    }
+
+    /// The variants forced on this runtime (empty in production).
+    pub fn overrides(&self) -> &KernelOverrides {
+        &self.overrides
+    }
+
+    /// Forces variants on this runtime, for benchmarks and tests.
+    pub fn set_overrides(&mut self, overrides: KernelOverrides) {
+        self.overrides = overrides;
     }
 
     fn with_cache(gpu: Arc<Gpu>, options: AllocatorOptions, cache: Arc<PipelineCache>) -> Result<Runtime, Error> {
@@ -93,6 +116,7 @@ impl Runtime {
             cache,
             recorder: Mutex::new(recorder),
             profiling: std::sync::atomic::AtomicBool::new(false),
+            overrides: KernelOverrides::default(),
         })
     }
 
@@ -115,7 +139,19 @@ impl Runtime {
     /// The compiled variant `key` binding `storage` tensors; `wgsl` renders its source
     /// and is called only on the first use of the variant.
     pub fn kernel(&self, key: KernelKey, storage: usize, wgsl: impl FnOnce() -> Result<String, Error>) -> Result<Arc<Kernel>, Error> {
-        self.cache.get(&self.gpu, key, storage, wgsl)
+        self.cache.get(&self.gpu, key, storage, || None, wgsl)
+    }
+
+    /// As [`Runtime::kernel`], for a family whose plan names its kernels: `name` is
+    /// called once, with `wgsl`, and the profiler's table and trace show it.
+    pub fn kernel_named(
+        &self,
+        key: KernelKey,
+        storage: usize,
+        name: impl FnOnce() -> String,
+        wgsl: impl FnOnce() -> Result<String, Error>,
+    ) -> Result<Arc<Kernel>, Error> {
+        self.cache.get(&self.gpu, key, storage, || Some(name()), wgsl)
     }
 
     /// Records one launch: `params` into the next ring slot, the blocks of `blocks`

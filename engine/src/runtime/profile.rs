@@ -38,6 +38,8 @@ pub struct Work {
 pub struct LaunchRecord {
     /// The kernel family and variant.
     pub key: KernelKey,
+    /// The kernel's name where its family's plan gave one (`Runtime::kernel_named`).
+    pub name: Option<Arc<str>>,
     /// The label of the tensor the launch writes (its last binding).
     pub label: Option<Arc<str>>,
     /// Workgroups dispatched.
@@ -74,6 +76,7 @@ pub struct StepTrace {
 
 struct Pending {
     key: KernelKey,
+    name: Option<Arc<str>>,
     phase: &'static str,
     label: Option<Arc<str>>,
     groups: [u32; 3],
@@ -129,6 +132,7 @@ impl Profiler {
         &mut self,
         gpu: &Gpu,
         key: KernelKey,
+        name: Option<Arc<str>>,
         label: Option<Arc<str>>,
         groups: [u32; 3],
         work: Work,
@@ -160,6 +164,7 @@ impl Profiler {
         let phase = self.phase();
         self.pending.push(Pending {
             key,
+            name,
             phase,
             label,
             groups,
@@ -228,6 +233,7 @@ impl Profiler {
             .enumerate()
             .map(|(i, p)| LaunchRecord {
                 key: p.key,
+                name: p.name.clone(),
                 phase: p.phase,
                 label: p.label,
                 groups: p.groups,

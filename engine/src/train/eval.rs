@@ -5,7 +5,7 @@
 //! May call: `autograd`, `data`, `protocol` (the log's types), `train::{error, trainer}`.
 //! Called by: `train::run`, tests.
 
-use wgtrain_protocol::EvalLog;
+use wgtrain_record::EvalLog;
 
 use super::error::TrainError;
 use super::trainer::Trainer;

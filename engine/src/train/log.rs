@@ -2,13 +2,13 @@
 //! the dashboard protocol's `StepLog`), the allocator's counters turned into a line's
 //! `mem`, and the observer that appends lines to the log file.
 //!
-//! May call: `memory`, `wgtrain_protocol`, `train::{error, observe}`.
+//! May call: `memory`, `wgtrain_record`, `train::{error, observe}`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-pub use wgtrain_protocol::{EvalLog, MemLog, StepLog};
+pub use wgtrain_record::{EvalLog, MemLog, StepLog};
 
 use super::error::TrainError;
 use super::observe::Observer;
@@ -127,7 +127,7 @@ pub fn repair_log(path: &Path, resume_step: Option<u64>) -> Result<usize, TrainE
 }
 
 impl Observer for LogWriter {
-    fn step(&self, line: &StepLog, _memory: Option<&wgtrain_protocol::StepMemory>) -> Result<(), TrainError> {
+    fn step(&self, line: &StepLog, _memory: Option<&wgtrain_record::StepMemory>) -> Result<(), TrainError> {
         self.write(line)
     }
 

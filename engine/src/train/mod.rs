@@ -8,7 +8,7 @@
 //! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
 //! of a transformers checkpoint, for `wgtrain step`).
 //!
-//! May call: everything below it in the engine, and `wgtrain_protocol` (the log and
+//! May call: everything below it in the engine, and `wgtrain_record` (the log and
 //! memory records the dashboard reads). Called by: the CLI, the dashboard, tests.
 
 pub mod build;

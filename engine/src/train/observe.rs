@@ -5,9 +5,9 @@
 //! on the training thread between steps and must return quickly; an error from one
 //! (the log's disk is full) stops the run.
 //!
-//! May call: `wgtrain_protocol`, `train::error`. Called by: `train::run`, the dashboard.
+//! May call: `wgtrain_record`, `train::error`. Called by: `train::run`, the dashboard.
 
-use wgtrain_protocol::{RunInfo, StepLog, StepMemory};
+use wgtrain_record::{RunInfo, StepLog, StepMemory};
 
 use super::error::TrainError;
 

@@ -4,7 +4,7 @@
 //! with the plan's cap, and the model.
 //!
 //! May call: `device`, `error`, `memory`, `runtime`, `train::{build, config, error,
-//! plan, trainer}`, `wgtrain_protocol`. Called by: the CLI, tests.
+//! plan, trainer}`, `wgtrain_record`. Called by: the CLI, tests.
 
 use std::sync::Arc;
 
@@ -128,7 +128,7 @@ impl Trainer {
     /// The estimated peak of this run's config and of each single change of its memory
     /// settings (`plan::what_if`), against the cap, else the device's memory. Advisory:
     /// a failure is logged and gives none.
-    pub fn what_if(&self) -> Vec<wgtrain_protocol::WhatIf> {
+    pub fn what_if(&self) -> Vec<wgtrain_record::WhatIf> {
         let data = Loaded {
             train: self.train.clone(),
             eval: self.eval.clone(),

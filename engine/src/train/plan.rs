@@ -27,7 +27,7 @@ use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
-use wgtrain_protocol::{PeakView, StepMemory, WhatIf};
+use wgtrain_record::{PeakView, StepMemory, WhatIf};
 
 /// Model states from the formulas, in bytes.
 #[derive(Clone, Debug, Serialize, PartialEq)]

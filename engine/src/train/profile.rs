@@ -24,7 +24,7 @@ use crate::runtime::{LaunchRecord, StepTrace};
 /// Known peaks, dense TFLOP/s: (name part, fp32 without tensor cores, f16 tensor cores).
 pub const KNOWN_PEAKS: [(&str, f64, f64); 2] = [("H100", 67.0, 989.5), ("H200", 67.0, 989.5)];
 
-pub use wgtrain_protocol::KernelRow;
+pub use wgtrain_record::KernelRow;
 
 /// One profiled step.
 #[derive(Clone, Debug, Serialize)]
@@ -88,7 +88,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The row name of a launch: its family and variant, readable.
 pub fn kernel_name(r: &LaunchRecord) -> String {
-    crate::kernels::names::describe(&r.key)
+    match &r.name {
+        Some(name) => name.to_string(),
+        None => crate::kernels::names::describe(&r.key),
+    }
 }
 
 /// Each launch's exclusive GPU time in launch order (overlaps go to the earlier one),

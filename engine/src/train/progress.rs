@@ -5,12 +5,12 @@
 //! plain line every N steps, as Lightning logs. Evaluations and out-of-memory events
 //! get a line of their own either way.
 //!
-//! May call: `memory`, `wgtrain_protocol`, `train::{error, observe}`.
+//! May call: `memory`, `wgtrain_record`, `train::{error, observe}`.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use wgtrain_protocol::{StepLog, StepMemory};
+use wgtrain_record::{StepLog, StepMemory};
 
 use super::error::TrainError;
 use super::observe::Observer;
@@ -180,7 +180,7 @@ mod tests {
             loss: Some(2.345678),
             samples_per_s: Some(100.0),
             tokens_per_s: Some(123456.0),
-            mem: Some(wgtrain_protocol::MemLog {
+            mem: Some(wgtrain_record::MemLog {
                 peak: 7 << 30,
                 reserved: 8 << 30,
                 ..Default::default()

@@ -4,7 +4,7 @@
 //! and tell the observers (the JSONL log, the progress bar, the dashboard) the step's
 //! line and memory; evaluate and checkpoint on schedule; save a last checkpoint.
 //!
-//! May call: `data`, `error`, `optim`, `wgtrain_protocol`, `train::{checkpoint, error,
+//! May call: `data`, `error`, `optim`, `wgtrain_record`, `train::{checkpoint, error,
 //! log, observe, profile, progress, state, step, eval, trainer}`. Called by: the CLI, tests.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
-use wgtrain_protocol::{EvalLog, MemLog, RunInfo, StepLog, StepMemory};
+use wgtrain_record::{EvalLog, MemLog, RunInfo, StepLog, StepMemory};
 
 use super::checkpoint;
 use super::checkpoint_dir::{CheckpointDir, Start};

@@ -3,11 +3,11 @@
 //! line chart with a log scale, marks and a brush that zooms (drag across it; the
 //! caller keeps the range and offers a reset).
 //!
-//! May call: `wgtrain_protocol`, leptos, web-sys. Called by: the app's views.
+//! May call: `wgtrain_record`, leptos, web-sys. Called by: the app's views.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
-use wgtrain_protocol::{Category, StepLog};
+use wgtrain_record::{Category, StepLog};
 
 /// The plot's size in SVG units (it scales to its box).
 pub const W: f64 = 900.0;

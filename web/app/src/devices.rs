@@ -3,10 +3,10 @@
 //! the host holds (offloaded optimizer state). Shown only when the run's lines carry
 //! `mem.devices`.
 //!
-//! May call: `charts`, `state`, `wgtrain_protocol`, leptos. Called by: the app.
+//! May call: `charts`, `state`, `wgtrain_record`, leptos. Called by: the app.
 
 use leptos::prelude::*;
-use wgtrain_protocol::{Category, MemLog, StepLog, format_bytes, short_bytes};
+use wgtrain_record::{Category, MemLog, StepLog, format_bytes, short_bytes};
 
 use crate::charts::{H, W, axes, byte_ticks, step_byte_scales};
 use crate::state::{Ctx, steps};

@@ -2,10 +2,10 @@
 //! --profile-every N`), shown under the same step's memory timeline, and the kernel
 //! timings of a `wgtrain bench` file.
 //!
-//! May call: `wgtrain_protocol`, leptos. Called by: the app's views.
+//! May call: `wgtrain_record`, leptos. Called by: the app's views.
 
 use leptos::prelude::*;
-use wgtrain_protocol::{BenchRecord, KernelRow, StepLog};
+use wgtrain_record::{BenchRecord, KernelRow, StepLog};
 
 /// The profiled step shown for `chosen`: the last profiled one at or before it, else
 /// the last profiled one.

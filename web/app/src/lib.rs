@@ -6,11 +6,11 @@
 //! and the allocator's pages at the peak (`timeline`), and training curves with run
 //! comparison (`training`); a profiled step's kernel table sits under its timeline
 //! (`kernels`). The URL keeps the run, the chosen step and the compared runs. The data
-//! it reads are the protocol's types (`wgtrain_protocol`), the same the trainer and the
+//! it reads are the record crate's types (`wgtrain_record`), the same the trainer and the
 //! server write.
 //!
 //! May call: `kernels`, `memory`, `peak`, `state`, `timeline`, `training`,
-//! `wgtrain_protocol`, leptos, web-sys. Called by: the browser.
+//! `wgtrain_record`, leptos, web-sys. Called by: the browser.
 
 mod charts;
 mod devices;
@@ -25,7 +25,7 @@ use leptos::prelude::*;
 use state::{Ctx, api, get_json, query_param, steps, token_query};
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
-use wgtrain_protocol::{Frame, RunEntry, RunView, StepMemory};
+use wgtrain_record::{Frame, RunEntry, RunView, StepMemory};
 
 #[wasm_bindgen(start)]
 pub fn start() {

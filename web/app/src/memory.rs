@@ -2,10 +2,10 @@
 //! line, the cap drawn, the peak marked; hovering shows a step's numbers and a click
 //! opens that step in the peak, timeline and allocator views.
 //!
-//! May call: `charts`, `state`, `wgtrain_protocol`, leptos. Called by: the app.
+//! May call: `charts`, `state`, `wgtrain_record`, leptos. Called by: the app.
 
 use leptos::prelude::*;
-use wgtrain_protocol::{Category, StepLog, format_bytes, short_bytes};
+use wgtrain_record::{Category, StepLog, format_bytes, short_bytes};
 
 use crate::charts::{Brush, H, W, axes, byte_ticks, legend, step_byte_scales, x_span, y_span};
 use crate::state::{Ctx, bytes, steps};

@@ -3,10 +3,10 @@
 //! the phase it was made in; and what other memory policies would need, from the
 //! exact estimate (`/api/runs/NAME/whatif`), against the cap or the device's memory.
 //!
-//! May call: `state`, `wgtrain_protocol`, leptos. Called by: the app.
+//! May call: `state`, `wgtrain_record`, leptos. Called by: the app.
 
 use leptos::prelude::*;
-use wgtrain_protocol::{Category, PeakView, WhatIfView, format_bytes};
+use wgtrain_record::{Category, PeakView, WhatIfView, format_bytes};
 
 use crate::state::{Ctx, api, get_json};
 
@@ -14,7 +14,7 @@ use crate::state::{Ctx, api, get_json};
 const SHOWN: usize = 12;
 
 /// The phase the step was in at allocator event `event`.
-fn phase_at(t: &wgtrain_protocol::StepMemory, event: u64) -> String {
+fn phase_at(t: &wgtrain_record::StepMemory, event: u64) -> String {
     t.phases
         .iter()
         .find(|p| p.start_seq <= event && event <= p.end_seq)
@@ -163,7 +163,7 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                 _ => most * 1.05,
             };
             let limit_shown = limit.filter(|l| (*l as f64) <= scale);
-            let get = |o: &wgtrain_protocol::WhatIf, k: &str| {
+            let get = |o: &wgtrain_record::WhatIf, k: &str| {
                 o.policy
                     .get(k)
                     .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))

@@ -2,10 +2,10 @@
 //! the run's state as signals (`Ctx`: the run, its lines, the chosen step and its
 //! timeline, the runs to compare), and small helpers over step lines.
 //!
-//! May call: `wgtrain_protocol`, leptos, web-sys, gloo-net. Called by: the app and its views.
+//! May call: `wgtrain_record`, leptos, web-sys, gloo-net. Called by: the app and its views.
 
 use leptos::prelude::*;
-use wgtrain_protocol::{RunEntry, RunView, StepLog, StepMemory, format_bytes};
+use wgtrain_record::{RunEntry, RunView, StepLog, StepMemory, format_bytes};
 
 /// Bytes as the engine prints them (binary units), from a chart value.
 pub fn bytes(n: f64) -> String {

@@ -4,12 +4,12 @@
 //! kernel table where the step was profiled. Beside it the allocator's pages at that
 //! step's peak (or at its end): each page a bar of its blocks.
 //!
-//! May call: `charts`, `kernels`, `state`, `wgtrain_protocol`, leptos. Called
+//! May call: `charts`, `kernels`, `state`, `wgtrain_record`, leptos. Called
 //! by: the app.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
-use wgtrain_protocol::{Category, PageView, StepMemory, format_bytes, short_bytes};
+use wgtrain_record::{Category, PageView, StepMemory, format_bytes, short_bytes};
 
 use crate::charts::{H, Scale, W, axes, byte_ticks, legend, x_span, y_span};
 use crate::kernels;
@@ -181,7 +181,7 @@ fn pages_at_peak(t: &StepMemory) -> Vec<PageView> {
     t.pages
         .iter()
         .map(|p| {
-            let mut live: Vec<&wgtrain_protocol::Band> = t
+            let mut live: Vec<&wgtrain_record::Band> = t
                 .bands
                 .iter()
                 .filter(|b| b.page == Some(p.id) && b.start_seq <= at && at < b.end_seq)
@@ -189,7 +189,7 @@ fn pages_at_peak(t: &StepMemory) -> Vec<PageView> {
             live.sort_by_key(|b| b.offset);
             let mut blocks = Vec::new();
             let mut pos = 0;
-            let free = |offset: u64, size: u64| wgtrain_protocol::BlockView {
+            let free = |offset: u64, size: u64| wgtrain_record::BlockView {
                 offset,
                 size,
                 allocated: false,
@@ -202,7 +202,7 @@ fn pages_at_peak(t: &StepMemory) -> Vec<PageView> {
                 if b.offset > pos {
                     blocks.push(free(pos, b.offset - pos));
                 }
-                blocks.push(wgtrain_protocol::BlockView {
+                blocks.push(wgtrain_record::BlockView {
                     offset: b.offset,
                     size: b.size,
                     allocated: true,

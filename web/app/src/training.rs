@@ -3,13 +3,13 @@
 //! the loss scale, over steps or wall time, zoomed by dragging; the compared runs'
 //! config differences; the device, the run's config and kernel timings.
 //!
-//! May call: `charts`, `kernels`, `state`, `wgtrain_protocol`, leptos. Called
+//! May call: `charts`, `kernels`, `state`, `wgtrain_record`, leptos. Called
 //! by: the app.
 
 use std::collections::BTreeMap;
 
 use leptos::prelude::*;
-use wgtrain_protocol::{RunView, StepLog, format_bytes};
+use wgtrain_record::{RunView, StepLog, format_bytes};
 
 use crate::charts::{ChartOptions, Series, XAxis, line_chart, number, smooth};
 use crate::kernels;

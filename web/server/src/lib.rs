@@ -3,7 +3,7 @@
 //! [`viz`] exports memory in PyTorch's memory_viz format. [`Dashboard::start`] runs the
 //! server on its own threads, so training never waits on it.
 //!
-//! May call: `recorder`, `server`, `viz`, `wgtrain_protocol`. Called by: the CLI, tests.
+//! May call: `recorder`, `server`, `viz`, `wgtrain_record`. Called by: the CLI, tests.
 
 pub mod assets;
 pub mod recorder;
@@ -60,7 +60,7 @@ pub struct Options {
     /// A folder of finished runs.
     pub runs_dir: Option<PathBuf>,
     /// Kernel timings to show.
-    pub bench: Option<Vec<wgtrain_protocol::BenchRecord>>,
+    pub bench: Option<Vec<wgtrain_record::BenchRecord>>,
 }
 
 impl Default for Options {

@@ -9,7 +9,7 @@
 //! killed or is still training. Timelines kept: the first steps, the latest ones, and
 //! the step with the largest peak.
 //!
-//! May call: `wgtrain_engine::{files, train}`, `wgtrain_protocol`. Called by: `server`, the CLI.
+//! May call: `wgtrain_engine::{files, train}`, `wgtrain_record`. Called by: `server`, the CLI.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 use wgtrain_engine::files::write_atomically;
 use wgtrain_engine::train::{Observer, TrainError};
-use wgtrain_protocol::{Frame, RunInfo, RunRecord, StepLog, StepMemory};
+use wgtrain_record::{Frame, RunInfo, RunRecord, StepLog, StepMemory};
 
 /// Timelines kept from the start of a run.
 pub const KEEP_FIRST: usize = 3;

@@ -17,7 +17,7 @@
 //! * `/api/runs/{name}/snapshot.json[?step=N]`, `/api/runs/{name}/snapshot.pickle[?step=N]`:
 //!   memory_viz exports of one step (default: the peak step), named after it.
 //!
-//! May call: `recorder`, `viz`, `assets`, `wgtrain_protocol`. Called by: `lib`.
+//! May call: `recorder`, `viz`, `assets`, `wgtrain_record`. Called by: `lib`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,12 +35,12 @@ use serde_json::json;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use wgtrain_protocol::{BenchRecord, Health, RunEntry, RunView};
+use wgtrain_record::{BenchRecord, Health, RunEntry, RunView};
 
 use crate::recorder::{Recorder, load_record, read_log};
 use crate::{assets, viz};
-use wgtrain_protocol::RunRecord;
-use wgtrain_protocol::{PageView, StepMemory, WhatIfView};
+use wgtrain_record::RunRecord;
+use wgtrain_record::{PageView, StepMemory, WhatIfView};
 
 /// What the server serves.
 pub struct Served {

@@ -5,10 +5,10 @@
 //! alike, so every traced block lies inside its segment. A block's label gives its
 //! frames (the label and each enclosing module path).
 //!
-//! May call: `wgtrain_protocol`. Called by: `server`.
+//! May call: `wgtrain_record`. Called by: `server`.
 
 use serde::Serialize;
-use wgtrain_protocol::{Band, PageView, PoolKind, StepMemory};
+use wgtrain_record::{Band, PageView, PoolKind, StepMemory};
 
 /// One stack frame (memory_viz shows it on hover).
 #[derive(Serialize)]
