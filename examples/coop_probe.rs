@@ -9,7 +9,7 @@
 //! Then the matmul's K loop rebuilt piece by piece (see [`source`]), and whole products
 //! whose fragments come straight from global memory ([`direct_source`]). The gap between
 //! `regs` and the load modes is what fragment loads cost; the gap between `regs` and the
-//! matmul's TFLOP/s is what the rest of the matmul costs (docs/benchmarks.md).
+//! matmul's TFLOP/s is what the rest of the matmul costs (CHANGELOG.md).
 //!
 //! Prints one JSON object per probe. Run on a GPU whose adapter grants them:
 //!   cargo run --release --example coop_probe -- [ADAPTER]
@@ -325,7 +325,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (code, (fm, fn_, mode)) in probes().into_iter().enumerate() {
         {
             let wgsl = source(fm, fn_, mode);
-            let kernel = rt.kernel(KernelKey::new("coop_probe", &[code as u32]), 2, || Ok(wgsl))?;
+            let kernel = rt.kernel(
+                KernelKey::new("coop_probe", &[code as u32]),
+                2,
+                || format!("coop_probe {code}"),
+                || Ok(wgsl),
+            )?;
             let run = || rt.launch(&kernel, bytemuck::bytes_of(&params), &[&src, &dst], [groups, 1, 1]);
             let seconds = median_seconds(&rt, run)?;
             let flops = f64::from(groups) * 8.0 * f64::from(fm * fn_) * 2.0 * 4096.0 * f64::from(ITERS);
@@ -340,7 +345,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let params: [u32; 4] = [4096, 0, 0, 0];
     for (code, (gm, gn, fm, fn_)) in DIRECT.into_iter().enumerate() {
         let wgsl = direct_source(gm, gn, fm, fn_);
-        let kernel = rt.kernel(KernelKey::new("coop_probe_direct", &[code as u32]), 2, || Ok(wgsl))?;
+        let kernel = rt.kernel(
+            KernelKey::new("coop_probe_direct", &[code as u32]),
+            2,
+            || format!("coop_probe_direct {code}"),
+            || Ok(wgsl),
+        )?;
         let groups = [4096 / (gn * fn_ * 16), 4096 / (gm * fm * 16), 1];
         let run = || rt.launch(&kernel, bytemuck::bytes_of(&params), &[&src, &dst], groups);
         let seconds = median_seconds(&rt, run)?;

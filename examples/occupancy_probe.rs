@@ -64,7 +64,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for r in [8u32, 96, 200] {
                 code += 1;
                 let wgsl = source(wg, smem, r);
-                let kernel = rt.kernel(KernelKey::new("occupancy_probe", &[code]), 2, || Ok(wgsl))?;
+                let kernel = rt.kernel(
+                    KernelKey::new("occupancy_probe", &[code]),
+                    2,
+                    || format!("occupancy_probe {code}"),
+                    || Ok(wgsl),
+                )?;
                 let counters = Tensor::from_i32(&rt, &[0, 0], &[2], Category::Activation, "counters")?;
                 let run = || rt.launch(&kernel, bytemuck::bytes_of(&params), &[&counters, &out], [groups, 1, 1]);
                 run()?;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-device table of docs/benchmarks.md: gpt2 fp32 (L12, C768, T1024) on random
+# The multi-device table of docs/performance.md: gpt2 fp32 (L12, C768, T1024) on random
 # tokens, 8 examples per device, on one device and on two (the first two NVIDIA Vulkan
 # adapters `wgtrain devices` lists) with ZeRO stages 0-3, offloads and every-layer
 # checkpointing; each run's log (mem.devices, mem.host), its stderr with each rank's

@@ -1,4 +1,4 @@
-"""The PyTorch peer of the multi-device table (docs/benchmarks.md, "Several devices"): the
+"""The PyTorch peer of the multi-device table (docs/performance.md, "Several devices"): the
 lean GPT-2 of the anchors (fused qkv, SDPA flash attention, tied head, gelu tanh; fp32,
 TF32 off; AdamW lr 1e-3), 8 examples of 1024 random tokens per device, eager, as
 - one device (run without torchrun),

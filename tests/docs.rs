@@ -58,7 +58,10 @@ fn readme_commands_run_as_written() {
         let text = String::from_utf8_lossy(&help.stdout);
         assert!(help.status.success(), "wgtrain {} --help failed", words[1]);
         // Options the row names, in its command cell and its description.
-        for option in line.split(|c: char| c.is_whitespace() || c == '`' || c == ',').filter(|w| w.starts_with("--")) {
+        for option in line
+            .split(|c: char| c.is_whitespace() || c == '`' || c == ',')
+            .filter(|w| w.starts_with("--"))
+        {
             assert!(text.contains(option), "`wgtrain {} --help` does not mention {option}", words[1]);
         }
         commands += 1;
@@ -69,11 +72,7 @@ fn readme_commands_run_as_written() {
         for line in block.lines().map(str::trim).filter(|l| l.starts_with("wgtrain ")) {
             let args: Vec<&str> = line.split_whitespace().skip(1).collect();
             let out = wgtrain(&args);
-            assert!(
-                out.status.success(),
-                "`{line}` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert!(out.status.success(), "`{line}` failed: {}", String::from_utf8_lossy(&out.stderr));
             ran += 1;
         }
     }
@@ -180,7 +179,14 @@ fn every_environment_variable_is_documented_and_read_once() {
         }
     }
     // Cargo's and the desktop's own variables are not ours to document.
-    let foreign = ["CARGO_MANIFEST_DIR", "OUT_DIR", "CARGO", "XDG_RUNTIME_DIR", "WAYLAND_DISPLAY", "WAYLAND_SOCKET"];
+    let foreign = [
+        "CARGO_MANIFEST_DIR",
+        "OUT_DIR",
+        "CARGO",
+        "XDG_RUNTIME_DIR",
+        "WAYLAND_DISPLAY",
+        "WAYLAND_SOCKET",
+    ];
     let ours: BTreeSet<String> = read_anywhere.into_iter().filter(|v| !foreign.contains(&v.as_str())).collect();
     let missing: Vec<_> = ours.difference(&documented).collect();
     let gone: Vec<_> = documented.difference(&ours).collect();

@@ -11,7 +11,7 @@ mod common;
 use common::{AttentionCase, Rng, assert_close_within, attention_cases, finish, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::flash_attention::{BackwardTiles, Path, backward_on, backward_tiled, forward_on, forward_tiled};
-use wgtrain_engine::kernels::flash_attention_coop::{CoopMode, CoopTile, candidates, eligible, pick, whole};
+use wgtrain_engine::kernels::flash_attention_coop::{AttentionTile, CoopMode, candidates, eligible, pick, whole};
 use wgtrain_engine::kernels::{attention, tolerance::tolerance};
 use wgtrain_engine::{DType, Runtime};
 
@@ -229,7 +229,7 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
     let tile = pick(CoopMode::Forward, 64, 48 * 1024, true).unwrap();
     assert!(whole(1024, tile) && whole(128, tile));
     assert!(!whole(1000, tile) && !whole(65, tile) && !whole(0, tile));
-    let narrow = CoopTile { sg: 2, bc: 64, ..tile };
+    let narrow = AttentionTile { sg: 2, bc: 64, ..tile };
     assert!(!whole(96, narrow) && whole(192, narrow));
     // The forward and dQ fetch their next tile ahead; dK dV does not.
     for (mode, ahead) in [(CoopMode::Forward, true), (CoopMode::KeyValue, false), (CoopMode::Query, true)] {
@@ -245,7 +245,7 @@ fn the_tensor_core_path_is_chosen_only_where_granted_and_its_tiles_fit() {
             }
         }
     }
-    let wide = CoopTile {
+    let wide = AttentionTile {
         sg: 2,
         bc: 64,
         subgroup_sync: true,

@@ -161,24 +161,54 @@ fn small_products_split_on_any_adapter() {
 fn bad_products_are_refused_before_launch() {
     let (a, a_s, b, b_s) = ([4, 8], [8, 1], [7, 3], [3, 1]);
     let (c, c_s) = ([4, 3], [3, 1]);
-    let err = plan(&H100, op(&a, &a_s, DType::F32), op(&b, &b_s, DType::F32), op(&c, &c_s, DType::F32), &MatmulOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = plan(
+        &H100,
+        op(&a, &a_s, DType::F32),
+        op(&b, &b_s, DType::F32),
+        op(&c, &c_s, DType::F32),
+        &MatmulOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("equal inner dimensions"), "{err}");
     let (b, b_s, wrong, wrong_s) = ([8, 3], [3, 1], [4, 4], [4, 1]);
-    let err = plan(&H100, op(&a, &a_s, DType::F32), op(&b, &b_s, DType::F32), op(&wrong, &wrong_s, DType::F32), &MatmulOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = plan(
+        &H100,
+        op(&a, &a_s, DType::F32),
+        op(&b, &b_s, DType::F32),
+        op(&wrong, &wrong_s, DType::F32),
+        &MatmulOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("matmul output"), "{err}");
     let zero = MatmulOptions {
         split_k: Some(0),
         ..Default::default()
     };
-    let err = plan(&H100, op(&a, &a_s, DType::F32), op(&b, &b_s, DType::F32), op(&c, &c_s, DType::F32), &zero).unwrap_err().to_string();
+    let err = plan(
+        &H100,
+        op(&a, &a_s, DType::F32),
+        op(&b, &b_s, DType::F32),
+        op(&c, &c_s, DType::F32),
+        &zero,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("K slices"), "{err}");
     // An empty output: nothing to plan.
     let (e, e_s, ce, ce_s) = ([0, 8], [8, 1], [0, 3], [3, 1]);
-    assert!(plan(&H100, op(&e, &e_s, DType::F32), op(&b, &b_s, DType::F32), op(&ce, &ce_s, DType::F32), &MatmulOptions::default()).unwrap().is_none());
+    assert!(
+        plan(
+            &H100,
+            op(&e, &e_s, DType::F32),
+            op(&b, &b_s, DType::F32),
+            op(&ce, &ce_s, DType::F32),
+            &MatmulOptions::default()
+        )
+        .unwrap()
+        .is_none()
+    );
 }
 
 /// GPT-2's attention (head size 64, T 1024): tensor cores in f16 on the H100, never on
@@ -195,24 +225,37 @@ fn attention_plans_by_adapter() {
     };
     assert_eq!(Path::for_adapter(&no_subgroups), Path::Plain);
     let fwd = plan_kernel(&H100, "", Mode::Forward, DType::F16, DType::F16, 64, 1024, Path::Coop, None).unwrap();
-    let AttentionKernel::Coop { whole, .. } = fwd.kernel else { panic!("{fwd}") };
+    let AttentionKernel::Coop { whole, .. } = fwd.kernel else {
+        panic!("{fwd}")
+    };
     assert!(whole, "T 1024 is whole tiles: {fwd}");
-    assert!(fwd.to_string().starts_with("flash_attention forward f16 d64 tile") && fwd.to_string().ends_with("coop"), "{fwd}");
+    assert!(
+        fwd.to_string().starts_with("flash_attention forward f16 d64 tile") && fwd.to_string().ends_with("coop"),
+        "{fwd}"
+    );
     for facts in [H100, LAVAPIPE] {
         let f = plan_kernel(&facts, "", Mode::Forward, DType::F32, DType::F32, 64, 1024, Path::Tiled, None).unwrap();
-        let AttentionKernel::Tiled { mode, tile, chunks } = f.kernel else { panic!("{f}") };
+        let AttentionKernel::Tiled { mode, tile, chunks } = f.kernel else {
+            panic!("{f}")
+        };
         assert!(tile.workgroup_bytes(mode, 16) <= facts.workgroup_bytes, "{f}");
         assert_eq!(chunks, if facts.cpu { 1 } else { 2 }, "{f}");
         let b = plan_backward(&facts, "", DType::F32, DType::F32, 64, 1024, Path::Tiled, None, None).unwrap();
         assert!(b.pre.is_none() && b.query.row_dot(), "the tiled dQ computes the row dot");
-        let AttentionKernel::Lane(kv) = b.key_value.kernel else { panic!("{}", b.key_value) };
+        let AttentionKernel::Lane(kv) = b.key_value.kernel else {
+            panic!("{}", b.key_value)
+        };
         assert_eq!((kv.rows, kv.lanes), (2, 8), "two key rows a thread: {}", b.key_value);
         let off = plan_backward(&facts, "off", DType::F32, DType::F32, 64, 1024, Path::Tiled, None, None).unwrap();
-        let AttentionKernel::Lane(q) = off.query.kernel else { panic!("{}", off.query) };
+        let AttentionKernel::Lane(q) = off.query.kernel else {
+            panic!("{}", off.query)
+        };
         assert_eq!(q.path, Path::Subgroup, "{}", off.query);
         assert!(off.pre.is_some(), "the lane dQ needs the row dot first");
         let one_row = plan_backward(&facts, "kv=lane", DType::F32, DType::F32, 64, 1024, Path::Tiled, None, None).unwrap();
-        let AttentionKernel::Lane(kv) = one_row.key_value.kernel else { panic!("{}", one_row.key_value) };
+        let AttentionKernel::Lane(kv) = one_row.key_value.kernel else {
+            panic!("{}", one_row.key_value)
+        };
         assert_eq!((kv.rows, kv.lanes), (1, 4), "{}", one_row.key_value);
         assert!(matches!(one_row.query.kernel, AttentionKernel::Tiled { .. }));
     }
@@ -255,4 +298,3 @@ fn the_128_tile_follows_the_waves() {
     assert_eq!(TILE_128_AHEAD.ahead, 2);
     assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }
-

@@ -7,7 +7,7 @@ mod common;
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::matmul::{Activation, MatmulOptions, matmul, matmul_into};
-use wgtrain_engine::kernels::matmul_params::CoopTile;
+use wgtrain_engine::kernels::matmul_params::MatmulTile;
 use wgtrain_engine::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step, unscale_and_check};
 use wgtrain_engine::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use wgtrain_engine::kernels::{attention, cross_entropy, embedding, layernorm, map};
@@ -265,7 +265,7 @@ fn f16_matmul_accumulates_in_f32() {
 
 /// a @ b (f16) into f32 with the cooperative `tile` forced (None: the host's pick),
 /// against `want`, at the tensor cores' tolerance where they ran.
-fn check_f16_product(rt: &Runtime, (a, b): (&Tensor, &Tensor), tile: Option<CoopTile>, want: &[f64], what: &str) {
+fn check_f16_product(rt: &Runtime, (a, b): (&Tensor, &Tensor), tile: Option<MatmulTile>, want: &[f64], what: &str) {
     let k = a.shape()[a.shape().len() - 1];
     let opts = MatmulOptions {
         coop_tile: tile,

@@ -180,7 +180,7 @@ fn config_errors_say_what_is_wrong() {
 fn a_char_gpt_learns_below_the_unigram_entropy_of_its_text() {
     // A text with structure (sentences from a small grammar), so that a tiny GPT shows
     // within a minute on lavapipe that it learns context; the fortunes example is
-    // measured in docs/benchmarks.md.
+    // measured on the H100 (CHANGELOG.md).
     let dir = scratch("chargpt");
     let corpus = dir.join("corpus.txt");
     let (subjects, verbs, objects) = (

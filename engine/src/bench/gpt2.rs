@@ -17,7 +17,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::flash_attention::BackwardTiles;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::matmul_into;
-use crate::kernels::matmul_params::Forced;
+use crate::kernels::matmul_params::MatmulVariant;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
 use crate::kernels::{attention, embedding, flash_attention, layernorm};
 use crate::memory::Category;
@@ -79,7 +79,7 @@ pub(super) struct Linear<'a> {
     pub n: usize,
     pub product: Product,
     pub dtype: DType,
-    pub forced: Forced,
+    pub forced: MatmulVariant,
 }
 
 pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
@@ -160,7 +160,7 @@ pub(super) enum Attention {
     /// Flash attention on the adapter's path, or with the tensor-core tiles forced (the
     /// forward's, and the backward kernels').
     Fused(
-        Option<crate::kernels::flash_attention_coop::CoopTile>,
+        Option<crate::kernels::flash_attention_coop::AttentionTile>,
         flash_attention::BackwardTiles,
     ),
 }
@@ -458,7 +458,7 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
                             n,
                             product,
                             dtype,
-                            forced: Forced::Auto,
+                            forced: MatmulVariant::Auto,
                         },
                     ))?);
                 }

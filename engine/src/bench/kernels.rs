@@ -14,7 +14,7 @@ use crate::kernels::attention;
 use crate::kernels::cross_entropy::cross_entropy_rows;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::matmul_into;
-use crate::kernels::matmul_params::Forced;
+use crate::kernels::matmul_params::MatmulVariant;
 use crate::kernels::optim::{AdamW, OptimState, adamw_step};
 use crate::kernels::softmax::softmax_into;
 use crate::kernels::tolerance::{tensor_core_tolerance, tolerance};
@@ -73,7 +73,7 @@ fn add(rt: &Runtime, n: usize) -> Result<BenchRecord, Error> {
 }
 
 /// A square-ish matmul row, on the kernel `forced` names.
-pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DType, forced: Forced) -> Result<BenchRecord, Error> {
+pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DType, forced: MatmulVariant) -> Result<BenchRecord, Error> {
     let mut rng = Rng(3);
     let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (x, y) = (upload(rt, &a, &[m, k], dtype)?, upload(rt, &b, &[k, n], dtype)?);
@@ -111,9 +111,9 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
 /// tensor-core path where the adapter grants it, else f32 on the tiled kernel.
 pub fn matmul_shape(rt: &Runtime, shape: [usize; 3]) -> Result<BenchRecord, Error> {
     if rt.gpu.caps.coop_f16_16x16x16() {
-        matmul(rt, "matmul_coop_f16", shape, DType::F16, Forced::Auto)
+        matmul(rt, "matmul_coop_f16", shape, DType::F16, MatmulVariant::Auto)
     } else {
-        matmul(rt, "matmul_f32", shape, DType::F32, Forced::Tiled)
+        matmul(rt, "matmul_f32", shape, DType::F32, MatmulVariant::Tiled)
     }
 }
 
@@ -306,15 +306,15 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
     }
     let mm = q(256, 4096);
     if wanted("matmul_f32") {
-        out.push(matmul(rt, "matmul_f32", [mm; 3], DType::F32, Forced::Tiled)?);
+        out.push(matmul(rt, "matmul_f32", [mm; 3], DType::F32, MatmulVariant::Tiled)?);
     }
     if rt.gpu.caps.shader_f16 && wanted("matmul_f16") {
-        out.push(matmul(rt, "matmul_f16", [mm; 3], DType::F16, Forced::Tiled)?);
+        out.push(matmul(rt, "matmul_f16", [mm; 3], DType::F16, MatmulVariant::Tiled)?);
     }
     if rt.gpu.caps.coop_f16_16x16x16() && wanted("matmul_coop_f16") {
-        out.push(matmul(rt, "matmul_coop_f16", [mm; 3], DType::F16, Forced::Auto)?);
+        out.push(matmul(rt, "matmul_coop_f16", [mm; 3], DType::F16, MatmulVariant::Auto)?);
         if !quick {
-            out.push(matmul(rt, "matmul_coop_f16", [8192; 3], DType::F16, Forced::Auto)?);
+            out.push(matmul(rt, "matmul_coop_f16", [8192; 3], DType::F16, MatmulVariant::Auto)?);
         }
     }
     if wanted("softmax") {

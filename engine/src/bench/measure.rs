@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::record::{BenchRecord, median};
 use crate::error::Error;
 use crate::kernels::matmul::MatmulOptions;
-use crate::kernels::matmul_params::Forced;
+use crate::kernels::matmul_params::MatmulVariant;
 use crate::kernels::tolerance::compare;
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -82,7 +82,7 @@ pub fn splits() -> Option<usize> {
 }
 
 /// A matmul row's options: the variant `forced` names, with the forced K slices.
-pub fn matmul_options(forced: Forced) -> MatmulOptions<'static> {
+pub fn matmul_options(forced: MatmulVariant) -> MatmulOptions<'static> {
     MatmulOptions {
         split_k: splits(),
         ..forced.options()

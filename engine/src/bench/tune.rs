@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::kernels::flash_attention::BackwardTiles;
 use crate::kernels::flash_attention_coop::{CoopMode, candidates};
 use crate::kernels::matmul_coop::{CANDIDATES, workgroup_bytes};
-use crate::kernels::matmul_params::{Forced, SimtTile};
+use crate::kernels::matmul_params::{MatmulVariant, SimtTile};
 use crate::runtime::Runtime;
 use crate::tensor::DType;
 
@@ -29,13 +29,13 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
     let mut out = Vec::new();
     let limit = u64::from(rt.gpu.caps.limits.max_compute_workgroup_storage_size);
     for tile in SimtTile::candidates().into_iter().filter(|t| t.workgroup_bytes(8) <= limit) {
-        matmul_rows(rt, wanted, Forced::Simt(tile), DType::F32, &mut out)?;
+        matmul_rows(rt, wanted, MatmulVariant::Simt(tile), DType::F32, &mut out)?;
     }
     if !(rt.gpu.caps.coop_f16_16x16x16() && rt.gpu.caps.subgroup_size == (32, 32)) {
         return Ok(out);
     }
     for tile in CANDIDATES.into_iter().filter(|t| workgroup_bytes(*t) <= limit) {
-        matmul_rows(rt, wanted, Forced::Coop(tile), DType::F16, &mut out)?;
+        matmul_rows(rt, wanted, MatmulVariant::Coop(tile), DType::F16, &mut out)?;
     }
     let sync = if rt.gpu.caps.subgroup_barrier {
         vec![true, false]
@@ -76,7 +76,13 @@ pub fn run_all(rt: &Runtime, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<BenchR
 }
 
 /// One matmul variant's rows: 4096^3 and GPT-2's linear products.
-fn matmul_rows(rt: &Runtime, wanted: &dyn Fn(&str) -> bool, forced: Forced, dtype: DType, out: &mut Vec<BenchRecord>) -> Result<(), Error> {
+fn matmul_rows(
+    rt: &Runtime,
+    wanted: &dyn Fn(&str) -> bool,
+    forced: MatmulVariant,
+    dtype: DType,
+    out: &mut Vec<BenchRecord>,
+) -> Result<(), Error> {
     let prefix = forced.row_prefix();
     let name = format!("{prefix}matmul_{}", if dtype == DType::F32 { "f32" } else { "coop_f16" });
     if wanted(&name) {

@@ -4,7 +4,7 @@
 //! wgpu puts a `MAP_WRITE` buffer in device-local memory the host can see where the
 //! adapter has it (resizable BAR on the H100), so an upload through it is the host's
 //! own writes across PCIe: 28-31 GB/s alone and 18-21 GB/s per device with two
-//! devices writing at once (docs/benchmarks.md). Here the host writes into its own
+//! devices writing at once (CHANGELOG.md). Here the host writes into its own
 //! memory, and the device pulls each chunk with a DMA copy while the host writes the
 //! next. The buffer is made through wgpu's Vulkan interop and handed to wgpu as a
 //! transfer buffer it does not map; the memory is freed when wgpu drops the buffer.

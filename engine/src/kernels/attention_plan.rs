@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
+use super::flash_attention_coop::{self as coop, AttentionTile, CoopMode};
 use super::flash_attention_tiled::{self as tiled, TiledMode, TiledTile};
 use crate::device::AdapterFacts;
 use crate::error::Error;
@@ -185,7 +185,7 @@ pub enum AttentionKernel {
         /// The kernel.
         mode: CoopMode,
         /// Its tile.
-        tile: CoopTile,
+        tile: AttentionTile,
         /// Whole tiles.
         whole: bool,
     },
@@ -238,7 +238,13 @@ impl KernelPlan {
 
     /// A dQ kernel that computes D = rowsum(dy * y) itself: no row-dot kernel runs.
     pub fn row_dot(&self) -> bool {
-        matches!(self.kernel, AttentionKernel::Tiled { mode: TiledMode::Query, .. })
+        matches!(
+            self.kernel,
+            AttentionKernel::Tiled {
+                mode: TiledMode::Query,
+                ..
+            }
+        )
     }
 
     /// A tensor-core kernel: qkv (and, backward, dy) bound again as vector views.
@@ -261,7 +267,7 @@ pub fn plan_kernel(
     d: usize,
     t: usize,
     path: Path,
-    tile: Option<CoopTile>,
+    tile: Option<AttentionTile>,
 ) -> Result<KernelPlan, Error> {
     let limit = facts.workgroup_bytes;
     let plan = |kernel| KernelPlan { mode, tq, td, d, kernel };
@@ -380,8 +386,8 @@ pub fn plan_backward(
     d: usize,
     t: usize,
     path: Path,
-    query: Option<CoopTile>,
-    key_value: Option<CoopTile>,
+    query: Option<AttentionTile>,
+    key_value: Option<AttentionTile>,
 ) -> Result<BackwardPlan, Error> {
     let dy16 = path == Path::Coop && td == DType::F32;
     let td_bwd = if dy16 { DType::F16 } else { td };

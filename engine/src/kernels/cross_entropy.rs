@@ -91,6 +91,13 @@ pub fn cross_entropy_rows(
     let kernel = rt.kernel(
         KernelKey::new("cross_entropy", &[logits.dtype() as u32, u32::from(dlogits.is_some())]),
         4,
+        || {
+            format!(
+                "cross_entropy {}{}",
+                logits.dtype().wgsl(),
+                if dlogits.is_some() { " +backward" } else { "" }
+            )
+        },
         || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some())),
     )?;
     let params = Params {

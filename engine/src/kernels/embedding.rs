@@ -134,7 +134,16 @@ pub fn scatter_add(rt: &Runtime, ids: &Tensor, dout: &Tensor, dtable: &Tensor) -
 /// backward passes 4).
 fn embedding_kernel(rt: &Runtime, mode: u32, dtype: DType) -> Result<std::sync::Arc<Kernel>, Error> {
     let storage = if mode == 0 { 3 } else { 4 };
-    rt.kernel(KernelKey::new("embedding", &[mode, dtype as u32]), storage, || {
-        render("embedding", SOURCE, &variant(mode, dtype))
-    })
+    let what = match mode {
+        0 => "gather",
+        1 => "scatter-add rank",
+        4 => "scatter-add sorted walk",
+        _ => "scatter-add chunked",
+    };
+    rt.kernel(
+        KernelKey::new("embedding", &[mode, dtype as u32]),
+        storage,
+        || format!("embedding {what} {}", dtype.wgsl()),
+        || render("embedding", SOURCE, &variant(mode, dtype)),
+    )
 }

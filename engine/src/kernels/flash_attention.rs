@@ -16,9 +16,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, require_f16};
 use super::attention_plan::{AttentionKernel, BR, KernelPlan, LaneKernel, Mode, plan_backward, plan_kernel};
-use super::flash_attention_coop::{self as coop, CoopMode, CoopTile};
+use super::common::{ATTENTION_COMMON, check_contiguous, check_tensor, enables, require_f16};
+use super::flash_attention_coop::{self as coop, AttentionTile, CoopMode};
 use super::flash_attention_tiled as tiled;
 use crate::error::Error;
 use crate::memory::Category;
@@ -193,18 +193,32 @@ fn kernel(rt: &Runtime, plan: KernelPlan, bindings: usize) -> Result<Chosen, Err
         AttentionKernel::Coop { mode, .. } => bindings + if mode == CoopMode::Forward { 1 } else { 2 },
         _ => bindings + usize::from(plan.row_dot()),
     };
-    let k = rt.kernel_named(key, bindings, || plan.to_string(), || match plan.kernel {
-        AttentionKernel::Coop { mode, tile, whole } => coop::source(mode, td, d as u32, tile, whole),
-        AttentionKernel::Tiled { mode, tile, chunks } => tiled::source(mode, tq, td, d as u32 / 4, tile, chunks),
-        AttentionKernel::Lane(l) => source(&l, tq, td),
-    })?;
+    let k = rt.kernel(
+        key,
+        bindings,
+        || plan.to_string(),
+        || match plan.kernel {
+            AttentionKernel::Coop { mode, tile, whole } => coop::source(mode, td, d as u32, tile, whole),
+            AttentionKernel::Tiled { mode, tile, chunks } => tiled::source(mode, tq, td, d as u32 / 4, tile, chunks),
+            AttentionKernel::Lane(l) => source(&l, tq, td),
+        },
+    )?;
     Ok(Chosen { kernel: k, plan })
 }
 
 /// The plan of the kernel `mode` on `path` for these types and sizes on `rt`'s adapter
 /// (the path checked against it first).
 #[allow(clippy::too_many_arguments)]
-fn plan_on(rt: &Runtime, mode: Mode, tq: DType, td: DType, d: usize, t: usize, path: Path, tile: Option<CoopTile>) -> Result<KernelPlan, Error> {
+fn plan_on(
+    rt: &Runtime,
+    mode: Mode,
+    tq: DType,
+    td: DType,
+    d: usize,
+    t: usize,
+    path: Path,
+    tile: Option<AttentionTile>,
+) -> Result<KernelPlan, Error> {
     require_f16(rt, &[tq, td])?;
     check_path(rt, path, tq, d)?;
     plan_kernel(&rt.gpu.caps.facts, &rt.overrides().attention_tiles, mode, tq, td, d, t, path, tile)
@@ -228,10 +242,7 @@ pub fn variant(l: &LaneKernel, tq: DType, td: DType) -> Vec<(&'static str, Strin
     let flag = |on: bool| on.to_string();
     vec![
         ("ATTENTION_COMMON", ATTENTION_COMMON.into()),
-        (
-            "ENABLE",
-            enables(&[tq, td, if mode == Mode::RowDotCast { DType::F16 } else { tq }]),
-        ),
+        ("ENABLE", enables(&[tq, td, if mode == Mode::RowDotCast { DType::F16 } else { tq }])),
         ("TQ", tq.wgsl().into()),
         ("TD", td.wgsl().into()),
         ("D4", d4.to_string()),
@@ -270,7 +281,14 @@ pub fn forward_on(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, label: &str
 }
 
 /// [`forward_on`] with the tensor-core path's tile forced (`wgtrain bench --tune`).
-pub fn forward_tiled(rt: &Runtime, qkv: &Tensor, nh: usize, path: Path, tile: Option<CoopTile>, label: &str) -> Result<FlashSaved, Error> {
+pub fn forward_tiled(
+    rt: &Runtime,
+    qkv: &Tensor,
+    nh: usize,
+    path: Path,
+    tile: Option<AttentionTile>,
+    label: &str,
+) -> Result<FlashSaved, Error> {
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;
@@ -316,14 +334,14 @@ pub fn backward_on(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BackwardTiles {
     /// dQ's tile.
-    pub query: Option<CoopTile>,
+    pub query: Option<AttentionTile>,
     /// dK dV's tile.
-    pub key_value: Option<CoopTile>,
+    pub key_value: Option<AttentionTile>,
 }
 
 impl BackwardTiles {
     /// The same tile (or the pick) for both kernels.
-    pub fn both(tile: Option<CoopTile>) -> BackwardTiles {
+    pub fn both(tile: Option<AttentionTile>) -> BackwardTiles {
         BackwardTiles {
             query: tile,
             key_value: tile,
@@ -411,7 +429,11 @@ pub fn backward_tiled(
         let blocks = dims.blocks(k.plan.br());
         let simt = [qkv, dy, &saved.lse, &dvec, &dqkv, &saved.y];
         let coop = [qkv, dy, &saved.lse, &dvec, &dqkv, qkv, dy];
-        let bound: &[&Tensor] = if k.plan.views() { &coop } else { &simt[..5 + usize::from(k.plan.row_dot())] };
+        let bound: &[&Tensor] = if k.plan.views() {
+            &coop
+        } else {
+            &simt[..5 + usize::from(k.plan.row_dot())]
+        };
         rt.launch_with_work(
             &k.kernel,
             bytemuck::bytes_of(&dims.params(blocks, k.plan.per())),

@@ -30,7 +30,7 @@ pub enum CoopMode {
 /// Rows per workgroup (16 per subgroup) and per streamed tile, and how a subgroup
 /// syncs its own rows of the staging area between phases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CoopTile {
+pub struct AttentionTile {
     /// Subgroups of 32 per workgroup.
     pub sg: u32,
     /// Rows per streamed tile (fewer than the rows per workgroup is allowed: see `own`).
@@ -42,7 +42,7 @@ pub struct CoopTile {
     pub prefetch: bool,
 }
 
-impl CoopTile {
+impl AttentionTile {
     /// Rows per workgroup.
     pub fn br(self) -> u32 {
         16 * self.sg
@@ -86,7 +86,7 @@ impl CoopTile {
 /// 24 KiB, three of 16 KiB), so the small tiles that let several workgroups share an SM
 /// come first: at [8, 12, 1024, 64] on the H100, 4 x 16 against 4 x 64 (all three
 /// kernels forced, fetching ahead) took the forward from 228.9 to 136.3 us and forward +
-/// backward from 827.8 to 541.3 us (docs/benchmarks.md).
+/// backward from 827.8 to 541.3 us (CHANGELOG.md).
 const TILES: [(u32, u32); 9] = [(4, 16), (2, 16), (4, 32), (2, 32), (1, 16), (4, 64), (2, 64), (1, 32), (8, 16)];
 
 /// The rule for the tensor-core variant, apart from the adapter (tested on every
@@ -102,13 +102,13 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), tq: DType, d: usize) 
 /// and the most registers, fetches each tile when it stashes it (`wgtrain bench --tune
 /// --filter tune.flash`, [8, 12, 1024, 64], 4 x 16 tiles: forward 136.3 us ahead against
 /// 164.2; forward + backward with the other backward kernel picked: dQ ahead 527.9 us
-/// against 561.6, dK dV direct 527.7 against 542.0; docs/benchmarks.md). A tile whose
+/// against 561.6, dK dV direct 527.7 against 542.0; CHANGELOG.md). A tile whose
 /// threads would hold more than four 16-byte loads of each operand ahead fetches when it
 /// stashes.
 ///
 /// The forward tries [`FORWARD_FIRST`] before the list.
-pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<CoopTile> {
-    let ahead = |t: &CoopTile| mode != CoopMode::KeyValue && t.loads(d) <= 4;
+pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Option<AttentionTile> {
+    let ahead = |t: &AttentionTile| mode != CoopMode::KeyValue && t.loads(d) <= 4;
     candidates(subgroup_barrier)
         .filter(|t| mode == CoopMode::Forward && (t.sg, t.bc) == FORWARD_FIRST)
         .chain(candidates(subgroup_barrier))
@@ -119,13 +119,13 @@ pub fn pick(mode: CoopMode, d: u32, limit: u64, subgroup_barrier: bool) -> Optio
 /// The forward's first tile: 8 subgroups x 16 streamed rows (23 KiB, two workgroups of
 /// 256 threads per SM at 128 registers) took the forward from 136.2 to 132.3 us at
 /// [8, 12, 1024, 64], and was slower than 4 x 16 in both backward kernels (dQ 531.9
-/// against 525.7 us, dK dV 599.9 against 539.9, fetching ahead; docs/benchmarks.md).
+/// against 525.7 us, dK dV 599.9 against 539.9, fetching ahead; CHANGELOG.md).
 const FORWARD_FIRST: (u32, u32) = (8, 16);
 
 /// Every tile, best first: what [`pick`] chooses from and `wgtrain bench --tune` measures.
-pub fn candidates(subgroup_barrier: bool) -> impl Iterator<Item = CoopTile> {
+pub fn candidates(subgroup_barrier: bool) -> impl Iterator<Item = AttentionTile> {
     TILES.into_iter().flat_map(move |(sg, bc)| {
-        [true, false].map(|prefetch| CoopTile {
+        [true, false].map(|prefetch| AttentionTile {
             sg,
             bc,
             subgroup_sync: subgroup_barrier,
@@ -347,13 +347,13 @@ fn store(acc: &str, d: u32, write: &str) -> String {
 /// Whether a sequence of `t` rows is whole for `tile` (a multiple of its rows per
 /// workgroup and per streamed tile): then its variant loads without bounds checks, and
 /// its subgroups load their own rows straight from global memory.
-pub fn whole(t: usize, tile: CoopTile) -> bool {
+pub fn whole(t: usize, tile: AttentionTile) -> bool {
     t > 0 && t.is_multiple_of(tile.br() as usize) && t.is_multiple_of(tile.bc as usize)
 }
 
 /// The template values of one variant: `td` is dy's type (ignored by the forward);
 /// `whole` as [`whole`] says.
-pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Vec<(&'static str, String)> {
+pub fn variant(mode: CoopMode, td: DType, d: u32, tile: AttentionTile, whole: bool) -> Vec<(&'static str, String)> {
     let (br, bc) = (tile.br(), tile.bc);
     let flag = |on: bool| on.to_string();
     let dq = "write_dqkv(lane, b, h, row0, m0, 0u, COL, p.scale)";
@@ -453,7 +453,7 @@ pub fn variant(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -
 /// The WGSL of one variant: rendered (the loops over a lane's columns written out, four
 /// columns a copy), then the fetch lines repeated once per 8-element load a thread makes
 /// of each streamed tile.
-pub fn source(mode: CoopMode, td: DType, d: u32, tile: CoopTile, whole: bool) -> Result<String, Error> {
+pub fn source(mode: CoopMode, td: DType, d: u32, tile: AttentionTile, whole: bool) -> Result<String, Error> {
     let loads = tile.loads(d);
     let wgsl = render("flash_attention_coop", SOURCE, &variant(mode, td, d, tile, whole))?;
     Ok(repeat_marked(&wgsl, "@l", loads))

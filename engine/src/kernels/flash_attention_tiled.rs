@@ -135,9 +135,9 @@ pub fn pick(spec: &str, mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTil
         return None;
     }
     let forced = match forced_tile(spec, mode) {
-        Forced::Off => return None,
-        Forced::Tile(t) => Some(t),
-        Forced::None => None,
+        SpecTile::Off => return None,
+        SpecTile::Tile(t) => Some(t),
+        SpecTile::None => None,
     };
     forced
         .into_iter()
@@ -165,7 +165,7 @@ pub fn chunks(spec: &str, cpu: bool) -> u32 {
 }
 
 /// What a tuning spec says of one kernel.
-enum Forced {
+enum SpecTile {
     /// Nothing.
     None,
     /// `off`: the lane kernel.
@@ -175,11 +175,11 @@ enum Forced {
 }
 
 /// What `spec` says of `mode` (`fwd=BRxBCxTM[p],q=...,kv=...`, or `kv=off`).
-fn forced_tile(spec: &str, mode: TiledMode) -> Forced {
+fn forced_tile(spec: &str, mode: TiledMode) -> SpecTile {
     match spec_value(spec, mode) {
-        Some("off") => Forced::Off,
-        Some(v) => parse_tile(v).map_or(Forced::None, Forced::Tile),
-        None => Forced::None,
+        Some("off") => SpecTile::Off,
+        Some(v) => parse_tile(v).map_or(SpecTile::None, SpecTile::Tile),
+        None => SpecTile::None,
     }
 }
 
@@ -204,9 +204,7 @@ pub fn check_spec(spec: &str) -> Result<(), Error> {
         if !ok {
             return Err(Error::invalid(
                 "attention tiles",
-                format!(
-                    "'{part}' (expected off, unroll, u1, u2, u4, or fwd=/q=/kv= with BRxBCxTM[p] or off; kv=lane)"
-                ),
+                format!("'{part}' (expected off, unroll, u1, u2, u4, or fwd=/q=/kv= with BRxBCxTM[p] or off; kv=lane)"),
             ));
         }
     }

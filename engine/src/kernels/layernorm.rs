@@ -69,9 +69,12 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     let y = Tensor::empty(rt, x.shape(), x.dtype(), Category::Activation, label)?;
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
-    let kernel = rt.kernel(KernelKey::new("layernorm", &[0, x.dtype() as u32]), 8, || {
-        render("layernorm", SOURCE, &variant(0, x.dtype()))
-    })?;
+    let kernel = rt.kernel(
+        KernelKey::new("layernorm", &[0, x.dtype() as u32]),
+        8,
+        || format!("layernorm forward {}", x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(0, x.dtype())),
+    )?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -116,9 +119,12 @@ pub fn backward(
         eps: 0.0,
         pad: 0,
     };
-    let k1 = rt.kernel(KernelKey::new("layernorm", &[1, x.dtype() as u32]), 8, || {
-        render("layernorm", SOURCE, &variant(1, x.dtype()))
-    })?;
+    let k1 = rt.kernel(
+        KernelKey::new("layernorm", &[1, x.dtype() as u32]),
+        8,
+        || format!("layernorm backward {}", x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(1, x.dtype())),
+    )?;
     rt.launch(
         &k1,
         bytemuck::bytes_of(&params),
@@ -137,18 +143,24 @@ pub fn backward(
     }
     let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
     let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
-    let k2 = rt.kernel(KernelKey::new("layernorm", &[2, x.dtype() as u32]), 8, || {
-        render("layernorm", SOURCE, &variant(2, x.dtype()))
-    })?;
+    let k2 = rt.kernel(
+        KernelKey::new("layernorm", &[2, x.dtype() as u32]),
+        8,
+        || format!("layernorm dw partials {}", x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(2, x.dtype())),
+    )?;
     rt.launch(
         &k2,
         bytemuck::bytes_of(&params),
         &[x, w, dy, &dx, &saved.mean, &saved.rstd, &pw, &pb],
         [cols.div_ceil(256) as u32, chunks as u32, 1],
     )?;
-    let k3 = rt.kernel(KernelKey::new("layernorm", &[3, x.dtype() as u32]), 8, || {
-        render("layernorm", SOURCE, &variant(3, x.dtype()))
-    })?;
+    let k3 = rt.kernel(
+        KernelKey::new("layernorm", &[3, x.dtype() as u32]),
+        8,
+        || format!("layernorm dw sums {}", x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(3, x.dtype())),
+    )?;
     rt.launch(
         &k3,
         bytemuck::bytes_of(&params),

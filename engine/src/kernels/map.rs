@@ -265,6 +265,14 @@ pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>,
             &[op as u32, a.dtype() as u32, b.dtype() as u32, out.dtype() as u32, lanes as u32],
         ),
         3,
+        || {
+            format!(
+                "map {} {}{}",
+                format!("{op:?}").to_lowercase(),
+                out.dtype().wgsl(),
+                if lanes == 4 { " vec4" } else { "" }
+            )
+        },
         || render("map", SOURCE, &variant(op, a.dtype(), b.dtype(), out.dtype(), lanes as u32)),
     )?;
     rt.launch(

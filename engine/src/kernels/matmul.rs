@@ -13,8 +13,8 @@
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions, SimtTile};
 use super::matmul_params::{COMMON, Load, Params, SLICED};
-pub use super::matmul_plan::{MatmulPlan, ProductKernel, output_shape, plan, whole_tiles};
 use super::matmul_plan::{ALIGN, CoopKernel, split_name};
+pub use super::matmul_plan::{MatmulPlan, ProductKernel, output_shape, plan, whole_tiles};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, render};
@@ -115,7 +115,6 @@ pub fn variant(
         ("ACTIVATIONS", ACTIVATIONS.into()),
     ]
 }
-
 
 /// c = act(alpha * a @ b + bias + beta * c); c's rows must be contiguous.
 ///
@@ -226,7 +225,7 @@ pub fn launch(rt: &Runtime, plan: &MatmulPlan, a: &Tensor, b: &Tensor, c: &Tenso
         ..params
     };
     let (tc, act) = (plan.tc, plan.activation);
-    let kernel = rt.kernel_named(
+    let kernel = rt.kernel(
         KernelKey::new("matmul_splitk", &[tc as u32, act as u32]),
         5,
         || split_name(tc, act),
@@ -275,7 +274,7 @@ fn launch_product(
     let (m, n, k) = (params.m as usize, params.n as usize, params.k as usize);
     let tile = t.tile() as usize;
     let [la, lb] = t.loads;
-    let compiled = rt.kernel_named(
+    let compiled = rt.kernel(
         KernelKey::new(
             "matmul",
             &[
@@ -319,7 +318,7 @@ fn launch_coop(
     let k = *k;
     let [la, lb] = k.loads;
     let tile = k.tile;
-    let compiled = rt.kernel_named(
+    let compiled = rt.kernel(
         KernelKey::new(
             "matmul_coop",
             &[

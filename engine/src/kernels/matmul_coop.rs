@@ -7,7 +7,7 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_params`, `runtime`, `tensor`.
 
 use super::common::ACTIVATIONS;
-use super::matmul_params::{Activation, COMMON, CoopTile, Load, MatmulOptions, Params, wave_fill};
+use super::matmul_params::{Activation, COMMON, Load, MatmulOptions, MatmulTile, Params, wave_fill};
 use crate::error::Error;
 use crate::runtime::{Runtime, render, repeat_marked};
 use crate::tensor::{DType, Tensor};
@@ -16,36 +16,36 @@ const SOURCE: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 const OPERAND: &str = include_str!("../../../shaders/matmul_coop_operand.wgsl");
 
 /// 128 x 128 of C per workgroup: 8 subgroups of 64 x 32, K by 32, double-buffered.
-pub const TILE_128: CoopTile = CoopTile::new(2, 4, 4, 2, 32, 2);
+pub const TILE_128: MatmulTile = MatmulTile::new(2, 4, 4, 2, 32, 2);
 /// 128 x 256 of C per workgroup: 8 subgroups of 64 x 64, K by 32, one buffer (two do
 /// not fit in 48 KiB). On the H100 (`wgtrain bench --tune`, vector tiles): within 2% of
 /// the fastest at 4096^3 and 9-11% faster than the 128 x 128 tiles at GPT-2's two largest
 /// dW products; not picked (its split-K would differ).
-pub const TILE_WIDE: CoopTile = CoopTile::new(2, 4, 4, 4, 32, 1);
+pub const TILE_WIDE: MatmulTile = MatmulTile::new(2, 4, 4, 4, 32, 1);
 /// 64 x 64 of C per workgroup (4 subgroups of 32 x 32), for outputs too small to fill
 /// the device with larger tiles.
-pub const TILE_64: CoopTile = CoopTile::new(2, 2, 2, 2, 32, 2);
+pub const TILE_64: MatmulTile = MatmulTile::new(2, 2, 2, 2, 32, 2);
 /// 128 x 128 of C per workgroup, K by 64 through one buffer, one workgroup per SM on the
 /// H100: the faster 128 x 128 tile where [`by_waves`] finds the last wave too empty for
 /// two per SM (GPT-2's N = 768 products).
-pub const TILE_128_K64: CoopTile = CoopTile::new(2, 4, 4, 2, 64, 1);
+pub const TILE_128_K64: MatmulTile = MatmulTile::new(2, 4, 4, 2, 64, 1);
 /// 128 x 128 of C per workgroup from 4 subgroups of 64 x 64, K by 32, one buffer: at
 /// 128 threads two workgroups fit an SM. The fastest 128 x 128 tile at dW products (A a
 /// transposed view) with long K slices on the H100 (CHANGELOG.md); [`by_waves`]
 /// weighs it against [`TILE_128_AHEAD`].
-pub const TILE_128_SLIM: CoopTile = CoopTile::new(2, 2, 4, 4, 32, 1);
+pub const TILE_128_SLIM: MatmulTile = MatmulTile::new(2, 2, 4, 4, 32, 1);
 /// [`TILE_128_K64`] with two K tiles in flight in registers (238 registers, still one
 /// workgroup per SM): faster at every GPT-2 product but the dW products with long K
 /// slices, and at 4096^3 (`wgtrain bench --tune` on the H100: 613.4 against
 /// [`TILE_128_SLIM`]'s 639.3 us; CHANGELOG.md). [`by_waves`]'s one-workgroup-per-SM
 /// tile.
-pub const TILE_128_AHEAD: CoopTile = TILE_128_K64.two_ahead();
+pub const TILE_128_AHEAD: MatmulTile = TILE_128_K64.two_ahead();
 /// 128 x 128 of C from 16 subgroups of 32 x 32, K by 32, two K tiles in flight (512
 /// threads at 108 registers: one workgroup per SM). With bounds checks on every load it
 /// was the fastest at GPT-2's dW products split along K; with whole tiles loaded
 /// unchecked [`TILE_128_AHEAD`] is faster at all four (fc.dw 262.8 against 296.7 us;
 /// CHANGELOG.md), so only the sweep runs it.
-pub const TILE_128_SPLIT: CoopTile = CoopTile::new(4, 4, 2, 2, 32, 1).two_ahead();
+pub const TILE_128_SPLIT: MatmulTile = MatmulTile::new(4, 4, 2, 2, 32, 1).two_ahead();
 /// [`TILE_128_SLIM`]'s speed over [`TILE_128_AHEAD`]'s where both fill their waves and
 /// A is a transposed view (a dW product): GPT-2's qkv.dw on the H100, 4 slices of 2048,
 /// 184.0 against 199.2 us (CHANGELOG.md). Where A's rows are contiguous the two-ahead
@@ -57,46 +57,46 @@ const SLIM_SPEEDUP: f64 = 1.08;
 /// of 1024, on the H100: 104.7 us against 96.2).
 const SLIM_MIN_K: u32 = 2048;
 /// The tiles the tuning sweep measures (CHANGELOG.md has their rows on the H100).
-pub const CANDIDATES: [CoopTile; 24] = [
+pub const CANDIDATES: [MatmulTile; 24] = [
     TILE_128_K64,
     TILE_128,
     TILE_WIDE,
     TILE_64,
-    CoopTile::new(4, 2, 4, 2, 32, 1),
-    CoopTile::new(2, 2, 4, 4, 64, 1),
-    CoopTile::new(4, 2, 2, 4, 64, 1),
-    CoopTile::new(2, 2, 2, 2, 64, 1),
+    MatmulTile::new(4, 2, 4, 2, 32, 1),
+    MatmulTile::new(2, 2, 4, 4, 64, 1),
+    MatmulTile::new(4, 2, 2, 4, 64, 1),
+    MatmulTile::new(2, 2, 2, 2, 64, 1),
     TILE_128_SLIM,
-    CoopTile::new(2, 2, 4, 4, 32, 2),
-    CoopTile::new(2, 4, 4, 2, 16, 2),
-    CoopTile::new(2, 4, 4, 4, 16, 2),
+    MatmulTile::new(2, 2, 4, 4, 32, 2),
+    MatmulTile::new(2, 4, 4, 2, 16, 2),
+    MatmulTile::new(2, 4, 4, 4, 16, 2),
     // 128 x 128 from more, smaller subgroup tiles (8 or 16 warps a workgroup).
-    CoopTile::new(2, 4, 4, 2, 32, 1),
-    CoopTile::new(4, 2, 2, 4, 32, 1),
-    CoopTile::new(4, 4, 2, 2, 32, 1),
+    MatmulTile::new(2, 4, 4, 2, 32, 1),
+    MatmulTile::new(4, 2, 2, 4, 32, 1),
+    MatmulTile::new(4, 4, 2, 2, 32, 1),
     // Two K tiles in flight in registers.
     TILE_128_AHEAD,
     TILE_128_SLIM.two_ahead(),
     TILE_WIDE.two_ahead(),
-    CoopTile::new(2, 4, 4, 2, 32, 1).two_ahead(),
+    MatmulTile::new(2, 4, 4, 2, 32, 1).two_ahead(),
     TILE_128_SPLIT,
     // 96 x 96: a 768 x 768 output (GPT-2's attn_proj.dw, 36 tiles of 128 x 128) in 64
     // tiles, so that two K slices fill one wave of 132 workgroups. Slower than the 128
     // x 128 tiles on the H100, save that one product (CHANGELOG.md): not picked.
-    CoopTile::new(3, 2, 2, 3, 64, 1),
-    CoopTile::new(3, 2, 2, 3, 64, 1).two_ahead(),
-    CoopTile::new(2, 2, 3, 3, 64, 1),
-    CoopTile::new(2, 3, 3, 2, 32, 2),
+    MatmulTile::new(3, 2, 2, 3, 64, 1),
+    MatmulTile::new(3, 2, 2, 3, 64, 1).two_ahead(),
+    MatmulTile::new(2, 2, 3, 3, 64, 1),
+    MatmulTile::new(2, 3, 3, 2, 32, 2),
 ];
 
 /// Bytes of workgroup memory a variant uses.
-pub fn workgroup_bytes(tile: CoopTile) -> u64 {
+pub fn workgroup_bytes(tile: MatmulTile) -> u64 {
     // Either orientation pads the BK side or the BM/BN side by 8; the larger is counted.
     let side = |mn: u32| u64::from((mn * (tile.bk + 8)).max(tile.bk * (mn + 8)));
     2 * u64::from(tile.nbuf) * (side(tile.bm()) + side(tile.bn())) + 4 * 256 * u64::from(tile.gm * tile.gn)
 }
 
-fn operand(x: &str, tile: CoopTile, load: Load, whole: bool) -> Result<String, Error> {
+fn operand(x: &str, tile: MatmulTile, load: Load, whole: bool) -> Result<String, Error> {
     let is_a = x == "a";
     let mn = if is_a { tile.bm() } else { tile.bn() };
     // Storage orientation: A rows are M (row) or K (col); B rows are K (row) or N (col).
@@ -132,7 +132,7 @@ fn operand(x: &str, tile: CoopTile, load: Load, whole: bool) -> Result<String, E
 
 /// The unrolled per-fragment code: accumulator declarations, a K tile's fragment loads
 /// and multiply-adds (each 16-step written out), the wide stores and the staged stores.
-fn unrolled(tile: CoopTile) -> [String; 4] {
+fn unrolled(tile: MatmulTile) -> [String; 4] {
     use std::fmt::Write;
     let frags = || (0..tile.fm).flat_map(|i| (0..tile.fn_).map(move |j| (i, j)));
     let (mut decl, mut mma, mut wide, mut staged) = (String::new(), String::new(), String::new(), String::new());
@@ -172,7 +172,7 @@ fn unrolled(tile: CoopTile) -> [String; 4] {
 /// Whether a launch of `tile` covers whole tiles: M, N and K multiples of the tile's, and
 /// an even count of K tiles where the loop takes two a turn (its odd count gets a tile
 /// of zeros, which the loads' bounds checks make). Then the variant loads without them.
-pub fn whole(params: &Params, tile: CoopTile) -> bool {
+pub fn whole(params: &Params, tile: MatmulTile) -> bool {
     let tiles = params.k / tile.bk;
     params.m.is_multiple_of(tile.bm())
         && params.n.is_multiple_of(tile.bn())
@@ -187,7 +187,7 @@ pub fn variant(
     tc: DType,
     act: Activation,
     (a, b): (Load, Load),
-    tile: CoopTile,
+    tile: MatmulTile,
     whole: bool,
     plain: bool,
 ) -> Result<Vec<(&'static str, String)>, Error> {
@@ -250,13 +250,9 @@ pub fn eligible(coop_f16: bool, subgroup_size: (u32, u32), a: DType, b: DType, c
 /// fills the device once (`wave` workgroups: one per multiprocessor) or for a single product (split-K
 /// fills the device); 64 x 64 for batches of small products. (The caller then chooses
 /// between the 128 x 128 tiles by [`by_waves`], once it knows the split.)
-pub fn pick(m: u32, n: u32, batches: u32, wave: u64) -> CoopTile {
+pub fn pick(m: u32, n: u32, batches: u32, wave: u64) -> MatmulTile {
     let tiles = u64::from(m.div_ceil(128)) * u64::from(n.div_ceil(128)) * u64::from(batches);
-    if tiles >= wave || batches == 1 {
-        TILE_128_K64
-    } else {
-        TILE_64
-    }
+    if tiles >= wave || batches == 1 { TILE_128_K64 } else { TILE_64 }
 }
 
 /// The 128 x 128 tile for a launch of `workgroups` (output tiles times split-K slices)
@@ -267,7 +263,7 @@ pub fn pick(m: u32, n: u32, batches: u32, wave: u64) -> CoopTile {
 /// waves. E.g. GPT-2's qkv.dw (108 tiles x 4 slices of 2048) fills both alike and takes
 /// the first; fc.dw (144 x 4) fills 87% of waves of one per SM and 73% of two per SM, and
 /// takes the second.
-pub fn by_waves(workgroups: u64, k: u32, a_col: bool, wave: u64) -> CoopTile {
+pub fn by_waves(workgroups: u64, k: u32, a_col: bool, wave: u64) -> MatmulTile {
     let slim = wave_fill(workgroups, 2 * wave) * SLIM_SPEEDUP;
     if a_col && k >= SLIM_MIN_K && slim > wave_fill(workgroups, wave) {
         TILE_128_SLIM
@@ -290,6 +286,6 @@ pub fn wide(params: &Params) -> bool {
 
 /// The WGSL of the variant with C of type `tc`, epilogue `act`, operand loads `loads`,
 /// `tile`, whole tiles (`whole`: no bounds checks) and the PLAIN epilogue (`plain`).
-pub fn source(tc: DType, act: Activation, loads: (Load, Load), tile: CoopTile, whole: bool, plain: bool) -> Result<String, Error> {
+pub fn source(tc: DType, act: Activation, loads: (Load, Load), tile: MatmulTile, whole: bool, plain: bool) -> Result<String, Error> {
     render("matmul_coop", SOURCE, &variant(tc, act, loads, tile, whole, plain)?)
 }

@@ -49,7 +49,7 @@ pub struct MatmulOptions<'a> {
     pub tiled_only: bool,
     /// The cooperative kernel's tile, where the caller forces one (the tuning sweep);
     /// `None` lets the shape pick.
-    pub coop_tile: Option<CoopTile>,
+    pub coop_tile: Option<MatmulTile>,
     /// The tiled kernel's variant, where the caller forces one (the tuning sweep);
     /// `None` takes [`SimtTile::DEFAULT`].
     pub simt_tile: Option<SimtTile>,
@@ -148,7 +148,7 @@ pub fn wave_fill(workgroups: u64, slots: u64) -> f64 {
 /// workgroup buffers per operand, with `ahead` (1 or 2; 2 only with one buffer) K tiles
 /// in flight from global memory in each thread's registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CoopTile {
+pub struct MatmulTile {
     pub gm: u32,
     pub gn: u32,
     pub fm: u32,
@@ -158,10 +158,10 @@ pub struct CoopTile {
     pub ahead: u32,
 }
 
-impl CoopTile {
+impl MatmulTile {
     /// GM x GN subgroups of FM x FN fragments, K by BK through NBUF buffers.
-    pub const fn new(gm: u32, gn: u32, fm: u32, fn_: u32, bk: u32, nbuf: u32) -> CoopTile {
-        CoopTile {
+    pub const fn new(gm: u32, gn: u32, fm: u32, fn_: u32, bk: u32, nbuf: u32) -> MatmulTile {
+        MatmulTile {
             gm,
             gn,
             fm,
@@ -173,8 +173,8 @@ impl CoopTile {
     }
 
     /// The same tile with two K tiles in flight in registers (one buffer).
-    pub const fn two_ahead(self) -> CoopTile {
-        CoopTile { ahead: 2, ..self }
+    pub const fn two_ahead(self) -> MatmulTile {
+        MatmulTile { ahead: 2, ..self }
     }
 
     /// Whether the K loop takes two tiles a turn (two buffers or two tiles ahead).
@@ -212,29 +212,29 @@ impl CoopTile {
 
 /// Which matmul kernel a benchmark row runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Forced {
+pub enum MatmulVariant {
     /// Whatever the shape and adapter pick.
     Auto,
     /// The tiled kernel, its default variant.
     Tiled,
     /// The cooperative kernel with this tile.
-    Coop(CoopTile),
+    Coop(MatmulTile),
     /// The tiled kernel with this variant.
     Simt(SimtTile),
 }
 
-impl Forced {
+impl MatmulVariant {
     /// The options that run it.
     pub fn options(self) -> MatmulOptions<'static> {
         let base = MatmulOptions::default();
         match self {
-            Forced::Auto => base,
-            Forced::Tiled => MatmulOptions { tiled_only: true, ..base },
-            Forced::Coop(t) => MatmulOptions {
+            MatmulVariant::Auto => base,
+            MatmulVariant::Tiled => MatmulOptions { tiled_only: true, ..base },
+            MatmulVariant::Coop(t) => MatmulOptions {
                 coop_tile: Some(t),
                 ..base
             },
-            Forced::Simt(t) => MatmulOptions {
+            MatmulVariant::Simt(t) => MatmulOptions {
                 tiled_only: true,
                 simt_tile: Some(t),
                 ..base
@@ -245,9 +245,9 @@ impl Forced {
     /// `tune.NAME.` for a forced variant, as the sweep's rows begin; empty otherwise.
     pub fn row_prefix(self) -> String {
         match self {
-            Forced::Auto | Forced::Tiled => String::new(),
-            Forced::Coop(t) => format!("tune.{}.", t.name()),
-            Forced::Simt(t) => format!("tune.f32.{}.", t.name()),
+            MatmulVariant::Auto | MatmulVariant::Tiled => String::new(),
+            MatmulVariant::Coop(t) => format!("tune.{}.", t.name()),
+            MatmulVariant::Simt(t) => format!("tune.f32.{}.", t.name()),
         }
     }
 }

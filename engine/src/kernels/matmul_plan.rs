@@ -12,7 +12,7 @@
 use std::fmt;
 
 use super::matmul_coop::{self as coop, TILE_128_AHEAD, TILE_128_SLIM};
-use super::matmul_params::{Activation, CoopTile, Load, MatmulOptions, Params, SLICE_UNIT, SLICED, SimtTile, wave_fill};
+use super::matmul_params::{Activation, Load, MatmulOptions, MatmulTile, Params, SLICE_UNIT, SLICED, SimtTile, wave_fill};
 use crate::device::AdapterFacts;
 use crate::error::Error;
 use crate::tensor::{DType, Tensor};
@@ -82,7 +82,7 @@ pub struct CoopKernel {
     /// How A and B are loaded.
     pub loads: [Load; 2],
     /// The tile.
-    pub tile: CoopTile,
+    pub tile: MatmulTile,
     /// Whole tiles: loads without bounds checks.
     pub whole: bool,
     /// No epilogue beyond the store.
@@ -132,13 +132,7 @@ pub struct MatmulPlan {
 
 /// The plan of c = act(alpha * a @ b + bias + beta * c) on an adapter with `facts`, or
 /// None when there is nothing to compute (an empty output).
-pub fn plan(
-    facts: &AdapterFacts,
-    a: Operand,
-    b: Operand,
-    c: Operand,
-    opts: &MatmulOptions,
-) -> Result<Option<MatmulPlan>, Error> {
+pub fn plan(facts: &AdapterFacts, a: Operand, b: Operand, c: Operand, opts: &MatmulOptions) -> Result<Option<MatmulPlan>, Error> {
     let shape = output_shape(a.shape, b.shape)?;
     if c.shape != shape.as_slice() {
         return Err(Error::shape("matmul output", format!("{shape:?}"), format!("{:?}", c.shape)));
@@ -150,11 +144,7 @@ pub fn plan(
     }
     let rc = c.shape.len();
     if c.strides[rc - 1] != 1 && c.shape[rc - 1] > 1 {
-        return Err(Error::shape(
-            "matmul output",
-            "contiguous rows",
-            format!("strides {:?}", c.strides),
-        ));
+        return Err(Error::shape("matmul output", "contiguous rows", format!("strides {:?}", c.strides)));
     }
     let (ra, rb) = (a.shape.len(), b.shape.len());
     let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
@@ -317,7 +307,7 @@ fn product_kernel(
     facts: &AdapterFacts,
     params: &Params,
     [ta, tb, tc]: [DType; 3],
-    coop_tile: Option<CoopTile>,
+    coop_tile: Option<MatmulTile>,
     opts: &MatmulOptions,
 ) -> Result<ProductKernel, Error> {
     let limit = facts.workgroup_bytes;
@@ -435,7 +425,7 @@ pub fn whole_tiles(m: usize, n: usize, k: usize, tm: u32, bk: u32, [la, lb]: [Lo
 /// Whether the tensor-core kernel with `tile` can take this product in `splits` uneven K
 /// slices (`SLICED`): K a multiple of [`SLICE_UNIT`], a unit at least a slice, and whole
 /// tiles (the loads are unchecked, so no slice reads into the next).
-fn sliceable(params: &Params, splits: usize, tile: CoopTile) -> bool {
+fn sliceable(params: &Params, splits: usize, tile: MatmulTile) -> bool {
     let k = params.k as usize;
     let all = Params { flags: SLICED, ..*params };
     k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT && coop::whole(&all, tile)

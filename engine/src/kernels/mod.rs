@@ -24,7 +24,6 @@ pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_params;
 pub mod matmul_plan;
-pub mod names;
 pub mod optim;
 pub mod reduce;
 pub mod softmax;

@@ -124,7 +124,12 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
         v: grad,
     };
     let n = check(&s, found)?;
-    let kernel = rt.kernel(KernelKey::new("optim", &[0]), 5, || render("optim", SOURCE, &variant(0)))?;
+    let kernel = rt.kernel(
+        KernelKey::new("optim", &[0]),
+        5,
+        || "optim unscale + non-finite check".into(),
+        || render("optim", SOURCE, &variant(0)),
+    )?;
     let params = Params {
         n: n as u32,
         inv_scale,
@@ -171,7 +176,12 @@ pub fn adamw_step(
         grad_offset: s.grad.offset() as u32,
         pad: [0; 2],
     };
-    let kernel = rt.kernel(KernelKey::new("optim", &[1]), 5, || render("optim", SOURCE, &variant(1)))?;
+    let kernel = rt.kernel(
+        KernelKey::new("optim", &[1]),
+        5,
+        || "optim adamw".into(),
+        || render("optim", SOURCE, &variant(1)),
+    )?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
@@ -208,7 +218,12 @@ pub fn sgd_step(
         grad_offset: s.grad.offset() as u32,
         ..Default::default()
     };
-    let kernel = rt.kernel(KernelKey::new("optim", &[2]), 5, || render("optim", SOURCE, &variant(2)))?;
+    let kernel = rt.kernel(
+        KernelKey::new("optim", &[2]),
+        5,
+        || "optim sgd".into(),
+        || render("optim", SOURCE, &variant(2)),
+    )?;
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),

@@ -72,9 +72,12 @@ fn launch(
         scale,
         pad: [0; 3],
     };
-    let kernel = rt.kernel(KernelKey::new("reduce", &[op as u32, x.dtype() as u32]), 2, || {
-        render("reduce", SOURCE, &variant(op, x.dtype()))
-    })?;
+    let kernel = rt.kernel(
+        KernelKey::new("reduce", &[op as u32, x.dtype() as u32]),
+        2,
+        || format!("reduce {} {}", format!("{op:?}").to_lowercase(), x.dtype().wgsl()),
+        || render("reduce", SOURCE, &variant(op, x.dtype())),
+    )?;
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, out], grid(rows as u32))
 }
 
@@ -189,18 +192,24 @@ pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Re
         x_offset: x.offset() as u32,
         pad: 0,
     };
-    let first = rt.kernel(KernelKey::new("sum_rows", &[0, x.dtype() as u32]), 2, || {
-        render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype()))
-    })?;
+    let first = rt.kernel(
+        KernelKey::new("sum_rows", &[0, x.dtype() as u32]),
+        2,
+        || format!("sum_rows partials {}", x.dtype().wgsl()),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype())),
+    )?;
     rt.launch(
         &first,
         bytemuck::bytes_of(&params),
         &[x, &part],
         [cols.div_ceil(256) as u32, chunks as u32, 1],
     )?;
-    let second = rt.kernel(KernelKey::new("sum_rows", &[1, DType::F32 as u32]), 2, || {
-        render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32))
-    })?;
+    let second = rt.kernel(
+        KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
+        2,
+        || format!("sum_rows sums {}", DType::F32.wgsl()),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32)),
+    )?;
     let params = SumRowsParams { x_offset: 0, ..params };
     rt.launch(
         &second,

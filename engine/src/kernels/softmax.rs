@@ -73,6 +73,7 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
     let kernel = rt.kernel(
         KernelKey::new("softmax", &[mode as u32, x.dtype() as u32, x.dtype() as u32, y.dtype() as u32]),
         3,
+        || name(mode, x.dtype(), y.dtype()),
         || render("softmax", SOURCE, &variant(mode, x.dtype(), x.dtype(), y.dtype())),
     )?;
     let params = Params {
@@ -82,6 +83,11 @@ pub fn softmax_into(rt: &Runtime, x: &Tensor, y: &Tensor, log: bool, causal: boo
         pad: 0,
     };
     rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, x, y], grid(rows as u32))
+}
+
+/// The profiler's name of a variant: `softmax logsoftmax f32->f32`.
+fn name(mode: SoftmaxMode, input: DType, output: DType) -> String {
+    format!("softmax {} {}->{}", format!("{mode:?}").to_lowercase(), input.wgsl(), output.wgsl())
 }
 
 /// dx = y * (dy - sum(dy * y)) over the last dimension, computing in f32 whatever the
@@ -100,6 +106,7 @@ pub fn softmax_backward_into(rt: &Runtime, y: &Tensor, dy: &Tensor, dx: &Tensor)
             &[SoftmaxMode::Backward as u32, y.dtype() as u32, dy.dtype() as u32, dx.dtype() as u32],
         ),
         3,
+        || name(SoftmaxMode::Backward, y.dtype(), dx.dtype()),
         || {
             render(
                 "softmax",

@@ -7,7 +7,7 @@
 //! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::attention_plan::{LaneKernel, Mode, Path};
-use super::flash_attention_coop::{self, CoopMode, CoopTile};
+use super::flash_attention_coop::{self, AttentionTile, CoopMode};
 use super::flash_attention_tiled::{self, TiledMode, TiledTile};
 use super::map::MapOp;
 use super::matmul::Activation;
@@ -80,10 +80,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 for (d4, bc) in [(1, 64), (2, 64), (3, 64), (4, 64), (8, 32), (16, 16), (32, 8)] {
                     // Path::Tiled differs from Subgroup only in dK dV (two key rows a thread).
                     let tiled = (mode == Mode::KeyValue).then_some(Path::Tiled);
-                    for path in [Path::Plain, Path::Subgroup]
-                        .into_iter()
-                        .chain(tiled)
-                    {
+                    for path in [Path::Plain, Path::Subgroup].into_iter().chain(tiled) {
                         for unroll in [false, true] {
                             out.push(Variant {
                                 name: "flash_attention",
@@ -125,7 +122,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             for d in [16, 32, 64, 128] {
                 let best = flash_attention_coop::pick(mode, d, 48 * 1024, true)
                     .ok_or_else(|| Error::invalid("flash attention variants", format!("no tile for head size {d}")))?;
-                let small = CoopTile {
+                let small = AttentionTile {
                     sg: 1,
                     bc: 16,
                     subgroup_sync: !best.subgroup_sync,

@@ -183,9 +183,8 @@ pub struct Kernel {
     pub(super) layout: Arc<wgpu::BindGroupLayout>,
     pub(super) storage_bindings: usize,
     pub(super) key: KernelKey,
-    /// The name its family's plan gives it, where one does (else the profiler decodes
-    /// the key).
-    pub(super) name: Option<Arc<str>>,
+    /// Its readable name, as its family names it.
+    pub(super) name: Arc<str>,
 }
 
 impl Kernel {
@@ -199,9 +198,9 @@ impl Kernel {
         self.key
     }
 
-    /// The name its family's plan gave it, if any.
-    pub fn name(&self) -> Option<&str> {
-        self.name.as_deref()
+    /// Its readable name (`matmul_coop f16,f16->f32 ... 256t`, `map add f32 vec4`).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -248,14 +247,14 @@ impl PipelineCache {
     }
 
     /// The compiled variant `key` binding `storage` tensors; `name` (the variant's
-    /// readable name, if its family gives one) and `wgsl` (its source) are called only
-    /// when the variant is not cached yet.
+    /// readable name) and `wgsl` (its source) are called only when the variant is not
+    /// cached yet.
     pub fn get(
         &self,
         gpu: &Gpu,
         key: KernelKey,
         storage: usize,
-        name: impl FnOnce() -> Option<String>,
+        name: impl FnOnce() -> String,
         wgsl: impl FnOnce() -> Result<String, Error>,
     ) -> Result<Arc<Kernel>, Error> {
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
@@ -298,7 +297,7 @@ impl PipelineCache {
             layout,
             storage_bindings: storage,
             key,
-            name: label().map(Arc::from),
+            name: Arc::from(label()),
         });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
         Ok(kernel)

@@ -136,22 +136,17 @@ impl Runtime {
         self.recorder().runs()
     }
 
-    /// The compiled variant `key` binding `storage` tensors; `wgsl` renders its source
-    /// and is called only on the first use of the variant.
-    pub fn kernel(&self, key: KernelKey, storage: usize, wgsl: impl FnOnce() -> Result<String, Error>) -> Result<Arc<Kernel>, Error> {
-        self.cache.get(&self.gpu, key, storage, || None, wgsl)
-    }
-
-    /// As [`Runtime::kernel`], for a family whose plan names its kernels: `name` is
-    /// called once, with `wgsl`, and the profiler's table and trace show it.
-    pub fn kernel_named(
+    /// The compiled variant `key` binding `storage` tensors; `name` (the variant's
+    /// readable name, from its family's plan: the profiler's table and trace show it)
+    /// and `wgsl` (its source) are called only on the first use of the variant.
+    pub fn kernel(
         &self,
         key: KernelKey,
         storage: usize,
         name: impl FnOnce() -> String,
         wgsl: impl FnOnce() -> Result<String, Error>,
     ) -> Result<Arc<Kernel>, Error> {
-        self.cache.get(&self.gpu, key, storage, || Some(name()), wgsl)
+        self.cache.get(&self.gpu, key, storage, name, wgsl)
     }
 
     /// Records one launch: `params` into the next ring slot, the blocks of `blocks`

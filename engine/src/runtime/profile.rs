@@ -38,8 +38,8 @@ pub struct Work {
 pub struct LaunchRecord {
     /// The kernel family and variant.
     pub key: KernelKey,
-    /// The kernel's name where its family's plan gave one (`Runtime::kernel_named`).
-    pub name: Option<Arc<str>>,
+    /// The kernel's readable name, as its family names it.
+    pub name: Arc<str>,
     /// The label of the tensor the launch writes (its last binding).
     pub label: Option<Arc<str>>,
     /// Workgroups dispatched.
@@ -76,7 +76,7 @@ pub struct StepTrace {
 
 struct Pending {
     key: KernelKey,
-    name: Option<Arc<str>>,
+    name: Arc<str>,
     phase: &'static str,
     label: Option<Arc<str>>,
     groups: [u32; 3],
@@ -132,7 +132,7 @@ impl Profiler {
         &mut self,
         gpu: &Gpu,
         key: KernelKey,
-        name: Option<Arc<str>>,
+        name: Arc<str>,
         label: Option<Arc<str>>,
         groups: [u32; 3],
         work: Work,

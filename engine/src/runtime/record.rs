@@ -190,7 +190,9 @@ impl Recorder for DeviceRecorder {
         });
         let open = self.pass.is_some();
         let timestamp_writes = match (&mut self.profiler, meta, &mut self.timing, &self.queries) {
-            (Some(profiler), Some(meta), _, _) => Some(profiler.next(&self.gpu, kernel.key, kernel.name.clone(), meta.label, groups, meta.work)),
+            (Some(profiler), Some(meta), _, _) => {
+                Some(profiler.next(&self.gpu, kernel.key, kernel.name.clone(), meta.label, groups, meta.work))
+            }
             (_, _, Some(first), Some((set, _, _))) if !open => Some(wgpu::ComputePassTimestampWrites {
                 query_set: set,
                 beginning_of_pass_write_index: std::mem::replace(first, false).then_some(0),

@@ -8,7 +8,7 @@
 //! overlap on the GPU are attributed exclusively in launch order, so the kernels' times
 //! add up to the GPU time.
 //!
-//! May call: `kernels::names`, `optim`, `runtime`, `train::{error, step,
+//! May call: `optim`, `runtime`, `train::{error, step,
 //! trainer}`. Called by: the CLI.
 
 use std::collections::BTreeMap;
@@ -88,10 +88,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The row name of a launch: its family and variant, readable.
 pub fn kernel_name(r: &LaunchRecord) -> String {
-    match &r.name {
-        Some(name) => name.to_string(),
-        None => crate::kernels::names::describe(&r.key),
-    }
+    r.name.to_string()
 }
 
 /// Each launch's exclusive GPU time in launch order (overlaps go to the earlier one),
