@@ -164,8 +164,11 @@ fn a_token_file_truncated_while_training_is_an_error_not_a_crash() {
             "train.batch_size=4",
             "train.steps=100000",
             "train.eval_every=1000000",
+            "checkpoint.every=0",
         ],
     );
+    let ckpt = dir.join("ckpt");
+    args.extend(["--set".into(), format!("checkpoint.dir=\"{}\"", ckpt.display())]);
     args.extend(["--log".into(), log.display().to_string()]);
     let child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
         .args(&args)
@@ -188,6 +191,14 @@ fn a_token_file_truncated_while_training_is_an_error_not_a_crash() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "a clear error, not a signal: {err}");
     assert!(err.contains("train.bin") && err.contains("truncated"), "{err}");
+    // With checkpoint.every = 0 the steps done before the error are saved once, at it.
+    let steps = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"loss\""))
+        .count();
+    let latest = std::fs::read_to_string(ckpt.join("latest")).expect("a checkpoint saved at the error");
+    assert_eq!(latest.trim(), format!("step-{steps:09}"), "{err}");
 }
 
 #[test]

@@ -1,9 +1,12 @@
 //! No lost work on crashes and signals, by real processes: a save killed at each of its
 //! points while replacing an existing step, a fresh run refused over another run's
-//! checkpoints, a bad checkpoint folder refused before training, one trainer per
-//! folder, SIGTERM and SIGINT saving and exiting 143 and 130, logs repaired on resume,
-//! stale temporary folders removed, and a loop of 50 kills (SIGKILL at random moments
-//! and aborts at each rename) after which the log equals an uninterrupted run's.
+//! checkpoints, a resume refused into another run's folder or log, an edited manifest
+//! or `latest` refused, a bad checkpoint folder refused before training, one trainer
+//! per folder (a kernel lock), SIGTERM, SIGINT and SIGHUP saving and exiting 143, 130
+//! and 129 (nothing saved before the first step), logs repaired on resume, stale
+//! temporary folders removed, and a loop of 50 kills (SIGKILL at random moments and
+//! aborts at each rename, some runs as pid 1 of a pid namespace) after which the log
+//! equals an uninterrupted run's.
 
 mod cli;
 
@@ -39,10 +42,11 @@ fn resaving_an_existing_step_survives_a_crash_at_every_point() {
         let dir = scratch(&format!("resave-{point}"));
         let ckpt = dir.join("ckpt");
         let c = ckpt.to_str().unwrap();
-        run_ok(&small_args(c, &["--set", "train.steps=3"]), &[]);
-        // Resuming the finished run saves step 3 again: die at `point` of that save.
+        run_ok(&small_args(c, &["--set", "train.steps=3", "--set", "checkpoint.every=1"]), &[]);
+        // Resuming the finished run from its step 2 saves step 3 again: die at `point`
+        // of that save.
         let out = run(
-            &resume(small_args(c, &["--set", "train.steps=3"]), &ckpt),
+            &resume(small_args(c, &["--set", "train.steps=3"]), &ckpt.join("step-000000002")),
             &[("WGTRAIN_TEST_CRASH_AT", point)],
         );
         assert!(!out.status.success(), "{point}: the save should have died");
@@ -99,19 +103,31 @@ fn an_unusable_checkpoint_folder_is_refused_before_training() {
         assert!(losses_or_none(&log).is_empty(), "trained before refusing");
         assert!(start.elapsed() < Duration::from_secs(60));
     }
-    // One trainer at a time: a live holder's lock is refused, naming its pid.
+    // One trainer at a time: a live holder's lock (flock, held by the kernel) is
+    // refused, naming the pid the file holds.
     let ckpt = dir.join("locked");
     std::fs::create_dir_all(&ckpt).unwrap();
-    let holder = Command::new("sleep").arg("30").spawn().unwrap();
-    std::fs::write(ckpt.join(".lock"), holder.id().to_string()).unwrap();
+    let lock = ckpt.join(".lock");
+    // `-o`: flock itself holds the lock, not the command it runs.
+    let holder = Command::new("flock").arg("-o").arg(&lock).args(["sleep", "30"]).spawn().unwrap();
+    let start = Instant::now();
+    while std::fs::File::open(&lock).is_ok_and(|f| f.try_lock().is_ok()) {
+        assert!(start.elapsed() < Duration::from_secs(10), "flock never took the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(&lock, holder.id().to_string()).unwrap();
     let out = run(&small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=1"]), &[]);
+    assert!(!out.status.success());
     assert!(stderr(&out).contains(&format!("pid {}", holder.id())), "{}", stderr(&out));
     kill(holder.id(), "KILL");
     let mut holder = holder;
     holder.wait().unwrap();
-    // A dead holder's lock is taken over.
+    // A dead holder's lock is taken over, whatever pid the file names: even this
+    // test's own, which is alive.
+    std::fs::write(&lock, std::process::id().to_string()).unwrap();
     run_ok(&small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=1"]), &[]);
-    assert!(!ckpt.join(".lock").exists(), "the lock goes with the run");
+    let file = std::fs::File::open(&lock).unwrap();
+    file.try_lock().expect("the lock goes with the run");
 }
 
 fn losses_or_none(log: &Path) -> Vec<(u64, f64)> {
@@ -124,8 +140,27 @@ fn kill(pid: u32, signal: &str) {
 }
 
 fn spawn(args: &[String], env: &[(&str, &str)]) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgtrain"));
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    spawn_in(args, env, false)
+}
+
+/// The command running `wgtrain ARGS`: as pid 1 of a new pid namespace (as in a
+/// container) where `pid1` (`unshare`, the trainer killed with it).
+fn command(args: &[String], pid1: bool) -> Command {
+    let exe = env!("CARGO_BIN_EXE_wgtrain");
+    let mut cmd = if pid1 {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child", exe]);
+        c
+    } else {
+        Command::new(exe)
+    };
+    cmd.args(args);
+    cmd
+}
+
+fn spawn_in(args: &[String], env: &[(&str, &str)], pid1: bool) -> std::process::Child {
+    let mut cmd = command(args, pid1);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -265,7 +300,7 @@ fn fifty_kills_and_resumes_end_with_the_uninterrupted_runs_losses() {
     let (ckpt, log) = (dir.join("ckpt"), dir.join("run.jsonl"));
     let base = with_log(small_args(ckpt.to_str().unwrap(), &extra), &log);
     let mut rng = Lcg(2026);
-    let (mut sigkills, mut aborts, mut finished_resumes_killed, mut cycles, mut missed) = (0, 0, 0, 0, 0);
+    let (mut sigkills, mut aborts, mut finished_resumes_killed, mut cycles, mut missed, mut as_pid1) = (0, 0, 0, 0, 0, 0);
     let check_and_start_over = |cycles: &mut usize| {
         assert_eq!(
             losses(&log),
@@ -276,18 +311,35 @@ fn fifty_kills_and_resumes_end_with_the_uninterrupted_runs_losses() {
         std::fs::remove_dir_all(&ckpt).unwrap();
         std::fs::remove_file(&log).unwrap();
     };
+    let output = |args: &[String], env: &[(&str, &str)], pid1: bool| {
+        let mut cmd = command(args, pid1);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let ok = |out: &std::process::Output| assert!(out.status.success(), "{}", stderr(out));
     while sigkills + aborts < KILLS {
         let args = next_run(&base, &ckpt, &log);
         let saved = saved_step(&ckpt);
+        // Every third run is pid 1 of its own pid namespace, as a trainer in a container
+        // is: its pid comes back after a kill.
+        let pid1 = rng.next(3) == 0;
+        as_pid1 += usize::from(pid1);
         if saved == Some(STEPS) {
-            // A resume of the finished run: it saves step 12 again; die at one of that
+            // The run finished: resuming it changes nothing. Resumed from its step 11
+            // it runs step 12 again and saves it over the old one: die at one of that
             // save's points, then resume once more and compare.
+            let before = std::fs::read(&log).unwrap();
+            ok(&output(&args, &[], pid1));
+            assert_eq!(std::fs::read(&log).unwrap(), before, "a resume of a finished run");
             let point = CRASH_POINTS[finished_resumes_killed % CRASH_POINTS.len()];
-            let out = run(&args, &[("WGTRAIN_TEST_CRASH_AT", &format!("{point}@{STEPS}"))]);
-            assert!(out.status.code().is_none(), "re-save at {point}: {}", stderr(&out));
+            let again = resume(base.clone(), &ckpt.join(format!("step-{:09}", STEPS - 1)));
+            let out = output(&again, &[("WGTRAIN_TEST_CRASH_AT", &format!("{point}@{STEPS}"))], pid1);
+            assert!(!out.status.success(), "re-save at {point}: {}", stderr(&out));
             aborts += 1;
             finished_resumes_killed += 1;
-            run_ok(&next_run(&base, &ckpt, &log), &[]);
+            ok(&output(&next_run(&base, &ckpt, &log), &[], pid1));
             check_and_start_over(&mut cycles);
             continue;
         }
@@ -298,9 +350,9 @@ fn fifty_kills_and_resumes_end_with_the_uninterrupted_runs_losses() {
             let point = points[rng.next(points.len() as u64) as usize];
             let first = saved.map_or(1, |s| s + 1);
             let at = format!("{point}@{}", first + rng.next(STEPS - first + 1));
-            let out = run(&args, &[("WGTRAIN_TEST_CRASH_AT", &at)]);
+            let out = output(&args, &[("WGTRAIN_TEST_CRASH_AT", &at)], pid1);
             assert!(
-                out.status.code().is_none(),
+                !out.status.success(),
                 "abort at {at}: exit {:?}: {}",
                 out.status.code(),
                 stderr(&out)
@@ -308,7 +360,7 @@ fn fifty_kills_and_resumes_end_with_the_uninterrupted_runs_losses() {
             aborts += 1;
         } else {
             // SIGKILL at a random moment of the run (start-up and saves included).
-            let mut child = spawn(&args, &[]);
+            let mut child = spawn_in(&args, &[], pid1);
             std::thread::sleep(Duration::from_millis(rng.next(run_ms.max(1))));
             match child.try_wait().unwrap() {
                 Some(status) => {
@@ -325,11 +377,11 @@ fn fifty_kills_and_resumes_end_with_the_uninterrupted_runs_losses() {
             }
         }
     }
-    // Whatever state the kills left, resume works and completes the run.
-    run_ok(&next_run(&base, &ckpt, &log), &[]);
+    // Whatever state the kills left, resume works (as pid 1 too) and completes the run.
+    ok(&output(&next_run(&base, &ckpt, &log), &[], true));
     check_and_start_over(&mut cycles);
     eprintln!(
-        "kill loop: {} kills ({sigkills} SIGKILL at random moments, {aborts} aborts at save points, {finished_resumes_killed} of them in resumes of finished runs), {missed} runs finished before their kill, {cycles} runs completed and equal to the uninterrupted one",
+        "kill loop: {} kills ({sigkills} SIGKILL at random moments, {aborts} aborts at save points, {finished_resumes_killed} of them in resumes of finished runs; {as_pid1} runs as pid 1 of a pid namespace), {missed} runs finished before their kill, {cycles} runs completed and equal to the uninterrupted one",
         sigkills + aborts
     );
 }
@@ -339,4 +391,153 @@ fn saved_step(ckpt: &Path) -> Option<u64> {
     wgtrain_engine::train::checkpoint::resolve(ckpt).ok().and_then(|p| {
         wgtrain_engine::train::checkpoint::parse_step_dir(p.file_name()?.to_str()?.trim_start_matches('.').split(".old-").next()?)
     })
+}
+
+/// Every file of a folder and its bytes (to show a refused command touched nothing).
+fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name() != ".lock" {
+                out.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_resume_writes_only_into_its_own_folder_and_log() {
+    let dir = scratch("resume-own");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let (log_a, log_b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+    // Two runs of one config: identical losses, so only the log's times tell them apart.
+    run_ok(
+        &with_log(
+            small_args(b.to_str().unwrap(), &["--set", "train.steps=8", "--set", "checkpoint.every=2"]),
+            &log_b,
+        ),
+        &[],
+    );
+    run_ok(
+        &with_log(
+            small_args(a.to_str().unwrap(), &["--set", "train.steps=4", "--set", "checkpoint.every=2"]),
+            &log_a,
+        ),
+        &[],
+    );
+    let before_b = contents(&b);
+    let before_log_b = std::fs::read(&log_b).unwrap();
+    // Resuming A into B's folder: refused, B untouched.
+    let out = run(
+        &resume(with_log(small_args(b.to_str().unwrap(), &["--set", "train.steps=6"]), &log_a), &a),
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("not the folder --resume") && err.contains("steps 4, 6, 8"), "{err}");
+    // Resuming A onto B's log: refused, naming it.
+    let out = run(
+        &resume(with_log(small_args(a.to_str().unwrap(), &["--set", "train.steps=6"]), &log_b), &a),
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("of another run"), "{}", stderr(&out));
+    assert_eq!(contents(&b), before_b, "B's checkpoints untouched");
+    assert_eq!(std::fs::read(&log_b).unwrap(), before_log_b, "B's log untouched");
+    // A's own folder and log: resumed as before.
+    run_ok(
+        &resume(with_log(small_args(a.to_str().unwrap(), &["--set", "train.steps=6"]), &log_a), &a),
+        &[],
+    );
+    assert_eq!(losses(&log_a).len(), 6);
+    // Into an empty folder nothing is lost; --overwrite replaces another run's.
+    let c = dir.join("c");
+    run_ok(&resume(small_args(c.to_str().unwrap(), &["--set", "train.steps=7"]), &a), &[]);
+    assert!(c.join("step-000000007/manifest.json").is_file());
+    let mut args = resume(with_log(small_args(b.to_str().unwrap(), &["--set", "train.steps=7"]), &log_b), &a);
+    args.push("--overwrite".into());
+    run_ok(&args, &[]);
+    assert!(b.join("step-000000007").is_dir() && !b.join("step-000000008").exists());
+    assert_eq!(
+        losses(&log_b).iter().map(|l| l.0).collect::<Vec<_>>(),
+        vec![7],
+        "B's log replaced by A's step"
+    );
+}
+
+#[test]
+fn an_edited_manifest_or_latest_cannot_steer_the_resume() {
+    let dir = scratch("manifest");
+    let ckpt = dir.join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    run_ok(&small_args(c, &["--set", "train.steps=8", "--set", "checkpoint.every=4"]), &[]);
+    let manifest = ckpt.join("step-000000008/manifest.json");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    for step in ["9", "0", "18446744073709551615"] {
+        let edited = original.replacen("\"step\": 8", &format!("\"step\": {step}"), 1);
+        assert_ne!(edited, original);
+        std::fs::write(&manifest, edited).unwrap();
+        let before = contents(&ckpt);
+        let out = run(&resume(small_args(c, &["--set", "train.steps=12"]), &ckpt), &[]);
+        assert!(!out.status.success(), "step {step}");
+        assert!(stderr(&out).contains("disagrees"), "{}", stderr(&out));
+        assert_eq!(contents(&ckpt), before, "step {step}: nothing written");
+    }
+    std::fs::write(&manifest, &original).unwrap();
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    for target in ["../outside", outside.to_str().unwrap(), "step-000000004/../step-000000008"] {
+        std::fs::write(ckpt.join("latest"), target).unwrap();
+        let out = run(&resume(small_args(c, &["--set", "train.steps=12"]), &ckpt), &[]);
+        assert!(!out.status.success(), "latest = {target}");
+        assert!(stderr(&out).contains("not a step folder"), "{}", stderr(&out));
+    }
+    // A special file as `latest` is refused, not read forever.
+    let _ = std::fs::remove_file(ckpt.join("latest"));
+    std::os::unix::fs::symlink("/dev/zero", ckpt.join("latest")).unwrap();
+    let out = run(&resume(small_args(c, &["--set", "train.steps=12"]), &ckpt), &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a regular file"), "{}", stderr(&out));
+    std::fs::remove_file(ckpt.join("latest")).unwrap();
+    std::fs::write(ckpt.join("latest"), "step-000000008").unwrap();
+    run_ok(&resume(small_args(c, &["--set", "train.steps=10"]), &ckpt), &[]);
+}
+
+#[test]
+fn sighup_saves_and_a_signal_during_start_up_saves_nothing() {
+    let dir = scratch("sighup");
+    let (ckpt, log) = (dir.join("ckpt"), dir.join("run.jsonl"));
+    let args = with_log(
+        small_args(
+            ckpt.to_str().unwrap(),
+            &["--set", "train.steps=100000", "--set", "train.eval_every=1000000"],
+        ),
+        &log,
+    );
+    let child = spawn(&args, &[]);
+    wait_for_lines(&log, 2);
+    kill(child.id(), "HUP");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(129), "{}", stderr(&out));
+    let steps = losses(&log).len() as u64;
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap().trim(),
+        format!("step-{steps:09}")
+    );
+    // SIGTERM before the first step: no step-0 checkpoint that would block a fresh run.
+    let fresh = dir.join("fresh");
+    let child = spawn(&small_args(fresh.to_str().unwrap(), &["--set", "train.steps=100000"]), &[]);
+    std::thread::sleep(Duration::from_millis(30));
+    kill(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let saved = std::fs::read_dir(&fresh).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("step-")).count());
+    assert_eq!(saved.unwrap_or(0), 0, "a run stopped before its first step saved a checkpoint");
+    run_ok(&small_args(fresh.to_str().unwrap(), &["--set", "train.steps=1"]), &[]);
 }

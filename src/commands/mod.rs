@@ -25,10 +25,10 @@ pub struct Interrupted {
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = if self.signal == signal_hook::consts::SIGTERM {
-            "SIGTERM"
-        } else {
-            "SIGINT"
+        let name = match self.signal {
+            signal_hook::consts::SIGTERM => "SIGTERM",
+            signal_hook::consts::SIGHUP => "SIGHUP",
+            _ => "SIGINT",
         };
         write!(f, "interrupted by {name}")
     }
@@ -36,19 +36,24 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// Watches SIGINT and SIGTERM on a thread: the first sets `stop` and records the
-/// signal (with `message` printed), a second exits at once with 128 + its number.
+/// Watches SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) on a thread:
+/// the first sets `stop` and records the signal (with `message` printed), a second
+/// exits at once with 128 + its number.
 pub fn watch_signals(
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     received: std::sync::Arc<std::sync::atomic::AtomicI32>,
     message: &'static str,
 ) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     use std::sync::atomic::Ordering;
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::spawn(move || {
         for signal in signals.forever() {
-            let name = if signal == SIGTERM { "SIGTERM" } else { "Ctrl-C" };
+            let name = match signal {
+                SIGTERM => "SIGTERM",
+                SIGHUP => "SIGHUP",
+                _ => "Ctrl-C",
+            };
             if stop.swap(true, Ordering::SeqCst) {
                 eprintln!("\nsecond {name}: exiting now");
                 std::process::exit(128 + signal);

@@ -47,10 +47,11 @@ pub struct TrainArgs {
     /// Kernel timings for the dashboard's table (a `wgtrain bench --json` file).
     #[arg(long, value_name = "FILE", requires = "dashboard")]
     bench: Option<PathBuf>,
-    /// Delete the checkpoints already in checkpoint.dir and replace the --log file (a
-    /// fresh run into a folder that holds checkpoints, or onto a log that holds a run,
-    /// is refused otherwise).
-    #[arg(long, conflicts_with = "resume")]
+    /// Delete the checkpoints already in checkpoint.dir and replace the --log file where
+    /// they are another run's (a fresh run into a folder that holds checkpoints or onto
+    /// a log that holds a run, or a --resume into another folder or onto another run's
+    /// log, is refused otherwise).
+    #[arg(long)]
     overwrite: bool,
     /// Keep no memory record with the log (no timelines, no FILE.memory.json).
     #[arg(long, conflicts_with = "dashboard")]

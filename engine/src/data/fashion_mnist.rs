@@ -3,7 +3,7 @@
 //! 28 x 28, ten classes. Pixels are scaled to [0, 1] and normalised with the training
 //! set's mean and standard deviation.
 //!
-//! May call: `data::loader`.
+//! May call: `data::loader`, `files`.
 
 use std::io::Read;
 use std::path::Path;
@@ -29,8 +29,20 @@ pub struct FashionMnist {
     pub labels: Vec<i32>,
 }
 
-fn read_gz(path: &Path) -> Result<Vec<u8>, DataError> {
-    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
+/// The most bytes an IDX file of this loader may hold once decompressed (Fashion-MNIST's
+/// training images take 47 MB).
+const MAX_IDX: u64 = 1 << 30;
+
+/// Reads the gzip-compressed IDX file `path` with magic `magic` and `dims` dimensions:
+/// its shape and its bytes after the header. The decompressed size is bounded by what
+/// the header says the file holds, checked before the rest is inflated: a file that
+/// inflates to more (a compression bomb) or less is refused.
+fn read_idx(path: &Path, magic: u32, dims: usize) -> Result<(Vec<usize>, Vec<u8>), DataError> {
+    let corrupt = |reason: String| DataError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
+    crate::files::regular_size(path, MAX_IDX).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => DataError::Missing {
             what: "Fashion-MNIST".into(),
             path: path.display().to_string(),
@@ -41,39 +53,46 @@ fn read_gz(path: &Path) -> Result<Vec<u8>, DataError> {
             source: e,
         },
     })?;
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_end(&mut out)
-        .map_err(|e| DataError::Corrupt {
-            path: path.display().to_string(),
-            reason: format!("not a readable gzip file ({e})"),
-        })?;
-    Ok(out)
-}
-
-fn header(bytes: &[u8], path: &Path, magic: u32, dims: usize) -> Result<Vec<usize>, DataError> {
-    let corrupt = |reason: String| DataError::Corrupt {
+    let file = std::fs::File::open(path).map_err(|e| DataError::Io {
         path: path.display().to_string(),
-        reason,
-    };
-    if bytes.len() < 4 + 4 * dims {
-        return Err(corrupt(format!("{} bytes is too short for an IDX header", bytes.len())));
+        source: e,
+    })?;
+    let mut gz = flate2::read::GzDecoder::new(file);
+    let unreadable = |e: std::io::Error| corrupt(format!("not a readable gzip file ({e})"));
+    let mut head = vec![0u8; 4 + 4 * dims];
+    let mut got = 0;
+    while got < head.len() {
+        match gz.read(&mut head[got..]).map_err(unreadable)? {
+            0 => return Err(corrupt(format!("{got} bytes is too short for an IDX header"))),
+            n => got += n,
+        }
     }
-    let m = u32::from_be_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    let m = u32::from_be_bytes(head[0..4].try_into().expect("4 bytes"));
     if m != magic {
         return Err(corrupt(format!("IDX magic {m:#010x}, expected {magic:#010x}")));
     }
     let shape: Vec<usize> = (0..dims)
-        .map(|d| u32::from_be_bytes(bytes[4 + 4 * d..8 + 4 * d].try_into().expect("4 bytes")) as usize)
+        .map(|d| u32::from_be_bytes(head[4 + 4 * d..8 + 4 * d].try_into().expect("4 bytes")) as usize)
         .collect();
-    let expected = 4 + 4 * dims + shape.iter().product::<usize>();
-    if bytes.len() != expected {
+    let body = shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .filter(|&n| n <= MAX_IDX)
+        .ok_or_else(|| corrupt(format!("header says {shape:?}: more than {MAX_IDX} bytes")))?;
+    let mut out = Vec::with_capacity(body as usize);
+    (&mut gz).take(body + 1).read_to_end(&mut out).map_err(unreadable)?;
+    if out.len() as u64 != body {
         return Err(corrupt(format!(
-            "header says {shape:?} ({expected} bytes) but the file has {}",
-            bytes.len()
+            "header says {shape:?} ({} bytes) but the file holds {}",
+            head.len() as u64 + body,
+            if out.len() as u64 > body {
+                "more".to_string()
+            } else {
+                (head.len() + out.len()).to_string()
+            }
         )));
     }
-    Ok(shape)
+    Ok((shape, out))
 }
 
 impl FashionMnist {
@@ -81,24 +100,22 @@ impl FashionMnist {
     pub fn load(dir: &Path, split: &str) -> Result<FashionMnist, DataError> {
         let images_path = dir.join(format!("{split}-images-idx3-ubyte.gz"));
         let labels_path = dir.join(format!("{split}-labels-idx1-ubyte.gz"));
-        let images = read_gz(&images_path)?;
-        let labels = read_gz(&labels_path)?;
-        let ishape = header(&images, &images_path, 0x0000_0803, 3)?;
-        let lshape = header(&labels, &labels_path, 0x0000_0801, 1)?;
+        let (ishape, images) = read_idx(&images_path, 0x0000_0803, 3)?;
+        let (lshape, labels) = read_idx(&labels_path, 0x0000_0801, 1)?;
         if ishape[1] * ishape[2] != PIXELS || ishape[0] != lshape[0] {
             return Err(DataError::Corrupt {
                 path: images_path.display().to_string(),
                 reason: format!("images {ishape:?} do not match 28x28 or the {} labels", lshape[0]),
             });
         }
-        let labels: Vec<i32> = labels[8..].iter().map(|&l| l as i32).collect();
+        let labels: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
         if let Some(bad) = labels.iter().find(|&&l| l as usize >= CLASSES) {
             return Err(DataError::Corrupt {
                 path: labels_path.display().to_string(),
                 reason: format!("label {bad} is not in 0..10"),
             });
         }
-        let images = images[16..].iter().map(|&p| (p as f32 / 255.0 - MEAN) / STD).collect();
+        let images = images.iter().map(|&p| (p as f32 / 255.0 - MEAN) / STD).collect();
         Ok(FashionMnist { images, labels })
     }
 }

@@ -2,7 +2,7 @@
 //! `fortunes` package under /usr/share/games/fortunes), a vocabulary of the characters
 //! seen, and windows of T + 1 characters (inputs and next-character targets).
 //!
-//! May call: `data::loader`.
+//! May call: `data::loader`, `files`.
 
 use std::path::Path;
 
@@ -22,6 +22,9 @@ pub struct CharCorpus {
     /// Stride between window starts (T for non-overlapping windows).
     pub stride: usize,
 }
+
+/// The most bytes of text a corpus may hold (held in memory whole, as characters).
+const MAX_TEXT: u64 = 1 << 30;
 
 fn read_texts(path: &Path) -> Result<String, DataError> {
     let missing = || DataError::Missing {
@@ -48,11 +51,13 @@ fn read_texts(path: &Path) -> Result<String, DataError> {
         files.push(path.to_path_buf());
     }
     let mut text = String::new();
+    let mut left = MAX_TEXT;
     for f in &files {
-        let bytes = std::fs::read(f).map_err(|e| DataError::Io {
+        let bytes = crate::files::read_bounded(f, left).map_err(|e| DataError::Io {
             path: f.display().to_string(),
             source: e,
         })?;
+        left -= bytes.len() as u64;
         text.push_str(&String::from_utf8_lossy(&bytes));
     }
     if text.is_empty() {

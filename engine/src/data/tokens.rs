@@ -4,7 +4,7 @@
 //! a clear error naming it (a mapped file would kill the process with SIGBUS), and
 //! every id read is checked against the vocabulary again.
 //!
-//! May call: `data::loader`.
+//! May call: `data::loader`, `files`.
 
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -26,17 +26,20 @@ pub struct TokenFile {
 impl TokenFile {
     /// Opens `path` and checks that every id is below `vocab`.
     pub fn open(path: &Path, block: usize, vocab: usize) -> Result<TokenFile, DataError> {
-        let file = std::fs::File::open(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => DataError::Missing {
-                what: "token file".into(),
-                path: path.display().to_string(),
-                hint: " (nanoGPT's prepare.py writes train.bin and val.bin; set data.path to their folder)".into(),
-            },
-            _ => DataError::Io {
-                path: path.display().to_string(),
-                source: e,
-            },
-        })?;
+        // A FIFO or a device would block the open or never end: regular files only.
+        let file = crate::files::regular_size(path, u64::MAX)
+            .and_then(|_| std::fs::File::open(path))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DataError::Missing {
+                    what: "token file".into(),
+                    path: path.display().to_string(),
+                    hint: " (nanoGPT's prepare.py writes train.bin and val.bin; set data.path to their folder)".into(),
+                },
+                _ => DataError::Io {
+                    path: path.display().to_string(),
+                    source: e,
+                },
+            })?;
         let io = |e| DataError::Io {
             path: path.display().to_string(),
             source: e,

@@ -13,7 +13,7 @@
 //! it back. A load verifies every hash before parsing anything, and refuses a mismatch
 //! naming the file.
 //!
-//! May call: nothing of the engine.
+//! May call: `files`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -265,8 +265,8 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
         return Ok(path.to_path_buf());
     }
     let latest = path.join("latest");
-    let name = match std::fs::read_to_string(&latest) {
-        Ok(name) => name,
+    let name = match std::fs::symlink_metadata(&latest) {
+        Ok(_) => crate::files::read_text_bounded(&latest, LATEST_MAX).map_err(io(&latest))?,
         Err(e) => {
             let newest = std::fs::read_dir(path)
                 .ok()
@@ -282,16 +282,28 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
             });
         }
     };
-    let dir = path.join(name.trim());
+    // `latest` names a step folder of this folder, nothing else: no path, no other name.
+    let name = name.trim();
+    if parse_step_dir(name).is_none_or(|s| step_dir_name(s) != name) {
+        return Err(CheckpointError::Corrupt {
+            path: latest.display().to_string(),
+            reason: format!(
+                "names '{}', which is not a step folder of {} (step-NNNNNNNNN)",
+                name.escape_debug(),
+                path.display()
+            ),
+        });
+    }
+    let dir = path.join(name);
     if !dir.join("manifest.json").is_file() {
         // A save that crashed between moving the old folder aside and renaming the new
         // one in: the old folder is whole under its aside name.
-        if let Some(aside) = aside_of(path, name.trim()) {
+        if let Some(aside) = aside_of(path, name) {
             return Ok(aside);
         }
         return Err(CheckpointError::Corrupt {
             path: latest.display().to_string(),
-            reason: format!("names '{}', which has no manifest", name.trim()),
+            reason: format!("names '{name}', which has no manifest"),
         });
     }
     Ok(dir)
@@ -307,11 +319,54 @@ pub fn aside_of(root: &Path, step_dir: &str) -> Option<PathBuf> {
         .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)) && p.join("manifest.json").is_file())
 }
 
-/// Reads and verifies the checkpoint at `path` (see [`resolve`]).
-pub fn load(path: &Path) -> Result<(u64, CheckpointData), CheckpointError> {
+/// The most bytes `latest` may hold (a step folder's name).
+const LATEST_MAX: u64 = 64;
+/// The most bytes a manifest may hold (a format tag, a step and three hashes).
+const MANIFEST_MAX: u64 = 64 << 10;
+/// The most bytes trainer.safetensors may hold (its metadata: the step, data position,
+/// the scaler and the run's config).
+const TRAINER_MAX: u64 = 16 << 20;
+
+/// How large a checkpoint's files may be: what the model's parameters take in f32 (the
+/// optimizer's state twice that), plus room for the safetensors header.
+#[derive(Clone, Copy, Debug)]
+pub struct Expect {
+    /// Parameters of the model the checkpoint is loaded into.
+    pub parameters: u64,
+    /// Tensors of the model (each has a header entry).
+    pub tensors: u64,
+}
+
+impl Expect {
+    fn max_bytes(&self, name: &str) -> u64 {
+        // A header entry is well under 1 KiB (name, dtype, shape, offsets).
+        let header = (1 << 20) + 1024 * 3 * self.tensors;
+        match name {
+            "model.safetensors" => 4 * self.parameters + header,
+            "optimizer.safetensors" => 8 * self.parameters + header,
+            _ => TRAINER_MAX,
+        }
+    }
+}
+
+/// The step a checkpoint folder's name gives: `step-N`, or an interrupted save's aside
+/// `.step-N.old-PID`.
+fn folder_step(dir: &Path) -> Option<u64> {
+    let name = dir.file_name()?.to_str()?;
+    match name.strip_prefix('.') {
+        Some(rest) => parse_step_dir(rest.split_once(".old-")?.0),
+        None => parse_step_dir(name),
+    }
+}
+
+/// Reads and verifies the checkpoint at `path` (see [`resolve`]) for a model of the
+/// size `expect` gives: every file a regular file within its bound, every hash the
+/// manifest's, and the step the same in the manifest, the trainer state and the
+/// folder's name.
+pub fn load(path: &Path, expect: Expect) -> Result<(u64, CheckpointData), CheckpointError> {
     let dir = resolve(path)?;
     let manifest_path = dir.join("manifest.json");
-    let text = std::fs::read(&manifest_path).map_err(io(&manifest_path))?;
+    let text = crate::files::read_bounded(&manifest_path, MANIFEST_MAX).map_err(io(&manifest_path))?;
     let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
         path: manifest_path.display().to_string(),
         reason: e.to_string(),
@@ -325,7 +380,7 @@ pub fn load(path: &Path) -> Result<(u64, CheckpointData), CheckpointError> {
     let mut read = BTreeMap::new();
     for name in ["model.safetensors", "optimizer.safetensors", "trainer.safetensors"] {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let bytes = crate::files::read_bounded(&path, expect.max_bytes(name)).map_err(io(&path))?;
         let want = manifest.files.get(name).ok_or_else(|| CheckpointError::Corrupt {
             path: manifest_path.display().to_string(),
             reason: format!("no hash for {name}"),
@@ -342,5 +397,20 @@ pub fn load(path: &Path) -> Result<(u64, CheckpointData), CheckpointError> {
     let (model, _) = from_safetensors(&read["model.safetensors"].1, &read["model.safetensors"].0)?;
     let (optimizer, _) = from_safetensors(&read["optimizer.safetensors"].1, &read["optimizer.safetensors"].0)?;
     let (_, trainer) = from_safetensors(&read["trainer.safetensors"].1, &read["trainer.safetensors"].0)?;
+    // The manifest is not hashed itself: its step must agree with the hashed trainer
+    // state and with the folder's name, or an edited manifest would steer the resume.
+    let stored = trainer.get("step").and_then(|s| s.parse::<u64>().ok());
+    let named = folder_step(&dir);
+    if stored != Some(manifest.step) || named.is_some_and(|n| n != manifest.step) {
+        return Err(CheckpointError::Corrupt {
+            path: manifest_path.display().to_string(),
+            reason: format!(
+                "its step {} disagrees with the trainer state's ({}) or the folder's name ({})",
+                manifest.step,
+                stored.map_or("none".into(), |s| s.to_string()),
+                named.map_or("none".into(), |s| s.to_string())
+            ),
+        });
+    }
     Ok((manifest.step, CheckpointData { model, optimizer, trainer }))
 }

@@ -3,8 +3,10 @@
 //!
 //! * The folder is created if missing; a path that is a file, or a folder that cannot
 //!   be written, is an error now rather than at the first save.
-//! * One trainer at a time: a `.lock` file holds the holder's pid. A lock whose process
-//!   is gone (a killed run) is taken over; a live holder is an error naming its pid.
+//! * One trainer at a time: the holder keeps an exclusive lock on `.lock`, held by the
+//!   kernel (flock), so it goes with the process however it ends, whatever its pid (a
+//!   trainer that is pid 1 in its container included); the file holds the holder's pid
+//!   for messages. A held lock is an error naming that pid.
 //! * What interrupted saves left is mended: an old folder moved aside
 //!   (`.step-N.old-PID`) whose step folder is missing is put back; stale temporary
 //!   folders and files (`.step-N.tmp-PID`, `.latest.tmp-PID`, asides of steps that are
@@ -13,7 +15,7 @@
 //!   never replaces another run's checkpoints silently, unless the caller asks to
 //!   overwrite them (`wgtrain train --overwrite`): they are deleted first.
 //!
-//! May call: `train::checkpoint`. Called by: `train::run`.
+//! May call: `files`, `train::checkpoint`. Called by: `train::run`.
 
 use std::path::{Path, PathBuf};
 
@@ -33,10 +35,12 @@ pub enum Start {
     Resume,
 }
 
-/// A checkpoint folder held by this process (the lock goes when it is dropped).
+/// A checkpoint folder held by this process (the lock goes when it is dropped, or when
+/// the process ends).
 pub struct CheckpointDir {
     root: PathBuf,
-    lock: PathBuf,
+    /// The open `.lock`, locked exclusively.
+    _lock: std::fs::File,
 }
 
 fn io(path: &Path, source: std::io::Error) -> CheckpointError {
@@ -53,18 +57,6 @@ fn unusable(path: &Path, reason: impl Into<String>) -> CheckpointError {
     }
 }
 
-/// Whether a process with this pid runs (Linux's /proc; elsewhere a lock is trusted).
-fn alive(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    let proc = Path::new("/proc");
-    if !proc.is_dir() {
-        return true;
-    }
-    proc.join(pid.to_string()).exists()
-}
-
 impl CheckpointDir {
     /// Checks, mends and locks `root` for a run that starts as `start` (see the module).
     pub fn open(root: &Path, start: Start) -> Result<CheckpointDir, CheckpointError> {
@@ -75,11 +67,10 @@ impl CheckpointDir {
         let probe = root.join(format!(".probe-{}", std::process::id()));
         std::fs::write(&probe, b"wgtrain").map_err(|e| unusable(root, format!("cannot write in it: {e}")))?;
         std::fs::remove_file(&probe).map_err(|e| io(&probe, e))?;
-        let lock = root.join(LOCK_FILE);
-        take_lock(&lock)?;
+        let lock = take_lock(&root.join(LOCK_FILE))?;
         let dir = CheckpointDir {
             root: root.to_path_buf(),
-            lock,
+            _lock: lock,
         };
         recover(root)?;
         let steps = dir.steps()?;
@@ -127,44 +118,40 @@ impl CheckpointDir {
     }
 }
 
-impl Drop for CheckpointDir {
-    fn drop(&mut self) {
-        // Only our own lock: read it back before removing.
-        if std::fs::read_to_string(&self.lock).is_ok_and(|t| t.trim() == std::process::id().to_string()) {
-            let _ = std::fs::remove_file(&self.lock);
-        }
+/// Opens and locks `lock` exclusively without waiting; writes this process's pid into
+/// it. The file is never removed: removing it while another process opens it would let
+/// two processes hold locks on two files of one name.
+fn take_lock(lock: &Path) -> Result<std::fs::File, CheckpointError> {
+    use std::io::{Seek, Write};
+    let root = lock.parent().unwrap_or(lock);
+    if std::fs::symlink_metadata(lock).is_ok_and(|m| !m.is_file()) {
+        return Err(unusable(root, format!("{} is not a regular file", lock.display())));
     }
-}
-
-fn take_lock(lock: &Path) -> Result<(), CheckpointError> {
-    for _ in 0..3 {
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(lock) {
-            Ok(mut f) => {
-                use std::io::Write;
-                write!(f, "{}", std::process::id())
-                    .and_then(|_| f.sync_all())
-                    .map_err(|e| io(lock, e))?;
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let holder = std::fs::read_to_string(lock).unwrap_or_default();
-                match holder.trim().parse::<u32>() {
-                    Ok(pid) if alive(pid) => {
-                        return Err(unusable(
-                            lock.parent().unwrap_or(lock),
-                            format!("another trainer (pid {pid}) holds it ({}); one run at a time", lock.display()),
-                        ));
-                    }
-                    // A killed run's lock (or one cut short while being written).
-                    _ => {
-                        let _ = std::fs::remove_file(lock);
-                    }
-                }
-            }
-            Err(e) => return Err(io(lock, e)),
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(lock)
+        .map_err(|e| io(lock, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = crate::files::read_text_bounded(lock, 64).unwrap_or_default();
+            let who = match holder.trim().parse::<u32>() {
+                Ok(pid) => format!("another trainer (pid {pid})"),
+                Err(_) => "another process".to_string(),
+            };
+            return Err(unusable(root, format!("{who} holds it ({}); one run at a time", lock.display())));
         }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(lock, e)),
     }
-    Err(unusable(lock.parent().unwrap_or(lock), "could not take its lock"))
+    file.set_len(0)
+        .and_then(|_| file.rewind())
+        .and_then(|_| write!(file, "{}", std::process::id()))
+        .and_then(|_| file.sync_all())
+        .map_err(|e| io(lock, e))?;
+    Ok(file)
 }
 
 /// Mends what interrupted saves left in `root` (see the module).

@@ -89,6 +89,44 @@ impl LogWriter {
     }
 }
 
+/// The most bytes one log line may hold: a step's line with its kernel table is a few
+/// KiB; a longer line is not a wgtrain log's.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Reads the log at `path` line by line (a line at most [`MAX_LINE`] bytes): the count
+/// of lines, and its first step line's step, time and loss, if any.
+pub fn scan_log(path: &Path) -> std::io::Result<(usize, Option<(u64, f64, f64)>)> {
+    use std::io::{BufRead, Read};
+    crate::files::regular_size(path, u64::MAX)?;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path)?);
+    let (mut lines, mut found) = (0, None);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = std::io::Read::by_ref(&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        if n > MAX_LINE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line {} is longer than {MAX_LINE} bytes: not a wgtrain log", lines + 1),
+            ));
+        }
+        lines += 1;
+        if found.is_none()
+            && let Ok(l) = serde_json::from_slice::<StepLog>(&line)
+            && l.eval.is_none()
+            && let (Some(loss), Some(time)) = (l.loss, l.time)
+        {
+            found = Some((l.step, time, loss));
+        }
+    }
+    Ok((lines, found))
+}
+
 /// Makes an existing log safe to append to: drops a partial last line (a write cut
 /// short by a kill) and, when resuming from `resume_step`, every line of a later step
 /// (written after that checkpoint and about to be written again), so no step appears

@@ -34,9 +34,10 @@ pub struct RunOptions {
     pub log: Option<PathBuf>,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
-    /// Delete the checkpoints already in `checkpoint.dir` and replace the log (a fresh
-    /// run into a folder that holds checkpoints, or onto a log that holds a run, is
-    /// refused otherwise).
+    /// Delete the checkpoints already in `checkpoint.dir` and replace the log where they
+    /// are another run's: a fresh run into a folder that holds checkpoints or onto a log
+    /// that holds a run, or a resume whose `checkpoint.dir` is not the folder it resumes
+    /// from or whose log is another run's, is refused otherwise.
     pub overwrite: bool,
     /// Show a progress bar.
     pub progress: bool,
@@ -69,6 +70,17 @@ pub struct RunSummary {
 impl Trainer {
     /// Runs to the configured end (or until asked to stop).
     pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        // The log is a regular file or nothing yet (a folder, a device or a FIFO would be
+        // read forever, block, or never hold the lines).
+        if let Some(path) = &options.log
+            && let Ok(meta) = std::fs::metadata(path)
+            && !meta.is_file()
+        {
+            return Err(TrainError::Engine(Error::invalid(
+                "log",
+                format!("{} is {}, not a file: give a file path", path.display(), crate::files::kind(&meta)),
+            )));
+        }
         // A fresh run never appends to another run's log: refused, or replaced on request.
         if let (Some(path), None) = (&options.log, &options.resume)
             && std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
@@ -87,21 +99,37 @@ impl Trainer {
                 source: e,
             })?;
         }
-        // The folder is checked, mended and locked before anything is trained.
+        // The folder is checked, mended and locked before anything is trained. A resume
+        // writes into the folder it resumes from; another folder is met as a fresh run
+        // meets it (its checkpoints are another run's).
         let held = match &self.config.checkpoint.dir {
             Some(dir) => {
-                let start = match (&options.resume, options.overwrite) {
-                    (Some(_), _) => Start::Resume,
-                    (None, true) => Start::Overwrite,
-                    (None, false) => Start::Fresh,
+                let own = options
+                    .resume
+                    .as_deref()
+                    .is_some_and(|r| same_folder(&resume_root(r), Path::new(dir)));
+                let start = match (own, options.overwrite) {
+                    (true, _) => Start::Resume,
+                    (false, true) => Start::Overwrite,
+                    (false, false) => Start::Fresh,
                 };
-                Some(CheckpointDir::open(Path::new(dir), start)?)
+                Some(CheckpointDir::open(Path::new(dir), start).map_err(|e| match (&options.resume, e) {
+                    (Some(r), checkpoint::CheckpointError::Unusable { path, reason }) if !own => checkpoint::CheckpointError::Unusable {
+                        path,
+                        reason: format!("it is not the folder --resume {} continues from, and {reason}", r.display()),
+                    },
+                    (_, e) => e,
+                })?)
             }
             None => None,
         };
         if let Some(path) = &options.resume {
             self.restore(path)?;
+            if let Some(log) = &options.log {
+                check_resumed_log(log, self.log_first, options.overwrite)?;
+            }
         }
+        let start_step = self.step;
         let started = Instant::now();
         let total = self.total_steps();
         let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
@@ -116,6 +144,18 @@ impl Trainer {
                 );
             }
             observers.push(Arc::new(LogWriter::open(path)?));
+            // The log is known by its first step line, once it has one.
+            self.log_first = Some(
+                super::log::scan_log(path)
+                    .map_err(|e| TrainError::Log {
+                        path: path.display().to_string(),
+                        source: e,
+                    })?
+                    .1,
+            );
+        } else if options.resume.is_none() {
+            // A fresh run without a log; a resumed one keeps the log its run started.
+            self.log_first = Some(None);
         }
         if let Some(o) = &options.observer {
             observers.push(o.clone());
@@ -124,8 +164,6 @@ impl Trainer {
             observers.push(Arc::new(ProgressBar::new(total, self.step)));
         }
         let wants_memory = observers.iter().any(|o| o.wants_memory());
-        let t = self.config.train.clone();
-        let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
         let mut loader = self.batches();
         if options.profile_every > 0 && !self.rt.has_timestamps() {
             return Err(TrainError::Engine(Error::invalid(
@@ -153,8 +191,6 @@ impl Trainer {
             self.rt.alloc.take_events();
         }
         let ckpt_dir = held.as_ref().map(|h| h.root().to_path_buf());
-        let (flops_per_example, tokens_per_example) = (self.model_flops_per_example(), self.tokens_per_example());
-        let peak = self.known_peak_tflops();
         let mut summary = RunSummary {
             steps: self.step,
             losses: Vec::new(),
@@ -163,6 +199,56 @@ impl Trainer {
             interrupted: false,
             checkpoint: None,
         };
+        let mut saved_at = start_step;
+        let looped = self.train_loop(options, &observers, &mut loader, &mut summary, ckpt_dir.as_deref(), &mut saved_at);
+        drop(loader);
+        // An error between steps (a data file changed, the log could not be written)
+        // leaves the state of the last finished step: it is saved before the error is
+        // reported, so no finished step is lost. (An error inside a step may leave the
+        // weights half updated: nothing is saved then.)
+        if let (Err(e), Some(dir)) = (&looped, &ckpt_dir) {
+            if self.consistent && self.step > saved_at {
+                match self.save(dir) {
+                    Ok(p) => eprintln!("saved {} before stopping on the error", p.display()),
+                    Err(save) => tracing::error!("could not save a checkpoint after the error: {save}"),
+                }
+            }
+            let _ = e;
+        }
+        looped?;
+        // A last checkpoint of the steps this invocation did (none when it did none:
+        // a run stopped during start-up leaves nothing that would block a fresh run).
+        if let Some(dir) = &ckpt_dir
+            && self.step > saved_at
+        {
+            summary.checkpoint = Some(self.save(dir)?);
+        }
+        summary.steps = self.step;
+        summary.seconds = started.elapsed().as_secs_f64();
+        for o in &observers {
+            o.finish();
+        }
+        Ok(summary)
+    }
+
+    /// The steps, evaluations and scheduled checkpoints of [`Trainer::run`]; `saved_at`
+    /// follows the last checkpoint's step.
+    #[allow(clippy::too_many_arguments)]
+    fn train_loop(
+        &mut self,
+        options: &RunOptions,
+        observers: &[Arc<dyn Observer>],
+        loader: &mut crate::data::loader::Loader,
+        summary: &mut RunSummary,
+        ckpt_dir: Option<&Path>,
+        saved_at: &mut u64,
+    ) -> Result<(), TrainError> {
+        let t = self.config.train.clone();
+        let total = self.total_steps();
+        let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
+        let wants_memory = observers.iter().any(|o| o.wants_memory());
+        let (flops_per_example, tokens_per_example) = (self.model_flops_per_example(), self.tokens_per_example());
+        let peak = self.known_peak_tflops();
         while self.step < total {
             if options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
                 summary.interrupted = true;
@@ -182,6 +268,7 @@ impl Trainer {
                 self.rt.sync()?;
                 self.rt.start_profiling()?;
             }
+            self.consistent = false;
             let outcome = self.resilient_step(&batch, lr)?;
             let kernels = if profiled {
                 self.rt.sync()?;
@@ -203,13 +290,18 @@ impl Trainer {
             } else {
                 (batch.position.0, batch.position.1 + 1)
             };
+            let now = unix_seconds();
+            if options.log.is_some() && self.log_first == Some(None) {
+                self.log_first = Some(Some((self.step, now, outcome.loss)));
+            }
+            self.consistent = true;
             summary.losses.push(outcome.loss);
             let samples_per_s = batch.examples as f64 / step_s;
             let model_tflops = flops_per_example * samples_per_s / 1e12;
             let line = StepLog {
                 step: self.step,
                 epoch: batch.position.0,
-                time: Some(unix_seconds()),
+                time: Some(now),
                 loss: Some(outcome.loss),
                 lr: Some(lr as f64),
                 step_ms: Some(step_s * 1e3),
@@ -235,7 +327,7 @@ impl Trainer {
                 let pages = self.rt.alloc.snapshot_pages();
                 StepMemory::from_events(self.step, step_start_us, end_us, &events, dropped, pages)
             });
-            for o in &observers {
+            for o in observers {
                 o.step(&line, memory.as_ref())?;
             }
             let epoch_end = self.index == 0;
@@ -253,7 +345,7 @@ impl Trainer {
                     eval: Some(e.clone()),
                     ..Default::default()
                 };
-                for o in &observers {
+                for o in observers {
                     o.eval(&line)?;
                 }
                 if wants_memory {
@@ -262,29 +354,85 @@ impl Trainer {
                 }
                 summary.last_eval = Some(e);
             }
-            if let Some(dir) = &ckpt_dir
+            if let Some(dir) = ckpt_dir
                 && self.config.checkpoint.every > 0
                 && self.step.is_multiple_of(self.config.checkpoint.every)
             {
                 summary.checkpoint = Some(self.save(dir)?);
+                *saved_at = self.step;
             }
         }
-        drop(loader);
-        if let Some(dir) = &ckpt_dir
-            && summary
-                .checkpoint
-                .as_ref()
-                .is_none_or(|p| !p.ends_with(checkpoint::step_dir_name(self.step)))
-        {
-            summary.checkpoint = Some(self.save(dir)?);
-        }
-        summary.steps = self.step;
-        summary.seconds = started.elapsed().as_secs_f64();
-        for o in &observers {
-            o.finish();
-        }
-        Ok(summary)
+        Ok(())
     }
+}
+
+/// The checkpoint folder a `--resume` path belongs to: the path itself, or the parent
+/// of a step folder (one holding manifest.json).
+fn resume_root(path: &Path) -> PathBuf {
+    if path.join("manifest.json").is_file() {
+        path.parent().map_or_else(|| path.to_path_buf(), Path::to_path_buf)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Whether two paths name one folder (both exist and resolve alike).
+fn same_folder(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// A resumed run appends to `log` only if the log is the run's own: empty or missing,
+/// or starting with the step line the checkpoint names (`first`: `Some(None)` for a run
+/// that kept no log; `None`, a checkpoint written before logs were named, is not
+/// checked). Another run's log is refused, naming what would be lost, unless
+/// `overwrite` (then it is replaced).
+fn check_resumed_log(log: &Path, first: Option<Option<super::trainer::LogLine>>, overwrite: bool) -> Result<(), TrainError> {
+    let err = |e| TrainError::Log {
+        path: log.display().to_string(),
+        source: e,
+    };
+    let Ok(meta) = std::fs::metadata(log) else { return Ok(()) };
+    if !meta.is_file() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file ({})", crate::files::kind(&meta)),
+        )));
+    }
+    let Some(want) = first else { return Ok(()) };
+    if meta.len() == 0 {
+        return Ok(());
+    }
+    let (lines, found) = super::log::scan_log(log).map_err(err)?;
+    // Within 4 units in the last place: JSON's number parser may round a value it
+    // wrote one place off.
+    let near = |a: f64, b: f64| a.is_sign_negative() == b.is_sign_negative() && a.to_bits().abs_diff(b.to_bits()) <= 4;
+    let same = match (found, want) {
+        (None, _) => true, // no step line yet: nothing of a run to lose
+        (Some((s, t, l)), Some((ws, wt, wl))) => s == ws && near(t, wt) && near(l, wl),
+        (Some(_), None) => false,
+    };
+    if same {
+        return Ok(());
+    }
+    if overwrite {
+        return std::fs::remove_file(log).map_err(err);
+    }
+    let seen = match (found, want) {
+        (Some((s, t, _)), Some((ws, wt, _))) => {
+            format!("it starts at step {s} logged at {t:.3}; the checkpoint's run started its log at step {ws}, {wt:.3}")
+        }
+        _ => "the checkpoint's run kept no log".to_string(),
+    };
+    Err(TrainError::Engine(Error::invalid(
+        "log",
+        format!(
+            "{} holds {lines} lines of another run ({seen}); resuming would append to it and cut its later steps: give another --log, or replace it with --overwrite",
+            log.display()
+        ),
+    )))
 }
 
 /// Seconds since the Unix epoch, for the log's wall-time axis (0 on a clock set before

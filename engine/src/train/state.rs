@@ -53,6 +53,11 @@ impl Trainer {
             ("config".to_string(), toml::to_string(&self.config).unwrap_or_default()),
         ]);
         let mut trainer = trainer;
+        if let Some(first) = self.log_first {
+            // Exactly: `{:?}` of an f64 parses back to the same bits.
+            let text = first.map_or_else(|| "none".to_string(), |(s, t, l)| format!("{s} {t:?} {l:?}"));
+            trainer.insert("log_first".into(), text);
+        }
         if let Some(sc) = &self.scaler {
             trainer.insert("loss_scale".into(), sc.scale.to_string());
             trainer.insert("scaler_growth_tracker".into(), sc.growth_tracker.to_string());
@@ -68,7 +73,13 @@ impl Trainer {
 
     /// Restores parameters, optimizer state and data position from a checkpoint.
     pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
-        let (step, data) = checkpoint::load(path)?;
+        let expect = checkpoint::Expect {
+            parameters: (0..self.params.list.len())
+                .map(|i| self.param_shape(i).iter().product::<usize>() as u64)
+                .sum(),
+            tensors: self.params.list.len() as u64,
+        };
+        let (step, data) = checkpoint::load(path, expect)?;
         let mismatch = |reason: String| CheckpointError::Mismatch {
             path: path.display().to_string(),
             reason,
@@ -90,6 +101,20 @@ impl Trainer {
                     "train.optimizer",
                     saved.train.optimizer.clone(),
                     self.config.train.optimizer.clone(),
+                ),
+                // What decides the batches: a resume with others would not continue the
+                // run it names.
+                (
+                    "train.batch_size",
+                    saved.train.batch_size.to_string(),
+                    self.config.train.batch_size.to_string(),
+                ),
+                ("train.seed", saved.train.seed.to_string(), self.config.train.seed.to_string()),
+                ("data.kind", saved.data.kind.clone(), self.config.data.kind.clone()),
+                (
+                    "data.train_limit",
+                    saved.data.train_limit.to_string(),
+                    self.config.data.train_limit.to_string(),
                 ),
             ] {
                 let gpt_only = key.starts_with("model.n_") || key == "model.block_size" || key == "model.vocab_size";
@@ -157,6 +182,14 @@ impl Trainer {
                 self.place_optimizer_state(i, &m.data, v.map(|v| v.data.as_slice()))?;
             }
         }
+        self.log_first = data.trainer.get("log_first").map(|text| {
+            let mut parts = text.split(' ');
+            let (s, t, l) = (parts.next(), parts.next(), parts.next());
+            s.and_then(|s| s.parse().ok())
+                .zip(t.and_then(|t| t.parse().ok()))
+                .zip(l.and_then(|l| l.parse().ok()))
+                .map(|((s, t), l)| (s, t, l))
+        });
         self.step = step;
         Ok(step)
     }

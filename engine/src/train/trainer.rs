@@ -42,9 +42,19 @@ pub struct Trainer {
     pub(super) step: u64,
     pub(super) epoch: u64,
     pub(super) index: u64,
+    /// The log this run writes, known by its first step line (step, time, loss); `None`
+    /// inside for a run without a log. Saved with a checkpoint: a resume appends only
+    /// to the log whose first line this is. Outer `None`: not known (a checkpoint
+    /// written before logs were named).
+    pub(super) log_first: Option<Option<LogLine>>,
+    /// False while a step runs: an error then may leave the weights half updated.
+    pub(super) consistent: bool,
     /// The other devices of a multi-device run (`train::parallel`).
     pub(super) world: Option<super::world::World>,
 }
+
+/// A step line of a log, as its identity: step, time, loss.
+pub(super) type LogLine = (u64, f64, f64);
 
 impl Trainer {
     /// Builds the model and optimizer for `config` on `rt` over loaded data, as the
@@ -69,6 +79,8 @@ impl Trainer {
             step: 0,
             epoch: 0,
             index: 0,
+            log_first: Some(None),
+            consistent: true,
             world: None,
         })
     }
