@@ -3,6 +3,15 @@
 //!
 //! May call: `commands`. Called by: the shell.
 
+/// `println!` for command output: a closed stdout (`wgtrain devices | head -1`) drops
+/// the line quietly instead of panicking, and the command goes on to its end; another
+/// write error is reported on stderr.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::commands::write_line(format_args!($($arg)*))
+    };
+}
+
 mod commands;
 
 use std::process::ExitCode;

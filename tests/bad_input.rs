@@ -3,7 +3,9 @@
 //! a host allocation of hundreds of GB), sizes as TOML numbers, data too small for one
 //! window, a resume onto another model shape or optimizer, a token file truncated
 //! while training (an error, not SIGBUS), `wgtrain step` with every label ignored (NaN
-//! as PyTorch), and paths named in I/O errors.
+//! as PyTorch), paths named in I/O errors, special files (FIFOs, devices) refused
+//! instead of read forever, a gzip bomb refused at its header's size, bench shapes
+//! checked before allocating, and a closed stdout ending quietly.
 
 mod cli;
 
@@ -260,4 +262,89 @@ fn step_with_every_label_ignored_is_nan_and_errors_name_files() {
         .collect::<Vec<_>>(),
     );
     assert!(err.contains(target.to_str().unwrap()), "{err}");
+}
+
+/// Runs `wgtrain ARGS` with stdout a pipe closed before anything is written.
+fn with_closed_stdout(args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let dir = scratch("stdout");
+    let ckpt = dir.join("ckpt");
+    let train = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=2"]);
+    let train: Vec<&str> = train.iter().map(String::as_str).collect();
+    for args in [&["devices"][..], &["devices", "--json"], &train] {
+        let out = with_closed_stdout(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(ckpt.join("step-000000002/manifest.json").is_file(), "the run saved before printing");
+}
+
+#[test]
+fn matmul_sizes_are_checked_before_anything_is_allocated() {
+    for shape in ["100000x100000x100000", "18446744073709551615x2x2", "4000000000x1x1"] {
+        let err = refused(&["bench".into(), "--quick".into(), "--matmul".into(), shape.into()]);
+        assert!(err.contains("more than one buffer binding"), "{shape}: {err}");
+    }
+}
+
+#[test]
+fn special_files_are_refused_not_read_forever() {
+    let dir = scratch("special");
+    // A FIFO as a token file would block its open; /dev/zero as a text corpus would
+    // be read forever; a device as the log would never hold the lines.
+    let tokens = dir.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    let fifo = tokens.join("train.bin");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::write(tokens.join("val.bin"), vec![0u8; 4096]).unwrap();
+    let err = refused(&gpt_args(
+        "train",
+        "tokens",
+        &tokens,
+        &["model.vocab_size=97", "model.block_size=16", "train.steps=1"],
+    ));
+    assert!(
+        err.contains("train.bin") && err.contains("not a regular file") && err.contains("FIFO"),
+        "{err}"
+    );
+    let err = refused(&gpt_args("train", "chars", Path::new("/dev/zero"), &["train.steps=1"]));
+    assert!(err.contains("/dev/zero") && err.contains("not a regular file"), "{err}");
+    let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=1"]);
+    args.extend(["--log".into(), "/dev/full".into()]);
+    let err = refused(&args);
+    assert!(err.contains("/dev/full is a device"), "{err}");
+    let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=1"]);
+    args.extend(["--log".into(), dir.display().to_string()]);
+    let err = refused(&args);
+    assert!(err.contains("is a folder, not a file"), "{err}");
+}
+
+#[test]
+fn a_compression_bomb_is_refused_at_its_headers_size() {
+    let dir = scratch("bomb");
+    let fashion = dir.join("fashion");
+    std::fs::create_dir_all(&fashion).unwrap();
+    // A valid header for 10 images of 28 x 28, then 200 MB of zeros (200 KB gzipped).
+    let script = format!(
+        "(printf '\\000\\000\\010\\003\\000\\000\\000\\012\\000\\000\\000\\034\\000\\000\\000\\034'; head -c 200000000 /dev/zero) | gzip -1 > {0}/train-images-idx3-ubyte.gz; \
+         (printf '\\000\\000\\010\\001\\000\\000\\000\\012'; head -c 10 /dev/zero) | gzip > {0}/train-labels-idx1-ubyte.gz",
+        fashion.display()
+    );
+    assert!(Command::new("sh").args(["-c", &script]).status().unwrap().success());
+    let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=1"]);
+    args.extend(["--set".into(), format!("data.path=\"{}\"", fashion.display())]);
+    let err = refused(&args);
+    assert!(err.contains("train-images-idx3-ubyte.gz") && err.contains("holds more"), "{err}");
 }

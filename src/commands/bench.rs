@@ -156,7 +156,7 @@ pub fn run(args: BenchArgs) -> CliResult {
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&records)?;
         if path.as_os_str() == "-" {
-            println!("{text}");
+            say!("{text}");
         } else {
             write_atomically(path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             eprintln!("wrote {}", path.display());
@@ -173,13 +173,21 @@ fn opt(value: Option<f64>) -> String {
 }
 
 fn print_table(records: &[BenchRecord]) {
-    println!(
+    say!(
         "{:<26} {:<6} {:<22} {:>12} {:>7} {:>10} {:>10} {:>10} {:>4}",
-        "kernel", "dtype", "shape", "median_us", "spread", "GFLOP/s", "GB/s", "max_err", "ok"
+        "kernel",
+        "dtype",
+        "shape",
+        "median_us",
+        "spread",
+        "GFLOP/s",
+        "GB/s",
+        "max_err",
+        "ok"
     );
     for r in records {
         let shape = format!("{:?}", r.shape);
-        println!(
+        say!(
             "{:<26} {:<6} {:<22} {:>12.3} {:>7} {:>10} {:>10} {:>10} {:>4}",
             r.kernel,
             r.dtype,
@@ -192,10 +200,10 @@ fn print_table(records: &[BenchRecord]) {
             if r.ok { "yes" } else { "NO" }
         );
         if let Some(flag) = &r.flag {
-            println!("    FLAGGED: {flag}");
+            say!("    FLAGGED: {flag}");
         }
         if !r.extra.is_null() {
-            println!("    {}", r.extra);
+            say!("    {}", r.extra);
         }
     }
 }
@@ -203,10 +211,15 @@ fn print_table(records: &[BenchRecord]) {
 /// Each row against the previous file's row of the same kernel, dtype and shape:
 /// their time over ours (above 1: we are faster now), flagged past 10% either way.
 fn print_comparison(records: &[BenchRecord], previous: &[BenchRecord], path: &std::path::Path) {
-    println!("\ncompared with {} (their time / ours; above 1 = faster now):", path.display());
-    println!(
+    say!("\ncompared with {} (their time / ours; above 1 = faster now):", path.display());
+    say!(
         "{:<26} {:<6} {:<22} {:>12} {:>12} {:>8}",
-        "kernel", "dtype", "shape", "ours_us", "theirs_us", "ratio"
+        "kernel",
+        "dtype",
+        "shape",
+        "ours_us",
+        "theirs_us",
+        "ratio"
     );
     let (mut matched, mut differ) = (0, 0);
     for r in records {
@@ -219,7 +232,7 @@ fn print_comparison(records: &[BenchRecord], previous: &[BenchRecord], path: &st
         let ratio = p.median_us / r.median_us.max(1e-12);
         let far = (ratio - 1.0).abs() > 0.10;
         differ += usize::from(far);
-        println!(
+        say!(
             "{:<26} {:<6} {:<22} {:>12.3} {:>12.3} {:>8.3}{}",
             r.kernel,
             r.dtype,
@@ -230,5 +243,5 @@ fn print_comparison(records: &[BenchRecord], previous: &[BenchRecord], path: &st
             if far { "  differs by more than 10%" } else { "" }
         );
     }
-    println!("{matched} rows matched, {differ} differ by more than 10%");
+    say!("{matched} rows matched, {differ} differ by more than 10%");
 }

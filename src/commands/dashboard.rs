@@ -50,7 +50,7 @@ pub fn run(args: DashboardArgs) -> CliResult {
         bench,
         ..Default::default()
     })?;
-    println!("dashboard: {} (Ctrl-C to stop)", d.url());
+    say!("dashboard: {} (Ctrl-C to stop)", d.url());
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let _ = signals.forever().next();
     Ok(())

@@ -24,7 +24,7 @@ pub struct DevicesArgs {
 pub fn run(args: DevicesArgs) -> CliResult {
     let adapters = device::list_adapters_for(args.gl.then_some("gl"));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&adapters)?);
+        say!("{}", serde_json::to_string_pretty(&adapters)?);
         return Ok(());
     }
     if adapters.is_empty() {
@@ -37,13 +37,13 @@ pub fn run(args: DevicesArgs) -> CliResult {
 }
 
 fn print_adapter(a: &AdapterReport) {
-    println!("[{}] {} ({}, {})", a.index, a.name, a.backend, a.device_type);
-    println!("    driver:   {}", a.driver);
-    println!(
+    say!("[{}] {} ({}, {})", a.index, a.name, a.backend, a.device_type);
+    say!("    driver:   {}", a.driver);
+    say!(
         "    memory:   {}",
         a.memory_bytes.map_or("not reported by this backend".into(), format_bytes)
     );
-    println!(
+    say!(
         "    features: {}",
         if a.features.is_empty() {
             "none".into()
@@ -52,7 +52,7 @@ fn print_adapter(a: &AdapterReport) {
         }
     );
     let l = &a.limits;
-    println!(
+    say!(
         "    limits:   buffer {}, storage binding {}, offset alignment {}, workgroup memory {}, invocations {}",
         format_bytes(l.max_buffer_size),
         format_bytes(l.max_storage_buffer_binding_size),
@@ -66,6 +66,6 @@ fn print_adapter(a: &AdapterReport) {
             .iter()
             .map(|c| format!("{}x{}x{} {}->{}", c.m, c.n, c.k, c.ab, c.cr))
             .collect();
-        println!("    cooperative matrix: {}", configs.join(", "));
+        say!("    cooperative matrix: {}", configs.join(", "));
     }
 }

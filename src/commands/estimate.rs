@@ -52,9 +52,9 @@ pub fn run(args: EstimateArgs) -> CliResult {
         eprintln!("{n}");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&estimate)?);
+        say!("{}", serde_json::to_string_pretty(&estimate)?);
     } else {
-        println!("{}", estimate.table());
+        say!("{}", estimate.table());
     }
     Ok(())
 }

@@ -36,6 +36,17 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
+/// Writes one line of command output (the `say!` macro, main.rs).
+pub fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|_| out.write_all(b"\n")) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("cannot write to stdout: {e}");
+        }
+    }
+}
+
 /// Watches SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) on a thread:
 /// the first sets `stop` and records the signal (with `message` printed), a second
 /// exits at once with 128 + its number.

@@ -59,7 +59,7 @@ pub fn run(args: ProfileArgs) -> CliResult {
         trainer.rt.gpu.report.name, trainer.rt.gpu.report.backend, args.warmup, args.steps
     );
     let profile = trainer.profile(args.warmup, args.steps, args.peak_tflops)?;
-    println!("{}", profile.table());
+    say!("{}", profile.table());
     if let Some(path) = &args.json {
         write(path, &profile)?;
     }

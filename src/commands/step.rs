@@ -49,9 +49,9 @@ pub fn run(args: StepArgs) -> CliResult {
         write_grads(path, &step.grads)?;
     }
     if args.json {
-        println!("{}", serde_json::json!({ "loss": step.loss }));
+        say!("{}", serde_json::json!({ "loss": step.loss }));
     } else {
-        println!("loss {:.6}", step.loss);
+        say!("loss {:.6}", step.loss);
     }
     Ok(())
 }

@@ -143,9 +143,9 @@ pub fn run(args: TrainArgs) -> CliResult {
             .unigram_entropy
             .map(|h| format!(" (unigram entropy of the text: {h:.4})"))
             .unwrap_or_default();
-        println!("eval loss {:.4}{acc}{entropy}", e.loss);
+        say!("eval loss {:.4}{acc}{entropy}", e.loss);
     }
-    println!(
+    say!(
         "{} steps in {:.1} s{}{}",
         summary.steps,
         summary.seconds,
@@ -156,7 +156,7 @@ pub fn run(args: TrainArgs) -> CliResult {
             .map(|p| format!("; checkpoint {}", p.display()))
             .unwrap_or_default()
     );
-    println!("{}", trainer.rt.alloc.summary());
+    say!("{}", trainer.rt.alloc.summary());
     // A person watching keeps the finished run on screen until they are done.
     if let Some(d) = &_dashboard
         && std::io::stdin().is_terminal()

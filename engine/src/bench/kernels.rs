@@ -107,9 +107,35 @@ pub(super) fn matmul(rt: &Runtime, name: &str, [m, k, n]: [usize; 3], dtype: DTy
     )))
 }
 
+/// Refuses a product whose operands (f32 on the host for the reference, and on the
+/// device) no binding of the adapter holds, before anything is allocated.
+fn check_matmul_shape(rt: &Runtime, [m, k, n]: [usize; 3]) -> Result<(), Error> {
+    let limit = rt
+        .gpu
+        .caps
+        .limits
+        .max_storage_buffer_binding_size
+        .min(rt.gpu.caps.limits.max_buffer_size);
+    for (what, rows, cols) in [("A", m, k), ("B", k, n), ("C", m, n)] {
+        let bytes = (rows as u64).checked_mul(cols as u64).and_then(|e| e.checked_mul(4));
+        if bytes.is_none_or(|b| b > limit) {
+            return Err(Error::invalid(
+                "matmul shape",
+                format!(
+                    "{m}x{k}x{n}: {what} ({rows} x {cols}) takes {}, more than one buffer binding of '{}' holds ({limit} bytes)",
+                    bytes.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes")),
+                    rt.gpu.report.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A matmul of the user's shape (`wgtrain bench --matmul MxKxN`): f16 inputs on the
 /// tensor-core path where the adapter grants it, else f32 on the tiled kernel.
 pub fn matmul_shape(rt: &Runtime, shape: [usize; 3]) -> Result<BenchRecord, Error> {
+    check_matmul_shape(rt, shape)?;
     if rt.gpu.caps.coop_f16_16x16x16() {
         matmul(rt, "matmul_coop_f16", shape, DType::F16, MatmulVariant::Auto)
     } else {
