@@ -348,3 +348,98 @@ fn a_compression_bomb_is_refused_at_its_headers_size() {
     let err = refused(&args);
     assert!(err.contains("train-images-idx3-ubyte.gz") && err.contains("holds more"), "{err}");
 }
+
+#[test]
+fn settings_are_checked_against_each_other_and_named() {
+    let dir = scratch("cross");
+    for (set, says) in [
+        ("train.micro_batch_size=128", "train.micro_batch_size must be in 1..=64"),
+        // Keys another model kind reads are still checked.
+        ("model.n_layer=100000000000", "model.n_layer must be in 1..=1024"),
+        ("memory.cap=\"1e30GiB\"", "of at most 1 PiB"),
+        ("memory.cap=1e20", "of at most 1 PiB"),
+        ("memory.cap=true", "memory.cap and memory.budget take a size"),
+        ("parallel.devices=[-1]", "parallel.devices takes adapter selectors"),
+        ("checkpoint.dir=\"\"", "checkpoint.dir is empty"),
+    ] {
+        let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=1"]);
+        match args
+            .iter_mut()
+            .find(|a| a.starts_with("checkpoint.dir=") && set.starts_with("checkpoint.dir="))
+        {
+            Some(a) => *a = set.into(),
+            None => args.extend(["--set".into(), set.into()]),
+        }
+        let err = refused(&args);
+        assert!(err.contains(says), "{set}: {err}");
+    }
+    // Decimal units as well as binary ones.
+    let mut args = small_args(
+        dir.join("ok").to_str().unwrap(),
+        &["--set", "train.steps=1", "--set", "memory.cap=\"1TB\""],
+    );
+    args[0] = "estimate".into();
+    args.retain(|a| a != "--quiet");
+    run_ok(&args, &[]);
+    // profile's peak must be a positive number (clap's usage error, exit 2).
+    for peak in ["0", "-3", "nan", "inf"] {
+        let out = wgtrain(&["profile", &format!("--peak-tflops={peak}")], &[]);
+        assert_eq!(out.status.code(), Some(2), "{peak}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not a positive number"), "{peak}");
+    }
+    // An empty split of an MLP's data names the limits, not a GPT's block_size.
+    let err = refused(&small_args(
+        dir.join("e").to_str().unwrap(),
+        &[
+            "--set",
+            "data.eval_limit=0",
+            "--set",
+            "data.train_limit=0",
+            "--set",
+            "data.path=\"/nonexistent\"",
+        ],
+    ));
+    assert!(!err.contains("block_size"), "{err}");
+}
+
+#[test]
+fn a_resume_with_other_batches_is_refused() {
+    let dir = scratch("other-batches");
+    let ckpt = dir.join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    run_ok(&small_args(c, &["--set", "train.steps=2"]), &[]);
+    for (set, says) in [
+        ("train.batch_size=32", "train.batch_size was 64, is 32"),
+        ("train.seed=7", "train.seed was 0, is 7"),
+        ("data.train_limit=256", "data.train_limit was 384, is 256"),
+    ] {
+        let mut args = small_args(c, &["--set", "train.steps=3", "--set", set]);
+        args.extend(["--resume".into(), c.into()]);
+        let err = refused(&args);
+        assert!(err.contains(says), "{set}: {err}");
+    }
+}
+
+#[test]
+fn a_negative_layer_norm_epsilon_is_refused_by_step() {
+    let dir = scratch("eps");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+    config["layer_norm_epsilon"] = (-1.0).into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(fixture.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
+    let args: Vec<String> = [
+        "step",
+        "--hf-dir",
+        hf.to_str().unwrap(),
+        "--batch",
+        fixture.join("batch.safetensors").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let err = refused(&args);
+    assert!(err.contains("layer_norm_epsilon -1 must be a positive number"), "{err}");
+}

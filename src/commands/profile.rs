@@ -12,6 +12,14 @@ use clap::Args;
 use super::{CliResult, write_atomically};
 use wgtrain_engine::train::{Config, Trainer};
 
+/// A peak in TFLOP/s: a positive finite number.
+fn positive_tflops(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("'{text}' is not a positive number of TFLOP/s")),
+    }
+}
+
 /// Arguments of `wgtrain profile`.
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -36,7 +44,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// The adapter's peak TFLOP/s for MFU (known adapters have a default).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_tflops)]
     peak_tflops: Option<f64>,
 }
 

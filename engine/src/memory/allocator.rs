@@ -99,6 +99,10 @@ impl BlockIo for DryIo {
     }
 }
 
+/// The largest cap or budget: 1 PiB (larger is a typo, not a bound).
+pub const MAX_CAP: u64 = 1 << 50;
+const MAX_CAP_TEXT: &str = "1 PiB";
+
 /// A bound on reserved memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MemoryCap {
@@ -115,14 +119,16 @@ impl MemoryCap {
         let t = text.trim();
         let bad = || {
             AllocError::InvalidCap(format!(
-                "'{text}' is neither a size (like 3GiB, 512MiB, 1000000) nor a fraction in (0, 1]"
+                "'{text}' is neither a size (like 3GiB, 512MiB, 1000000) of at most {MAX_CAP_TEXT} nor a fraction in (0, 1]"
             ))
         };
-        let units: [(&str, u64); 8] = [
+        let units: [(&str, u64); 10] = [
             ("TiB", 1 << 40),
             ("GiB", 1 << 30),
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
+            ("PB", 1_000_000_000_000_000),
+            ("TB", 1_000_000_000_000),
             ("GB", 1_000_000_000),
             ("MB", 1_000_000),
             ("KB", 1_000),
@@ -131,14 +137,19 @@ impl MemoryCap {
         for (suffix, scale) in units {
             if let Some(number) = t.strip_suffix(suffix) {
                 let value: f64 = number.trim().parse().map_err(|_| bad())?;
-                if !(value.is_finite() && value > 0.0) {
+                let bytes = value * scale as f64;
+                if !(value.is_finite() && value > 0.0 && bytes >= 1.0 && bytes <= MAX_CAP as f64) {
                     return Err(bad());
                 }
-                return Ok(MemoryCap::Bytes((value * scale as f64) as u64));
+                return Ok(MemoryCap::Bytes(bytes as u64));
             }
         }
         if let Ok(bytes) = t.parse::<u64>() {
-            return if bytes > 0 { Ok(MemoryCap::Bytes(bytes)) } else { Err(bad()) };
+            return if bytes > 0 && bytes <= MAX_CAP {
+                Ok(MemoryCap::Bytes(bytes))
+            } else {
+                Err(bad())
+            };
         }
         match t.parse::<f64>() {
             Ok(f) if f > 0.0 && f <= 1.0 => Ok(MemoryCap::Fraction(f)),

@@ -6,7 +6,8 @@
 //! 1/sqrt(head_dim). A model.safetensors and config.json written by save_pretrained
 //! load unchanged, and [`Gpt::save_hf`] writes files transformers loads back.
 //!
-//! May call: `autograd`, `error`, `kernels`, `memory`, `nn::init`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn::init`, `runtime`,
+//! `tensor`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -104,6 +105,14 @@ impl GptConfig {
         }
         if self.vocab_size == 0 || self.n_positions == 0 || self.n_layer == 0 {
             return bad("vocab_size, n_positions and n_layer must be positive".into());
+        }
+        // LayerNorm divides by sqrt(var + eps): a negative or non-finite epsilon gives
+        // NaN losses, not an error.
+        if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon < 1.0) {
+            return bad(format!(
+                "layer_norm_epsilon {} must be a positive number below 1",
+                self.layer_norm_epsilon
+            ));
         }
         if !["gelu_new", "gelu_pytorch_tanh"].contains(&self.activation_function.as_str()) {
             return bad(format!(
@@ -249,12 +258,22 @@ impl Gpt {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, Error> {
-        let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| Error::io(&dir.join(name), e));
-        let config: GptConfig = serde_json::from_slice(&read("config.json")?).map_err(|e| Error::format(&dir.join("config.json"), e))?;
-        let bytes = read("model.safetensors")?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
-        // Sizes first: the shapes of a config asking for 10^11 layers are never listed.
+        // Regular files within bounds: a config is a few KiB; the weights at most what the
+        // largest model the engine builds takes.
+        let read = |name: &str, max: u64| crate::files::read_bounded(&dir.join(name), max).map_err(|e| Error::io(&dir.join(name), e));
+        let config: GptConfig =
+            serde_json::from_slice(&read("config.json", 1 << 20)?).map_err(|e| Error::format(&dir.join("config.json"), e))?;
         config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
+        // Sizes first (the shapes of a config asking for 10^11 layers are never listed),
+        // then a bound on the weights' file: every parameter in f32, older files' causal
+        // mask buffers ([1, 1, T, T] a layer), and the header.
+        let numel: u64 = parameter_shapes(&config)
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum();
+        let masks = (config.n_layer * config.n_positions * config.n_positions) as u64;
+        let bytes = read("model.safetensors", 4 * (numel + masks) + (16 << 20))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         let mut values = BTreeMap::new();
         for (name, view) in st.tensors() {

@@ -85,13 +85,18 @@ pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
         if set.is_empty() {
             return Err(ConfigError::Invalid(format!(
-                "the {split} split of data.kind \"{}\"{} has no example{}; use more data or a smaller model.block_size",
+                "the {split} split of data.kind \"{}\"{} has no example{}; use more data{}",
                 config.data.kind,
                 config.data.path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default(),
                 if config.model.kind == "gpt" {
                     format!(" (a window is model.block_size + 1 = {} tokens)", config.model.block_size + 1)
                 } else {
                     String::new()
+                },
+                if config.model.kind == "gpt" {
+                    " or a smaller model.block_size"
+                } else {
+                    " (or a larger data.train_limit / data.eval_limit, 0 for all)"
                 }
             ))
             .into());

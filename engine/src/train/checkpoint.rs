@@ -154,8 +154,19 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:09}")
 }
 
-/// Writes a checkpoint of `step` into `root` and points `latest` at it.
+/// Writes a checkpoint of `step` into `root` and points `latest` at it. A save that
+/// fails (a full disk) removes its temporary folder and file before returning the error.
 pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
+    let result = save_inner(root, step, data);
+    if result.is_err() {
+        let pid = std::process::id();
+        let _ = std::fs::remove_dir_all(root.join(format!(".{}.tmp-{pid}", step_dir_name(step))));
+        let _ = std::fs::remove_file(root.join(format!(".latest.tmp-{pid}")));
+    }
+    result
+}
+
+fn save_inner(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(root).map_err(io(root))?;
     let final_dir = root.join(step_dir_name(step));
     let tmp = root.join(format!(".{}.tmp-{}", step_dir_name(step), std::process::id()));

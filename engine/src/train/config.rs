@@ -183,12 +183,18 @@ fn size_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D
         Text(String),
         Int(u64),
         Float(f64),
+        Other(toml::Value),
     }
-    Ok(Option::<Size>::deserialize(d)?.map(|s| match s {
-        Size::Text(t) => t,
-        Size::Int(i) => i.to_string(),
-        Size::Float(f) => f.to_string(),
-    }))
+    Option::<Size>::deserialize(d)?
+        .map(|s| match s {
+            Size::Text(t) => Ok(t),
+            Size::Int(i) => Ok(i.to_string()),
+            Size::Float(f) => Ok(f.to_string()),
+            Size::Other(v) => Err(serde::de::Error::custom(format!(
+                "memory.cap and memory.budget take a size (\"3GiB\", bytes) or a fraction in (0, 1], not {v}"
+            ))),
+        })
+        .transpose()
 }
 
 /// Numeric precision of training.
@@ -363,14 +369,18 @@ fn selectors<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::E
     enum Selector {
         Name(String),
         Index(u32),
+        Other(toml::Value),
     }
-    Ok(Vec::<Selector>::deserialize(d)?
+    Vec::<Selector>::deserialize(d)?
         .into_iter()
         .map(|s| match s {
-            Selector::Name(n) => n,
-            Selector::Index(i) => i.to_string(),
+            Selector::Name(n) => Ok(n),
+            Selector::Index(i) => Ok(i.to_string()),
+            Selector::Other(v) => Err(serde::de::Error::custom(format!(
+                "parallel.devices takes adapter selectors (an index >= 0, a backend or part of a name), not {v}"
+            ))),
         })
-        .collect())
+        .collect()
 }
 
 /// Most devices in one run.
@@ -503,6 +513,12 @@ impl Config {
         if self.data.kind == "tokens" && self.model.vocab_size == 0 {
             return bad("data.kind \"tokens\" needs model.vocab_size".into());
         }
+        if self.checkpoint.dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
+            return bad("checkpoint.dir is empty: give a folder, or leave it unset for no checkpoints".into());
+        }
+        if self.data.path.as_deref().is_some_and(|d| d.trim().is_empty()) {
+            return bad("data.path is empty: give a file or folder, or leave it unset for the default".into());
+        }
         if self.train.epochs == 0 && self.train.steps.is_none() {
             return bad("train.epochs is 0 and train.steps is unset: nothing to do".into());
         }
@@ -528,7 +544,7 @@ impl Config {
         };
         int("train.batch_size", t.batch_size as u64, 1, MAX_BATCH)?;
         if let Some(mb) = t.micro_batch_size {
-            int("train.micro_batch_size", mb as u64, 1, MAX_BATCH)?;
+            int("train.micro_batch_size", mb as u64, 1, t.batch_size as u64)?;
         }
         if t.steps.is_none() {
             int("train.epochs", t.epochs, 1, MAX_EPOCHS)?;
@@ -547,7 +563,9 @@ impl Config {
         real("train.betas[0]", t.betas.0, 0.0, Some(1.0), "in [0, 1)")?;
         real("train.betas[1]", t.betas.1, 0.0, Some(1.0), "in [0, 1)")?;
         real("train.grad_clip", t.grad_clip, 0.0, None, "a number >= 0 (0 turns clipping off)")?;
-        if m.kind == "mlp" {
+        // Every model key, whichever model.kind reads it: a value out of range is a
+        // mistake even where it is ignored.
+        {
             if m.hidden.len() > MAX_MLP_LAYERS {
                 return out(
                     "model.hidden",
@@ -559,13 +577,13 @@ impl Config {
                 int("model.hidden[i]", w as u64, 1, MAX_WIDTH)?;
             }
         }
-        if m.kind == "gpt" {
+        {
             int("model.n_layer", m.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
             int("model.n_head", m.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
             int("model.n_embd", m.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
             int("model.block_size", m.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
         }
-        if self.data.kind == "tokens" {
+        if self.data.kind == "tokens" || m.vocab_size != 0 {
             int("model.vocab_size", m.vocab_size as u64, 1, MAX_TOKEN_VOCAB)?;
         }
         Ok(())

@@ -123,10 +123,6 @@ pub fn write_grads(path: &Path, grads: &[(String, Vec<usize>, Vec<f32>)]) -> Res
         })
         .collect();
     let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(path, e))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("grads")));
-    std::fs::write(&tmp, &bytes)
-        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::io(path, e))
+    // Whole or not at all; a failed write leaves no temporary file behind.
+    crate::files::write_atomically(path, &bytes).map_err(|e| Error::io(path, e))
 }
