@@ -1,6 +1,8 @@
 //! The dashboard's API over a real (short) training run: runs, records, timelines,
 //! exports (JSON and memory_viz pickle), the live stream, bad parameters, run names
-//! that try to leave the folder, the token rule, and the bounded live queue.
+//! that try to leave the folder, the token rule, the bounded live queue, and a bounded
+//! denial of service on a real server process (idle connections, huge lines and
+//! records, symlinks, FIFOs).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -285,7 +287,11 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     assert!(status == 200 && String::from_utf8_lossy(&body).contains("/pkg/app.js"));
 
     // A corrupt log is a clear error, not a crash.
-    std::fs::write(dir.join("broken.jsonl"), "{\"step\":1}\nnot json\n{\"step\":2}\n").unwrap();
+    std::fs::write(
+        dir.join("broken.jsonl"),
+        "{\"step\":1,\"loss\":2.5}\nnot json\n{\"step\":2,\"loss\":2.4}\n",
+    )
+    .unwrap();
     let (status, v) = json(d.addr, "/api/runs/broken");
     assert_eq!(status, 422);
     assert!(v["error"].as_str().unwrap().contains("line 2"), "{v}");
@@ -564,7 +570,11 @@ fn names_with_spaces_and_accents_tokens_with_url_characters_and_relative_paths()
     assert_eq!(status, 200);
     assert!(head.contains("attachment"), "{head}");
     // A corrupt file: the error names it without the server's folders.
-    std::fs::write(dir.join("broken.jsonl"), "{\"step\": 1}\nnot json\n{\"step\": 3}\n").unwrap();
+    std::fs::write(
+        dir.join("broken.jsonl"),
+        "{\"step\": 1, \"loss\": 2.5}\nnot json\n{\"step\": 3, \"loss\": 2.4}\n",
+    )
+    .unwrap();
     let (status, _, body) = get(addr, &format!("/api/runs/broken?{query}"), None);
     let text = String::from_utf8_lossy(&body);
     assert_eq!(status, 422, "{text}");
@@ -652,4 +662,202 @@ fn a_run_killed_mid_training_keeps_its_timelines() {
         assert!(!t["bands"].as_array().unwrap().is_empty());
         assert_eq!(p["peak_bytes"], line["mem"]["peak"], "step {step}");
     }
+}
+
+/// The resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A `wgtrain dashboard` process over `dir`; returns it and its address.
+fn dashboard_process(dir: &std::path::Path) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["dashboard", "--runs", dir.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
+    (child, addr)
+}
+
+/// Health answers within a second while the server is under load; returns how long.
+fn health_within(addr: SocketAddr, limit: Duration) -> Duration {
+    let t = std::time::Instant::now();
+    assert_eq!(json(addr, "/api/health").0, 200);
+    let took = t.elapsed();
+    assert!(took < limit, "health took {took:?}");
+    took
+}
+
+#[test]
+fn a_bounded_denial_of_service_keeps_health_answering_and_memory_flat() {
+    let dir = temp("dos");
+    let (log, _) = short_run(&dir, "real");
+    // A 300 MB one-line log, a 300 MB memory record, a symlink to a log elsewhere, and a
+    // FIFO as a record.
+    let huge = dir.join("oneline.jsonl");
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&huge).unwrap());
+        f.write_all(b"{\"step\": 1, \"loss\": 1.0, \"pad\": \"").unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..300 {
+            f.write_all(&chunk).unwrap();
+        }
+        f.write_all(b"\"}\n").unwrap();
+    }
+    std::fs::copy(&log, dir.join("bigrecord.jsonl")).unwrap();
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(dir.join("bigrecord.memory.json")).unwrap());
+        f.write_all(b"{\"pad\": \"").unwrap();
+        let chunk = vec![b'y'; 1 << 20];
+        for _ in 0..300 {
+            f.write_all(&chunk).unwrap();
+        }
+        f.write_all(b"\"}").unwrap();
+    }
+    let elsewhere = temp("dos-elsewhere");
+    std::fs::copy(&log, elsewhere.join("secret.jsonl")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("secret.jsonl"), dir.join("leak.jsonl")).unwrap();
+    std::fs::copy(&log, dir.join("fifo.jsonl")).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(dir.join("fifo.memory.json"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Any JSON object is not a log line.
+    std::fs::write(dir.join("notalog.jsonl"), "{\"hello\": 1}\n").unwrap();
+
+    let (mut server, addr) = dashboard_process(&dir);
+    let pid = server.id();
+    health_within(addr, Duration::from_secs(1));
+    let idle = rss(pid);
+    // 200 connections that send nothing.
+    let idle_conns: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    health_within(addr, Duration::from_secs(1));
+    // Four clients hammer the large files while health is asked.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut statuses = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let path = [
+                        "/api/runs/oneline",
+                        "/api/runs/bigrecord",
+                        "/api/runs/bigrecord/whatif",
+                        "/api/runs/fifo",
+                    ][i];
+                    statuses.push(get(addr, path, None).0);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    let mut peak = 0;
+    for _ in 0..20 {
+        worst = worst.max(health_within(addr, Duration::from_secs(1)));
+        peak = peak.max(rss(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let statuses: Vec<Vec<u16>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for (i, s) in statuses.iter().enumerate() {
+        assert!(!s.is_empty() && s.iter().all(|&c| c >= 400), "client {i} got {s:?}");
+    }
+    let grown = peak.saturating_sub(idle);
+    eprintln!(
+        "denial of service: 200 idle connections, 4 clients on 300 MB files: health within {worst:?}, memory +{} MB over idle {} MB",
+        grown >> 20,
+        idle >> 20
+    );
+    assert!(grown < 200 << 20, "the server grew by {grown} bytes");
+    // Symlinked runs are neither listed nor served; non-log files are refused.
+    let (_, runs) = json(addr, "/api/runs");
+    let names: Vec<&str> = runs.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"real") && !names.contains(&"leak"), "{names:?}");
+    assert_eq!(get(addr, "/api/runs/leak", None).0, 403);
+    let (status, _, body) = get(addr, "/api/runs/notalog", None);
+    assert!(
+        status >= 400 && String::from_utf8_lossy(&body).contains("not a wgtrain log"),
+        "{status}"
+    );
+    assert_eq!(json(addr, "/api/runs/real").0, 200);
+    // Idle connections are closed after the first-byte deadline.
+    let mut first = idle_conns.into_iter().next().unwrap();
+    first
+        .set_read_timeout(Some(wgtrain_web::FIRST_BYTE_TIMEOUT + Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(first.read(&mut buf).unwrap_or(0), 0, "an idle connection is closed");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// CPU seconds a process has used (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[test]
+fn running_out_of_file_descriptors_backs_off_and_recovers() {
+    use std::io::BufRead;
+    let dir = temp("nofile");
+    short_run(&dir, "real");
+    // 40 descriptors: the connections below take them all.
+    let mut child = std::process::Command::new("prlimit")
+        .args([
+            "--nofile=40",
+            env!("CARGO_BIN_EXE_wgtrain"),
+            "dashboard",
+            "--runs",
+            dir.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr: SocketAddr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
+    let pid = child.id();
+    assert_eq!(json(addr, "/api/health").0, 200);
+    let before = cpu_seconds(pid);
+    let conns: Vec<TcpStream> = (0..80).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_seconds(pid) - before;
+    assert!(spent < 0.5, "the accept loop spun: {spent} s of CPU in 2 s");
+    drop(conns);
+    // Once the idle ones are closed (first-byte deadline), requests are served again.
+    let start = std::time::Instant::now();
+    loop {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = write!(s, "GET /api/health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        if String::from_utf8_lossy(&raw).contains("200 OK") {
+            break;
+        }
+        assert!(start.elapsed() < wgtrain_web::FIRST_BYTE_TIMEOUT * 3, "the server did not recover");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let warnings = String::from_utf8_lossy(&out.stderr).matches("accept failed").count();
+    assert!(warnings < 20, "{warnings} accept warnings");
 }

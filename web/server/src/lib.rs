@@ -39,6 +39,14 @@ pub enum DashboardError {
 /// How long a client may take to send its request headers before it is dropped.
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a new connection may stay silent before its first byte: one that sends
+/// nothing is closed then.
+pub const FIRST_BYTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Connections served at once (live streams included); beyond it the server stops
+/// accepting until one ends, so file descriptors never run out.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// A running dashboard; stops when dropped.
 pub struct Dashboard {
     /// Where it listens.
@@ -147,16 +155,38 @@ impl Dashboard {
     }
 }
 
-/// Accepts connections until `stopped`, each served by hyper with a deadline for its
-/// request headers ([`HEADER_TIMEOUT`]): half-open connections cannot pile up.
+/// Accepts connections until `stopped`: at most [`MAX_CONNECTIONS`] at once, each closed
+/// unless its first byte comes within [`FIRST_BYTE_TIMEOUT`], then served by hyper with
+/// a deadline for its request headers ([`HEADER_TIMEOUT`]): idle and half-open
+/// connections cannot pile up. A failing accept (file descriptors run out) backs off
+/// up to a second, warning once per back-off rather than once per try.
 async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped: tokio::sync::oneshot::Receiver<()>) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = std::time::Duration::ZERO;
     loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = &mut stopped => return,
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(c) => c,
+                Ok(c) => {
+                    backoff = std::time::Duration::ZERO;
+                    c
+                }
                 Err(e) => {
-                    tracing::warn!("dashboard: accept failed: {e}");
+                    if backoff.is_zero() {
+                        tracing::warn!("dashboard: accept failed: {e}; backing off");
+                    }
+                    backoff = (backoff * 2).clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(1));
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut stopped => return,
+                    }
                     continue;
                 }
             },
@@ -164,6 +194,12 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
+            let _permit = permit;
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
             let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;

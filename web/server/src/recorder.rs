@@ -253,53 +253,125 @@ fn file_name(path: &Path) -> String {
         .map_or_else(|| "the log".into(), |n| n.to_string_lossy().into_owned())
 }
 
-/// The record beside a finished run's log (without the lines, which the server streams
-/// from the log); a log without one gets an empty, finished record. Errors name the
-/// file by its name in the runs folder, never by a server path.
-pub fn load_record(log: &Path) -> Result<RunRecord, String> {
-    let path = record_path(log);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice::<RunRecord>(&bytes).map_err(|e| format!("{}: {e}", file_name(&path))),
-        Err(_) => Ok(RunRecord {
-            finished: true,
-            ..Default::default()
-        }),
+/// The largest memory record the server reads (kept timelines of a large model take
+/// tens of MB; a larger file is not a record wgtrain wrote).
+pub const MAX_RECORD: u64 = 64 << 20;
+
+/// The most bytes one log line may hold (the engine's bound: `train::log::MAX_LINE`).
+pub const MAX_LINE: usize = wgtrain_engine::train::log::MAX_LINE;
+
+/// Parsed records by file, with the size and modification time they were read at: an
+/// API call re-reads a record only when its file changed. Bounded: the oldest go first.
+type Cached = (PathBuf, u64, Option<std::time::SystemTime>, Arc<RunRecord>);
+static RECORDS: Mutex<Vec<Cached>> = Mutex::new(Vec::new());
+/// Records kept parsed at once, and their files' bytes together.
+const CACHE_ENTRIES: usize = 8;
+const CACHE_BYTES: u64 = 128 << 20;
+
+/// Whether `path` is a regular file itself (not a symlink to one, a FIFO or a device):
+/// the server reads nothing outside the runs folder and nothing that blocks.
+pub fn plain_file(path: &Path) -> Result<std::fs::Metadata, String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("cannot read {}: {e}", file_name(path)))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "{} is a symbolic link; the dashboard reads only files in the runs folder",
+            file_name(path)
+        ));
     }
+    if !meta.is_file() {
+        return Err(format!("{} is {}, not a file", file_name(path), wgtrain_engine::files::kind(&meta)));
+    }
+    Ok(meta)
 }
 
-/// Calls `line` with every complete line of a log, checking each is a log line; a
-/// partial last line (a run killed mid-write) is skipped. Reads line by line: a large
-/// log costs one line of memory. Errors name the line, and the file by its name.
+/// The record beside a finished run's log (without the lines, which the server streams
+/// from the log); a log without one gets an empty, finished record. Parsed once per
+/// version of the file (size and modification time). Errors name the file by its name
+/// in the runs folder, never by a server path.
+pub fn load_record(log: &Path) -> Result<Arc<RunRecord>, String> {
+    let path = record_path(log);
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(Arc::new(RunRecord {
+            finished: true,
+            ..Default::default()
+        }));
+    }
+    let meta = plain_file(&path)?;
+    if meta.len() > MAX_RECORD {
+        return Err(format!(
+            "{} holds {} bytes, more than a memory record may ({MAX_RECORD})",
+            file_name(&path),
+            meta.len()
+        ));
+    }
+    let version = (meta.len(), meta.modified().ok());
+    let cache = RECORDS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, _, record)) = cache.iter().find(|(p, len, time, _)| *p == path && (*len, *time) == version) {
+        return Ok(record.clone());
+    }
+    drop(cache);
+    let bytes = wgtrain_engine::files::read_bounded(&path, MAX_RECORD).map_err(|e| format!("cannot read {}: {e}", file_name(&path)))?;
+    let record = Arc::new(serde_json::from_slice::<RunRecord>(&bytes).map_err(|e| format!("{}: {e}", file_name(&path)))?);
+    drop(bytes);
+    let mut cache = RECORDS.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|(p, _, _, _)| *p != path);
+    cache.push((path, version.0, version.1, record.clone()));
+    while cache.len() > CACHE_ENTRIES || cache.iter().map(|c| c.1).sum::<u64>() > CACHE_BYTES {
+        cache.remove(0);
+    }
+    Ok(record)
+}
+
+/// Calls `line` with every complete line of a log, checking each is a wgtrain log line
+/// (a step's or an evaluation's); a partial last line (a run killed mid-write) is
+/// skipped. Reads line by line, each at most [`MAX_LINE`] bytes: a large log costs one
+/// line of memory. Errors name the line, and the file by its name.
 pub fn read_log(log: &Path, mut line: impl FnMut(&str) -> Result<(), String>) -> Result<(), String> {
-    use std::io::BufRead;
+    use std::io::{BufRead, Read};
     let name = file_name(log);
+    plain_file(log)?;
     let file = std::fs::File::open(log).map_err(|e| format!("cannot read {name}: {e}"))?;
     let mut reader = std::io::BufReader::new(file);
-    let mut text = String::new();
+    let mut raw = Vec::new();
     let mut number = 0;
     loop {
-        text.clear();
-        let n = reader.read_line(&mut text).map_err(|e| format!("cannot read {name}: {e}"))?;
+        raw.clear();
+        let n = Read::by_ref(&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut raw)
+            .map_err(|e| format!("cannot read {name}: {e}"))?;
         if n == 0 {
             return Ok(());
         }
         number += 1;
-        if !text.ends_with('\n') {
+        if n > MAX_LINE {
+            return Err(format!("{name} line {number} is longer than {MAX_LINE} bytes: not a wgtrain log"));
+        }
+        if !raw.ends_with(b"\n") {
             tracing::warn!("{name}: last line is incomplete");
             return Ok(());
         }
+        let text = std::str::from_utf8(&raw).map_err(|_| format!("{name} line {number} is not UTF-8"))?;
         let trimmed = text.trim();
         if trimmed.is_empty() {
             continue;
         }
         serde_json::from_str::<StepLog>(trimmed).map_err(|e| format!("{name} line {number}: {e}"))?;
+        // Every line wgtrain writes has its step and a loss (null when NaN) or an
+        // evaluation: any other JSON object is not a wgtrain log's line.
+        let keyed = |k: &str| trimmed.contains(&format!("\"{k}\":"));
+        if !keyed("step") || !(keyed("loss") || keyed("eval")) {
+            return Err(format!(
+                "{name} line {number} is neither a step's nor an evaluation's line: not a wgtrain log"
+            ));
+        }
         line(trimmed)?;
     }
 }
 
 /// Loads a finished run: the log's lines and, if present, the record beside it.
 pub fn load_run(log: &Path) -> Result<RunRecord, String> {
-    let mut record = load_record(log)?;
+    let mut record = (*load_record(log)?).clone();
     let mut lines = Vec::new();
     read_log(log, |l| {
         lines.push(serde_json::from_str::<StepLog>(l).map_err(|e| e.to_string())?);

@@ -100,7 +100,7 @@ fn download_name(name: &str, suffix: &str) -> String {
 enum Run {
     Live(Arc<Recorder>),
     /// A finished run's record (without its lines) and its log, which is streamed.
-    Finished(Box<RunRecord>, PathBuf),
+    Finished(Arc<RunRecord>, PathBuf),
 }
 
 impl Run {
@@ -130,12 +130,14 @@ async fn find_run(s: &Served, name: &str) -> Result<Run, ApiError> {
     let not_found = || ApiError(StatusCode::NOT_FOUND, format!("no run named {name:?}"));
     let dir = s.runs_dir.as_ref().ok_or_else(not_found)?;
     let log = dir.join(format!("{name}.jsonl"));
-    if !log.is_file() {
-        return Err(not_found());
-    }
+    // The log itself, not a link to a file elsewhere, nor a FIFO or a device.
+    match std::fs::symlink_metadata(&log) {
+        Err(_) => return Err(not_found()),
+        Ok(_) => crate::recorder::plain_file(&log).map_err(|e| ApiError(StatusCode::FORBIDDEN, e))?,
+    };
     let path = log.clone();
     let record = blocking(move || load_record(&path)).await?;
-    Ok(Run::Finished(Box::new(record), log))
+    Ok(Run::Finished(record, log))
 }
 
 fn list_runs(s: &Served) -> Vec<RunEntry> {
@@ -153,6 +155,8 @@ fn list_runs(s: &Served) -> Vec<RunEntry> {
     {
         let mut names: Vec<String> = entries
             .filter_map(|e| e.ok())
+            // Regular files only (a DirEntry's type does not follow symbolic links).
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_string))
             .filter(|n| valid_run_name(n).is_ok() && s.live.as_ref().is_none_or(|l| l.name() != n))
             .collect();
@@ -183,7 +187,7 @@ async fn runs(State(s): State<Shared>) -> impl IntoResponse {
 async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let run = find_run(&s, &name).await?;
     if let Run::Finished(record, log) = run {
-        return stream_finished(&s, name, *record, log).await;
+        return stream_finished(&s, name, record, log).await;
     }
     let live = true;
     // Copy under the lock, serialize outside it: the training thread takes the same lock.
@@ -212,7 +216,7 @@ async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<Respon
 /// A finished run as `RunView` JSON, its lines streamed from the log in chunks: a large
 /// log costs the server a chunk of memory, not the whole file, and a corrupt line is
 /// found (422, naming it) before anything is sent.
-async fn stream_finished(s: &Served, name: String, record: RunRecord, log: PathBuf) -> Result<Response, ApiError> {
+async fn stream_finished(s: &Served, name: String, record: Arc<RunRecord>, log: PathBuf) -> Result<Response, ApiError> {
     let path = log.clone();
     blocking(move || read_log(&path, |_| Ok(()))).await?;
     let head = format!(
