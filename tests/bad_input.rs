@@ -443,3 +443,45 @@ fn a_negative_layer_norm_epsilon_is_refused_by_step() {
     let err = refused(&args);
     assert!(err.contains("layer_norm_epsilon -1 must be a positive number"), "{err}");
 }
+
+#[test]
+fn step_refuses_an_empty_batch_and_big_sequences_name_the_activation() {
+    let dir = scratch("empty-batch");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
+    // A [1, 0] batch: no token to compute a loss over.
+    let batch = dir.join("empty.safetensors");
+    let mut header = serde_json::json!({
+        "input_ids": {"dtype": "I64", "shape": [1, 0], "data_offsets": [0, 0]},
+        "labels": {"dtype": "I64", "shape": [1, 0], "data_offsets": [0, 0]},
+    })
+    .to_string()
+    .into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    std::fs::write(&batch, &bytes).unwrap();
+    let args: Vec<String> = ["step", "--hf-dir", fixture.to_str().unwrap(), "--batch", batch.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let err = refused(&args);
+    assert!(err.contains("at least one token"), "{err}");
+    // A sequence whose activations no binding holds names the activation, not the
+    // parameter its op is named after.
+    let corpus = dir.join("text.txt");
+    std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog\n".repeat(20_000)).unwrap();
+    let err = refused(&gpt_args(
+        "estimate",
+        "chars",
+        &corpus,
+        &[
+            "model.block_size=500000",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "train.batch_size=32",
+        ],
+    ));
+    assert!(err.contains("for the activation"), "{err}");
+}

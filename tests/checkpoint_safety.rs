@@ -541,3 +541,37 @@ fn sighup_saves_and_a_signal_during_start_up_saves_nothing() {
     assert_eq!(saved.unwrap_or(0), 0, "a run stopped before its first step saved a checkpoint");
     run_ok(&small_args(fresh.to_str().unwrap(), &["--set", "train.steps=1"]), &[]);
 }
+
+#[test]
+fn a_full_disk_leaves_no_temporary_files() {
+    let dir = scratch("fulldisk");
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let exe = env!("CARGO_BIN_EXE_wgtrain");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
+    // A 64 KiB tmpfs in a mount namespace of its own: the checkpoint (about 300 KB) and
+    // the gradients cannot be written whole there.
+    let args = small_args(mnt.join("ckpt").to_str().unwrap(), &["--set", "train.steps=1"]);
+    let quoted = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let train: Vec<String> = args.iter().map(|a| quoted(a)).collect();
+    let script = format!(
+        "mount -t tmpfs -o size=64k tmpfs {m} || exit 90; \
+         {exe} {train}; echo \"train $?\"; \
+         head -c 1000000 /dev/zero > {m}/fill 2>/dev/null; \
+         {exe} step --hf-dir {fx} --batch {fx}/batch.safetensors --dump-grads {m}/grads.safetensors; echo \"step $?\"; \
+         rm -f {m}/fill; ls -A {m} {m}/ckpt",
+        m = quoted(mnt.to_str().unwrap()),
+        train = train.join(" "),
+        fx = quoted(fixture.to_str().unwrap()),
+    );
+    let out = Command::new("unshare").args(["--mount", "sh", "-c", &script]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(90), "could not mount a tmpfs: {err}");
+    assert!(
+        text.contains("train 1") && text.contains("step 1"),
+        "both should fail: {text}\n{err}"
+    );
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!text.contains(".tmp"), "temporary files left behind: {text}");
+}

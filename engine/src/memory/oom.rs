@@ -24,8 +24,9 @@ pub enum AllocError {
     OutOfMemory(Box<OomReport>),
     /// The request is larger than one binding may see on this adapter.
     #[error(
-        "cannot allocate {} for '{label}': larger than the largest bindable buffer on this adapter ({})",
+        "cannot allocate {} for the {} '{label}': larger than the largest bindable buffer on this adapter ({}); make the batch, the sequence or the model smaller",
         format_bytes(*requested),
+        category.name().replace('_', " "),
         format_bytes(*max_page)
     )]
     TooLarge {
@@ -33,6 +34,9 @@ pub enum AllocError {
         requested: u64,
         /// The largest page this adapter allows.
         max_page: u64,
+        /// What the block would hold (an activation named after its op's parameter is
+        /// not that parameter).
+        category: Category,
         /// The allocation's label.
         label: String,
     },

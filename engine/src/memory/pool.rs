@@ -253,6 +253,7 @@ impl<B: PageBackend> Pool<B> {
             return Err(AllocError::TooLarge {
                 requested,
                 max_page: self.config.max_page,
+                category,
                 label: label.to_string(),
             });
         }

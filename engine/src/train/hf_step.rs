@@ -3,7 +3,7 @@
 //! parameter's gradient under its transformers name (the tied wte gradient includes
 //! the head's share). `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
-//! May call: `autograd`, `error`, `kernels`, `memory`, `nn`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`, `runtime`, `tensor`.
 
 use std::path::Path;
 
@@ -40,8 +40,11 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
             .collect(),
         other => return Err(bad(format!("'{name}' is {other:?}; expected I64 or I32"))),
     };
-    if view.shape().len() != 2 {
-        return Err(bad(format!("'{name}' must be [B, T], got {:?}", view.shape())));
+    if view.shape().len() != 2 || view.shape().contains(&0) {
+        return Err(bad(format!(
+            "'{name}' must be [B, T] with at least one token (B, T >= 1), got {:?}",
+            view.shape()
+        )));
     }
     let ids = values
         .into_iter()
@@ -60,7 +63,8 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
             "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
         ));
     }
-    let bytes = std::fs::read(batch_file).map_err(|e| Error::io(batch_file, e))?;
+    // A batch of token ids: bounded well above any batch a step could take.
+    let bytes = crate::files::read_bounded(batch_file, 1 << 30).map_err(|e| Error::io(batch_file, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
     let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
