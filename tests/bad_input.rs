@@ -388,18 +388,21 @@ fn settings_are_checked_against_each_other_and_named() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("not a positive number"), "{peak}");
     }
     // An empty split of an MLP's data names the limits, not a GPT's block_size.
-    let err = refused(&small_args(
-        dir.join("e").to_str().unwrap(),
-        &[
-            "--set",
-            "data.eval_limit=0",
-            "--set",
-            "data.train_limit=0",
-            "--set",
-            "data.path=\"/nonexistent\"",
-        ],
-    ));
-    assert!(!err.contains("block_size"), "{err}");
+    let empty = dir.join("empty-fashion");
+    std::fs::create_dir_all(&empty).unwrap();
+    let script = format!(
+        "printf '\\000\\000\\010\\003\\000\\000\\000\\000\\000\\000\\000\\034\\000\\000\\000\\034' | gzip > {0}/train-images-idx3-ubyte.gz; \
+         printf '\\000\\000\\010\\001\\000\\000\\000\\000' | gzip > {0}/train-labels-idx1-ubyte.gz; \
+         cp /usr/share/datasets/fashion-mnist/t10k-* {0}/",
+        empty.display()
+    );
+    assert!(Command::new("sh").args(["-c", &script]).status().unwrap().success());
+    let mut args = small_args(dir.join("e").to_str().unwrap(), &["--set", "train.steps=1"]);
+    let limit = args.iter().position(|a| a == "data.train_limit=384").unwrap();
+    args.drain(limit - 1..=limit);
+    args.extend(["--set".into(), format!("data.path=\"{}\"", empty.display())]);
+    let err = refused(&args);
+    assert!(err.contains("has no example") && !err.contains("block_size"), "{err}");
 }
 
 #[test]
