@@ -488,3 +488,45 @@ fn step_refuses_an_empty_batch_and_big_sequences_name_the_activation() {
     ));
     assert!(err.contains("for the activation"), "{err}");
 }
+
+#[test]
+fn token_files_of_u32_ids_hold_large_vocabularies() {
+    let dir = scratch("u32");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // Ids up to 99,999: past what u16 holds.
+    let ids: Vec<u8> = (0..20_000u32).flat_map(|i| (i * 7919 % 100_000).to_le_bytes()).collect();
+    std::fs::write(data.join("train.bin"), &ids).unwrap();
+    std::fs::write(data.join("val.bin"), &ids[..8_000]).unwrap();
+    let sets = [
+        "model.vocab_size=100000",
+        "model.block_size=16",
+        "model.n_embd=16",
+        "model.n_head=2",
+        "model.n_layer=1",
+        "train.batch_size=2",
+        "train.steps=2",
+    ];
+    // A vocabulary that u16 ids cannot hold is refused, saying what to set.
+    let err = refused(&gpt_args("train", "tokens", &data, &sets));
+    assert!(
+        err.contains("does not fit u16 token ids") && err.contains("data.token_dtype"),
+        "{err}"
+    );
+    let mut u32_sets = sets.to_vec();
+    u32_sets.push("data.token_dtype=\"u32\"");
+    let out = run_ok(&gpt_args("train", "tokens", &data, &u32_sets), &[]);
+    assert!(out.contains("2 steps"), "{out}");
+    // A file that is not whole u32 ids, and an id past the vocabulary, are named.
+    std::fs::write(data.join("val.bin"), &ids[..8_002]).unwrap();
+    let err = refused(&gpt_args("train", "tokens", &data, &u32_sets));
+    assert!(err.contains("val.bin") && err.contains("whole number of u32 tokens"), "{err}");
+    std::fs::write(data.join("val.bin"), &ids[..8_000]).unwrap();
+    let mut small = u32_sets.clone();
+    small[0] = "model.vocab_size=50000";
+    let err = refused(&gpt_args("train", "tokens", &data, &small));
+    assert!(
+        err.contains("train.bin") && err.contains("not below model.vocab_size 50000"),
+        "{err}"
+    );
+}

@@ -325,7 +325,7 @@ fn fp16_mixed_gradients_agree_with_fp32_on_a_large_vocabulary() {
         .unwrap();
         let mut t = Trainer::new(c, None).unwrap();
         let mut batch = wgtrain_engine::data::HostBatch::default();
-        let data = wgtrain_engine::data::tokens::TokenFile::open(&dir.join("train.bin"), 64, 50257).unwrap();
+        let data = wgtrain_engine::data::tokens::TokenFile::open(&dir.join("train.bin"), 64, 50257, 2).unwrap();
         for i in 0..12 {
             wgtrain_engine::data::Dataset::push(&data, i, &mut batch).unwrap();
             batch.examples += 1;

@@ -1,5 +1,6 @@
-//! nanoGPT-style token files: a flat array of little-endian u16 token ids
-//! (train.bin, val.bin), cut into windows of T + 1 tokens. Windows are read with
+//! nanoGPT-style token files: a flat array of little-endian token ids, u16 (nanoGPT's)
+//! or u32 (vocabularies past 65,536), in train.bin and val.bin, cut into windows of
+//! T + 1 tokens. Windows are read with
 //! positioned reads, not a memory map: a file truncated or rewritten while training is
 //! a clear error naming it (a mapped file would kill the process with SIGBUS), and
 //! every id read is checked against the vocabulary again.
@@ -19,13 +20,24 @@ pub struct TokenFile {
     /// Tokens in the file when it was opened.
     tokens: usize,
     vocab: usize,
+    /// Bytes per id: 2 (u16) or 4 (u32).
+    width: usize,
     /// Window length T.
     pub block: usize,
 }
 
+/// The ids of little-endian `bytes` of `width` bytes each.
+fn ids(bytes: &[u8], width: usize) -> impl Iterator<Item = u32> + '_ {
+    bytes.chunks_exact(width).map(move |c| match width {
+        2 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+        _ => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+    })
+}
+
 impl TokenFile {
-    /// Opens `path` and checks that every id is below `vocab`.
-    pub fn open(path: &Path, block: usize, vocab: usize) -> Result<TokenFile, DataError> {
+    /// Opens `path` (ids of `width` bytes: 2 or 4) and checks that every id is below
+    /// `vocab`.
+    pub fn open(path: &Path, block: usize, vocab: usize, width: usize) -> Result<TokenFile, DataError> {
         // A FIFO or a device would block the open or never end: regular files only.
         let file = crate::files::regular_size(path, u64::MAX)
             .and_then(|_| std::fs::File::open(path))
@@ -49,10 +61,13 @@ impl TokenFile {
             reason,
         };
         let bytes = file.metadata().map_err(io)?.len() as usize;
-        if !bytes.is_multiple_of(2) {
-            return Err(corrupt(format!("{bytes} bytes is not a whole number of u16 tokens")));
+        let kind = if width == 2 { "u16" } else { "u32" };
+        if !bytes.is_multiple_of(width) {
+            return Err(corrupt(format!(
+                "{bytes} bytes is not a whole number of {kind} tokens (data.token_dtype = \"{kind}\")"
+            )));
         }
-        let tokens = bytes / 2;
+        let tokens = bytes / width;
         if tokens < block + 1 {
             return Err(corrupt(format!("{tokens} tokens is shorter than one window of {}", block + 1)));
         }
@@ -60,20 +75,15 @@ impl TokenFile {
         let mut chunk = vec![0u8; 1 << 20];
         let mut at = 0usize;
         while at < tokens {
-            let n = ((tokens - at) * 2).min(chunk.len());
+            let n = ((tokens - at) * width).min(chunk.len());
             reader.read_exact(&mut chunk[..n]).map_err(io)?;
-            if let Some((i, t)) = chunk[..n]
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .enumerate()
-                .find(|&(_, t)| t as usize >= vocab)
-            {
+            if let Some((i, t)) = ids(&chunk[..n], width).enumerate().find(|&(_, t)| t as usize >= vocab) {
                 return Err(corrupt(format!(
                     "token {t} at position {} is not below model.vocab_size {vocab}",
                     at + i
                 )));
             }
-            at += n / 2;
+            at += n / width;
         }
         drop(reader);
         Ok(TokenFile {
@@ -81,6 +91,7 @@ impl TokenFile {
             path: path.to_path_buf(),
             tokens,
             vocab,
+            width,
             block,
         })
     }
@@ -93,9 +104,9 @@ impl Dataset for TokenFile {
 
     fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         let start = i * self.block;
-        let mut bytes = vec![0u8; 2 * (self.block + 1)];
+        let mut bytes = vec![0u8; self.width * (self.block + 1)];
         self.file
-            .read_exact_at(&mut bytes, 2 * start as u64)
+            .read_exact_at(&mut bytes, (self.width * start) as u64)
             .map_err(|e| DataError::Corrupt {
                 path: self.path.display().to_string(),
                 reason: format!(
@@ -104,7 +115,7 @@ impl Dataset for TokenFile {
                     self.tokens
                 ),
             })?;
-        let ids: Vec<i32> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as i32).collect();
+        let ids: Vec<i32> = ids(&bytes, self.width).map(|t| t.min(i32::MAX as u32) as i32).collect();
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(DataError::Corrupt {
                 path: self.path.display().to_string(),

@@ -139,8 +139,9 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
                 path: "(data.path unset)".into(),
                 hint: String::new(),
             })?;
-            let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size)?;
-            let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size)?;
+            let width = if config.data.token_dtype == "u32" { 4 } else { 2 };
+            let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size, width)?;
+            let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size, width)?;
             Loaded {
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),

@@ -73,6 +73,9 @@ pub struct DataConfig {
     pub train_limit: usize,
     /// Examples used from the evaluation split (0 = all).
     pub eval_limit: usize,
+    /// Token files' id type: "u16" (nanoGPT's, vocabularies up to 65,536) or "u32"
+    /// (larger vocabularies, such as Llama 3's 128,256).
+    pub token_dtype: String,
 }
 
 impl Default for DataConfig {
@@ -82,6 +85,7 @@ impl Default for DataConfig {
             path: None,
             train_limit: 0,
             eval_limit: 0,
+            token_dtype: "u16".into(),
         }
     }
 }
@@ -583,8 +587,20 @@ impl Config {
             int("model.n_embd", m.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
             int("model.block_size", m.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
         }
+        let u32_ids = match self.data.token_dtype.as_str() {
+            "u16" => false,
+            "u32" => true,
+            other => return out("data.token_dtype", "\"u16\" or \"u32\"", format!("\"{other}\"")),
+        };
         if self.data.kind == "tokens" || m.vocab_size != 0 {
-            int("model.vocab_size", m.vocab_size as u64, 1, MAX_TOKEN_VOCAB)?;
+            let most = if u32_ids { gpt::MAX_VOCAB as u64 } else { MAX_TOKEN_VOCAB };
+            if !u32_ids && m.vocab_size as u64 > MAX_TOKEN_VOCAB && m.vocab_size as u64 <= gpt::MAX_VOCAB as u64 {
+                return Err(ConfigError::Invalid(format!(
+                    "model.vocab_size {} does not fit u16 token ids (at most {MAX_TOKEN_VOCAB}): set data.token_dtype = \"u32\" for files of u32 ids",
+                    m.vocab_size
+                )));
+            }
+            int("model.vocab_size", m.vocab_size as u64, 1, most)?;
         }
         Ok(())
     }
@@ -600,5 +616,5 @@ pub const MAX_STEPS: u64 = 1 << 40;
 pub const MAX_MLP_LAYERS: usize = 64;
 /// Widest hidden layer of the MLP.
 pub const MAX_WIDTH: u64 = 1 << 20;
-/// Largest vocabulary of token files (u16 ids).
+/// Largest vocabulary of token files of u16 ids (u32 ids: the GPT's largest).
 pub const MAX_TOKEN_VOCAB: u64 = 1 << 16;
