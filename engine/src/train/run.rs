@@ -206,14 +206,14 @@ impl Trainer {
         // leaves the state of the last finished step: it is saved before the error is
         // reported, so no finished step is lost. (An error inside a step may leave the
         // weights half updated: nothing is saved then.)
-        if let (Err(e), Some(dir)) = (&looped, &ckpt_dir) {
-            if self.consistent && self.step > saved_at {
-                match self.save(dir) {
-                    Ok(p) => eprintln!("saved {} before stopping on the error", p.display()),
-                    Err(save) => tracing::error!("could not save a checkpoint after the error: {save}"),
-                }
+        if let (Err(_), Some(dir)) = (&looped, &ckpt_dir)
+            && self.consistent
+            && self.step > saved_at
+        {
+            match self.save(dir) {
+                Ok(p) => tracing::warn!("saved {} before stopping on the error", p.display()),
+                Err(save) => tracing::error!("could not save a checkpoint after the error: {save}"),
             }
-            let _ = e;
         }
         looped?;
         // A last checkpoint of the steps this invocation did (none when it did none:
