@@ -530,3 +530,17 @@ fn token_files_of_u32_ids_hold_large_vocabularies() {
         "{err}"
     );
 }
+
+#[test]
+fn warmup_longer_than_the_run_is_said_and_one_width_needs_no_brackets() {
+    let dir = scratch("warmup");
+    // A short trial of a long run's config is allowed, and the terminal says so.
+    let args = train_with(&dir, &["train.warmup_steps=10", "model.hidden=24"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = wgtrain(&refs, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("train.warmup_steps 10 is more than the run's 2 steps"), "{err}");
+    let err = refused(&train_with(&dir.join("b"), &["model.hidden=\"wide\""]));
+    assert!(err.contains("model.hidden takes widths"), "{err}");
+}

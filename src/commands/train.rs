@@ -25,7 +25,9 @@ pub struct TrainArgs {
     /// Override a key: --set train.lr=3e-4 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
-    /// Append one JSON line per step (and per evaluation) to this file.
+    /// Write one JSON line per step (and per evaluation) to this file: a new file, or the
+    /// log of the run --resume continues (another run's log is refused unless
+    /// --overwrite).
     #[arg(long)]
     log: Option<PathBuf>,
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).

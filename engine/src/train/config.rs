@@ -32,7 +32,8 @@ pub struct Config {
 pub struct ModelConfig {
     /// "mlp" (a classifier) or "gpt" (GPT-2's architecture).
     pub kind: String,
-    /// Hidden widths of the MLP.
+    /// Hidden widths of the MLP (one width may be written without brackets).
+    #[serde(deserialize_with = "widths")]
     pub hidden: Vec<usize>,
     /// GPT layers.
     pub n_layer: usize,
@@ -177,6 +178,24 @@ pub struct MemoryConfig {
     pub budget: Option<String>,
     /// Choose the micro-batch and checkpointing whose estimated peak fits `budget`.
     pub fit: bool,
+}
+
+/// The MLP's hidden widths: a list, or one width as a number (`hidden = 256`).
+fn widths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Widths {
+        One(usize),
+        Many(Vec<usize>),
+        Other(toml::Value),
+    }
+    match Widths::deserialize(d)? {
+        Widths::One(w) => Ok(vec![w]),
+        Widths::Many(w) => Ok(w),
+        Widths::Other(v) => Err(serde::de::Error::custom(format!(
+            "model.hidden takes widths as a list of positive integers (like [256, 128]) or one width, not {v}"
+        ))),
+    }
 }
 
 /// A size setting given as text ("3GiB", "0.5") or as a TOML number (1000000, 0.5).

@@ -70,6 +70,15 @@ pub struct RunSummary {
 impl Trainer {
     /// Runs to the configured end (or until asked to stop).
     pub fn run(&mut self, options: &RunOptions) -> Result<RunSummary, TrainError> {
+        // Settings that need the data's length, checked before any file is touched.
+        let total = self.total_steps();
+        // Allowed (a short trial of a long run's config), but said.
+        if self.config.train.warmup_steps > total {
+            tracing::warn!(
+                "train.warmup_steps {} is more than the run's {total} steps: the learning rate never reaches train.lr",
+                self.config.train.warmup_steps
+            );
+        }
         // The log is a regular file or nothing yet (a folder, a device or a FIFO would be
         // read forever, block, or never hold the lines).
         if let Some(path) = &options.log
@@ -131,7 +140,7 @@ impl Trainer {
         }
         let start_step = self.step;
         let started = Instant::now();
-        let total = self.total_steps();
+
         let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
         if let Some(path) = &options.log {
             let resumed = options.resume.as_ref().map(|_| self.step);
