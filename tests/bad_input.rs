@@ -74,14 +74,22 @@ fn sizes_no_adapter_holds_are_refused_before_allocating() {
         let err = refused(&gpt_args(command, "chars", &corpus, &["model.n_layer=100000000000"]));
         assert!(err.contains("model.n_layer must be in 1..=1024"), "{command}: {err}");
     }
+    let step = step_with_config(&dir, "n_layer", 100_000_000_000u64.into());
+    let err = refused(&step);
+    assert!(err.contains("n_layer 100000000000 is above the largest the engine builds"), "{err}");
+}
+
+/// `wgtrain step` on the smallest GPT-2 fixture copied into `dir` with its config.json's
+/// `key` set to `value`.
+fn step_with_config(dir: &Path, key: &str, value: serde_json::Value) -> Vec<String> {
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
-    config["n_layer"] = 100_000_000_000u64.into();
+    config[key] = value;
     std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
     std::fs::copy(fixture.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
-    let step: Vec<String> = [
+    [
         "step",
         "--hf-dir",
         hf.to_str().unwrap(),
@@ -90,9 +98,7 @@ fn sizes_no_adapter_holds_are_refused_before_allocating() {
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect();
-    let err = refused(&step);
-    assert!(err.contains("n_layer 100000000000 is above the largest the engine builds"), "{err}");
+    .collect()
 }
 
 #[test]
@@ -425,24 +431,7 @@ fn a_resume_with_other_batches_is_refused() {
 
 #[test]
 fn a_negative_layer_norm_epsilon_is_refused_by_step() {
-    let dir = scratch("eps");
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2/l1_h1_c16");
-    let hf = dir.join("hf");
-    std::fs::create_dir_all(&hf).unwrap();
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
-    config["layer_norm_epsilon"] = (-1.0).into();
-    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
-    std::fs::copy(fixture.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
-    let args: Vec<String> = [
-        "step",
-        "--hf-dir",
-        hf.to_str().unwrap(),
-        "--batch",
-        fixture.join("batch.safetensors").to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = step_with_config(&scratch("eps"), "layer_norm_epsilon", (-1.0).into());
     let err = refused(&args);
     assert!(err.contains("layer_norm_epsilon -1 must be a positive number"), "{err}");
 }

@@ -3,38 +3,29 @@
 //! facts alone, and the names the profiler shows for them.
 
 use wgtrain_engine::DType;
-use wgtrain_engine::device::AdapterFacts;
+use wgtrain_engine::device::{AdapterFacts, AdapterReport};
 use wgtrain_engine::kernels::attention_plan::{AttentionKernel, Mode, Path, plan_backward, plan_kernel};
 use wgtrain_engine::kernels::matmul::MatmulOptions;
 use wgtrain_engine::kernels::matmul_plan::{Operand, ProductKernel, plan};
 
-/// An H100 as its report describes it (tests/fixtures/devices-h100.json): 132 SMs,
-/// 48 KiB of workgroup memory, subgroups of 32, f16 cooperative matrices.
-const H100: AdapterFacts = AdapterFacts {
-    multiprocessors: Some(132),
-    workgroup_bytes: 49152,
-    subgroup: true,
-    subgroup_size: (32, 32),
-    subgroup_barrier: true,
-    shader_f16: true,
-    coop_f16: true,
-    cpu: false,
-};
+/// The facts of the first adapter of a saved `wgtrain devices --json` report.
+fn described(file: &str) -> AdapterFacts {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file);
+    let reports: Vec<AdapterReport> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    AdapterFacts::described(&reports[0])
+}
 
-/// Lavapipe on a 2-core machine: two threads, 32 KiB, subgroups of 8, no cooperative
-/// matrices.
-const LAVAPIPE: AdapterFacts = AdapterFacts {
-    multiprocessors: Some(2),
-    workgroup_bytes: 32768,
-    subgroup: true,
-    subgroup_size: (8, 8),
-    subgroup_barrier: true,
-    shader_f16: true,
-    coop_f16: false,
-    cpu: true,
-};
+/// An H100 as its report describes it: 132 SMs, 48 KiB of workgroup memory, subgroups
+/// of 32, f16 cooperative matrices.
+fn h100() -> AdapterFacts {
+    described("devices-h100.json")
+}
 
-const W: u64 = 132;
+/// Lavapipe on this project's 2-core machine, as its report says: two threads, 32 KiB,
+/// subgroups of 8, no cooperative matrices.
+fn lavapipe() -> AdapterFacts {
+    described("devices-lavapipe.json")
+}
 
 fn op<'a>(shape: &'a [usize], strides: &'a [usize], dtype: DType) -> Operand<'a> {
     Operand {
@@ -64,11 +55,11 @@ fn dw(facts: &AdapterFacts, c: usize, n: usize, dtype: DType) -> wgtrain_engine:
 
 #[test]
 fn adapters_wave_is_their_multiprocessors() {
-    assert_eq!(H100.wave(), 132);
-    assert_eq!(LAVAPIPE.wave(), 2);
+    assert_eq!(h100().wave(), 132);
+    assert_eq!(lavapipe().wave(), 2);
     let unknown = AdapterFacts {
         multiprocessors: None,
-        ..H100
+        ..h100()
     };
     assert_eq!(unknown.wave(), u64::from(wgtrain_engine::device::ASSUMED_MULTIPROCESSORS));
 }
@@ -76,39 +67,40 @@ fn adapters_wave_is_their_multiprocessors() {
 /// The split rules at the H100's 132 SMs, as measured there (CHANGELOG.md).
 #[test]
 fn split_rules_on_an_h100() {
+    let w = h100().wave();
     use wgtrain_engine::kernels::matmul_plan::split_k;
-    assert_eq!(split_k(W, 264, 8192), 1, "two full waves need no split");
-    assert_eq!(split_k(W, 144, 8192), 2);
-    assert_eq!(split_k(W, 36, 8192), 8);
-    assert_eq!(split_k(W, 108, 8192), 4);
-    assert_eq!(split_k(W, 1, 2048), 8, "the most slices that stay 256 long");
-    assert_eq!(split_k(W, 10, 100), 1, "too short to split");
+    assert_eq!(split_k(w, 264, 8192), 1, "two full waves need no split");
+    assert_eq!(split_k(w, 144, 8192), 2);
+    assert_eq!(split_k(w, 36, 8192), 8);
+    assert_eq!(split_k(w, 108, 8192), 4);
+    assert_eq!(split_k(w, 1, 2048), 8, "the most slices that stay 256 long");
+    assert_eq!(split_k(w, 10, 100), 1, "too short to split");
     // The tensor-core kernel takes the count its cost model finds fastest: GPT-2's
     // attn_proj.dw (36 tiles) in 3 uneven slices (one wave of 108 workgroups), fc.dw (144)
     // in 3, qkv.dw (108, one wave already) unsplit, as measured on the H100; a product
     // of two waves or more unsplit.
     use wgtrain_engine::kernels::matmul_plan::{split_cost, split_k_coop};
-    assert_eq!(split_k_coop(W, 36, 8192, true, true), 3);
-    assert_eq!(split_k_coop(W, 144, 8192, true, true), 3);
-    assert_eq!(split_k_coop(W, 108, 8192, true, true), 1);
-    assert_eq!(split_k_coop(W, 264, 8192, true, true), 1);
-    assert_eq!(split_k_coop(W, 1152, 768, false, true), 1, "GPT-2's qkv.fwd");
-    assert!(split_cost(W, 36, 3, 22.0, true) < split_cost(W, 36, 8, 8.0, true));
-    assert!(split_cost(W, 108, 1, 64.0, true) < split_cost(W, 108, 4, 16.0, true));
+    assert_eq!(split_k_coop(w, 36, 8192, true, true), 3);
+    assert_eq!(split_k_coop(w, 144, 8192, true, true), 3);
+    assert_eq!(split_k_coop(w, 108, 8192, true, true), 1);
+    assert_eq!(split_k_coop(w, 264, 8192, true, true), 1);
+    assert_eq!(split_k_coop(w, 1152, 768, false, true), 1, "GPT-2's qkv.fwd");
+    assert!(split_cost(w, 36, 3, 22.0, true) < split_cost(w, 36, 8, 8.0, true));
+    assert!(split_cost(w, 108, 1, 64.0, true) < split_cost(w, 108, 4, 16.0, true));
     // Without uneven slices (K off the unit, or tiles not whole): 2, 4 or 8 equal slices
     // at least 256 long, each a multiple of 8, where one fits.
-    assert_eq!(split_k_coop(W, 36, 8192, true, false), 8);
-    assert_eq!(split_k_coop(W, 36, 8200, true, false), 1, "8200 = 8 x 1025: no equal slices of 8");
-    assert_eq!(split_k_coop(W, 4, 300, true, false), 1, "no equal slice of 300 is 256 long");
+    assert_eq!(split_k_coop(w, 36, 8192, true, false), 8);
+    assert_eq!(split_k_coop(w, 36, 8200, true, false), 1, "8200 = 8 x 1025: no equal slices of 8");
+    assert_eq!(split_k_coop(w, 4, 300, true, false), 1, "no equal slice of 300 is 256 long");
     // By wave fill (264 slots): 144 tiles fill 2 waves of 264 at 55%, 5 waves at 87% in
     // 8 slices; 108 tiles fill their last wave at 82% in 2, 4 or 8 slices (the most win).
     use wgtrain_engine::kernels::matmul_plan::split_k_by_waves;
-    assert_eq!(split_k_by_waves(W, 144, 8192), 8);
-    assert_eq!(split_k_by_waves(W, 108, 8192), 8);
-    assert_eq!(split_k_by_waves(W, 100, 2048), 8);
-    assert_eq!(split_k_by_waves(W, 264, 8192), 1, "a full wave is not split");
-    assert_eq!(split_k_by_waves(W, 144, 768), 2, "4 slices would be shorter than 256");
-    assert_eq!(split_k(W, 10, 1000), 1, "slices would not be multiples of 8");
+    assert_eq!(split_k_by_waves(w, 144, 8192), 8);
+    assert_eq!(split_k_by_waves(w, 108, 8192), 8);
+    assert_eq!(split_k_by_waves(w, 100, 2048), 8);
+    assert_eq!(split_k_by_waves(w, 264, 8192), 1, "a full wave is not split");
+    assert_eq!(split_k_by_waves(w, 144, 768), 2, "4 slices would be shorter than 256");
+    assert_eq!(split_k(w, 10, 1000), 1, "slices would not be multiples of 8");
 }
 
 /// GPT-2's dW products in f16 on the H100 take tensor cores: fc.dw (144 tiles) in 3
@@ -118,19 +110,19 @@ fn split_rules_on_an_h100() {
 /// threads many times over.
 #[test]
 fn gpt2_products_plan_by_adapter() {
-    let fc = dw(&H100, 768, 3072, DType::F16);
+    let fc = dw(&h100(), 768, 3072, DType::F16);
     let ProductKernel::Coop(k) = fc.kernel else { panic!("{fc}") };
     assert_eq!(fc.splits, 3, "{fc}");
     assert_eq!(fc.scratch_elems, 3 * 768 * 3072);
     assert!(k.loads[0].col && k.plain, "{fc}");
     assert!(fc.to_string().starts_with("matmul_coop f16,f16->f32 a:col8 b:row8 128x128"), "{fc}");
     assert!(fc.to_string().ends_with("split 3 (sum ->f32)"), "{fc}");
-    let qkv = dw(&H100, 768, 2304, DType::F16);
+    let qkv = dw(&h100(), 768, 2304, DType::F16);
     assert!(matches!(qkv.kernel, ProductKernel::Coop(_)) && qkv.splits == 1, "{qkv}");
-    let f32_fc = dw(&H100, 768, 3072, DType::F32);
+    let f32_fc = dw(&h100(), 768, 3072, DType::F32);
     assert!(matches!(f32_fc.kernel, ProductKernel::Tiled(_)) && f32_fc.splits > 1, "{f32_fc}");
     for dtype in [DType::F16, DType::F32] {
-        let p = dw(&LAVAPIPE, 768, 3072, dtype);
+        let p = dw(&lavapipe(), 768, 3072, dtype);
         let ProductKernel::Tiled(t) = p.kernel else { panic!("{p}") };
         assert_eq!((t.tm, p.splits), (8, 1), "{p}");
         assert!(p.to_string().starts_with(&format!("matmul {0},{0}->f32 tm8", dtype.wgsl())), "{p}");
@@ -153,8 +145,8 @@ fn small_products_split_on_any_adapter() {
         .unwrap()
         .unwrap()
     };
-    assert_eq!(p(&LAVAPIPE).splits, 8);
-    assert_eq!(p(&H100).splits, 8);
+    assert_eq!(p(&lavapipe()).splits, 8);
+    assert_eq!(p(&h100()).splits, 8);
 }
 
 #[test]
@@ -162,7 +154,7 @@ fn bad_products_are_refused_before_launch() {
     let (a, a_s, b, b_s) = ([4, 8], [8, 1], [7, 3], [3, 1]);
     let (c, c_s) = ([4, 3], [3, 1]);
     let err = plan(
-        &H100,
+        &h100(),
         op(&a, &a_s, DType::F32),
         op(&b, &b_s, DType::F32),
         op(&c, &c_s, DType::F32),
@@ -173,7 +165,7 @@ fn bad_products_are_refused_before_launch() {
     assert!(err.contains("equal inner dimensions"), "{err}");
     let (b, b_s, wrong, wrong_s) = ([8, 3], [3, 1], [4, 4], [4, 1]);
     let err = plan(
-        &H100,
+        &h100(),
         op(&a, &a_s, DType::F32),
         op(&b, &b_s, DType::F32),
         op(&wrong, &wrong_s, DType::F32),
@@ -187,7 +179,7 @@ fn bad_products_are_refused_before_launch() {
         ..Default::default()
     };
     let err = plan(
-        &H100,
+        &h100(),
         op(&a, &a_s, DType::F32),
         op(&b, &b_s, DType::F32),
         op(&c, &c_s, DType::F32),
@@ -200,7 +192,7 @@ fn bad_products_are_refused_before_launch() {
     let (e, e_s, ce, ce_s) = ([0, 8], [8, 1], [0, 3], [3, 1]);
     assert!(
         plan(
-            &H100,
+            &h100(),
             op(&e, &e_s, DType::F32),
             op(&b, &b_s, DType::F32),
             op(&ce, &ce_s, DType::F32),
@@ -216,15 +208,15 @@ fn bad_products_are_refused_before_launch() {
 /// the workgroup memory; the overrides force the lane kernels.
 #[test]
 fn attention_plans_by_adapter() {
-    assert_eq!(Path::for_inputs(&H100, DType::F16, 64), Path::Coop);
-    assert_eq!(Path::for_inputs(&H100, DType::F32, 64), Path::Tiled);
-    assert_eq!(Path::for_inputs(&LAVAPIPE, DType::F16, 64), Path::Tiled);
+    assert_eq!(Path::for_inputs(&h100(), DType::F16, 64), Path::Coop);
+    assert_eq!(Path::for_inputs(&h100(), DType::F32, 64), Path::Tiled);
+    assert_eq!(Path::for_inputs(&lavapipe(), DType::F16, 64), Path::Tiled);
     let no_subgroups = AdapterFacts {
         subgroup: false,
-        ..LAVAPIPE
+        ..lavapipe()
     };
     assert_eq!(Path::for_adapter(&no_subgroups), Path::Plain);
-    let fwd = plan_kernel(&H100, "", Mode::Forward, DType::F16, DType::F16, 64, 1024, Path::Coop, None).unwrap();
+    let fwd = plan_kernel(&h100(), "", Mode::Forward, DType::F16, DType::F16, 64, 1024, Path::Coop, None).unwrap();
     let AttentionKernel::Coop { whole, .. } = fwd.kernel else {
         panic!("{fwd}")
     };
@@ -233,7 +225,7 @@ fn attention_plans_by_adapter() {
         fwd.to_string().starts_with("flash_attention forward f16 d64 tile") && fwd.to_string().ends_with("coop"),
         "{fwd}"
     );
-    for facts in [H100, LAVAPIPE] {
+    for facts in [h100(), lavapipe()] {
         let f = plan_kernel(&facts, "", Mode::Forward, DType::F32, DType::F32, 64, 1024, Path::Tiled, None).unwrap();
         let AttentionKernel::Tiled { mode, tile, chunks } = f.kernel else {
             panic!("{f}")
@@ -260,7 +252,7 @@ fn attention_plans_by_adapter() {
         assert!(matches!(one_row.query.kernel, AttentionKernel::Tiled { .. }));
     }
     // An f32 dy on tensor cores is cast to f16 by the row dot.
-    let b = plan_backward(&H100, "", DType::F16, DType::F32, 64, 1024, Path::Coop, None, None).unwrap();
+    let b = plan_backward(&h100(), "", DType::F16, DType::F32, 64, 1024, Path::Coop, None, None).unwrap();
     assert!(b.dy16 && b.pre.is_some_and(|p| p.mode == Mode::RowDotCast));
     assert_eq!(b.query.td, DType::F16);
 }
@@ -281,20 +273,21 @@ fn attention_tile_specs_are_checked() {
 /// their speeds.
 #[test]
 fn the_128_tile_follows_the_waves() {
+    let w = h100().wave();
     use wgtrain_engine::kernels::matmul_coop::{TILE_128_AHEAD, TILE_128_SLIM, by_waves};
     // GPT-2's N = 768 products: 384 tiles fill 3 waves of 132 at 97%, 2 of 264 at 73%.
-    assert_eq!(by_waves(384, 3072, false, W), TILE_128_AHEAD);
+    assert_eq!(by_waves(384, 3072, false, w), TILE_128_AHEAD);
     // 4096^3 (1024 tiles) fills both alike; A's rows are contiguous.
-    assert_eq!(by_waves(1024, 4096, false, W), TILE_128_AHEAD);
-    assert_eq!(by_waves(1024, 4096, true, W), TILE_128_SLIM);
+    assert_eq!(by_waves(1024, 4096, false, w), TILE_128_AHEAD);
+    assert_eq!(by_waves(1024, 4096, true, w), TILE_128_SLIM);
     // Short K loops take the two tiles in flight whatever the waves.
-    assert_eq!(by_waves(1024, 768, true, W), TILE_128_AHEAD);
-    assert_eq!(by_waves(288, 1024, true, W), TILE_128_AHEAD);
+    assert_eq!(by_waves(1024, 768, true, w), TILE_128_AHEAD);
+    assert_eq!(by_waves(288, 1024, true, w), TILE_128_AHEAD);
     // Split-K dW launches: qkv.dw's 108 tiles x 4 slices of 2048 fill both alike; fc.dw's
     // 144 x 4 fill 87% of 5 waves of 132 but 73% of 3 of 264.
-    assert_eq!(by_waves(432, 2048, true, W), TILE_128_SLIM);
-    assert_eq!(by_waves(576, 2048, true, W), TILE_128_AHEAD);
-    assert_eq!(by_waves(432, 2048, false, W), TILE_128_AHEAD);
+    assert_eq!(by_waves(432, 2048, true, w), TILE_128_SLIM);
+    assert_eq!(by_waves(576, 2048, true, w), TILE_128_AHEAD);
+    assert_eq!(by_waves(432, 2048, false, w), TILE_128_AHEAD);
     assert_eq!(TILE_128_AHEAD.ahead, 2);
     assert!(TILE_128_SLIM.bm() == 128 && TILE_128_SLIM.bn() == 128 && TILE_128_SLIM.threads() == 128);
 }

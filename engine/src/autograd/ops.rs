@@ -537,17 +537,12 @@ mod tests {
     use crate::device::AdapterFacts;
     use crate::kernels::matmul_plan::tiled_split_bytes;
 
-    /// An adapter with the H100's 132 multiprocessors.
-    const H100: AdapterFacts = AdapterFacts {
-        multiprocessors: Some(132),
-        workgroup_bytes: 49152,
-        subgroup: true,
-        subgroup_size: (32, 32),
-        subgroup_barrier: true,
-        shader_f16: true,
-        coop_f16: true,
-        cpu: false,
-    };
+    /// The H100 as its saved report describes it (132 multiprocessors).
+    fn h100() -> AdapterFacts {
+        let reports: Vec<crate::device::AdapterReport> =
+            serde_json::from_str(include_str!("../../../tests/fixtures/devices-h100.json")).expect("the H100's report");
+        AdapterFacts::described(&reports[0])
+    }
 
     #[test]
     fn the_head_chunk_and_its_partials_stay_within_the_unpadded_chunk() {
@@ -555,8 +550,8 @@ mod tests {
         let (n, ld, v, c) = (8192, 50264, 50257, 768);
         for f32_dh in [Some(c), None] {
             let per = if f32_dh.is_some() { 4 } else { 6 };
-            let rows = chunk_rows(&H100, 2048, n, ld, v, f32_dh);
-            let partials = f32_dh.map_or(0, |c| tiled_split_bytes(&H100, rows, c, v));
+            let rows = chunk_rows(&h100(), 2048, n, ld, v, f32_dh);
+            let partials = f32_dh.map_or(0, |c| tiled_split_bytes(&h100(), rows, c, v));
             assert!((rows * ld * per) as u64 + partials <= (2048 * v * per) as u64, "{rows}");
             // The f32 dh product does split at these rows: its partials were counted.
             if f32_dh.is_some() {
@@ -568,9 +563,9 @@ mod tests {
             assert!(rows * 5 - n < 5 * 8, "{rows}");
         }
         // A vocabulary already aligned and a product too wide to split: nothing to give up.
-        assert_eq!(chunk_rows(&H100, 2048, 8192, 1024, 1024, None), 2048);
+        assert_eq!(chunk_rows(&h100(), 2048, 8192, 1024, 1024, None), 2048);
         // Fewer rows than a chunk, and none.
-        assert!(chunk_rows(&H100, 100, 100, 72, 65, Some(64)) <= 100);
-        assert_eq!(chunk_rows(&H100, 1, 0, 72, 65, Some(64)), 1);
+        assert!(chunk_rows(&h100(), 100, 100, 72, 65, Some(64)) <= 100);
+        assert_eq!(chunk_rows(&h100(), 1, 0, 72, 65, Some(64)), 1);
     }
 }

@@ -3,7 +3,7 @@
 //! 28 x 28, ten classes. Pixels are scaled to [0, 1] and normalised with the training
 //! set's mean and standard deviation.
 //!
-//! May call: `data::loader`, `files`.
+//! May call: `data::loader`.
 
 use std::io::Read;
 use std::path::Path;
@@ -42,21 +42,12 @@ fn read_idx(path: &Path, magic: u32, dims: usize) -> Result<(Vec<usize>, Vec<u8>
         path: path.display().to_string(),
         reason,
     };
-    crate::files::regular_size(path, MAX_IDX).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => DataError::Missing {
-            what: "Fashion-MNIST".into(),
-            path: path.display().to_string(),
-            hint: " (install Debian's package: apt-get install dataset-fashion-mnist, or set data.path)".into(),
-        },
-        _ => DataError::Io {
-            path: path.display().to_string(),
-            source: e,
-        },
-    })?;
-    let file = std::fs::File::open(path).map_err(|e| DataError::Io {
-        path: path.display().to_string(),
-        source: e,
-    })?;
+    let file = DataError::open(
+        path,
+        MAX_IDX,
+        "Fashion-MNIST",
+        " (install Debian's package: apt-get install dataset-fashion-mnist, or set data.path)",
+    )?;
     let mut gz = flate2::read::GzDecoder::new(file);
     let unreadable = |e: std::io::Error| corrupt(format!("not a readable gzip file ({e})"));
     let mut head = vec![0u8; 4 + 4 * dims];

@@ -2,7 +2,7 @@
 //! shuffles by epoch), and the loader thread that prepares the next batches while the
 //! GPU works.
 //!
-//! May call: nothing of the engine (host data only). Called by: the datasets, the
+//! May call: `files` (host data only). Called by: the datasets, the
 //! trainer.
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -41,6 +41,27 @@ pub enum DataError {
         /// The cause.
         source: std::io::Error,
     },
+}
+
+impl DataError {
+    /// Opens the data file `path` (`what`, with `hint` on how to get it when missing):
+    /// a regular file of at most `max` bytes, never a FIFO (whose open would block) or
+    /// a device (read forever).
+    pub fn open(path: &std::path::Path, max: u64, what: &str, hint: &str) -> Result<std::fs::File, DataError> {
+        crate::files::regular_size(path, max)
+            .and_then(|_| std::fs::File::open(path))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DataError::Missing {
+                    what: what.into(),
+                    path: path.display().to_string(),
+                    hint: hint.into(),
+                },
+                _ => DataError::Io {
+                    path: path.display().to_string(),
+                    source: e,
+                },
+            })
+    }
 }
 
 /// A host-side dataset of fixed-size examples.

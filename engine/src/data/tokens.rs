@@ -5,7 +5,7 @@
 //! a clear error naming it (a mapped file would kill the process with SIGBUS), and
 //! every id read is checked against the vocabulary again.
 //!
-//! May call: `data::loader`, `files`.
+//! May call: `data::loader`.
 
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -38,20 +38,12 @@ impl TokenFile {
     /// Opens `path` (ids of `width` bytes: 2 or 4) and checks that every id is below
     /// `vocab`.
     pub fn open(path: &Path, block: usize, vocab: usize, width: usize) -> Result<TokenFile, DataError> {
-        // A FIFO or a device would block the open or never end: regular files only.
-        let file = crate::files::regular_size(path, u64::MAX)
-            .and_then(|_| std::fs::File::open(path))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => DataError::Missing {
-                    what: "token file".into(),
-                    path: path.display().to_string(),
-                    hint: " (nanoGPT's prepare.py writes train.bin and val.bin; set data.path to their folder)".into(),
-                },
-                _ => DataError::Io {
-                    path: path.display().to_string(),
-                    source: e,
-                },
-            })?;
+        let file = DataError::open(
+            path,
+            u64::MAX,
+            "token file",
+            " (nanoGPT's prepare.py writes train.bin and val.bin; set data.path to their folder)",
+        )?;
         let io = |e| DataError::Io {
             path: path.display().to_string(),
             source: e,

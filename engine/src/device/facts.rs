@@ -1,11 +1,14 @@
 //! What kernel plans need to know of an adapter, in one plain value: its
 //! multiprocessors (how many workgroups one wave of the device runs), workgroup memory,
-//! subgroups, f16 and cooperative matrices, and whether it is a CPU. Built once when a
-//! device opens (from its report and what it was granted), or by hand in plan-only
-//! tests; no GPU is needed to hold one.
+//! subgroups, f16 and cooperative matrices, and whether it is a CPU. Built from the
+//! adapter's report and the features a device was granted: once when a device opens,
+//! or from a saved `wgtrain devices --json` report in plan-only tests; no GPU is needed
+//! to hold one.
 //!
-//! May call: nothing of the engine. Called by: `device` (built from capabilities), the
-//! kernels' plans.
+//! May call: `wgtrain_record` (the adapter report). Called by: `device` (capabilities),
+//! the kernels' plans.
+
+use wgtrain_record::AdapterReport;
 
 /// The adapter facts kernel plans choose by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +39,34 @@ pub struct AdapterFacts {
 pub const ASSUMED_MULTIPROCESSORS: u32 = 128;
 
 impl AdapterFacts {
+    /// The facts of the adapter `report` describes, for a device granted the features
+    /// `granted` says (by the names `wgtrain devices` prints) and `workgroup_bytes` of
+    /// workgroup memory.
+    pub fn from_report(report: &AdapterReport, granted: impl Fn(&str) -> bool, workgroup_bytes: u64) -> AdapterFacts {
+        let subgroup_size = report.subgroup_size.unwrap_or([0, 0]);
+        AdapterFacts {
+            multiprocessors: report.multiprocessors,
+            workgroup_bytes,
+            subgroup: granted("SUBGROUP"),
+            subgroup_size: (subgroup_size[0], subgroup_size[1]),
+            subgroup_barrier: granted("SUBGROUP_BARRIER"),
+            shader_f16: granted("SHADER_F16"),
+            coop_f16: granted("EXPERIMENTAL_COOPERATIVE_MATRIX")
+                && report
+                    .cooperative_matrix
+                    .iter()
+                    .any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32"),
+            cpu: report.device_type == "cpu",
+        }
+    }
+
+    /// The facts of a saved report, every feature it lists granted (a device opened
+    /// there gets them all).
+    pub fn described(report: &AdapterReport) -> AdapterFacts {
+        let listed = |name: &str| report.features.iter().any(|f| f == name);
+        AdapterFacts::from_report(report, listed, u64::from(report.limits.max_compute_workgroup_storage_size))
+    }
+
     /// Workgroups that fill the device once: one per multiprocessor.
     pub fn wave(&self) -> u64 {
         u64::from(self.multiprocessors.unwrap_or(ASSUMED_MULTIPROCESSORS).max(1))

@@ -132,18 +132,8 @@ impl Capabilities {
         } else {
             Vec::new()
         };
-        let facts = AdapterFacts {
-            multiprocessors: report.multiprocessors,
-            workgroup_bytes: u64::from(limits.max_compute_workgroup_storage_size),
-            subgroup: granted.contains(wgpu::Features::SUBGROUP),
-            subgroup_size: (subgroup_size[0], subgroup_size[1]),
-            subgroup_barrier: granted.contains(wgpu::Features::SUBGROUP_BARRIER),
-            shader_f16: granted.contains(wgpu::Features::SHADER_F16),
-            coop_f16: cooperative_matrix
-                .iter()
-                .any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32"),
-            cpu: report.device_type == "cpu",
-        };
+        let by_name = |name: &str| report::ENGINE_FEATURES.iter().any(|(n, f)| *n == name && granted.contains(*f));
+        let facts = AdapterFacts::from_report(report, by_name, u64::from(limits.max_compute_workgroup_storage_size));
         Capabilities {
             shader_f16: granted.contains(wgpu::Features::SHADER_F16),
             subgroup: granted.contains(wgpu::Features::SUBGROUP),

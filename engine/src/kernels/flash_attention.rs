@@ -206,24 +206,6 @@ fn kernel(rt: &Runtime, plan: KernelPlan, bindings: usize) -> Result<Chosen, Err
     Ok(Chosen { kernel: k, plan })
 }
 
-/// The plan of the kernel `mode` on `path` for these types and sizes on `rt`'s adapter
-/// (the path checked against it first).
-#[allow(clippy::too_many_arguments)]
-fn plan_on(
-    rt: &Runtime,
-    mode: Mode,
-    tq: DType,
-    td: DType,
-    d: usize,
-    t: usize,
-    path: Path,
-    tile: Option<AttentionTile>,
-) -> Result<KernelPlan, Error> {
-    require_f16(rt, &[tq, td])?;
-    check_path(rt, path, tq, d)?;
-    plan_kernel(&rt.gpu.caps.facts, &rt.overrides().attention_tiles, mode, tq, td, d, t, path, tile)
-}
-
 /// The WGSL of one lane kernel: the template rendered, its loops over a tile's rows
 /// written out (`//#unroll` blocks, four rows a copy) if `unroll` (else kept as loops),
 /// then each line holding `@k` repeated once per vec4 slice a lane holds (`@k` replaced
@@ -292,7 +274,21 @@ pub fn forward_tiled(
     let dims = Dims::of(qkv, nh)?;
     let dt = qkv.dtype();
     check_tensor("flash attention qkv", qkv, dt)?;
-    let k = kernel(rt, plan_on(rt, Mode::Forward, dt, dt, dims.d, dims.t, path, tile)?, 3)?;
+    require_f16(rt, &[dt])?;
+    check_path(rt, path, dt, dims.d)?;
+    let facts = &rt.gpu.caps.facts;
+    let plan = plan_kernel(
+        facts,
+        &rt.overrides().attention_tiles,
+        Mode::Forward,
+        dt,
+        dt,
+        dims.d,
+        dims.t,
+        path,
+        tile,
+    )?;
+    let k = kernel(rt, plan, 3)?;
     let y = Tensor::empty(rt, &[dims.b, dims.t, dims.c()], dt, Category::Activation, label)?;
     let lse = Tensor::empty(
         rt,
