@@ -14,7 +14,7 @@ struct Params {
     out_offset: u32,
     alpha: f32,
     beta: f32,
-    _pad0: u32,
+    seed: u32,             // dropout's mask seed
     _pad1: u32,
 }
 
@@ -25,6 +25,23 @@ struct Params {
 
 alias V = {{V}};
 {{ACTIVATIONS}}
+
+// Dropout's keep factor of element e: 0 with probability p.alpha, else p.beta
+// (1 / (1 - alpha)), from a hash of the element index and the launch's seed (PCG's
+// output permutation, twice), so backward draws the mask forward drew.
+fn pcg_hash(x: u32) -> u32 {
+    let state = x * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+fn keep_one(e: u32) -> f32 {
+    let u = f32(pcg_hash(pcg_hash(e) ^ p.seed) >> 8u) * (1.0 / 16777216.0);
+    return select(0.0, p.beta, u >= p.alpha);
+}
+fn dropout_keep(i: u32) -> V {
+    let e = i * {{LANES}}u;
+    return V({{KEEP_LANES}});
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -40,11 +40,16 @@ fn read_f32(path: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<
 fn measured_step(
     rt: &wgtrain_engine::Runtime,
     params: &mut Params,
+    checkpoint_every: usize,
     loss: impl FnOnce(&mut wgtrain_engine::autograd::Tape, &Params) -> wgtrain_engine::autograd::Var,
 ) -> (f32, Vec<Vec<f32>>, u64) {
     rt.sync().unwrap();
     rt.alloc.reset_peaks();
-    let mut tape = wgtrain_engine::autograd::Tape::new();
+    let mode = wgtrain_engine::autograd::Mode {
+        checkpoint_every,
+        ..Default::default()
+    };
+    let mut tape = wgtrain_engine::autograd::Tape::new().with_mode(mode);
     let loss = loss(&mut tape, params);
     let value = loss.value.to_f32_vec(rt).unwrap()[0];
     tape.backward(rt, &loss, params).unwrap();
@@ -164,7 +169,7 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
     let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
     let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
     let mut run = |fused: bool| {
-        measured_step(&rt, &mut params, |tape, params| {
+        measured_step(&rt, &mut params, 0, |tape, params| {
             if fused {
                 model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), 8).unwrap()
             } else {
@@ -197,22 +202,20 @@ fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
     let config: wgtrain_engine::nn::GptConfig =
         serde_json::from_value(serde_json::json!({"vocab_size": 50, "n_positions": 64, "n_embd": 32, "n_layer": 4, "n_head": 4})).unwrap();
     let mut params = Params::default();
-    let mut model = Gpt::new(&rt, config, &mut params, &mut wgtrain_engine::nn::Init::new(5)).unwrap();
+    let model = Gpt::new(&rt, config, &mut params, &mut wgtrain_engine::nn::Init::new(5)).unwrap();
     let (b, t) = (4usize, 64usize);
     let ids: Vec<i32> = (0..b * t).map(|i| (i * 31 % 50) as i32).collect();
     let targets: Vec<i32> = (0..b * t).map(|i| (i * 17 % 50) as i32).collect();
     let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
     let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
-    let mut run = |model: &Gpt| {
-        measured_step(&rt, &mut params, |tape, params| {
+    let mut run = |model: &Gpt, every: usize| {
+        measured_step(&rt, &mut params, every, |tape, params| {
             model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), 64).unwrap()
         })
     };
-    let plain = run(&model);
-    model.checkpoint_every = 1;
-    let every_layer = run(&model);
-    model.checkpoint_every = 2;
-    let every_other = run(&model);
+    let plain = run(&model, 0);
+    let every_layer = run(&model, 1);
+    let every_other = run(&model, 2);
     for ck in [&every_layer, &every_other] {
         assert_eq!(plain.0, ck.0, "the same forward");
         for (a, g) in plain.1.iter().zip(&ck.1) {

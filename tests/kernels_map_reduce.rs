@@ -20,6 +20,24 @@ fn gelu_grad(x: f64) -> f64 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
 }
 
+/// erf by its Maclaurin series (|x| <= 4 here: 120 terms leave an error far below f32's).
+fn erf(x: f64) -> f64 {
+    let (mut term, mut sum) = (x, x);
+    for n in 1..120 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 fn reference(op: MapOp, a: f64, b: f64, alpha: f64, beta: f64) -> f64 {
     match op {
         MapOp::Add => a + b,
@@ -45,6 +63,11 @@ fn reference(op: MapOp, a: f64, b: f64, alpha: f64, beta: f64) -> f64 {
         }
         MapOp::GeluBackward => b * gelu_grad(a),
         MapOp::TanhBackward => b * (1.0 - a * a),
+        MapOp::Silu => a * sigmoid(a),
+        MapOp::SiluBackward => b * (sigmoid(a) * (1.0 + a * (1.0 - sigmoid(a)))),
+        MapOp::GeluErf => gelu_erf(a),
+        MapOp::GeluErfBackward => b * (0.5 * (1.0 + erf(a / 2f64.sqrt())) + a * (-0.5 * a * a).exp() / (2.0 * std::f64::consts::PI).sqrt()),
+        MapOp::Dropout => panic!("dropout draws from a seed: tested in autograd_gradcheck"),
         MapOp::Copy => a,
         MapOp::Fill => alpha,
     }

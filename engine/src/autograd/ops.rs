@@ -171,6 +171,104 @@ pub fn gelu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, 
     unary(tape, rt, x, MapOp::Gelu, MapOp::GeluBackward, label)
 }
 
+/// SiLU (swish): x * sigmoid(x), Llama's MLP activation.
+pub fn silu(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, Error> {
+    unary(tape, rt, x, MapOp::Silu, MapOp::SiluBackward, label)
+}
+
+/// The exact gelu (erf form: torch.nn.GELU(), BERT's "gelu").
+pub fn gelu_erf(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, Error> {
+    unary(tape, rt, x, MapOp::GeluErf, MapOp::GeluErfBackward, label)
+}
+
+/// Inverted dropout with probability `p`: in training mode each element is zeroed with
+/// probability p and the rest scaled by 1 / (1 - p); in evaluation mode (or p = 0) the
+/// input passes through. The mask is drawn from the tape's seed and `label`, and
+/// backward draws it again rather than storing it (nothing is saved).
+pub fn dropout(tape: &mut Tape, rt: &Runtime, x: &Var, p: f32, label: &str) -> Result<Var, Error> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(Error::invalid(label, format!("dropout probability must be in [0, 1), not {p}")));
+    }
+    if !tape.training() || p == 0.0 {
+        return Ok(x.clone());
+    }
+    let seed = tape.mode().seed_for(label);
+    let x_in = if x.value.is_contiguous() {
+        x.value.clone()
+    } else {
+        x.value.contiguous(rt)?
+    };
+    let y = Tensor::empty(rt, x_in.shape(), x_in.dtype(), Category::Activation, label)?;
+    crate::kernels::map::dropout_into(rt, &x_in, &y, p, seed)?;
+    Ok(tape.record(
+        y,
+        &[x],
+        Box::new(move |rt, dy, cats| {
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            let dx = Tensor::empty(rt, dy.shape(), DType::F32, cats[0], "dx")?;
+            crate::kernels::map::dropout_into(rt, &dy, &dx, p, seed)?;
+            Ok(vec![Some(dx)])
+        }),
+    ))
+}
+
+/// a * b elementwise (same shapes): SwiGLU's gate.
+pub fn mul(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, Error> {
+    if a.value.shape() != b.value.shape() {
+        return Err(Error::shape(
+            label,
+            format!("{:?}", a.value.shape()),
+            format!("{:?}", b.value.shape()),
+        ));
+    }
+    let y = Tensor::empty(rt, a.value.shape(), DType::F32, Category::Activation, label)?;
+    map_into(rt, MapOp::Mul, Some(&a.value), Some(&b.value), &y, 1.0, 1.0)?;
+    let (sa, sb) = (a.value.clone(), b.value.clone());
+    Ok(tape.record(
+        y,
+        &[a, b],
+        Box::new(move |rt, dy, cats| {
+            let da = Tensor::empty(rt, dy.shape(), DType::F32, cats[0], "da")?;
+            map_into(rt, MapOp::Mul, Some(dy), Some(&sb), &da, 1.0, 1.0)?;
+            let db = Tensor::empty(rt, dy.shape(), DType::F32, cats[1], "db")?;
+            map_into(rt, MapOp::Mul, Some(dy), Some(&sa), &db, 1.0, 1.0)?;
+            Ok(vec![Some(da), Some(db)])
+        }),
+    ))
+}
+
+/// Mean squared error of `pred` against `target` (same shape, f32), as
+/// torch.nn.functional.mse_loss: a one-element loss.
+pub fn mse_mean(tape: &mut Tape, rt: &Runtime, pred: &Var, target: &Tensor, label: &str) -> Result<Var, Error> {
+    if pred.value.shape() != target.shape() {
+        return Err(Error::shape(
+            label,
+            format!("{:?}", pred.value.shape()),
+            format!("{:?}", target.shape()),
+        ));
+    }
+    let n = pred.value.numel().max(1);
+    let diff = Tensor::empty(rt, pred.value.shape(), DType::F32, Category::Temporary, &format!("{label}.diff"))?;
+    map_into(rt, MapOp::Sub, Some(&pred.value), Some(target), &diff, 1.0, 1.0)?;
+    let sq = Tensor::empty(rt, pred.value.shape(), DType::F32, Category::Temporary, &format!("{label}.sq"))?;
+    map_into(rt, MapOp::Mul, Some(&diff), Some(&diff), &sq, 1.0, 1.0)?;
+    let total = reduce_all(rt, ReduceOp::Sum, &sq.reshape(&[n])?, label)?;
+    drop(sq);
+    let loss = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;
+    map_into(rt, MapOp::Scale, Some(&total), None, &loss, 1.0 / n as f32, 0.0)?;
+    Ok(tape.record(
+        loss,
+        &[pred],
+        Box::new(move |rt, g, cats| {
+            // d/dpred = 2 (pred - target) / n, times the upstream gradient.
+            let d = Tensor::empty(rt, diff.shape(), DType::F32, cats[0], "dpred")?;
+            map_into(rt, MapOp::Mul, Some(&diff), Some(g), &d, 1.0, 1.0)?;
+            map_into(rt, MapOp::Scale, Some(&d), None, &d, 2.0 / n as f32, 0.0)?;
+            Ok(vec![Some(d)])
+        }),
+    ))
+}
+
 /// a + b, with b broadcast to a's shape.
 pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, Error> {
     let y = Tensor::empty(rt, a.value.shape(), DType::F32, Category::Activation, label)?;
@@ -468,20 +566,21 @@ pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var
 /// A segment recomputed in backward (activation checkpointing, as
 /// torch.utils.checkpoint): `f` runs on `inputs` without recording, so none of its
 /// internals stay alive; the output is recorded as one node whose backward runs `f`
-/// again on a fresh tape and backpropagates through it. `f` must be deterministic (the
-/// engine has no dropout, so there is no RNG state to replay).
+/// again on a fresh tape and backpropagates through it. `f` must be deterministic:
+/// the fresh tape has this one's [`Mode`](super::tape::Mode), and dropout's masks are a
+/// function of the mode's seed and the layer's label, so the recompute draws the same.
 ///
 /// On a tape that gathers sharded parameters (ZeRO 3), the segment's parameters are not
 /// kept: backward gathers them again, so they live only while their layer runs.
 pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) -> Result<Var, Error> {
     let values: Vec<Tensor> = inputs.iter().map(|v| v.value.clone()).collect();
-    let mixed = tape.half_matmuls();
     let out = {
-        let mut inner = Tape::no_grad().with_half_matmuls(mixed);
+        let mut inner = tape.child(false);
         let vars: Vec<Var> = values.iter().map(|t| inner.constant(t.clone())).collect();
         f(&mut inner, rt, &vars)?
     };
     let gather = tape.gatherer();
+    let template = tape.child(true);
     let kept: Vec<(Option<Tensor>, Option<usize>)> = values
         .into_iter()
         .zip(inputs)
@@ -494,7 +593,7 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         out.value,
         inputs,
         Box::new(move |rt, g, cats| {
-            let mut inner = Tape::new().with_half_matmuls(mixed);
+            let mut inner = template.child(true);
             let values = kept
                 .iter()
                 .map(|(t, index)| match (t, index, &gather) {

@@ -105,6 +105,64 @@ pub struct Tape {
     half_matmuls: bool,
     grad_prescale: f32,
     gather: Option<std::sync::Arc<dyn Gather>>,
+    mode: Mode,
+}
+
+/// What a forward pass is for, visible to every layer through its tape (PyTorch's
+/// `module.train()` / `module.eval()`, plus what the trainer decides per step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mode {
+    /// Training (dropout drops) or evaluation (dropout passes through).
+    pub training: bool,
+    /// This forward pass's random seed: dropout masks are a function of it and of each
+    /// layer's name, so a recomputed segment draws the same masks.
+    pub seed: u64,
+    /// Recompute every k-th of the model's checkpointable segments in backward (0: none).
+    pub checkpoint_every: usize,
+}
+
+impl Default for Mode {
+    /// Training, seed 0, no checkpointing.
+    fn default() -> Self {
+        Mode {
+            training: true,
+            seed: 0,
+            checkpoint_every: 0,
+        }
+    }
+}
+
+impl Mode {
+    /// Evaluation: no dropout, no checkpointing.
+    pub fn eval() -> Mode {
+        Mode {
+            training: false,
+            ..Mode::default()
+        }
+    }
+
+    /// This mode with `parts` (a step, a micro-batch, a device's rank) mixed into the
+    /// seed: each part draws different masks, and the same parts the same ones.
+    pub fn fork(self, parts: &[u64]) -> Mode {
+        let mix = |h: u64, v: u64| (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        Mode {
+            seed: parts.iter().fold(self.seed, |h, &v| mix(h, v)),
+            ..self
+        }
+    }
+
+    /// A 32-bit seed for the random op labelled `label` (FNV-1a of the label mixed with
+    /// this pass's seed through SplitMix64).
+    pub fn seed_for(&self, label: &str) -> u32 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in label.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        let mut z = h ^ self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 32) as u32
+    }
 }
 
 impl Default for Tape {
@@ -165,6 +223,35 @@ impl Tape {
             half_matmuls: false,
             grad_prescale: 1.0,
             gather: None,
+            mode: Mode::default(),
+        }
+    }
+
+    /// This tape in `mode` (training or evaluation, the pass's seed, checkpointing).
+    pub fn with_mode(mut self, mode: Mode) -> Tape {
+        self.mode = mode;
+        self
+    }
+
+    /// See [`Tape::with_mode`].
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether layers run in training mode (dropout active).
+    pub fn training(&self) -> bool {
+        self.mode.training
+    }
+
+    /// A fresh tape with this one's settings (precision, mode, gathering), recording
+    /// (`grad`) or not: what a checkpointed segment runs on.
+    pub fn child(&self, grad: bool) -> Tape {
+        Tape {
+            grad_enabled: grad,
+            half_matmuls: self.half_matmuls,
+            grad_prescale: self.grad_prescale,
+            mode: self.mode,
+            ..Tape::new()
         }
     }
 

@@ -50,6 +50,17 @@ pub enum MapOp {
     GeluBackward,
     /// b * (1 - a^2): tanh's backward given the output a
     TanhBackward,
+    /// SiLU: a * sigmoid(a)
+    Silu,
+    /// b * silu'(a)
+    SiluBackward,
+    /// exact gelu: a * Phi(a) (erf form, BERT's and torch.nn.GELU()'s)
+    GeluErf,
+    /// b * gelu_erf'(a)
+    GeluErfBackward,
+    /// a * keep / (1 - alpha) with keep drawn per element from the launch's seed
+    /// (inverted dropout with probability alpha; the same seed draws the same mask)
+    Dropout,
     /// a (copy or cast)
     Copy,
     /// alpha (fill)
@@ -77,6 +88,11 @@ impl MapOp {
             MapOp::ReluBackward => "select(S(0.0), b, a > S(0.0))",
             MapOp::GeluBackward => "b * gelu_grad(a)",
             MapOp::TanhBackward => "b * (S(1.0) - a * a)",
+            MapOp::Silu => "a / (S(1.0) + exp(-a))",
+            MapOp::SiluBackward => "b * silu_grad(a)",
+            MapOp::GeluErf => "gelu_erf(a)",
+            MapOp::GeluErfBackward => "b * gelu_erf_grad(a)",
+            MapOp::Dropout => "a * dropout_keep(i)",
             MapOp::Copy => "a",
             MapOp::Fill => "S(p.alpha)",
         }
@@ -93,13 +109,16 @@ impl MapOp {
             | MapOp::Axpby
             | MapOp::ReluBackward
             | MapOp::GeluBackward
-            | MapOp::TanhBackward => 2,
+            | MapOp::TanhBackward
+            | MapOp::SiluBackward
+            | MapOp::GeluErfBackward => 2,
             _ => 1,
         }
     }
 
-    /// Every op, for variant tests and benchmarks.
-    pub const ALL: [MapOp; 19] = [
+    /// Every op with a deterministic reference, for variant tests and benchmarks
+    /// (dropout, drawn from a seed, is tested on its own).
+    pub const ALL: [MapOp; 23] = [
         MapOp::Add,
         MapOp::Sub,
         MapOp::Mul,
@@ -117,6 +136,10 @@ impl MapOp {
         MapOp::ReluBackward,
         MapOp::GeluBackward,
         MapOp::TanhBackward,
+        MapOp::Silu,
+        MapOp::SiluBackward,
+        MapOp::GeluErf,
+        MapOp::GeluErfBackward,
         MapOp::Copy,
         MapOp::Fill,
     ];
@@ -134,7 +157,8 @@ struct Params {
     out_offset: u32,
     alpha: f32,
     beta: f32,
-    pad: [u32; 2],
+    seed: u32,
+    pad: u32,
 }
 
 /// The template values of one variant.
@@ -173,6 +197,11 @@ pub fn variant(op: MapOp, ta: DType, tb: DType, to: DType, lanes: u32) -> Vec<(&
         ("LOAD_A", load("a", "xa", ia, op.arity() >= 1)),
         ("LOAD_B", load("b", "xb", ib, op.arity() >= 2)),
         ("EXPR", op.expr().to_string()),
+        ("LANES", lanes.to_string()),
+        (
+            "KEEP_LANES",
+            (0..lanes).map(|k| format!("keep_one(e + {k}u)")).collect::<Vec<_>>().join(", "),
+        ),
         ("ACTIVATIONS", super::common::ACTIVATIONS.to_string()),
     ]
     .into_iter()
@@ -207,6 +236,28 @@ fn broadcast_strides(what: &str, t: &Tensor, out: &[usize]) -> Result<[u32; 4], 
 
 /// out = op(a, b, alpha, beta), broadcasting a and b to out's shape (out contiguous).
 pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>, out: &Tensor, alpha: f32, beta: f32) -> Result<(), Error> {
+    map_seeded_into(rt, op, a, b, out, (alpha, beta), 0)
+}
+
+/// out = a with each element kept with probability 1 - `p` and scaled by 1 / (1 - p),
+/// the mask drawn from `seed` and the element's index in `out` (the same seed and shape
+/// draw the same mask: dropout's backward applies it to the gradient without storing it).
+pub fn dropout_into(rt: &Runtime, a: &Tensor, out: &Tensor, p: f32, seed: u32) -> Result<(), Error> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(Error::invalid("dropout", format!("the probability must be in [0, 1), not {p}")));
+    }
+    map_seeded_into(rt, MapOp::Dropout, Some(a), None, out, (p, 1.0 / (1.0 - p)), seed)
+}
+
+fn map_seeded_into(
+    rt: &Runtime,
+    op: MapOp,
+    a: Option<&Tensor>,
+    b: Option<&Tensor>,
+    out: &Tensor,
+    (alpha, beta): (f32, f32),
+    seed: u32,
+) -> Result<(), Error> {
     let shape = out.shape();
     if shape.len() > 4 {
         return Err(Error::shape("map", "rank at most 4", format!("{shape:?}")));
@@ -257,7 +308,8 @@ pub fn map_into(rt: &Runtime, op: MapOp, a: Option<&Tensor>, b: Option<&Tensor>,
         out_offset: (out.offset() / lanes) as u32,
         alpha,
         beta,
-        pad: [0; 2],
+        seed,
+        pad: 0,
     };
     let kernel = rt.kernel(
         KernelKey::new(

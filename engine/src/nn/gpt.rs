@@ -6,7 +6,7 @@
 //! 1/sqrt(head_dim). A model.safetensors and config.json written by save_pretrained
 //! load unchanged, and [`Gpt::save_hf`] writes files transformers loads back.
 //!
-//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn::init`, `runtime`,
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn::{builder, init}`, `runtime`,
 //! `tensor`.
 
 use std::collections::BTreeMap;
@@ -15,6 +15,7 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
+use super::builder::{Builder, Fill};
 use super::init::Init;
 use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
@@ -159,9 +160,6 @@ pub struct Gpt {
     wpe: usize,
     blocks: Vec<Block>,
     ln_f: (usize, usize),
-    /// Recompute every k-th block in backward instead of keeping its activations
-    /// (0: keep everything; 1: every layer).
-    pub checkpoint_every: usize,
 }
 
 /// Every parameter name and shape of a config, in state-dict order.
@@ -194,18 +192,25 @@ pub fn parameter_shapes(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
 }
 
 impl Gpt {
-    /// Registers parameters from `values` (name -> tensor), which must hold every one.
-    pub fn from_tensors(config: GptConfig, params: &mut Params, mut values: BTreeMap<String, Tensor>) -> Result<Gpt, Error> {
+    /// Registers the parameters through `vb` in state-dict order, as GPT2LMHeadModel
+    /// initialises them: normal(0, 0.02) weights, zero biases, unit LayerNorm weights,
+    /// c_proj weights scaled by 1/sqrt(2 L) (a builder over given values takes those).
+    pub fn build(vb: &mut Builder, config: GptConfig) -> Result<Gpt, Error> {
         config.validate()?;
+        let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
         let mut index = BTreeMap::new();
         for (name, shape) in parameter_shapes(&config) {
-            let t = values
-                .remove(&name)
-                .ok_or_else(|| Error::invalid("GPT parameters", format!("missing parameter {name}")))?;
-            if t.shape() != shape.as_slice() {
-                return Err(Error::shape(&name, format!("{shape:?}"), format!("{:?}", t.shape())));
-            }
-            index.insert(name.clone(), params.add(&name, t));
+            let fill = if name.contains("ln_") && name.ends_with("weight") {
+                Fill::Constant(1.0)
+            } else if name.ends_with("bias") {
+                Fill::Constant(0.0)
+            } else if name.ends_with("c_proj.weight") {
+                Fill::Normal(proj_std)
+            } else {
+                Fill::Normal(0.02)
+            };
+            let id = vb.param(&name, &shape, fill)?;
+            index.insert(name, id.0);
         }
         let at = |n: String| index[&n];
         let pair = |i: usize, n: &str| {
@@ -230,30 +235,17 @@ impl Gpt {
             ln_f: (at("transformer.ln_f.weight".into()), at("transformer.ln_f.bias".into())),
             blocks,
             config,
-            checkpoint_every: 0,
         })
     }
 
-    /// A freshly initialised model as GPT2LMHeadModel initialises one: normal(0, 0.02)
-    /// weights, zero biases, unit LayerNorm weights, c_proj weights scaled by
-    /// 1/sqrt(2 L).
+    /// Registers parameters from `values` (name -> tensor), which must hold every one.
+    pub fn from_tensors(rt: &Runtime, config: GptConfig, params: &mut Params, mut values: BTreeMap<String, Tensor>) -> Result<Gpt, Error> {
+        Gpt::build(&mut Builder::from_values(rt, params, &mut Init::new(0), &mut values), config)
+    }
+
+    /// A freshly initialised model (see [`Gpt::build`]).
     pub fn new(rt: &Runtime, config: GptConfig, params: &mut Params, init: &mut Init) -> Result<Gpt, Error> {
-        config.validate()?;
-        let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
-        let mut values = BTreeMap::new();
-        for (name, shape) in parameter_shapes(&config) {
-            let t = if name.contains("ln_") && name.ends_with("weight") {
-                init.constant(rt, &shape, 1.0, &name)?
-            } else if name.ends_with("bias") {
-                init.constant(rt, &shape, 0.0, &name)?
-            } else if name.ends_with("c_proj.weight") {
-                init.normal(rt, &shape, proj_std, &name)?
-            } else {
-                init.normal(rt, &shape, 0.02, &name)?
-            };
-            values.insert(name, t);
-        }
-        Gpt::from_tensors(config, params, values)
+        Gpt::build(&mut Builder::new(rt, params, init), config)
     }
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
@@ -305,7 +297,7 @@ impl Gpt {
             };
             values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
         }
-        Gpt::from_tensors(config, params, values)
+        Gpt::from_tensors(rt, config, params, values)
     }
 
     /// Writes config.json and model.safetensors in transformers' layout (head tied).
@@ -396,7 +388,10 @@ impl Gpt {
                 vars.push(p(tape, bias)?);
             }
             let (eps, nh) = (c.layer_norm_epsilon as f32, c.n_head);
-            let recompute = self.checkpoint_every > 0 && i % self.checkpoint_every == 0;
+            // The tape's mode says how often a block is recomputed in backward instead
+            // of keeping its activations (0: keep everything; 1: every block).
+            let every = tape.mode().checkpoint_every;
+            let recompute = every > 0 && i % every == 0;
             x = if recompute {
                 let refs: Vec<&Var> = vars.iter().collect();
                 let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, eps, nh, v));

@@ -28,6 +28,9 @@ impl Init {
 
     /// A parameter tensor of `shape` with values uniform in [-bound, bound).
     pub fn uniform(&mut self, rt: &Runtime, shape: &[usize], bound: f32, name: &str) -> Result<Tensor, Error> {
+        if !rt.runs_kernels() {
+            return Self::unfilled(rt, shape, name);
+        }
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| self.rng.random_range(-bound..bound.max(f32::MIN_POSITIVE)))
@@ -37,6 +40,9 @@ impl Init {
 
     /// A parameter tensor of `shape` with values normal(0, std).
     pub fn normal(&mut self, rt: &Runtime, shape: &[usize], std: f32, name: &str) -> Result<Tensor, Error> {
+        if !rt.runs_kernels() {
+            return Self::unfilled(rt, shape, name);
+        }
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| {
@@ -47,6 +53,11 @@ impl Init {
             })
             .collect();
         Tensor::from_f32(rt, &data, shape, Category::Parameter, name)
+    }
+
+    /// On a dry runtime (the estimate) nothing is computed: the block is what counts.
+    fn unfilled(rt: &Runtime, shape: &[usize], name: &str) -> Result<Tensor, Error> {
+        Tensor::empty(rt, shape, crate::tensor::DType::F32, Category::Parameter, name)
     }
 
     /// A parameter tensor filled with `value`.

@@ -1,26 +1,29 @@
 //! An MLP classifier: Linear -> ReLU -> ... -> Linear, with torch.nn.Linear's layout,
-//! names (`layers.{i}.weight`, `layers.{i}.bias`) and default initialisation.
+//! names (`layers.{i}.weight`, `layers.{i}.bias`) and default initialisation, built
+//! from the layer library.
 //!
-//! May call: `autograd`, `error`, `nn::init`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `nn::{builder, init, layers}`, `runtime`, `tensor`.
 
+use super::builder::{Builder, Ctx};
 use super::init::Init;
-use crate::autograd::ops::{self, WeightLayout};
+use super::layers::{Linear, Module};
 use crate::autograd::{Params, Tape, Var};
 use crate::error::Error;
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
-/// Layer sizes and parameter indices.
+/// Layer sizes and layers.
 pub struct Mlp {
     /// Input, hidden..., output widths.
     pub sizes: Vec<usize>,
-    layers: Vec<(usize, usize)>,
+    layers: Vec<Linear>,
+    labels: Vec<String>,
 }
 
 impl Mlp {
-    /// Registers the parameters in `params`, initialised like torch.nn.Linear
+    /// Registers the layers under `vb` (`layers.{i}`), initialised like torch.nn.Linear
     /// (uniform in +-1/sqrt(fan_in) for weight and bias).
-    pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, Error> {
+    pub fn build(vb: &mut Builder, sizes: &[usize]) -> Result<Mlp, Error> {
         if sizes.len() < 2 || sizes.contains(&0) {
             return Err(Error::shape(
                 "MLP widths",
@@ -29,29 +32,30 @@ impl Mlp {
             ));
         }
         let mut layers = Vec::new();
+        let mut vb = vb.sub("layers");
         for (i, w) in sizes.windows(2).enumerate() {
-            let bound = 1.0 / (w[0] as f32).sqrt();
-            let weight = init.uniform(rt, &[w[1], w[0]], bound, &format!("layers.{i}.weight"))?;
-            let bias = init.uniform(rt, &[w[1]], bound, &format!("layers.{i}.bias"))?;
-            layers.push((
-                params.add(&format!("layers.{i}.weight"), weight),
-                params.add(&format!("layers.{i}.bias"), bias),
-            ));
+            layers.push(Linear::new(&mut vb.sub(i), w[0], w[1])?);
         }
         Ok(Mlp {
             sizes: sizes.to_vec(),
+            labels: (0..layers.len()).map(|i| format!("layers.{i}.relu")).collect(),
             layers,
         })
     }
 
+    /// [`Mlp::build`] at the root of `params`.
+    pub fn new(rt: &Runtime, params: &mut Params, sizes: &[usize], init: &mut Init) -> Result<Mlp, Error> {
+        Mlp::build(&mut Builder::new(rt, params, init), sizes)
+    }
+
     /// Logits [N, classes] of inputs [N, features].
     pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, x: Tensor) -> Result<Var, Error> {
-        let mut h = tape.constant(x);
-        for (i, &(w, b)) in self.layers.iter().enumerate() {
-            let (wv, bv) = (tape.param(params, w)?, tape.param(params, b)?);
-            h = ops::linear(tape, rt, &h, &wv, Some(&bv), WeightLayout::OutIn, &format!("layers.{i}"))?;
+        let mut cx = Ctx::new(tape, rt, params);
+        let mut h = cx.input(x);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&mut cx, &h)?;
             if i + 1 < self.layers.len() {
-                h = ops::relu(tape, rt, &h, &format!("layers.{i}.relu"))?;
+                h = crate::autograd::ops::relu(cx.tape, rt, &h, &self.labels[i])?;
             }
         }
         Ok(h)

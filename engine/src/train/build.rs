@@ -10,24 +10,27 @@ use std::sync::Arc;
 
 use super::config::{Config, ConfigError, Precision};
 use super::error::TrainError;
-use super::model::Trainable;
+use super::model::{BuildModel, Trainable};
 use crate::autograd::Params;
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::text::{self, CharCorpus};
 use crate::data::tokens::TokenFile;
 use crate::data::{DataError, Dataset, HostBatch};
 use crate::device::Gpu;
+use crate::error::Error;
 use crate::kernels::optim::{AdamW, Sgd};
 use crate::memory::format_bytes;
-use crate::nn::{Gpt, GptConfig, Init, Mlp};
+use crate::nn::{Builder, Init};
 use crate::optim::Rule;
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
 
-/// Training and evaluation data, the model's output width, and the text's unigram
-/// entropy in nats (language models on text).
+/// What a run is made of: training and evaluation data, the model's output width, the
+/// text's unigram entropy in nats (language models on text), and how to build the model.
 #[derive(Clone)]
 pub struct Loaded {
+    /// How the model is built (from `[model]`, or a user's).
+    pub model: Arc<BuildModel>,
     /// The training split.
     pub train: Arc<dyn Dataset>,
     /// The evaluation split.
@@ -81,19 +84,20 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
 /// no example (a text shorter than one window, a limit of the wrong kind) is an error,
 /// not a run of zero steps.
 pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
-    let data = load_splits(config)?;
+    let mut data = load_splits(config)?;
+    data.model = config.model.builder(data.outputs)?;
     for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
         if set.is_empty() {
             return Err(ConfigError::Invalid(format!(
                 "the {split} split of data.kind \"{}\"{} has no example{}; use more data{}",
                 config.data.kind,
                 config.data.path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default(),
-                if config.model.kind == "gpt" {
+                if config.data.kind != "fashion_mnist" {
                     format!(" (a window is model.block_size + 1 = {} tokens)", config.model.block_size + 1)
                 } else {
                     String::new()
                 },
-                if config.model.kind == "gpt" {
+                if config.data.kind != "fashion_mnist" {
                     " or a smaller model.block_size"
                 } else {
                     " (or a larger data.train_limit / data.eval_limit, 0 for all)"
@@ -105,15 +109,22 @@ pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     Ok(data)
 }
 
+/// A builder that builds nothing: `load_data` replaces it with the config's model.
+fn no_model() -> Arc<BuildModel> {
+    Arc::new(|_: &mut Builder| Err(Error::invalid("model", "no model was given")))
+}
+
 fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
     let m = &config.model;
     let path = config.data.path.clone().map(PathBuf::from);
+    let model = no_model();
     Ok(match config.data.kind.as_str() {
         "fashion_mnist" => {
             let dir = path.unwrap_or_else(|| PathBuf::from(fashion_mnist::DEFAULT_PATH));
             let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
             let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
             Loaded {
+                model,
                 train: Arc::new(train),
                 eval: Arc::new(eval),
                 outputs: fashion_mnist::CLASSES,
@@ -127,6 +138,7 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
             let vocab = corpus.vocab.len();
             let (train, val) = corpus.split(0.1);
             Loaded {
+                model: model.clone(),
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),
                 outputs: vocab,
@@ -143,6 +155,7 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
             let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size, width)?;
             let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size, width)?;
             Loaded {
+                model: model.clone(),
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),
                 outputs: m.vocab_size,
@@ -169,58 +182,12 @@ pub fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<S
     Ok((config, notes))
 }
 
-fn gpt_config(config: &Config, outputs: usize) -> GptConfig {
-    let m = &config.model;
-    GptConfig {
-        vocab_size: outputs,
-        n_positions: m.block_size,
-        n_embd: m.n_embd,
-        n_layer: m.n_layer,
-        n_head: m.n_head,
-        layer_norm_epsilon: 1e-5,
-        activation_function: "gelu_new".into(),
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-        extra: Default::default(),
-    }
-}
-
-fn mlp_sizes(config: &Config, outputs: usize) -> Vec<usize> {
-    let mut sizes = vec![fashion_mnist::PIXELS];
-    sizes.extend(&config.model.hidden);
-    sizes.push(outputs);
-    sizes
-}
-
-/// Checks the model's size against the adapter before anything is allocated: every
-/// parameter tensor must fit one binding, and the model states (weights, gradients,
-/// optimizer state, f16 copies under fp16-mixed) the device's memory where it is known.
-pub fn check_sizes(config: &Config, outputs: usize, gpu: &Gpu) -> Result<(), TrainError> {
-    let shapes: Vec<(String, Vec<usize>)> = if config.model.kind == "gpt" {
-        let gc = gpt_config(config, outputs);
-        gc.validate()?;
-        crate::nn::gpt::parameter_shapes(&gc)
-    } else {
-        let sizes = mlp_sizes(config, outputs);
-        sizes
-            .windows(2)
-            .enumerate()
-            .map(|(i, w)| (format!("layers.{i}.weight"), vec![w[1], w[0]]))
-            .collect()
-    };
-    let elements = |shape: &[usize]| shape.iter().fold(1u128, |a, &d| a * d as u128);
-    let max_binding = gpu.caps.limits.max_storage_buffer_binding_size as u128;
-    if let Some((name, shape)) = shapes.iter().find(|(_, s)| elements(s) * 4 > max_binding) {
-        return Err(ConfigError::Invalid(format!(
-            "the parameter {name} {shape:?} ({}) is larger than one buffer binding on '{}' ({}); make the model smaller",
-            format_bytes((elements(shape) * 4).min(u64::MAX as u128) as u64),
-            gpu.report.name,
-            format_bytes(max_binding as u64)
-        ))
-        .into());
-    }
-    let total: u128 = shapes.iter().map(|(_, s)| elements(s)).sum();
+/// Checks the model's size against the adapter: every parameter tensor must fit one
+/// binding (the builder refuses one that does not), and the model states (weights,
+/// gradients, optimizer state, f16 copies under fp16-mixed) the device's memory where
+/// it is known.
+fn check_sizes(config: &Config, params: &Params, gpu: &Gpu) -> Result<(), TrainError> {
+    let total: u128 = params.list.iter().map(|p| p.value.numel() as u128).sum();
     let per = 4
         + 4
         + if config.train.optimizer == "sgd" { 4 } else { 8 }
@@ -240,18 +207,28 @@ pub fn check_sizes(config: &Config, outputs: usize, gpu: &Gpu) -> Result<(), Tra
     Ok(())
 }
 
-/// The model `config.model` describes with `outputs` classes or tokens, its parameters
-/// registered in `params` and initialised from `train.seed`.
-pub fn build_model(config: &Config, rt: &Runtime, outputs: usize, params: &mut Params) -> Result<Box<dyn Trainable>, TrainError> {
-    check_sizes(config, outputs, &rt.gpu)?;
-    let mut init = Init::new(config.train.seed);
-    Ok(if config.model.kind == "gpt" {
-        let mut gpt = Gpt::new(rt, gpt_config(config, outputs), params, &mut init)?;
-        gpt.checkpoint_every = config.memory.checkpoint_every()?;
-        Box::new(gpt)
-    } else {
-        Box::new(Mlp::new(rt, params, &mlp_sizes(config, outputs), &mut init)?)
-    })
+/// The model `build` makes on `rt`, its parameters registered in `params` and
+/// initialised from `train.seed`. On a device, the model is built on a dry runtime
+/// first, so that one too large for the device is refused before anything is allocated.
+pub fn build_model(config: &Config, rt: &Runtime, build: &BuildModel, params: &mut Params) -> Result<Box<dyn Trainable>, TrainError> {
+    if rt.runs_kernels() {
+        let dry = rt.dry_beside()?;
+        let mut shapes = Params::default();
+        build(&mut Builder::new(&dry, &mut shapes, &mut Init::new(config.train.seed)))?;
+        check_sizes(config, &shapes, &rt.gpu)?;
+    }
+    let model = build(&mut Builder::new(rt, params, &mut Init::new(config.train.seed)))?;
+    if !rt.runs_kernels() {
+        check_sizes(config, params, &rt.gpu)?;
+    }
+    let every = config.memory.checkpoint_every()?;
+    if every > 0 && model.checkpoint_segments() == 0 {
+        return Err(ConfigError::Invalid(format!(
+            "memory.checkpoint = {every}: this model offers no segments to recompute (a transformer's blocks); leave it unset"
+        ))
+        .into());
+    }
+    Ok(model)
 }
 
 /// The optimizer's update rule (`train.optimizer`).

@@ -2,11 +2,13 @@
 //! [checkpoint] and [parallel] sections, overridable with `--set section.key=value`. Unknown keys are
 //! errors, so a typo never trains silently with a default.
 //!
-//! May call: `nn::gpt` (the GPT sizes the engine builds).
+//! May call: `data::fashion_mnist` (its pixel count), `nn` (the models `[model]`
+//! describes), `train::model`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::nn::gpt;
+use super::model::{BuildModel, Trainable};
+use crate::nn::{Builder, Mlp, gpt};
 
 /// Everything a run needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -45,6 +47,38 @@ pub struct ModelConfig {
     pub block_size: usize,
     /// GPT vocabulary for token files (character data sets it from the text).
     pub vocab_size: usize,
+}
+
+impl ModelConfig {
+    /// How the model this section describes is built, with `outputs` classes (the MLP,
+    /// on 784 pixels) or tokens (the GPT, whose context is `block_size`).
+    pub fn builder(&self, outputs: usize) -> Result<std::sync::Arc<BuildModel>, ConfigError> {
+        Ok(match self.kind.as_str() {
+            "gpt" => {
+                let config = gpt::GptConfig {
+                    vocab_size: outputs,
+                    n_positions: self.block_size,
+                    n_embd: self.n_embd,
+                    n_layer: self.n_layer,
+                    n_head: self.n_head,
+                    layer_norm_epsilon: 1e-5,
+                    activation_function: "gelu_new".into(),
+                    resid_pdrop: 0.0,
+                    embd_pdrop: 0.0,
+                    attn_pdrop: 0.0,
+                    extra: Default::default(),
+                };
+                config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(gpt::Gpt::build(vb, config.clone())?) as Box<dyn Trainable>))
+            }
+            _ => {
+                let mut sizes = vec![crate::data::fashion_mnist::PIXELS];
+                sizes.extend(&self.hidden);
+                sizes.push(outputs);
+                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(Mlp::build(vb, &sizes)?) as Box<dyn Trainable>))
+            }
+        })
+    }
 }
 
 impl Default for ModelConfig {
@@ -529,9 +563,6 @@ impl Config {
         }
         if self.memory.fit && self.memory.budget.is_none() {
             return bad("memory.fit = true needs memory.budget (like \"3GiB\")".into());
-        }
-        if (self.memory.checkpoint_every()? > 0 || self.memory.checkpoint_auto()) && self.model.kind != "gpt" {
-            return bad("memory.checkpoint applies to GPT models only".into());
         }
         if self.data.kind == "tokens" && self.model.vocab_size == 0 {
             return bad("data.kind \"tokens\" needs model.vocab_size".into());

@@ -1,6 +1,8 @@
-//! What the trainer needs of a model: the mean loss of a batch on a tape, and one
-//! evaluation batch. Models stay unaware of the trainer: the MLP and the GPT implement
-//! [`Trainable`] here, and a new model is a new impl, not an edit of the trainer.
+//! What the trainer needs of a model: the mean loss of a batch on a tape, one
+//! evaluation batch, and what it reports for planning and display (FLOPs, tokens,
+//! checkpointable segments, a resume signature). Models stay unaware of the trainer:
+//! the MLP and the GPT implement [`Trainable`] here, a user's model implements it in
+//! their crate, and [`BuildModel`] is how the trainer makes one on each device.
 //!
 //! May call: `autograd`, `data`, `error`, `kernels`, `memory`, `nn`, `runtime`,
 //! `tensor`. Called by: the train layer.
@@ -11,7 +13,7 @@ use crate::data::fashion_mnist;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::nn::{Gpt, Mlp};
+use crate::nn::{Builder, Gpt, Mlp};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -31,16 +33,82 @@ pub struct EvalBatch {
     pub correct: Option<usize>,
 }
 
-/// A model the trainer can train.
+/// A model the trainer can train: the engine's (built from `[model]`) and a user's alike.
+/// Only `loss` is required; the rest report what the trainer shows and plans with, and
+/// their defaults suit a model that declares nothing.
 pub trait Trainable: Send + Sync {
     /// The mean loss of `batch` on `tape`; backward from it fills `params`' gradients.
+    /// The tape's [`Mode`](crate::autograd::Mode) says training or evaluation, the
+    /// pass's seed (dropout) and how often to recompute a segment (checkpointing).
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, batch: &HostBatch) -> Result<Var, Error>;
-    /// The loss (and, for classifiers, the correct count) of one evaluation batch.
-    fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, batch: &HostBatch) -> Result<EvalBatch, Error>;
-    /// Examples per evaluation batch, given the training micro-batch.
-    fn eval_batch(&self, micro_batch: usize) -> usize;
+    /// The loss (and, for classifiers, the correct count) of one evaluation batch
+    /// (default: the loss alone).
+    fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, batch: &HostBatch) -> Result<EvalBatch, Error> {
+        let loss = self.loss(tape, rt, params, batch)?;
+        Ok(EvalBatch {
+            loss: loss.value.to_f32_vec(rt)?[0] as f64,
+            rows: batch.targets.len(),
+            correct: None,
+        })
+    }
+    /// Examples per evaluation batch, given the training micro-batch (default: the same).
+    fn eval_batch(&self, micro_batch: usize) -> usize {
+        micro_batch
+    }
     /// Whether it classifies (evaluation then reports accuracy).
-    fn is_classifier(&self) -> bool;
+    fn is_classifier(&self) -> bool {
+        false
+    }
+    /// Model FLOPs of one example, forward and backward, for MFU (default: 6 per
+    /// parameter, a dense model without attention).
+    fn flops_per_example(&self, parameters: usize) -> f64 {
+        6.0 * parameters as f64
+    }
+    /// Tokens per example (sequence models), for tokens/s.
+    fn tokens_per_example(&self) -> Option<usize> {
+        None
+    }
+    /// How many segments activation checkpointing can recompute (a transformer's
+    /// blocks); 0 when the model offers none (`memory.checkpoint` is then refused).
+    fn checkpoint_segments(&self) -> usize {
+        0
+    }
+    /// What must match for a checkpoint to resume into this model beyond its parameter
+    /// names and shapes (head counts, say); empty when those say everything.
+    fn signature(&self) -> String {
+        String::new()
+    }
+}
+
+/// How a model is made: registers its parameters through the builder (named by path,
+/// initialised from the run's seed) and returns the model. The trainer calls it for
+/// each device of a run and for the memory estimate's dry runs, so it must build the
+/// same model every time.
+pub type BuildModel = dyn Fn(&mut Builder) -> Result<Box<dyn Trainable>, Error> + Send + Sync;
+
+impl EvalBatch {
+    /// A classifier's evaluation: the loss, and how many rows of `logits` [N, classes]
+    /// have their largest value at the target's class.
+    pub fn classified(rt: &Runtime, loss: &Var, logits: &Var, targets: &[i32]) -> Result<EvalBatch, Error> {
+        let classes = *logits.value.shape().last().unwrap_or(&1);
+        let values = logits.value.to_f32_vec(rt)?;
+        let mut correct = 0;
+        for (r, &t) in targets.iter().enumerate() {
+            let row = &values[r * classes..(r + 1) * classes];
+            let best = row
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            correct += usize::from(best as i32 == t);
+        }
+        Ok(EvalBatch {
+            loss: loss.value.to_f32_vec(rt)?[0] as f64,
+            rows: targets.len(),
+            correct: Some(correct),
+        })
+    }
 }
 
 fn targets(rt: &Runtime, b: &HostBatch) -> Result<Tensor, Error> {
@@ -68,29 +136,10 @@ impl Trainable for Mlp {
     }
 
     fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<EvalBatch, Error> {
-        let rows = b.targets.len();
         let y = targets(rt, b)?;
         let logits = self.logits(tape, rt, params, b)?;
-        let loss = ops::cross_entropy_mean(tape, rt, &logits, &y, rows, CE_ROW_CHUNK, "eval.loss")?;
-        let loss = loss.value.to_f32_vec(rt)?[0] as f64;
-        let classes = logits.value.shape()[1];
-        let values = logits.value.to_f32_vec(rt)?;
-        let mut correct = 0;
-        for (r, &t) in b.targets.iter().enumerate() {
-            let row = &values[r * classes..(r + 1) * classes];
-            let best = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i)
-                .unwrap_or(0);
-            correct += usize::from(best as i32 == t);
-        }
-        Ok(EvalBatch {
-            loss,
-            rows,
-            correct: Some(correct),
-        })
+        let loss = ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "eval.loss")?;
+        EvalBatch::classified(rt, &loss, &logits, &b.targets)
     }
 
     fn eval_batch(&self, _micro_batch: usize) -> usize {
@@ -112,20 +161,23 @@ impl Trainable for Gpt {
         self.forward_loss(tape, rt, params, &ids, (&y, rows), CE_ROW_CHUNK)
     }
 
-    fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<EvalBatch, Error> {
-        let loss = self.loss(tape, rt, params, b)?;
-        Ok(EvalBatch {
-            loss: loss.value.to_f32_vec(rt)?[0] as f64,
-            rows: b.targets.len(),
-            correct: None,
-        })
+    /// 6N + 12·L·T·C per token (N without the position embedding), T tokens.
+    fn flops_per_example(&self, parameters: usize) -> f64 {
+        let c = &self.config;
+        let (l, t, e) = (c.n_layer as f64, c.n_positions as f64, c.n_embd as f64);
+        let non_embedding = parameters as f64 - t * e;
+        (6.0 * non_embedding + 12.0 * l * t * e) * t
     }
 
-    fn eval_batch(&self, micro_batch: usize) -> usize {
-        micro_batch
+    fn tokens_per_example(&self) -> Option<usize> {
+        Some(self.config.n_positions)
     }
 
-    fn is_classifier(&self) -> bool {
-        false
+    fn checkpoint_segments(&self) -> usize {
+        self.config.n_layer
+    }
+
+    fn signature(&self) -> String {
+        format!("gpt n_head {}", self.config.n_head)
     }
 }

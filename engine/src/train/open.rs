@@ -130,6 +130,7 @@ impl Trainer {
     /// a failure is logged and gives none.
     pub fn what_if(&self) -> Vec<wgtrain_record::WhatIf> {
         let data = Loaded {
+            model: self.build.clone(),
             train: self.train.clone(),
             eval: self.eval.clone(),
             outputs: self.outputs,

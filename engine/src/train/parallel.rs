@@ -75,7 +75,7 @@ impl Trainer {
         let mut peers = Vec::new();
         for rt in rts {
             let mut params = Params::default();
-            let model = build_model(&self.config, &rt, self.outputs, &mut params)?;
+            let model = build_model(&self.config, &rt, self.build.as_ref(), &mut params)?;
             peers.push(Peer {
                 rt,
                 params,
@@ -156,6 +156,7 @@ impl Trainer {
     /// One step over every device: returns the batch's mean loss and whether the update
     /// was skipped (fp16-mixed, an inf or NaN gradient on any device).
     pub(super) fn parallel_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+        let mode = self.step_mode();
         let Trainer {
             rt,
             params,
@@ -185,6 +186,7 @@ impl Trainer {
             grad_clip: config.train.grad_clip,
             lr,
             offload: !world.offload.is_empty(),
+            mode,
             started,
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
@@ -322,7 +324,7 @@ fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> 
             }
             out
         });
-        let recorded = forward_backward(rt, model, params, part, plan, gather, &mut reducer, &mut losses);
+        let recorded = forward_backward(rt, model, params, (part, comm.rank()), plan, gather, &mut reducer, &mut losses);
         marks.push(clock.elapsed());
         // Whatever happened, the queue closes so the worker ends.
         let finished = recorded.and_then(|_| {
@@ -389,7 +391,7 @@ fn forward_backward(
     rt: &Runtime,
     model: &dyn Trainable,
     params: &mut Params,
-    part: &HostBatch,
+    (part, rank): (&HostBatch, usize),
     plan: &StepPlan,
     gather: Option<Arc<dyn Gather>>,
     reducer: &mut Reducer,
@@ -403,6 +405,7 @@ fn forward_backward(
             let weight = piece.targets.len() as f32 / plan.total_targets as f32;
             let seed = weight * plan.scaler.map_or(1.0, |s| s.scale);
             let mut tape = Tape::new()
+                .with_mode(plan.mode.fork(&[k as u64, rank as u64]))
                 .with_half_matmuls(plan.scaler.is_some())
                 .with_grad_prescale(seed)
                 .with_gather(gather.clone());

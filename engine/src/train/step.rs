@@ -71,11 +71,11 @@ impl Trainer {
         };
         let total_targets = batch.targets.len().max(1);
         let mut losses = Vec::new();
-        for part in split_batch(batch, micro) {
+        for (k, part) in split_batch(batch, micro).into_iter().enumerate() {
             let rows = part.targets.len();
             let weight = rows as f32 / total_targets as f32;
             let seed = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale);
-            let mut tape = self.tape().with_grad_prescale(seed);
+            let mut tape = self.tape(k).with_grad_prescale(seed);
             self.rt.phase("forward");
             let loss = self.model.loss(&mut tape, &self.rt, &self.params, &part)?;
             self.rt.phase("backward");
@@ -191,7 +191,7 @@ impl Trainer {
     /// A step whose updates happen inside backward: each parameter is updated as soon as
     /// its gradient is final, and the gradient is freed at once.
     fn train_step_in_backward(&mut self, batch: &HostBatch, lr: f32) -> Result<f64, TrainError> {
-        let mut tape = self.tape();
+        let mut tape = self.tape(0);
         self.rt.phase("forward");
         let loss = self.model.loss(&mut tape, &self.rt, &self.params, batch)?;
         self.rt.phase("backward");

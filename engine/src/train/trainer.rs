@@ -11,8 +11,8 @@ use std::sync::Arc;
 use super::build::{Loaded, build_model, loss_scaler, optimizer_rule};
 use super::config::Config;
 use super::error::TrainError;
-use super::model::Trainable;
-use crate::autograd::{Params, Tape};
+use super::model::{BuildModel, Trainable};
+use crate::autograd::{Mode, Params, Tape};
 use crate::data::{BatchOrder, Dataset, Loader, batches_per_epoch};
 use crate::optim::Optimizer;
 use crate::runtime::Runtime;
@@ -28,6 +28,8 @@ pub struct Trainer {
     pub params: Params,
     /// The model.
     pub model: Box<dyn Trainable>,
+    /// How the model is built (on each device of the run, and in estimates).
+    pub(super) build: Arc<BuildModel>,
     pub(super) opt: Optimizer,
     pub(super) train: Arc<dyn Dataset>,
     pub(super) eval: Arc<dyn Dataset>,
@@ -61,7 +63,7 @@ impl Trainer {
     /// config says (no precision rule, no planning: see `Trainer::new`).
     pub fn assemble(config: Config, rt: Arc<Runtime>, data: Loaded) -> Result<Trainer, TrainError> {
         let mut params = Params::default();
-        let model = build_model(&config, &rt, data.outputs, &mut params)?;
+        let model = build_model(&config, &rt, data.model.as_ref(), &mut params)?;
         let opt = Optimizer::new(optimizer_rule(&config));
         let scaler = loss_scaler(&config)?;
         Ok(Trainer {
@@ -69,6 +71,7 @@ impl Trainer {
             rt,
             params,
             model,
+            build: data.model,
             opt,
             train: data.train,
             eval: data.eval,
@@ -111,8 +114,26 @@ impl Trainer {
         Loader::start(self.train.clone(), order, (self.epoch, self.index), 2)
     }
 
-    /// A tape in the run's precision.
-    pub(super) fn tape(&self) -> Tape {
-        Tape::new().with_half_matmuls(self.scaler.is_some())
+    /// A training tape in the run's precision and mode for micro-batch `micro` of the
+    /// next step (see [`Trainer::mode`]).
+    pub(super) fn tape(&self, micro: usize) -> Tape {
+        Tape::new().with_half_matmuls(self.scaler.is_some()).with_mode(self.mode(micro, 0))
+    }
+
+    /// The training mode of micro-batch `micro` on device `rank` in the next step: its
+    /// seed (dropout's masks) follows from `train.seed`, the step, the micro-batch and
+    /// the device, so a resumed run draws what the uninterrupted one drew.
+    pub(super) fn mode(&self, micro: usize, rank: usize) -> Mode {
+        self.step_mode().fork(&[micro as u64, rank as u64])
+    }
+
+    /// The next step's training mode, before its micro-batch and device are mixed in.
+    pub(super) fn step_mode(&self) -> Mode {
+        Mode {
+            training: true,
+            seed: self.config.train.seed,
+            checkpoint_every: self.config.memory.checkpoint_every().unwrap_or(0),
+        }
+        .fork(&[self.step + 1])
     }
 }
