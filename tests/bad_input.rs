@@ -360,8 +360,8 @@ fn settings_are_checked_against_each_other_and_named() {
     let dir = scratch("cross");
     for (set, says) in [
         ("train.micro_batch_size=128", "train.micro_batch_size must be in 1..=64"),
-        // Keys another model kind reads are still checked.
-        ("model.n_layer=100000000000", "model.n_layer must be in 1..=1024"),
+        // A key of another model kind is named with the kind that has it.
+        ("model.n_layer=2", "model.n_layer is not a key of model.kind \"mlp\" (its keys: hidden); model.kind \"gpt\" has it"),
         ("memory.cap=\"1e30GiB\"", "of at most 1 PiB"),
         ("memory.cap=1e20", "of at most 1 PiB"),
         ("memory.cap=true", "memory.cap and memory.budget take a size"),

@@ -108,6 +108,17 @@ fn config_keys() -> BTreeSet<String> {
             keys.insert(format!("{section}.{key}"));
         }
     }
+    // [model] has the keys of every kind.
+    for kind in wgtrain_engine::train::config::ModelConfig::kinds() {
+        for key in serde_json::to_value(kind)
+            .expect("model serializes")
+            .as_object()
+            .expect("keys")
+            .keys()
+        {
+            keys.insert(format!("model.{key}"));
+        }
+    }
     keys
 }
 

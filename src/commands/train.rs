@@ -81,7 +81,7 @@ pub fn run(args: TrainArgs) -> CliResult {
     }
     let p = &trainer.config.parallel;
     let devices = if p.enabled() {
-        let offload = if p.offload == "none" {
+        let offload = if p.offload == wgtrain_engine::train::config::Offload::None {
             String::new()
         } else {
             format!(", {} offloaded to the host", p.offload)

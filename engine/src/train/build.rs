@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::config::{Config, ConfigError, Precision};
+use super::config::{Choice, Config, ConfigError, DataKind, OptimizerKind, Precision};
 use super::error::TrainError;
 use super::model::{BuildModel, Trainable};
 use crate::autograd::Params;
@@ -31,6 +31,8 @@ use crate::scaler::GradScaler;
 pub struct Loaded {
     /// How the model is built (from `[model]`, or a user's).
     pub model: Arc<BuildModel>,
+    /// Whether `model` is `[model]`'s and the data `[data]`'s (not a user's).
+    pub from_config: bool,
     /// The training split.
     pub train: Arc<dyn Dataset>,
     /// The evaluation split.
@@ -86,18 +88,18 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
 pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     let mut data = load_splits(config)?;
     data.model = config.model.builder(data.outputs)?;
+    data.from_config = true;
     for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
         if set.is_empty() {
             return Err(ConfigError::Invalid(format!(
                 "the {split} split of data.kind \"{}\"{} has no example{}; use more data{}",
-                config.data.kind,
+                config.data.kind.name(),
                 config.data.path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default(),
-                if config.data.kind != "fashion_mnist" {
-                    format!(" (a window is model.block_size + 1 = {} tokens)", config.model.block_size + 1)
-                } else {
-                    String::new()
+                match config.model.context() {
+                    Some(t) => format!(" (a window is model.block_size + 1 = {} tokens)", t + 1),
+                    None => String::new(),
                 },
-                if config.data.kind != "fashion_mnist" {
+                if config.model.context().is_some() {
                     " or a smaller model.block_size"
                 } else {
                     " (or a larger data.train_limit / data.eval_limit, 0 for all)"
@@ -118,47 +120,52 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
     let m = &config.model;
     let path = config.data.path.clone().map(PathBuf::from);
     let model = no_model();
-    Ok(match config.data.kind.as_str() {
-        "fashion_mnist" => {
+    let context = m.context().unwrap_or(0);
+    Ok(match config.data.kind {
+        DataKind::FashionMnist => {
             let dir = path.unwrap_or_else(|| PathBuf::from(fashion_mnist::DEFAULT_PATH));
             let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
             let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
             Loaded {
                 model,
+                from_config: true,
                 train: Arc::new(train),
                 eval: Arc::new(eval),
                 outputs: fashion_mnist::CLASSES,
                 unigram_entropy: None,
             }
         }
-        "chars" => {
+        DataKind::Chars => {
             let p = path.unwrap_or_else(|| PathBuf::from(text::DEFAULT_PATH));
-            let corpus = CharCorpus::load(&p, m.block_size)?;
+            let corpus = CharCorpus::load(&p, context)?;
             let entropy = corpus.unigram_entropy();
             let vocab = corpus.vocab.len();
             let (train, val) = corpus.split(0.1);
             Loaded {
                 model: model.clone(),
+                from_config: true,
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),
                 outputs: vocab,
                 unigram_entropy: Some(entropy),
             }
         }
-        _ => {
+        DataKind::Tokens => {
             let dir = path.ok_or_else(|| DataError::Missing {
                 what: "token files".into(),
                 path: "(data.path unset)".into(),
                 hint: String::new(),
             })?;
-            let width = if config.data.token_dtype == "u32" { 4 } else { 2 };
-            let train = TokenFile::open(&dir.join("train.bin"), m.block_size, m.vocab_size, width)?;
-            let val = TokenFile::open(&dir.join("val.bin"), m.block_size, m.vocab_size, width)?;
+            let width = config.data.token_dtype.bytes();
+            let vocab = m.vocab_size().unwrap_or(0);
+            let train = TokenFile::open(&dir.join("train.bin"), context, vocab, width)?;
+            let val = TokenFile::open(&dir.join("val.bin"), context, vocab, width)?;
             Loaded {
                 model: model.clone(),
+                from_config: true,
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),
-                outputs: m.vocab_size,
+                outputs: vocab,
                 unigram_entropy: None,
             }
         }
@@ -169,11 +176,11 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
 /// or trains in fp32 when `memory.fp32_fallback` asks for that (said in a note).
 pub fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<String>), TrainError> {
     let mut notes = Vec::new();
-    if config.memory.precision()? == Precision::Fp16Mixed && !gpu.caps.shader_f16 {
+    if config.memory.precision == Precision::Fp16Mixed && !gpu.caps.shader_f16 {
         if !config.memory.fp32_fallback {
             return Err(TrainError::NoF16(gpu.report.name.clone()));
         }
-        config.memory.precision = Some("fp32".into());
+        config.memory.precision = Precision::Fp32;
         notes.push(format!(
             "the adapter '{}' lacks SHADER_F16: training in fp32 (memory.fp32_fallback = true)",
             gpu.report.name
@@ -188,10 +195,7 @@ pub fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<S
 /// it is known.
 fn check_sizes(config: &Config, params: &Params, gpu: &Gpu) -> Result<(), TrainError> {
     let total: u128 = params.list.iter().map(|p| p.value.numel() as u128).sum();
-    let per = 4
-        + 4
-        + if config.train.optimizer == "sgd" { 4 } else { 8 }
-        + if config.memory.precision()? == Precision::Fp16Mixed { 2 } else { 0 };
+    let per = 4 + 4 + config.train.optimizer.state_bytes() as u128 + if config.memory.precision == Precision::Fp16Mixed { 2 } else { 0 };
     let states = total * per;
     if let Some(memory) = gpu.caps.memory_bytes
         && states > memory as u128
@@ -221,7 +225,7 @@ pub fn build_model(config: &Config, rt: &Runtime, build: &BuildModel, params: &m
     if !rt.runs_kernels() {
         check_sizes(config, params, &rt.gpu)?;
     }
-    let every = config.memory.checkpoint_every()?;
+    let every = config.memory.checkpoint_every();
     if every > 0 && model.checkpoint_segments() == 0 {
         return Err(ConfigError::Invalid(format!(
             "memory.checkpoint = {every}: this model offers no segments to recompute (a transformer's blocks); leave it unset"
@@ -234,15 +238,15 @@ pub fn build_model(config: &Config, rt: &Runtime, build: &BuildModel, params: &m
 /// The optimizer's update rule (`train.optimizer`).
 pub fn optimizer_rule(config: &Config) -> Rule {
     let t = &config.train;
-    match t.optimizer.as_str() {
-        "sgd" => Rule::Sgd(Sgd {
+    match t.optimizer {
+        OptimizerKind::Sgd => Rule::Sgd(Sgd {
             lr: t.lr,
             momentum: t.momentum,
             dampening: 0.0,
             weight_decay: t.weight_decay,
             nesterov: false,
         }),
-        _ => Rule::AdamW(AdamW {
+        OptimizerKind::Adamw => Rule::AdamW(AdamW {
             lr: t.lr,
             betas: t.betas,
             eps: 1e-8,
@@ -253,7 +257,7 @@ pub fn optimizer_rule(config: &Config) -> Rule {
 
 /// The loss scaler under fp16-mixed (`memory.init_scale`), none under fp32.
 pub fn loss_scaler(config: &Config) -> Result<Option<GradScaler>, TrainError> {
-    Ok((config.memory.precision()? == Precision::Fp16Mixed).then(|| GradScaler {
+    Ok((config.memory.precision == Precision::Fp16Mixed).then(|| GradScaler {
         scale: config.memory.init_scale.unwrap_or(crate::scaler::INIT_SCALE),
         ..GradScaler::default()
     }))

@@ -38,7 +38,7 @@ pub mod zero3;
 pub use config::Config;
 pub use error::TrainError;
 pub use log::{EvalLog, MemLog, StepLog};
-pub use model::Trainable;
+pub use model::{BuildModel, EvalBatch, Trainable};
 pub use observe::Observer;
 pub use run::{RunOptions, RunSummary};
 pub use trainer::Trainer;

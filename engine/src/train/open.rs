@@ -11,8 +11,10 @@ use std::sync::Arc;
 use super::build::{Loaded, load_data, resolve_precision};
 use super::config::Config;
 use super::error::TrainError;
+use super::model::BuildModel;
 use super::plan::{dry_runtime, estimate_on, plan};
 use super::trainer::Trainer;
+use crate::data::Dataset;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, MemoryCap, format_bytes};
@@ -26,6 +28,37 @@ impl Trainer {
     /// the same cap on each.
     pub fn new(config: Config, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         let data = load_data(&config)?;
+        Trainer::open(config, data, adapter)
+    }
+
+    /// A run of a model of the caller's on data of the caller's: `build` makes the model
+    /// (the trainer calls it on each device, and for the estimate's dry runs), `train`
+    /// and `eval` are the splits. `[model]` and `[data]` of `config` are not used;
+    /// everything else is, as for [`Trainer::new`]: the schedule, precision, memory
+    /// policy and fit, checkpoints, several devices, the log and the dashboard.
+    pub fn custom(
+        config: Config,
+        build: Arc<BuildModel>,
+        (train, eval): (Arc<dyn Dataset>, Arc<dyn Dataset>),
+        adapter: Option<&str>,
+    ) -> Result<Trainer, TrainError> {
+        for (split, set) in [("training", &train), ("evaluation", &eval)] {
+            if set.is_empty() {
+                return Err(Error::invalid("custom data", format!("the {split} split has no example")).into());
+            }
+        }
+        let data = Loaded {
+            model: build,
+            from_config: false,
+            train,
+            eval,
+            outputs: 0,
+            unigram_entropy: None,
+        };
+        Trainer::open(config, data, adapter)
+    }
+
+    fn open(config: Config, data: Loaded, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         if config.parallel.enabled() {
             let mut rts = Vec::new();
             let cap = cap_of(&config)?;
@@ -131,6 +164,7 @@ impl Trainer {
     pub fn what_if(&self) -> Vec<wgtrain_record::WhatIf> {
         let data = Loaded {
             model: self.build.clone(),
+            from_config: self.model_from_config,
             train: self.train.clone(),
             eval: self.eval.clone(),
             outputs: self.outputs,

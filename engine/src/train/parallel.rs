@@ -100,7 +100,7 @@ impl Trainer {
             },
             zero: self.config.parallel.zero,
             bucket_bytes: self.config.parallel.bucket_bytes().max(4),
-            offload: if self.config.parallel.offload == "none" {
+            offload: if self.config.parallel.offload == crate::train::config::Offload::None {
                 Vec::new()
             } else {
                 (0..self.config.parallel.world()).map(|_| HostOptimizer::default()).collect()
@@ -108,7 +108,7 @@ impl Trainer {
             shapes: Arc::new(shapes),
             host_shards: Vec::new(),
             host_whole: Arc::default(),
-            offload_params: self.config.parallel.offload == "optimizer+parameters",
+            offload_params: self.config.parallel.offload == crate::train::config::Offload::OptimizerParameters,
         });
         if self.config.parallel.zero >= 3 {
             self.shard_weights()?;

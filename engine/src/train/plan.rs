@@ -20,12 +20,14 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::build::{Loaded, load_data, resolve_precision};
-use super::config::{Config, ConfigError, Precision};
+use super::config::{Checkpointing, Choice, Config, ConfigError, Offload, Precision};
 use super::error::TrainError;
 use super::trainer::Trainer;
+use crate::autograd::Params;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
+use crate::nn::{Builder, Init};
 use crate::runtime::Runtime;
 use wgtrain_record::{PeakView, StepMemory, WhatIf};
 
@@ -193,7 +195,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     }
     let (peak, at_peak) = best.expect("two steps ran");
     let elements = trainer.parameter_count() as u64;
-    let optimizer_per = if config.train.optimizer == "sgd" { 4 } else { 8 };
+    let optimizer_per = config.train.optimizer.state_bytes();
     // ZeRO: rank 0's shards (the largest) of the sharded states.
     let shards = trainer.shards();
     let owned = shards.owned(0) as u64;
@@ -204,24 +206,24 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         .unwrap_or(config.train.batch_size)
         .min(config.train.batch_size);
     let estimate = Estimate {
-        precision: config.memory.precision()?.name().into(),
+        precision: config.memory.precision.name().into(),
         batch_size: config.train.batch_size,
         micro_batch_size: micro,
-        checkpoint_every: config.memory.checkpoint_every()?,
+        checkpoint_every: config.memory.checkpoint_every(),
         peak_bytes: peak,
         peak_reserved_bytes: reserved,
         by_category: Category::ALL.iter().map(|c| (c.name().to_string(), at_peak[c.index()])).collect(),
         category_peaks: Category::ALL.iter().map(|c| (c.name().to_string(), own[c.index()])).collect(),
         model_states: ModelStates {
             elements,
-            parameters: if config.parallel.enabled() && config.parallel.offload == "optimizer+parameters" {
+            parameters: if config.parallel.enabled() && config.parallel.offload == Offload::OptimizerParameters {
                 0
             } else {
                 4 * if zero >= 3 { owned } else { elements }
             },
             gradients: 4 * if zero >= 2 { owned } else { elements },
             // Offloaded optimizer state lives in host memory, not on the device.
-            optimizer_state: if config.parallel.enabled() && config.parallel.offload != "none" {
+            optimizer_state: if config.parallel.enabled() && config.parallel.offload != Offload::None {
                 0
             } else {
                 optimizer_per * if zero >= 1 { owned } else { elements }
@@ -242,9 +244,9 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
 fn host_bytes(config: &Config, elements: u64, optimizer_per: u64) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let p = &config.parallel;
-    if p.enabled() && p.offload != "none" {
+    if p.enabled() && p.offload != Offload::None {
         out.insert(Category::OptimizerState.name().to_string(), optimizer_per * elements);
-        if p.offload == "optimizer+parameters" {
+        if p.offload == Offload::OptimizerParameters {
             out.insert(Category::Parameter.name().to_string(), 4 * elements);
         }
     }
@@ -300,48 +302,44 @@ fn checkpoint_choices(n_layer: usize) -> Vec<usize> {
     v
 }
 
+/// How many segments the model offers to checkpointing (it is built once on the dry
+/// runtime `rt` to say).
+fn segments_of(rt: &Runtime, config: &Config, data: &Loaded) -> Result<usize, TrainError> {
+    let mut params = Params::default();
+    let model = (data.model)(&mut Builder::new(rt, &mut params, &mut Init::new(config.train.seed)))?;
+    Ok(model.checkpoint_segments())
+}
+
 fn checkpoint_name(k: usize) -> String {
-    match k {
-        0 => "none".into(),
-        1 => "every-layer".into(),
-        k => format!("every-k:{k}"),
-    }
+    Checkpointing::every_k(k).to_string()
 }
 
 /// ZeRO stage and offload pairs from least to most memory saved per device, in the
 /// order a fit tries them: every stage without offload, then the optimizer offloaded
 /// (stages 1-3), then the parameters too (stage 3).
-const STAGES: [(u8, &str); 8] = [
-    (0, "none"),
-    (1, "none"),
-    (2, "none"),
-    (3, "none"),
-    (1, "optimizer"),
-    (2, "optimizer"),
-    (3, "optimizer"),
-    (3, "optimizer+parameters"),
+const STAGES: [(u8, Offload); 8] = [
+    (0, Offload::None),
+    (1, Offload::None),
+    (2, Offload::None),
+    (3, Offload::None),
+    (1, Offload::Optimizer),
+    (2, Offload::Optimizer),
+    (3, Offload::Optimizer),
+    (3, Offload::OptimizerParameters),
 ];
-
-fn offload_level(offload: &str) -> usize {
-    match offload {
-        "optimizer" => 1,
-        "optimizer+parameters" => 2,
-        _ => 0,
-    }
-}
 
 /// The stage and offload pairs a fit of `config` may choose: with several devices, those
 /// that keep at least the configured stage and offload (`STAGES`' order); else only the
 /// configured one.
-fn stage_choices(config: &Config) -> Vec<(u8, String)> {
+fn stage_choices(config: &Config) -> Vec<(u8, Offload)> {
     let p = &config.parallel;
     if !(p.enabled() && config.memory.fit) {
-        return vec![(p.zero, p.offload.clone())];
+        return vec![(p.zero, p.offload)];
     }
     STAGES
         .iter()
-        .filter(|(z, o)| *z >= p.zero && offload_level(o) >= offload_level(&p.offload))
-        .map(|(z, o)| (*z, o.to_string()))
+        .filter(|(z, o)| *z >= p.zero && o.level() >= p.offload.level())
+        .copied()
         .collect()
 }
 
@@ -374,28 +372,35 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
     } else {
         vec![micro_now]
     };
-    let ckpts: Vec<usize> = if config.model.kind == "gpt" && (auto || config.memory.checkpoint.is_none()) {
-        checkpoint_choices(config.model.n_layer)
+    let rt = dry_runtime(gpu.clone())?;
+    let segments = segments_of(&rt, &config, data)?;
+    if auto && segments == 0 {
+        return Err(ConfigError::Invalid(
+            "memory.checkpoint = \"auto\": this model offers no segments to recompute (a transformer's blocks); leave it unset".into(),
+        )
+        .into());
+    }
+    let ckpts: Vec<usize> = if segments > 0 && (auto || config.memory.checkpoint.is_none()) {
+        checkpoint_choices(segments)
     } else {
-        vec![config.memory.checkpoint_every()?]
+        vec![config.memory.checkpoint_every()]
     };
     let stages = stage_choices(&config);
     let several = config.parallel.enabled();
-    let rt = dry_runtime(gpu.clone())?;
     let mut tried = Vec::new();
     for &micro in &micros {
         for level in 0..3 {
             for &k in &ckpts {
-                for (zero, offload) in stages.iter().filter(|(_, o)| offload_level(o) == level) {
+                for (zero, offload) in stages.iter().filter(|(_, o)| o.level() == level) {
                     let mut candidate = config.clone();
                     candidate.train.micro_batch_size = (micro < per_device).then_some(micro);
-                    if candidate.model.kind == "gpt" {
-                        candidate.memory.checkpoint = Some(checkpoint_name(k));
+                    if segments > 0 {
+                        candidate.memory.checkpoint = Some(Checkpointing::every_k(k));
                     }
                     candidate.parallel.zero = *zero;
-                    candidate.parallel.offload = offload.clone();
+                    candidate.parallel.offload = *offload;
                     let stage = if several {
-                        format!(", zero {zero}, offload {offload}")
+                        format!(", zero {zero}, offload {}", offload.name())
                     } else {
                         String::new()
                     };
@@ -434,16 +439,16 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
 }
 
 /// The memory settings of `config` as the what-if view shows them.
-fn policy_of(config: &Config) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
+fn policy_of(config: &Config, segments: usize) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
     let micro = config
         .train
         .micro_batch_size
         .unwrap_or(config.train.batch_size)
         .min(config.train.batch_size);
     let mut p = BTreeMap::new();
-    p.insert("precision".into(), config.memory.precision()?.name().into());
-    if config.model.kind == "gpt" {
-        p.insert("checkpoint".into(), checkpoint_name(config.memory.checkpoint_every()?).into());
+    p.insert("precision".into(), config.memory.precision.name().into());
+    if segments > 0 {
+        p.insert("checkpoint".into(), checkpoint_name(config.memory.checkpoint_every()).into());
     }
     p.insert("micro_batch_size".into(), micro.into());
     p.insert("optimizer_in_backward".into(), config.memory.optimizer_in_backward.into());
@@ -454,7 +459,7 @@ fn policy_of(config: &Config) -> Result<BTreeMap<String, serde_json::Value>, Tra
 /// half the micro-batch, optimizer-in-backward), each with what changed; the run as
 /// configured first. Changes the config rules forbid (e.g. optimizer-in-backward with
 /// clipping) or the adapter cannot run (fp16 without SHADER_F16) are left out.
-fn what_if_configs(config: &Config, gpu: &Gpu) -> Result<Vec<(String, Config)>, TrainError> {
+fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(String, Config)>, TrainError> {
     let mut out = vec![(String::new(), config.clone())];
     let mut with = |change: String, f: &dyn Fn(&mut Config)| {
         let mut c = config.clone();
@@ -463,21 +468,21 @@ fn what_if_configs(config: &Config, gpu: &Gpu) -> Result<Vec<(String, Config)>, 
             out.push((change, c));
         }
     };
-    match config.memory.precision()? {
+    match config.memory.precision {
         Precision::Fp32 if gpu.caps.shader_f16 => with("memory.precision = fp16-mixed".into(), &|c| {
-            c.memory.precision = Some("fp16-mixed".into());
+            c.memory.precision = Precision::Fp16Mixed;
             c.memory.optimizer_in_backward = false;
         }),
-        Precision::Fp16Mixed => with("memory.precision = fp32".into(), &|c| c.memory.precision = Some("fp32".into())),
+        Precision::Fp16Mixed => with("memory.precision = fp32".into(), &|c| c.memory.precision = Precision::Fp32),
         _ => {}
     }
-    if config.model.kind == "gpt" {
-        let now = config.memory.checkpoint_every()?;
-        let mut choices = checkpoint_choices(config.model.n_layer);
+    if segments > 0 {
+        let now = config.memory.checkpoint_every();
+        let mut choices = checkpoint_choices(segments);
         choices.retain(|&k| k != now && (k == 0 || k == 1 || now == 0));
         for k in choices {
             with(format!("memory.checkpoint = {}", checkpoint_name(k)), &|c| {
-                c.memory.checkpoint = Some(checkpoint_name(k))
+                c.memory.checkpoint = Some(Checkpointing::every_k(k))
             });
         }
     }
@@ -505,8 +510,9 @@ fn what_if_configs(config: &Config, gpu: &Gpu) -> Result<Vec<(String, Config)>, 
 /// pipelines), so this costs a few dry steps.
 pub fn what_if(config: &Config, beside: &Runtime, data: &Loaded, limit: Option<u64>) -> Result<Vec<WhatIf>, TrainError> {
     let rt = Arc::new(beside.dry_beside()?);
+    let segments = segments_of(&rt, config, data)?;
     let mut out = Vec::new();
-    for (change, candidate) in what_if_configs(config, &beside.gpu)? {
+    for (change, candidate) in what_if_configs(config, &beside.gpu, segments)? {
         let e = match estimate_on(&rt, &candidate, data) {
             Ok(e) => e,
             // A change that cannot even be planned (a block past the adapter's binding
@@ -519,7 +525,7 @@ pub fn what_if(config: &Config, beside: &Runtime, data: &Loaded, limit: Option<u
         };
         out.push(WhatIf {
             change,
-            policy: policy_of(&candidate)?,
+            policy: policy_of(&candidate, segments)?,
             peak_bytes: e.peak_bytes,
             peak_reserved_bytes: e.peak_reserved_bytes,
             by_category: e.by_category,

@@ -148,18 +148,9 @@ pub fn kernel_rows<'a>(steps: impl IntoIterator<Item = &'a [LaunchRecord]>) -> (
 }
 
 impl Trainer {
-    /// Model FLOPs of one example (forward and backward): 6N + 12·L·T·C per token for a
-    /// GPT (N without the position embedding), 6N for the MLP.
+    /// Model FLOPs of one example (forward and backward), as the model counts them.
     pub fn model_flops_per_example(&self) -> f64 {
-        let n = self.parameter_count() as f64;
-        let m = &self.config.model;
-        if m.kind == "gpt" {
-            let (l, t, c) = (m.n_layer as f64, m.block_size as f64, m.n_embd as f64);
-            let non_embedding = n - t * c;
-            (6.0 * non_embedding + 12.0 * l * t * c) * t
-        } else {
-            6.0 * n
-        }
+        self.model.flops_per_example(self.parameter_count())
     }
 
     /// The adapter's peak TFLOP/s in the run's precision, when it is a known one.
@@ -173,7 +164,7 @@ impl Trainer {
 
     /// Tokens per example (token models).
     pub fn tokens_per_example(&self) -> Option<usize> {
-        (self.config.model.kind == "gpt").then_some(self.config.model.block_size)
+        self.model.tokens_per_example()
     }
 
     /// Runs `warmup` steps, then `steps` steps with every launch timed (see the module).
@@ -195,7 +186,14 @@ impl Trainer {
             self.rt.phase("data wait");
             let Some(batch) = loader.next_batch() else { break };
             let batch = batch?;
-            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
+            let lr = lr_at(
+                self.step,
+                t.lr,
+                t.warmup_steps,
+                total,
+                t.min_lr,
+                t.schedule == crate::train::config::Schedule::Cosine,
+            );
             self.resilient_step(&batch, lr)?;
             self.rt.sync()?;
             self.rt.phase("");

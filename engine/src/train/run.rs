@@ -265,7 +265,14 @@ impl Trainer {
             }
             let Some(batch) = loader.next_batch() else { break };
             let batch = batch?;
-            let lr = lr_at(self.step, t.lr, t.warmup_steps, total, t.min_lr, t.schedule == "cosine");
+            let lr = lr_at(
+                self.step,
+                t.lr,
+                t.warmup_steps,
+                total,
+                t.min_lr,
+                t.schedule == crate::train::config::Schedule::Cosine,
+            );
             for rt in self.runtimes() {
                 rt.alloc.reset_peaks();
             }

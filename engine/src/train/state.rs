@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
-use super::config::Config;
 use super::error::TrainError;
 use super::trainer::Trainer;
 use crate::memory::Category;
@@ -51,6 +50,7 @@ impl Trainer {
             ("optimizer_step".to_string(), self.opt.step.to_string()),
             ("seed".to_string(), self.config.train.seed.to_string()),
             ("config".to_string(), toml::to_string(&self.config).unwrap_or_default()),
+            ("model_signature".to_string(), self.model.signature()),
         ]);
         let mut trainer = trainer;
         if let Some(first) = self.log_first {
@@ -86,41 +86,47 @@ impl Trainer {
         };
         // The run's shape and optimizer must be the checkpoint's: n_head changes no
         // tensor's shape but the model, and an optimizer's state means nothing to another.
-        if let Some(saved) = data.trainer.get("config").and_then(|t| toml::from_str::<Config>(t).ok()) {
+        // Compared as the configs' text: every key of this run's [model] (a model built
+        // from the config), then what decides the batches.
+        if let Some(saved) = data.trainer.get("config").and_then(|t| toml::from_str::<toml::Table>(t).ok()) {
+            let now = toml::Table::try_from(&self.config).map_err(|e| mismatch(e.to_string()))?;
+            let at = |t: &toml::Table, section: &str, key: &str| {
+                t.get(section)
+                    .and_then(|s| s.get(key))
+                    .map_or_else(
+                        || "unset".to_string(),
+                        |v| v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                    )
+            };
+            let mut keys: Vec<(&str, String)> = Vec::new();
+            if self.model_from_config {
+                if let Some(model) = now.get("model").and_then(toml::Value::as_table) {
+                    keys.extend(model.keys().map(|k| ("model", k.clone())));
+                }
+            }
+            keys.extend(
+                [
+                    ("train", "optimizer"),
+                    ("train", "batch_size"),
+                    ("train", "seed"),
+                    ("data", "train_limit"),
+                ]
+                .map(|(s, k)| (s, k.to_string())),
+            );
+            if self.model_from_config {
+                keys.push(("data", "kind".into()));
+            }
             let mut differ = Vec::new();
-            let (a, b) = (&saved.model, &self.config.model);
-            for (key, was, now) in [
-                ("model.kind", a.kind.clone(), b.kind.clone()),
-                ("model.hidden", format!("{:?}", a.hidden), format!("{:?}", b.hidden)),
-                ("model.n_layer", a.n_layer.to_string(), b.n_layer.to_string()),
-                ("model.n_head", a.n_head.to_string(), b.n_head.to_string()),
-                ("model.n_embd", a.n_embd.to_string(), b.n_embd.to_string()),
-                ("model.block_size", a.block_size.to_string(), b.block_size.to_string()),
-                ("model.vocab_size", a.vocab_size.to_string(), b.vocab_size.to_string()),
-                (
-                    "train.optimizer",
-                    saved.train.optimizer.clone(),
-                    self.config.train.optimizer.clone(),
-                ),
-                // What decides the batches: a resume with others would not continue the
-                // run it names.
-                (
-                    "train.batch_size",
-                    saved.train.batch_size.to_string(),
-                    self.config.train.batch_size.to_string(),
-                ),
-                ("train.seed", saved.train.seed.to_string(), self.config.train.seed.to_string()),
-                ("data.kind", saved.data.kind.clone(), self.config.data.kind.clone()),
-                (
-                    "data.train_limit",
-                    saved.data.train_limit.to_string(),
-                    self.config.data.train_limit.to_string(),
-                ),
-            ] {
-                let gpt_only = key.starts_with("model.n_") || key == "model.block_size" || key == "model.vocab_size";
-                let relevant = if a.kind == "gpt" { key != "model.hidden" } else { !gpt_only };
-                if was != now && relevant {
-                    differ.push(format!("{key} was {was}, is {now}"));
+            for (section, key) in keys {
+                let (was, is) = (at(&saved, section, &key), at(&now, section, &key));
+                if was != is {
+                    differ.push(format!("{section}.{key} was {was}, is {is}"));
+                }
+            }
+            if let Some(was) = data.trainer.get("model_signature") {
+                let is = self.model.signature();
+                if *was != is {
+                    differ.push(format!("the model was \"{was}\", is \"{is}\""));
                 }
             }
             if !differ.is_empty() {

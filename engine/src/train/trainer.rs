@@ -30,6 +30,8 @@ pub struct Trainer {
     pub model: Box<dyn Trainable>,
     /// How the model is built (on each device of the run, and in estimates).
     pub(super) build: Arc<BuildModel>,
+    /// Whether the model and data are the config's (`[model]`, `[data]`), not a user's.
+    pub(super) model_from_config: bool,
     pub(super) opt: Optimizer,
     pub(super) train: Arc<dyn Dataset>,
     pub(super) eval: Arc<dyn Dataset>,
@@ -72,6 +74,7 @@ impl Trainer {
             params,
             model,
             build: data.model,
+            model_from_config: data.from_config,
             opt,
             train: data.train,
             eval: data.eval,
@@ -132,7 +135,7 @@ impl Trainer {
         Mode {
             training: true,
             seed: self.config.train.seed,
-            checkpoint_every: self.config.memory.checkpoint_every().unwrap_or(0),
+            checkpoint_every: self.config.memory.checkpoint_every(),
         }
         .fork(&[self.step + 1])
     }

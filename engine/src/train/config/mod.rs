@@ -1,14 +1,17 @@
 //! The training configuration: a TOML file with [model], [data], [train], [memory],
-//! [checkpoint] and [parallel] sections, overridable with `--set section.key=value`. Unknown keys are
-//! errors, so a typo never trains silently with a default.
+//! [checkpoint] and [parallel] sections, overridable with `--set section.key=value`.
+//! Unknown keys are errors, so a typo never trains silently with a default. `model`
+//! holds the model kinds, `choices` the settings that take a name.
 //!
-//! May call: `data::fashion_mnist` (its pixel count), `nn` (the models `[model]`
-//! describes), `train::model`.
+//! May call: `nn::gpt` (its size limits), `train::config::{choices, model}`.
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{BuildModel, Trainable};
-use crate::nn::{Builder, Mlp, gpt};
+mod choices;
+mod model;
+
+pub use choices::{Checkpointing, Choice, DataKind, Offload, OptimizerKind, Precision, Schedule, TokenDtype};
+pub use model::{GptSpec, MlpSpec, ModelConfig};
 
 /// Everything a run needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -28,99 +31,30 @@ pub struct Config {
     pub parallel: ParallelConfig,
 }
 
-/// [model]
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// "mlp" (a classifier) or "gpt" (GPT-2's architecture).
-    pub kind: String,
-    /// Hidden widths of the MLP (one width may be written without brackets).
-    #[serde(deserialize_with = "widths")]
-    pub hidden: Vec<usize>,
-    /// GPT layers.
-    pub n_layer: usize,
-    /// GPT heads.
-    pub n_head: usize,
-    /// GPT width.
-    pub n_embd: usize,
-    /// GPT context length (also the training sequence length).
-    pub block_size: usize,
-    /// GPT vocabulary for token files (character data sets it from the text).
-    pub vocab_size: usize,
-}
-
-impl ModelConfig {
-    /// How the model this section describes is built, with `outputs` classes (the MLP,
-    /// on 784 pixels) or tokens (the GPT, whose context is `block_size`).
-    pub fn builder(&self, outputs: usize) -> Result<std::sync::Arc<BuildModel>, ConfigError> {
-        Ok(match self.kind.as_str() {
-            "gpt" => {
-                let config = gpt::GptConfig {
-                    vocab_size: outputs,
-                    n_positions: self.block_size,
-                    n_embd: self.n_embd,
-                    n_layer: self.n_layer,
-                    n_head: self.n_head,
-                    layer_norm_epsilon: 1e-5,
-                    activation_function: "gelu_new".into(),
-                    resid_pdrop: 0.0,
-                    embd_pdrop: 0.0,
-                    attn_pdrop: 0.0,
-                    extra: Default::default(),
-                };
-                config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
-                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(gpt::Gpt::build(vb, config.clone())?) as Box<dyn Trainable>))
-            }
-            _ => {
-                let mut sizes = vec![crate::data::fashion_mnist::PIXELS];
-                sizes.extend(&self.hidden);
-                sizes.push(outputs);
-                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(Mlp::build(vb, &sizes)?) as Box<dyn Trainable>))
-            }
-        })
-    }
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            kind: "mlp".into(),
-            hidden: vec![256],
-            n_layer: 4,
-            n_head: 4,
-            n_embd: 128,
-            block_size: 128,
-            vocab_size: 0,
-        }
-    }
-}
-
 /// [data]
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// "fashion_mnist", "chars" (character-level text) or "tokens" (nanoGPT .bin
-    /// files of u16 token ids: path is a folder with train.bin and val.bin).
-    pub kind: String,
+    /// What the examples are.
+    pub kind: DataKind,
     /// Where the files are (defaults to the Debian package's folder).
     pub path: Option<String>,
     /// Examples used from the training split (0 = all); for quick runs and tests.
     pub train_limit: usize,
     /// Examples used from the evaluation split (0 = all).
     pub eval_limit: usize,
-    /// Token files' id type: "u16" (nanoGPT's, vocabularies up to 65,536) or "u32"
-    /// (larger vocabularies, such as Llama 3's 128,256).
-    pub token_dtype: String,
+    /// Token files' id type.
+    pub token_dtype: TokenDtype,
 }
 
 impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
-            kind: "fashion_mnist".into(),
+            kind: DataKind::FashionMnist,
             path: None,
             train_limit: 0,
             eval_limit: 0,
-            token_dtype: "u16".into(),
+            token_dtype: TokenDtype::U16,
         }
     }
 }
@@ -143,10 +77,10 @@ pub struct TrainConfig {
     pub min_lr: f32,
     /// Linear warmup steps.
     pub warmup_steps: u64,
-    /// "cosine" or "constant".
-    pub schedule: String,
-    /// "adamw" or "sgd".
-    pub optimizer: String,
+    /// The learning-rate schedule after warmup.
+    pub schedule: Schedule,
+    /// The update rule.
+    pub optimizer: OptimizerKind,
     /// Weight decay (decoupled for AdamW, L2 for SGD).
     pub weight_decay: f32,
     /// SGD momentum.
@@ -171,8 +105,8 @@ impl Default for TrainConfig {
             lr: 1e-3,
             min_lr: 0.0,
             warmup_steps: 0,
-            schedule: "constant".into(),
-            optimizer: "adamw".into(),
+            schedule: Schedule::Constant,
+            optimizer: OptimizerKind::Adamw,
             weight_decay: 0.0,
             momentum: 0.9,
             betas: (0.9, 0.999),
@@ -193,14 +127,15 @@ pub struct MemoryConfig {
     pub cap: Option<String>,
     /// Guard bytes around every block (slow; for debugging kernels).
     pub debug: bool,
-    /// Activation checkpointing of GPT blocks: "none", "every-layer" or "every-k:N".
-    pub checkpoint: Option<String>,
+    /// Activation checkpointing of the model's segments (unset: none, and `fit` may
+    /// choose).
+    pub checkpoint: Option<Checkpointing>,
     /// Apply each parameter's update as soon as its gradient is final, and free the
     /// gradient (no gradient accumulation or clipping then).
     pub optimizer_in_backward: bool,
-    /// "fp32" (the default) or "fp16-mixed": f32 master weights, f16 matmul inputs,
-    /// dynamic loss scaling (torch.amp.GradScaler's policy).
-    pub precision: Option<String>,
+    /// fp32, or fp16-mixed: f32 master weights, f16 matmul inputs, dynamic loss
+    /// scaling (torch.amp.GradScaler's policy).
+    pub precision: Precision,
     /// With "fp16-mixed" on an adapter without SHADER_F16: train in fp32 instead of
     /// failing (off by default: the run stops with an error).
     pub fp32_fallback: bool,
@@ -212,24 +147,6 @@ pub struct MemoryConfig {
     pub budget: Option<String>,
     /// Choose the micro-batch and checkpointing whose estimated peak fits `budget`.
     pub fit: bool,
-}
-
-/// The MLP's hidden widths: a list, or one width as a number (`hidden = 256`).
-fn widths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<usize>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Widths {
-        One(usize),
-        Many(Vec<usize>),
-        Other(toml::Value),
-    }
-    match Widths::deserialize(d)? {
-        Widths::One(w) => Ok(vec![w]),
-        Widths::Many(w) => Ok(w),
-        Widths::Other(v) => Err(serde::de::Error::custom(format!(
-            "model.hidden takes widths as a list of positive integers (like [256, 128]) or one width, not {v}"
-        ))),
-    }
 }
 
 /// A size setting given as text ("3GiB", "0.5") or as a TOML number (1000000, 0.5).
@@ -254,57 +171,16 @@ fn size_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D
         .transpose()
 }
 
-/// Numeric precision of training.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Precision {
-    /// Everything f32.
-    Fp32,
-    /// f32 master weights and loss scaling; matmuls on f16 inputs.
-    Fp16Mixed,
-}
-
-impl Precision {
-    /// The config's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16Mixed => "fp16-mixed",
-        }
-    }
-}
-
 impl MemoryConfig {
-    /// The precision asked for.
-    pub fn precision(&self) -> Result<Precision, ConfigError> {
-        match self.precision.as_deref().map(str::trim) {
-            None | Some("fp32") => Ok(Precision::Fp32),
-            Some("fp16-mixed") => Ok(Precision::Fp16Mixed),
-            Some(other) => Err(ConfigError::Invalid(format!(
-                "memory.precision must be \"fp32\" or \"fp16-mixed\", got \"{other}\""
-            ))),
-        }
-    }
-
     /// Whether checkpointing is left to the estimate ("auto").
     pub fn checkpoint_auto(&self) -> bool {
-        self.checkpoint.as_deref().map(str::trim) == Some("auto")
+        self.checkpoint == Some(Checkpointing::Auto)
     }
 
-    /// Every how many GPT blocks one is recomputed in backward (0: none; "auto" is
-    /// resolved by the trainer from the estimate and reads as 0 here).
-    pub fn checkpoint_every(&self) -> Result<usize, ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
-        match self.checkpoint.as_deref().map(str::trim) {
-            None | Some("none") => Ok(0),
-            Some("every-layer") => Ok(1),
-            Some("auto") => Ok(0),
-            Some(other) => match other.strip_prefix("every-k:").map(|n| n.parse::<usize>()) {
-                Some(Ok(n)) if n > 0 => Ok(n),
-                _ => bad(format!(
-                    "memory.checkpoint must be \"none\", \"every-layer\", \"every-k:N\" (N >= 1) or \"auto\", got \"{other}\""
-                )),
-            },
-        }
+    /// Every how many of the model's segments one is recomputed in backward (0: none;
+    /// "auto" is resolved by the trainer from the estimate and reads as 0 here).
+    pub fn checkpoint_every(&self) -> usize {
+        self.checkpoint.map_or(0, Checkpointing::every)
     }
 }
 
@@ -330,9 +206,8 @@ pub struct ParallelConfig {
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state sharded, 2 and gradients,
     /// 3 and parameters (gathered per use).
     pub zero: u8,
-    /// "none"; "optimizer": optimizer state and the update in host memory (ZeRO-Offload;
-    /// needs zero >= 1); "optimizer+parameters": the weights' shards too (zero = 3).
-    pub offload: String,
+    /// What lives in host memory instead of on the devices.
+    pub offload: Offload,
     /// Gradient bucket size in MiB (reduced as backward makes them final).
     pub bucket_mb: f64,
 }
@@ -342,7 +217,7 @@ impl Default for ParallelConfig {
         ParallelConfig {
             devices: Vec::new(),
             zero: 0,
-            offload: "none".into(),
+            offload: Offload::None,
             bucket_mb: 25.0,
         }
     }
@@ -378,29 +253,22 @@ impl ParallelConfig {
         if self.zero > 3 {
             return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {}", self.zero));
         }
-        match self.offload.as_str() {
-            "none" => {}
-            "optimizer" if self.zero == 0 && self.enabled() => {
+        match self.offload {
+            Offload::Optimizer if self.zero == 0 && self.enabled() => {
                 return bad(
                     "parallel.offload = \"optimizer\" needs parallel.zero >= 1 (each device's host thread updates its shard)".into(),
                 );
             }
-            "optimizer" => {}
-            "optimizer+parameters" if self.zero < 3 && self.enabled() => {
+            Offload::OptimizerParameters if self.zero < 3 && self.enabled() => {
                 return bad("parallel.offload = \"optimizer+parameters\" needs parallel.zero = 3 (the parameters sharded)".into());
             }
-            "optimizer+parameters" => {}
-            o => {
-                return bad(format!(
-                    "parallel.offload must be \"none\", \"optimizer\" or \"optimizer+parameters\", got \"{o}\""
-                ));
-            }
+            _ => {}
         }
         if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0 && self.bucket_mb <= 65536.0) {
             return bad(format!("parallel.bucket_mb must be in (0, 65536], got {}", self.bucket_mb));
         }
         if !self.enabled() {
-            if self.zero > 0 || self.offload != "none" {
+            if self.zero > 0 || self.offload != Offload::None {
                 return bad("parallel.zero and parallel.offload need parallel.devices (e.g. [\"0\"] for one device)".into());
             }
             return Ok(());
@@ -481,6 +349,76 @@ fn set_key(root: &mut toml::Table, assignment: &str) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// The named settings checked before the typed parse, so that a wrong name is said
+/// with its key and the names it takes (serde would say neither).
+fn check_names(root: &mut toml::Table) -> Result<(), ConfigError> {
+    fn one<C: Choice>(root: &toml::Table, section: &str, key: &str) -> Result<(), ConfigError> {
+        let Some(v) = root.get(section).and_then(|t| t.get(key)) else {
+            return Ok(());
+        };
+        if C::ALL.iter().any(|c| toml::Value::String(c.name()) == *v) {
+            return Ok(());
+        }
+        let got = match v {
+            toml::Value::String(s) => format!("\"{s}\""),
+            other => other.to_string(),
+        };
+        Err(ConfigError::Invalid(format!("{section}.{key} must be {}, got {got}", C::choices())))
+    }
+    one::<DataKind>(root, "data", "kind")?;
+    one::<TokenDtype>(root, "data", "token_dtype")?;
+    one::<OptimizerKind>(root, "train", "optimizer")?;
+    one::<Schedule>(root, "train", "schedule")?;
+    one::<Precision>(root, "memory", "precision")?;
+    one::<Offload>(root, "parallel", "offload")?;
+    // The model: an MLP unless `kind` says otherwise; a key of another kind is named.
+    let Some(model) = root.get_mut("model") else {
+        return Ok(());
+    };
+    let model = model
+        .as_table_mut()
+        .ok_or_else(|| ConfigError::Invalid("'model' is not a section".into()))?;
+    let kinds = ModelConfig::kinds();
+    let names: Vec<String> = kinds.iter().map(|k| format!("\"{}\"", k.kind())).collect();
+    let kind = match model.get("kind") {
+        None => "mlp".to_string(),
+        Some(toml::Value::String(k)) => k.clone(),
+        Some(other) => {
+            return Err(ConfigError::Invalid(format!(
+                "model.kind must be one of {}, got {other}",
+                names.join(", ")
+            )));
+        }
+    };
+    let Some(spec) = kinds.iter().find(|k| k.kind() == kind) else {
+        return Err(ConfigError::Invalid(format!(
+            "model.kind \"{kind}\" is unknown ({})",
+            names.join(", ")
+        )));
+    };
+    model.insert("kind".into(), toml::Value::String(kind.clone()));
+    let own = toml::Value::try_from(spec).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let own = own.as_table().cloned().unwrap_or_default();
+    if let Some(key) = model.keys().find(|k| !own.contains_key(*k)) {
+        let theirs: Vec<&str> = own.keys().filter(|k| *k != "kind").map(String::as_str).collect();
+        let elsewhere: Vec<&str> = kinds
+            .iter()
+            .filter(|k| toml::Value::try_from(k).ok().and_then(|v| v.get(key).cloned()).is_some())
+            .map(|k| k.kind())
+            .collect();
+        return Err(ConfigError::Invalid(format!(
+            "model.{key} is not a key of model.kind \"{kind}\" (its keys: {}){}",
+            theirs.join(", "),
+            if elsewhere.is_empty() {
+                String::new()
+            } else {
+                format!("; model.kind \"{}\" has it", elsewhere.join("\", \""))
+            }
+        )));
+    }
+    Ok(())
+}
+
 impl Config {
     /// Parses TOML text, then applies `--set` overrides.
     pub fn parse(text: &str, overrides: &[String]) -> Result<Config, ConfigError> {
@@ -488,6 +426,7 @@ impl Config {
         for o in overrides {
             set_key(&mut root, o)?;
         }
+        check_names(&mut root)?;
         let config: Config = toml::Value::Table(root)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?;
@@ -513,32 +452,11 @@ impl Config {
         if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
             return bad(format!("train.lr must be a positive number, got {}", self.train.lr));
         }
-        if !["adamw", "sgd"].contains(&self.train.optimizer.as_str()) {
+        if !self.model.trains_on().contains(&self.data.kind) {
             return bad(format!(
-                "train.optimizer must be \"adamw\" or \"sgd\", got \"{}\"",
-                self.train.optimizer
-            ));
-        }
-        if !["cosine", "constant"].contains(&self.train.schedule.as_str()) {
-            return bad(format!(
-                "train.schedule must be \"cosine\" or \"constant\", got \"{}\"",
-                self.train.schedule
-            ));
-        }
-        match (self.model.kind.as_str(), self.data.kind.as_str()) {
-            ("mlp", "fashion_mnist") | ("gpt", "chars") | ("gpt", "tokens") => {}
-            ("mlp" | "gpt", d) if !["fashion_mnist", "chars", "tokens"].contains(&d) => {
-                return bad(format!("data.kind \"{d}\" is unknown (\"fashion_mnist\", \"chars\", \"tokens\")"));
-            }
-            ("mlp" | "gpt", d) => return bad(format!("model.kind \"{}\" cannot train on data.kind \"{d}\"", self.model.kind)),
-            (m, _) => return bad(format!("model.kind \"{m}\" is unknown (\"mlp\", \"gpt\")")),
-        }
-        if self.model.kind == "gpt"
-            && (self.model.block_size == 0 || self.model.n_head == 0 || !self.model.n_embd.is_multiple_of(self.model.n_head))
-        {
-            return bad(format!(
-                "model.n_embd {} must be a multiple of model.n_head {}, and block_size positive",
-                self.model.n_embd, self.model.n_head
+                "model.kind \"{}\" cannot train on data.kind \"{}\"",
+                self.model.kind(),
+                self.data.kind.name()
             ));
         }
         if self.memory.optimizer_in_backward {
@@ -552,8 +470,7 @@ impl Config {
                 );
             }
         }
-        let precision = self.memory.precision()?;
-        if precision == Precision::Fp16Mixed && self.memory.optimizer_in_backward {
+        if self.memory.precision == Precision::Fp16Mixed && self.memory.optimizer_in_backward {
             return bad("memory.optimizer_in_backward cannot be combined with memory.precision = \"fp16-mixed\": a step with an inf or NaN gradient must be skipped before any update".into());
         }
         if let Some(s) = self.memory.init_scale
@@ -564,7 +481,7 @@ impl Config {
         if self.memory.fit && self.memory.budget.is_none() {
             return bad("memory.fit = true needs memory.budget (like \"3GiB\")".into());
         }
-        if self.data.kind == "tokens" && self.model.vocab_size == 0 {
+        if self.data.kind == DataKind::Tokens && self.model.vocab_size() == Some(0) {
             return bad("data.kind \"tokens\" needs model.vocab_size".into());
         }
         if self.checkpoint.dir.as_deref().is_some_and(|d| d.trim().is_empty()) {
@@ -583,15 +500,6 @@ impl Config {
     /// anything is built: a value out of range is named with the range it must lie in.
     fn check_ranges(&self) -> Result<(), ConfigError> {
         let t = &self.train;
-        let m = &self.model;
-        let out = |key: &str, range: &str, got: String| Err(ConfigError::Invalid(format!("{key} must be {range}, got {got}")));
-        let int = |key: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi {
-                out(key, &format!("in {lo}..={hi}"), v.to_string())
-            } else {
-                Ok(())
-            }
-        };
         let real = |key: &str, v: f32, lo: f32, hi_open: Option<f32>, range: &str| {
             let ok = v.is_finite() && v >= lo && hi_open.is_none_or(|h| v < h);
             if ok { Ok(()) } else { out(key, range, v.to_string()) }
@@ -617,42 +525,8 @@ impl Config {
         real("train.betas[0]", t.betas.0, 0.0, Some(1.0), "in [0, 1)")?;
         real("train.betas[1]", t.betas.1, 0.0, Some(1.0), "in [0, 1)")?;
         real("train.grad_clip", t.grad_clip, 0.0, None, "a number >= 0 (0 turns clipping off)")?;
-        // Every model key, whichever model.kind reads it: a value out of range is a
-        // mistake even where it is ignored.
-        {
-            if m.hidden.len() > MAX_MLP_LAYERS {
-                return out(
-                    "model.hidden",
-                    &format!("at most {MAX_MLP_LAYERS} widths"),
-                    m.hidden.len().to_string(),
-                );
-            }
-            for &w in &m.hidden {
-                int("model.hidden[i]", w as u64, 1, MAX_WIDTH)?;
-            }
-        }
-        {
-            int("model.n_layer", m.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
-            int("model.n_head", m.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
-            int("model.n_embd", m.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
-            int("model.block_size", m.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
-        }
-        let u32_ids = match self.data.token_dtype.as_str() {
-            "u16" => false,
-            "u32" => true,
-            other => return out("data.token_dtype", "\"u16\" or \"u32\"", format!("\"{other}\"")),
-        };
-        if self.data.kind == "tokens" || m.vocab_size != 0 {
-            let most = if u32_ids { gpt::MAX_VOCAB as u64 } else { MAX_TOKEN_VOCAB };
-            if !u32_ids && m.vocab_size as u64 > MAX_TOKEN_VOCAB && m.vocab_size as u64 <= gpt::MAX_VOCAB as u64 {
-                return Err(ConfigError::Invalid(format!(
-                    "model.vocab_size {} does not fit u16 token ids (at most {MAX_TOKEN_VOCAB}): set data.token_dtype = \"u32\" for files of u32 ids",
-                    m.vocab_size
-                )));
-            }
-            int("model.vocab_size", m.vocab_size as u64, 1, most)?;
-        }
-        Ok(())
+        self.model
+            .check_ranges(self.data.token_dtype == TokenDtype::U32, self.data.kind == DataKind::Tokens)
     }
 }
 
@@ -668,3 +542,15 @@ pub const MAX_MLP_LAYERS: usize = 64;
 pub const MAX_WIDTH: u64 = 1 << 20;
 /// Largest vocabulary of token files of u16 ids (u32 ids: the GPT's largest).
 pub const MAX_TOKEN_VOCAB: u64 = 1 << 16;
+
+pub(super) fn out(key: &str, range: &str, got: String) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid(format!("{key} must be {range}, got {got}")))
+}
+
+pub(super) fn int(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        out(key, &format!("in {lo}..={hi}"), v.to_string())
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! `[model]`: the model kinds a config builds, each with its own keys, and how each is
+//! built and checked.
+//!
+//! May call: `data::fashion_mnist` (its pixel count), `nn` (the models it describes),
+//! `train::{config, model}`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, DataKind, MAX_MLP_LAYERS, MAX_TOKEN_VOCAB, MAX_WIDTH, int, out};
+use crate::nn::{Builder, Mlp, gpt};
+use crate::train::model::{BuildModel, Trainable};
+
+/// [model]: tagged by `kind`, each kind with its own keys (a key of another kind is
+/// refused, as any unknown key is). Without `kind`, an MLP.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// A classifier on Fashion-MNIST's pixels.
+    Mlp(MlpSpec),
+    /// GPT-2's architecture.
+    Gpt(GptSpec),
+}
+
+/// `model.kind = "mlp"`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MlpSpec {
+    /// Hidden widths (one width may be written without brackets).
+    #[serde(deserialize_with = "widths")]
+    pub hidden: Vec<usize>,
+}
+
+impl Default for MlpSpec {
+    fn default() -> Self {
+        MlpSpec { hidden: vec![256] }
+    }
+}
+
+/// `model.kind = "gpt"`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GptSpec {
+    /// Blocks.
+    pub n_layer: usize,
+    /// Heads.
+    pub n_head: usize,
+    /// Width.
+    pub n_embd: usize,
+    /// Context length (also the training sequence length).
+    pub block_size: usize,
+    /// Vocabulary for token files (character data sets it from the text).
+    pub vocab_size: usize,
+}
+
+impl Default for GptSpec {
+    fn default() -> Self {
+        GptSpec {
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            block_size: 128,
+            vocab_size: 0,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig::Mlp(MlpSpec::default())
+    }
+}
+
+impl ModelConfig {
+    /// Every kind with its defaults (what the docs list, and what `kind` may be).
+    pub fn kinds() -> Vec<ModelConfig> {
+        vec![ModelConfig::Mlp(MlpSpec::default()), ModelConfig::Gpt(GptSpec::default())]
+    }
+
+    /// The `kind` it is written with.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelConfig::Mlp(_) => "mlp",
+            ModelConfig::Gpt(_) => "gpt",
+        }
+    }
+
+    /// The data kinds it trains on.
+    pub fn trains_on(&self) -> &'static [DataKind] {
+        match self {
+            ModelConfig::Mlp(_) => &[DataKind::FashionMnist],
+            ModelConfig::Gpt(_) => &[DataKind::Chars, DataKind::Tokens],
+        }
+    }
+
+    /// The sequence length of a sequence model (its examples' windows).
+    pub fn context(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Mlp(_) => None,
+            ModelConfig::Gpt(g) => Some(g.block_size),
+        }
+    }
+
+    /// The vocabulary a sequence model reads token files with (0: unset).
+    pub fn vocab_size(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Mlp(_) => None,
+            ModelConfig::Gpt(g) => Some(g.vocab_size),
+        }
+    }
+
+    /// How the model this section describes is built, with `outputs` classes (the MLP,
+    /// on 784 pixels) or tokens (the GPT).
+    pub fn builder(&self, outputs: usize) -> Result<std::sync::Arc<BuildModel>, ConfigError> {
+        Ok(match self {
+            ModelConfig::Gpt(g) => {
+                let config = gpt::GptConfig {
+                    vocab_size: outputs,
+                    n_positions: g.block_size,
+                    n_embd: g.n_embd,
+                    n_layer: g.n_layer,
+                    n_head: g.n_head,
+                    layer_norm_epsilon: 1e-5,
+                    activation_function: "gelu_new".into(),
+                    resid_pdrop: 0.0,
+                    embd_pdrop: 0.0,
+                    attn_pdrop: 0.0,
+                    extra: Default::default(),
+                };
+                config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(gpt::Gpt::build(vb, config.clone())?) as Box<dyn Trainable>))
+            }
+            ModelConfig::Mlp(m) => {
+                let mut sizes = vec![crate::data::fashion_mnist::PIXELS];
+                sizes.extend(&m.hidden);
+                sizes.push(outputs);
+                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(Mlp::build(vb, &sizes)?) as Box<dyn Trainable>))
+            }
+        })
+    }
+
+    /// Each key against its documented range.
+    pub(super) fn check_ranges(&self, u32_ids: bool, tokens: bool) -> Result<(), ConfigError> {
+        match self {
+            ModelConfig::Mlp(m) => {
+                if m.hidden.len() > MAX_MLP_LAYERS {
+                    return out(
+                        "model.hidden",
+                        &format!("at most {MAX_MLP_LAYERS} widths"),
+                        m.hidden.len().to_string(),
+                    );
+                }
+                for &w in &m.hidden {
+                    int("model.hidden[i]", w as u64, 1, MAX_WIDTH)?;
+                }
+            }
+            ModelConfig::Gpt(g) => {
+                int("model.n_layer", g.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
+                int("model.n_head", g.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
+                int("model.n_embd", g.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
+                int("model.block_size", g.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
+                if !g.n_embd.is_multiple_of(g.n_head) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.n_embd {} must be a multiple of model.n_head {}",
+                        g.n_embd, g.n_head
+                    )));
+                }
+            }
+        }
+        if let Some(vocab) = self.vocab_size()
+            && (tokens || vocab != 0)
+        {
+            let most = if u32_ids { gpt::MAX_VOCAB as u64 } else { MAX_TOKEN_VOCAB };
+            if !u32_ids && vocab as u64 > MAX_TOKEN_VOCAB && vocab as u64 <= gpt::MAX_VOCAB as u64 {
+                return Err(ConfigError::Invalid(format!(
+                    "model.vocab_size {vocab} does not fit u16 token ids (at most {MAX_TOKEN_VOCAB}): set data.token_dtype = \"u32\" for files of u32 ids"
+                )));
+            }
+            int("model.vocab_size", vocab as u64, 1, most)?;
+        }
+        Ok(())
+    }
+}
+
+/// The MLP's hidden widths: a list, or one width as a number (`hidden = 256`).
+fn widths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Widths {
+        One(usize),
+        Many(Vec<usize>),
+        Other(toml::Value),
+    }
+    match Widths::deserialize(d)? {
+        Widths::One(w) => Ok(vec![w]),
+        Widths::Many(w) => Ok(w),
+        Widths::Other(v) => Err(serde::de::Error::custom(format!(
+            "model.hidden takes widths as a list of positive integers (like [256, 128]) or one width, not {v}"
+        ))),
+    }
+}
