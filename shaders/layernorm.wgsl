@@ -1,4 +1,6 @@
-// LayerNorm over the last dim, in f32. Template: ENABLE, T (x, y, dy, dx type), MODE:
+// LayerNorm over the last dim, in f32 (RMS 1: RMSNorm, no centering and no bias: the
+// saved mean is 0 and every formula below holds with it). Template: ENABLE, T (x, y,
+// dy, dx type), RMS, MODE:
 //   0 forward:  y = (x - mean) * rstd * w + b; saves mean, rstd.    one workgroup per row
 //   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
 //   2 weight partials: for the chunk of ROW_CHUNK rows given by workgroup_id.y,
@@ -27,6 +29,7 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> db: array<f32>;
 
 const MODE: u32 = {{MODE}}u;
+const RMS: bool = {{RMS}};
 const WG: u32 = 256u;
 const ROW_CHUNK: u32 = 64u;
 {{WORKGROUP_REDUCE}}
@@ -71,9 +74,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let base = row * p.cols;
     let n = f32(p.cols);
     if MODE == 0u {
-        var s = 0.0;
-        for (var j = lid; j < p.cols; j += WG) { s += f32(x[base + j]); }
-        let mu = workgroup_sum2(lid, s, 0.0).x / n;
+        var mu = 0.0;
+        if !RMS {
+            var s = 0.0;
+            for (var j = lid; j < p.cols; j += WG) { s += f32(x[base + j]); }
+            mu = workgroup_sum2(lid, s, 0.0).x / n;
+        }
         var v = 0.0;
         for (var j = lid; j < p.cols; j += WG) {
             let d = f32(x[base + j]) - mu;
@@ -81,7 +87,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         let r = inverseSqrt(workgroup_sum2(lid, v, 0.0).x / n + p.eps);
         for (var j = lid; j < p.cols; j += WG) {
-            y_or_dx[base + j] = {{T}}((f32(x[base + j]) - mu) * r * w[j] + f32(b_or_dy[j]));
+            let shift = select(f32(b_or_dy[j]), 0.0, RMS);
+            y_or_dx[base + j] = {{T}}((f32(x[base + j]) - mu) * r * w[j] + shift);
         }
         if lid == 0u {
             mean[row] = mu;
@@ -98,7 +105,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         sg += g;
         sgx += g * (f32(x[base + j]) - mu) * r;
     }
-    let sums = workgroup_sum2(lid, sg, sgx) / n;
+    var sums = workgroup_sum2(lid, sg, sgx) / n;
+    if RMS { sums.x = 0.0; }
     for (var j = lid; j < p.cols; j += WG) {
         let g = f32(b_or_dy[base + j]) * w[j];
         let xhat = (f32(x[base + j]) - mu) * r;

@@ -58,12 +58,20 @@ fn silu_exact_gelu_mul_and_mse_match_f64() {
     let (y, dx) = through(&rt, &x, &g, Mode::default(), &|t, v| ops::silu(t, &rt, v, "silu").unwrap());
     close("silu", &y, &x.iter().map(|&v| v as f64 * sig(v as f64)).collect::<Vec<_>>());
     let d = |v: f64| sig(v) * (1.0 + v * (1.0 - sig(v)));
-    close("dsilu", &dx, &x.iter().zip(&g).map(|(&v, &g)| g as f64 * d(v as f64)).collect::<Vec<_>>());
+    close(
+        "dsilu",
+        &dx,
+        &x.iter().zip(&g).map(|(&v, &g)| g as f64 * d(v as f64)).collect::<Vec<_>>(),
+    );
     let (y, dx) = through(&rt, &x, &g, Mode::default(), &|t, v| ops::gelu_erf(t, &rt, v, "gelu").unwrap());
     let cdf = |v: f64| 0.5 * (1.0 + erf(v / 2f64.sqrt()));
     close("gelu", &y, &x.iter().map(|&v| v as f64 * cdf(v as f64)).collect::<Vec<_>>());
     let dg = |v: f64| cdf(v) + v * (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
-    close("dgelu", &dx, &x.iter().zip(&g).map(|(&v, &g)| g as f64 * dg(v as f64)).collect::<Vec<_>>());
+    close(
+        "dgelu",
+        &dx,
+        &x.iter().zip(&g).map(|(&v, &g)| g as f64 * dg(v as f64)).collect::<Vec<_>>(),
+    );
     // a * b with b a constant: d/da = g * b.
     let b = rng.vec(37, -2.0, 2.0);
     let bt = upload(&rt, &b, &[37], DType::F32);
@@ -72,7 +80,11 @@ fn silu_exact_gelu_mul_and_mse_match_f64() {
         ops::mul(t, &rt, v, &bv, "mul").unwrap()
     });
     close("mul", &y, &x.iter().zip(&b).map(|(&a, &b)| a as f64 * b as f64).collect::<Vec<_>>());
-    close("dmul", &dx, &g.iter().zip(&b).map(|(&g, &b)| g as f64 * b as f64).collect::<Vec<_>>());
+    close(
+        "dmul",
+        &dx,
+        &g.iter().zip(&b).map(|(&g, &b)| g as f64 * b as f64).collect::<Vec<_>>(),
+    );
     // MSE: mean((p - t)^2), gradient 2 (p - t) / n.
     let mut params = Params::default();
     let p = params.add("p", upload(&rt, &x, &[37], DType::F32));
@@ -94,7 +106,10 @@ fn dropout_drops_at_its_rate_and_backward_draws_the_same_mask() {
     let x = vec![1.0f32; n];
     let g = vec![3.0f32; n];
     let p = 0.25f32;
-    let mode = Mode { seed: 11, ..Mode::default() };
+    let mode = Mode {
+        seed: 11,
+        ..Mode::default()
+    };
     let (y, dx) = through(&rt, &x, &g, mode, &|t, v| ops::dropout(t, &rt, v, p, "drop").unwrap());
     let dropped = y.iter().filter(|&&v| v == 0.0).count() as f64 / n as f64;
     assert!((dropped - 0.25).abs() < 0.01, "dropped {dropped}");
@@ -116,7 +131,16 @@ fn dropout_drops_at_its_rate_and_backward_draws_the_same_mask() {
     // Evaluation passes the input through.
     let eval = through(&rt, &x, &g, Mode::eval(), &|t, v| ops::dropout(t, &rt, v, p, "drop").unwrap());
     assert!(eval.0.iter().all(|&v| v == 1.0) && eval.1.iter().all(|&v| v == 3.0));
-    assert!(ops::dropout(&mut Tape::new(), &rt, &Tape::new().constant(upload(&rt, &x[..4], &[4], DType::F32)), 1.0, "d").is_err());
+    assert!(
+        ops::dropout(
+            &mut Tape::new(),
+            &rt,
+            &Tape::new().constant(upload(&rt, &x[..4], &[4], DType::F32)),
+            1.0,
+            "d"
+        )
+        .is_err()
+    );
     finish(&rt);
 }
 
@@ -128,7 +152,10 @@ fn a_recomputed_segment_draws_the_same_dropout_mask() {
     let w = params.add("w", upload(&rt, &rng.vec(16 * 16, -0.5, 0.5), &[16, 16], DType::F32));
     let x = upload(&rt, &rng.vec(8 * 16, -1.0, 1.0), &[8, 16], DType::F32);
     let mut run = |recompute: bool| {
-        let mut tape = Tape::new().with_mode(Mode { seed: 5, ..Mode::default() });
+        let mut tape = Tape::new().with_mode(Mode {
+            seed: 5,
+            ..Mode::default()
+        });
         let wv = tape.param(&params, w).unwrap();
         let xv = tape.constant(x.clone());
         let seg = std::rc::Rc::new(|t: &mut Tape, rt: &Runtime, v: &[Var]| {
@@ -164,11 +191,20 @@ fn the_builder_names_parameters_by_path_and_refuses_what_cannot_be() {
     let mut block = h.sub(0);
     Linear::new(&mut block.sub("attn").sub("c_attn"), 4, 12).unwrap();
     LayerNorm::new(&mut block.sub("ln_1"), 4, 1e-5).unwrap();
-    assert!(block.param("ln_1.weight", &[4], Fill::Constant(1.0)).unwrap_err().to_string().contains("registered twice"));
+    assert!(
+        block
+            .param("ln_1.weight", &[4], Fill::Constant(1.0))
+            .unwrap_err()
+            .to_string()
+            .contains("registered twice")
+    );
     let huge = vb.param("huge", &[1 << 20, 1 << 20], Fill::Constant(0.0)).unwrap_err().to_string();
     assert!(huge.contains("huge") && huge.contains("larger than one buffer binding"), "{huge}");
     let names: Vec<&str> = params.list.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight", "h.0.ln_1.bias"]);
+    assert_eq!(
+        names,
+        ["h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight", "h.0.ln_1.bias"]
+    );
     assert_eq!(params.list[0].value.shape(), &[12, 4]);
     // Given values: taken by name, a missing name or a wrong shape said.
     let mut values = std::collections::BTreeMap::from([("fc.weight".to_string(), upload(&rt, &[0.0; 6], &[3, 2], DType::F32))]);
@@ -278,6 +314,10 @@ fn a_model_of_the_callers_trains_checkpoints_and_resumes_bit_for_bit() {
             ..Default::default()
         })
         .unwrap();
-    assert_eq!(rest.losses[..], whole.losses[4..], "dropout's masks follow the step, not the process");
+    assert_eq!(
+        rest.losses[..],
+        whole.losses[4..],
+        "dropout's masks follow the step, not the process"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -14,6 +14,7 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod files;
+pub mod hf;
 pub mod kernels;
 pub mod memory;
 pub mod nn;

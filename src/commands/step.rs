@@ -2,7 +2,7 @@
 //! one f32 forward and backward of a transformers GPT-2 checkpoint, to check the
 //! engine against PyTorch.
 //!
-//! May call: `wgtrain_engine` (runtime, train::hf_step, nn), `commands`.
+//! May call: `wgtrain_engine` (runtime, hf::step, nn), `commands`.
 
 use std::path::PathBuf;
 
@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::CliResult;
 use wgtrain_engine::Runtime;
-use wgtrain_engine::train::hf_step::{hf_step, write_grads};
+use wgtrain_engine::hf::{hf_step, write_grads};
 
 /// Arguments of `wgtrain step`.
 #[derive(Args)]

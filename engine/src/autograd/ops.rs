@@ -11,7 +11,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul, matmul_into};
 use crate::kernels::reduce::{ReduceOp, reduce_all, sum_rows};
-use crate::kernels::{cross_entropy as ce, embedding as emb, flash_attention as flash, layernorm as ln};
+use crate::kernels::{cross_entropy as ce, embedding as emb, flash_attention as flash, heads, layernorm as ln};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -306,6 +306,56 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
             let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
+        }),
+    ))
+}
+
+/// RMSNorm over the last dimension with an f32 weight (Llama's): x / sqrt(mean(x^2) +
+/// eps) * w.
+pub fn rmsnorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, eps: f32, label: &str) -> Result<Var, Error> {
+    let (y, saved) = ln::forward_rms(rt, &x.value, &w.value, eps, label)?;
+    let (xs, ws) = (x.value.clone(), w.value.clone());
+    Ok(tape.record(
+        y,
+        &[x, w],
+        Box::new(move |rt, dy, cats| {
+            let dw = Tensor::full(rt, &[ws.numel()], DType::F32, 0.0, cats[1], "dw")?;
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            let dx = ln::backward_rms(rt, &xs, &ws, &saved, &dy, &dw, "dx")?;
+            Ok(vec![Some(dx), Some(dw)])
+        }),
+    ))
+}
+
+/// Attention's packed input qkv [B, T, 3 H D] from projections q [B, T, H D] and k, v
+/// [B, T, KV D] (grouped-query heads: KV divides H), q and k rotated by the rotary
+/// tables (cos, sin) [T, D/2] when given. Nothing is saved for backward but the tables.
+pub fn pack_heads(
+    tape: &mut Tape,
+    rt: &Runtime,
+    (q, k, v): (&Var, &Var, &Var),
+    rope: Option<(&Tensor, &Tensor)>,
+    hs: heads::Heads,
+    label: &str,
+) -> Result<Var, Error> {
+    let contiguous = |t: &Tensor| if t.is_contiguous() { Ok(t.clone()) } else { t.contiguous(rt) };
+    let dt = q.value.dtype();
+    let same = |t: &Tensor| {
+        if t.dtype() == dt {
+            contiguous(t)
+        } else {
+            t.cast(rt, dt, Category::Activation, label)
+        }
+    };
+    let y = heads::pack(rt, &contiguous(&q.value)?, &same(&k.value)?, &same(&v.value)?, rope, hs, label)?;
+    let tables = rope.map(|(c, s)| (c.clone(), s.clone()));
+    Ok(tape.record(
+        y,
+        &[q, k, v],
+        Box::new(move |rt, dy, cats| {
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            let [dq, dk, dv] = heads::unpack(rt, &dy, tables.as_ref().map(|(c, s)| (c, s)), hs, [cats[0], cats[1], cats[2]])?;
+            Ok(vec![Some(dq), Some(dk), Some(dv)])
         }),
     ))
 }

@@ -1,4 +1,5 @@
-//! LayerNorm forward (saving mean and rstd) and backward (shaders/layernorm.wgsl).
+//! LayerNorm and RMSNorm forward (saving mean and rstd) and backward
+//! (shaders/layernorm.wgsl: RMSNorm is its variant without centering and bias).
 //! Weights, biases and statistics are f32; activations f32 or f16.
 //!
 //! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
@@ -24,14 +25,33 @@ struct Params {
     pad: u32,
 }
 
+/// Which normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// (x - mean) * rstd * w + b.
+    Layer,
+    /// x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
+    Rms,
+}
+
+impl Norm {
+    fn name(self) -> &'static str {
+        match self {
+            Norm::Layer => "layernorm",
+            Norm::Rms => "rmsnorm",
+        }
+    }
+}
+
 /// The template values of one variant (mode 0 forward, 1 input grad, 2 weight-grad
 /// partials, 3 weight-grad sums).
-pub fn variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
+pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String)> {
     vec![
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().into()),
         ("MODE", mode.to_string()),
+        ("RMS", (norm == Norm::Rms).to_string()),
     ]
 }
 
@@ -58,9 +78,28 @@ fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), Error> {
 
 /// y = layernorm(x) * w + b over the last dimension.
 pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
+    forward_norm(rt, x, w, Some(b), eps, Norm::Layer, label)
+}
+
+/// y = rmsnorm(x) * w over the last dimension (no bias).
+pub fn forward_rms(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
+    forward_norm(rt, x, w, None, eps, Norm::Rms, label)
+}
+
+fn forward_norm(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    eps: f32,
+    norm: Norm,
+    label: &str,
+) -> Result<(Tensor, LayerNormSaved), Error> {
     let (rows, cols) = check(x, w)?;
-    check_tensor("layernorm bias", b, DType::F32)?;
-    check_contiguous("layernorm bias", b, &[cols])?;
+    if let Some(b) = b {
+        check_tensor("layernorm bias", b, DType::F32)?;
+        check_contiguous("layernorm bias", b, &[cols])?;
+    }
     if x.dtype() != DType::F32 {
         // The bias binding shares the activation type; keep the parameters f32.
         return Err(Error::shape("layernorm forward", "f32 activations", x.dtype()));
@@ -70,10 +109,10 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
     let kernel = rt.kernel(
-        KernelKey::new("layernorm", &[0, x.dtype() as u32]),
+        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32]),
         8,
-        || format!("layernorm forward {}", x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(0, x.dtype())),
+        || format!("{} forward {}", norm.name(), x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(0, x.dtype(), norm)),
     )?;
     let params = Params {
         rows: rows as u32,
@@ -84,7 +123,7 @@ pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
-        &[x, w, b, &y, &mean, &rstd, w, w],
+        &[x, w, b.unwrap_or(w), &y, &mean, &rstd, w, w],
         grid(rows as u32),
     )?;
     Ok((y, LayerNormSaved { mean, rstd }))
@@ -98,6 +137,36 @@ pub fn backward(
     saved: &LayerNormSaved,
     dy: &Tensor,
     (dw, db): (&Tensor, &Tensor),
+    label: &str,
+) -> Result<Tensor, Error> {
+    backward_norm(rt, x, w, saved, dy, (dw, db), Norm::Layer, label)
+}
+
+/// RMSNorm's dx from dy; adds the weight gradient into `dw`.
+pub fn backward_rms(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    saved: &LayerNormSaved,
+    dy: &Tensor,
+    dw: &Tensor,
+    label: &str,
+) -> Result<Tensor, Error> {
+    let cols = w.numel();
+    // The kernels sum a bias gradient too; RMSNorm has none, so it lands in scratch.
+    let db = Tensor::empty(rt, &[cols], DType::F32, Category::Temporary, "rms db scratch")?;
+    backward_norm(rt, x, w, saved, dy, (dw, &db), Norm::Rms, label)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_norm(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    saved: &LayerNormSaved,
+    dy: &Tensor,
+    (dw, db): (&Tensor, &Tensor),
+    norm: Norm,
     label: &str,
 ) -> Result<Tensor, Error> {
     let (rows, cols) = check(x, w)?;
@@ -120,10 +189,10 @@ pub fn backward(
         pad: 0,
     };
     let k1 = rt.kernel(
-        KernelKey::new("layernorm", &[1, x.dtype() as u32]),
+        KernelKey::new("layernorm", &[1, x.dtype() as u32, norm as u32]),
         8,
-        || format!("layernorm backward {}", x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(1, x.dtype())),
+        || format!("{} backward {}", norm.name(), x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(1, x.dtype(), norm)),
     )?;
     rt.launch(
         &k1,
@@ -144,10 +213,10 @@ pub fn backward(
     let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
     let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
     let k2 = rt.kernel(
-        KernelKey::new("layernorm", &[2, x.dtype() as u32]),
+        KernelKey::new("layernorm", &[2, x.dtype() as u32, norm as u32]),
         8,
-        || format!("layernorm dw partials {}", x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(2, x.dtype())),
+        || format!("{} dw partials {}", norm.name(), x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(2, x.dtype(), norm)),
     )?;
     rt.launch(
         &k2,
@@ -156,10 +225,10 @@ pub fn backward(
         [cols.div_ceil(256) as u32, chunks as u32, 1],
     )?;
     let k3 = rt.kernel(
-        KernelKey::new("layernorm", &[3, x.dtype() as u32]),
+        KernelKey::new("layernorm", &[3, x.dtype() as u32, norm as u32]),
         8,
-        || format!("layernorm dw sums {}", x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(3, x.dtype())),
+        || format!("{} dw sums {}", norm.name(), x.dtype().wgsl()),
+        || render("layernorm", SOURCE, &variant(3, x.dtype(), norm)),
     )?;
     rt.launch(
         &k3,

@@ -18,6 +18,7 @@ pub mod embedding;
 pub mod flash_attention;
 pub mod flash_attention_coop;
 pub mod flash_attention_tiled;
+pub mod heads;
 pub mod layernorm;
 pub mod map;
 pub mod matmul;

@@ -156,17 +156,29 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
-    for mode in 0..3 {
+    for mode in 0..4 {
         for t in floats {
-            push(
-                &mut out,
-                "layernorm",
-                include_str!("../../../shaders/layernorm.wgsl"),
-                super::layernorm::variant(mode, t),
-            )?;
+            for norm in [super::layernorm::Norm::Layer, super::layernorm::Norm::Rms] {
+                push(
+                    &mut out,
+                    "layernorm",
+                    include_str!("../../../shaders/layernorm.wgsl"),
+                    super::layernorm::variant(mode, t, norm),
+                )?;
+            }
         }
     }
     for t in floats {
+        for (mode, td) in [(0, t), (1, DType::F32)] {
+            for rope in [false, true] {
+                push(
+                    &mut out,
+                    "heads",
+                    include_str!("../../../shaders/heads.wgsl"),
+                    super::heads::variant(mode, t, td, rope),
+                )?;
+            }
+        }
         for backward in [false, true] {
             push(
                 &mut out,

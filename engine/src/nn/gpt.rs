@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::builder::{Builder, Fill};
@@ -250,11 +249,7 @@ impl Gpt {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, Error> {
-        // Regular files within bounds: a config is a few KiB; the weights at most what the
-        // largest model the engine builds takes.
-        let read = |name: &str, max: u64| crate::files::read_bounded(&dir.join(name), max).map_err(|e| Error::io(&dir.join(name), e));
-        let config: GptConfig =
-            serde_json::from_slice(&read("config.json", 1 << 20)?).map_err(|e| Error::format(&dir.join("config.json"), e))?;
+        let config: GptConfig = crate::hf::read_config(dir)?;
         config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
         // Sizes first (the shapes of a config asking for 10^11 layers are never listed),
         // then a bound on the weights' file: every parameter in f32, older files' causal
@@ -264,45 +259,19 @@ impl Gpt {
             .map(|(_, s)| s.iter().product::<usize>() as u64)
             .sum();
         let masks = (config.n_layer * config.n_positions * config.n_positions) as u64;
-        let bytes = read("model.safetensors", 4 * (numel + masks) + (16 << 20))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
-        let mut values = BTreeMap::new();
-        for (name, view) in st.tensors() {
-            // Older files prefix nothing or carry the tied head and attention-mask buffers.
-            let key = if wanted.contains_key(&name) {
-                name.clone()
-            } else {
-                format!("transformer.{name}")
-            };
-            if !wanted.contains_key(&key) {
-                continue; // lm_head.weight (tied), attn.bias / attn.masked_bias buffers
-            }
-            let data: Vec<f32> = match view.dtype() {
-                Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
-                Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(view.data())
-                    .iter()
-                    .map(|h| h.to_f32())
-                    .collect(),
-                Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(view.data())
-                    .iter()
-                    .map(|h| h.to_f32())
-                    .collect(),
-                other => {
-                    return Err(Error::format(
-                        &dir.join("model.safetensors"),
-                        format!("{name} has dtype {other:?}; expected F32, F16 or BF16"),
-                    ));
-                }
-            };
-            values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
-        }
+        // Older files prefix nothing or carry the tied head and attention-mask buffers
+        // (lm_head.weight, attn.bias, attn.masked_bias: skipped).
+        let values = crate::hf::read_weights(rt, dir, 4 * (numel + masks) + (16 << 20), &|name| {
+            [name.to_string(), format!("transformer.{name}")]
+                .into_iter()
+                .find(|k| wanted.contains_key(k))
+        })?;
         Gpt::from_tensors(rt, config, params, values)
     }
 
     /// Writes config.json and model.safetensors in transformers' layout (head tied).
     pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), Error> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut config = serde_json::to_value(&self.config).expect("config serializes");
         config["model_type"] = "gpt2".into();
         config["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
@@ -312,26 +281,7 @@ impl Gpt {
             let p = &params.list[params.find(&name).expect("registered")];
             data.push((name, p.value.shape().to_vec(), p.value.to_f32_vec(rt)?));
         }
-        let views: Vec<(String, TensorView<'_>)> = data
-            .iter()
-            .map(|(n, s, d)| {
-                (
-                    n.clone(),
-                    TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(d)).expect("shape matches data"),
-                )
-            })
-            .collect();
-        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-        let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| Error::format(&dir.join("model.safetensors"), e))?;
-        let write = |name: &str, bytes: &[u8]| {
-            let tmp = dir.join(format!(".{name}.tmp"));
-            std::fs::write(&tmp, bytes)
-                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-                .and_then(|_| std::fs::rename(&tmp, dir.join(name)))
-                .map_err(|e| Error::io(&dir.join(name), e))
-        };
-        write("model.safetensors", &bytes)?;
-        write("config.json", serde_json::to_string_pretty(&config).expect("json").as_bytes())
+        crate::hf::write_folder(dir, &config, &data)
     }
 
     /// Logits [B, T, V] of token ids [B, T] (i32).

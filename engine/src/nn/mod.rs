@@ -1,18 +1,20 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors: `builder`
 //! (parameters by path, and the forward context), `layers` (the layer library),
-//! `init` (seeded initialisation), and the engine's models (`mlp`, `gpt`).
+//! `init` (seeded initialisation), and the engine's models (`mlp`, `gpt`, `llama`).
 //!
-//! May call: `autograd`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `hf::io`, `kernels`, `memory`, `runtime`, `tensor`.
 
 pub mod builder;
 pub mod gpt;
 pub mod init;
 pub mod layers;
+pub mod llama;
 pub mod mlp;
 
 pub use builder::{Builder, Ctx, Fill, ParamId};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
 pub use layers::{Act, Activation, Dropout, Embedding, LayerNorm, Linear, LinearOptions, Module, Residual, Sequential};
+pub use llama::{Llama, LlamaConfig};
 pub use mlp::Mlp;

@@ -5,8 +5,7 @@
 //! checkpoint holds, its files, and the folder's rules), `plan` (the estimate and the fit to a budget: depends on `build` and
 //! `step`, never on `run`), `open` (a trainer from a config, on a runtime of its own or
 //! one handed in), `parallel` (one step over several devices: data parallel, ZeRO 1-3) and `reducer` (its gradient buckets), `world` (the devices beyond the first), `zero3` (parameters sharded between steps), `shard_state` (its state whole for checkpoints), `run` (the loop), `profile` (the step's kernels timed, `wgtrain profile`), `observe` (its observers: `log` the JSONL writer,
-//! `progress` the bar, and the dashboard's recorder), `error`, and `hf_step` (one step
-//! of a transformers checkpoint, for `wgtrain step`).
+//! `progress` the bar, and the dashboard's recorder), and `error`.
 //!
 //! May call: everything below it in the engine, and `wgtrain_record` (the log and
 //! memory records the dashboard reads). Called by: the CLI, the dashboard, tests.
@@ -17,7 +16,6 @@ pub mod checkpoint_dir;
 pub mod config;
 pub mod error;
 pub mod eval;
-pub mod hf_step;
 pub mod log;
 pub mod model;
 pub mod observe;

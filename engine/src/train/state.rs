@@ -93,10 +93,7 @@ impl Trainer {
             let at = |t: &toml::Table, section: &str, key: &str| {
                 t.get(section)
                     .and_then(|s| s.get(key))
-                    .map_or_else(
-                        || "unset".to_string(),
-                        |v| v.as_str().map_or_else(|| v.to_string(), str::to_string),
-                    )
+                    .map_or_else(|| "unset".to_string(), |v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
             };
             let mut keys: Vec<(&str, String)> = Vec::new();
             if self.model_from_config {

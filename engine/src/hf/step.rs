@@ -1,9 +1,11 @@
-//! One forward and backward of a Hugging Face GPT-2 checkpoint on a batch, in f32: the
-//! loss exactly as GPT2LMHeadModel(input_ids, labels=labels).loss defines it, and every
-//! parameter's gradient under its transformers name (the tied wte gradient includes
-//! the head's share). `wgtrain step` prints and dumps these to compare with PyTorch.
+//! One forward and backward of a Hugging Face checkpoint (GPT-2 or Llama, by config.json's
+//! `model_type`) on a batch, in f32: the loss exactly as the model class's
+//! `(input_ids, labels=labels).loss` defines it, and every parameter's gradient under its
+//! transformers name (a tied embedding's gradient includes the head's share).
+//! `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
-//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `files`, `hf::io`, `kernels`, `memory`, `nn`,
+//! `runtime`, `tensor`.
 
 use std::path::Path;
 
@@ -15,6 +17,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::cross_entropy::IGNORE_INDEX;
 use crate::memory::Category;
 use crate::nn::gpt::{Gpt, shifted_targets};
+use crate::nn::llama::Llama;
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -53,16 +56,64 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
     Ok((ids, view.shape().to_vec()))
 }
 
+/// A causal language model loaded from a transformers folder.
+enum CausalLm {
+    Gpt(Gpt),
+    Llama(Llama),
+}
+
+impl CausalLm {
+    fn load(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<CausalLm, Error> {
+        #[derive(serde::Deserialize)]
+        struct Kind {
+            model_type: Option<String>,
+        }
+        let kind: Kind = crate::hf::read_config(dir)?;
+        match kind.model_type.as_deref() {
+            Some("gpt2") | None => {
+                let model = Gpt::from_hf_dir(rt, dir, params)?;
+                if model.config.has_dropout() {
+                    return Err(Error::format(
+                        &dir.join("config.json"),
+                        "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
+                    ));
+                }
+                Ok(CausalLm::Gpt(model))
+            }
+            Some("llama") => Ok(CausalLm::Llama(Llama::from_hf_dir(rt, dir, params)?)),
+            Some(other) => Err(Error::format(
+                &dir.join("config.json"),
+                format!("model_type '{other}' is not supported by `wgtrain step` (gpt2, llama)"),
+            )),
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        match self {
+            CausalLm::Gpt(m) => m.config.vocab_size,
+            CausalLm::Llama(m) => m.config.vocab_size,
+        }
+    }
+
+    fn loss(
+        &self,
+        tape: &mut Tape,
+        rt: &Runtime,
+        params: &Params,
+        ids: &Tensor,
+        targets: (&Tensor, usize),
+    ) -> Result<crate::autograd::Var, Error> {
+        match self {
+            CausalLm::Gpt(m) => m.forward_loss(tape, rt, params, ids, targets, HEAD_ROW_CHUNK),
+            CausalLm::Llama(m) => m.forward_loss(tape, rt, params, ids, targets, HEAD_ROW_CHUNK),
+        }
+    }
+}
+
 /// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
 pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, Error> {
     let mut params = Params::default();
-    let model = Gpt::from_hf_dir(rt, hf_dir, &mut params)?;
-    if model.config.has_dropout() {
-        return Err(Error::format(
-            &hf_dir.join("config.json"),
-            "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
-        ));
-    }
+    let model = CausalLm::load(rt, hf_dir, &mut params)?;
     // A batch of token ids: bounded well above any batch a step could take.
     let bytes = crate::files::read_bounded(batch_file, 1 << 30).map_err(|e| Error::io(batch_file, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
@@ -74,7 +125,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
             format!("input_ids {shape:?} and labels {lshape:?} differ"),
         ));
     }
-    let v = model.config.vocab_size as i32;
+    let v = model.vocab() as i32;
     if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= v) {
         return Err(Error::format(
             batch_file,
@@ -93,7 +144,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     let ids_t = Tensor::from_i32(rt, &ids, &[b, t], Category::Input, "input_ids")?;
     let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
     let mut tape = Tape::new();
-    let loss = model.forward_loss(&mut tape, rt, &params, &ids_t, (&tg_t, n_valid), HEAD_ROW_CHUNK)?;
+    let loss = model.loss(&mut tape, rt, &params, &ids_t, (&tg_t, n_valid))?;
     // Every label ignored: PyTorch's mean over no targets is 0/0, a NaN loss whose
     // gradients are NaN too; say so rather than report 0.
     let none_valid = n_valid == 0;

@@ -1,7 +1,9 @@
-//! The GPT against transformers: for each fixture in tests/fixtures/gpt2 (made by
+//! The models against transformers: for each fixture in tests/fixtures/gpt2 (made by
 //! scripts/make_gpt2_fixtures.py with PyTorch in float64), the loss and every
-//! parameter's gradient from one f32 step match GPT2LMHeadModel's; saving in the HF
-//! layout reproduces the files transformers wrote.
+//! parameter's gradient from one f32 step match GPT2LMHeadModel's, and saving in the HF
+//! layout reproduces the files transformers wrote; for each in tests/fixtures/llama
+//! (scripts/make_llama_bert_fixtures.py: grouped-query heads, tied and untied heads,
+//! `rope_parameters`, and the older top-level `rope_theta`), LlamaForCausalLM's.
 
 mod common;
 
@@ -9,12 +11,16 @@ use std::path::{Path, PathBuf};
 
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::Params;
+use wgtrain_engine::hf::hf_step;
 use wgtrain_engine::kernels::tolerance::compare;
 use wgtrain_engine::nn::Gpt;
-use wgtrain_engine::train::hf_step::hf_step;
 
 fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2");
+    family("gpt2")
+}
+
+fn family(name: &str) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
         .expect("fixtures exist")
         .flatten()
@@ -229,5 +235,66 @@ fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
         every_other.2,
         every_layer.2
     );
+    common::finish(&rt);
+}
+
+/// One step of the checkpoint in `dir` against transformers' expected loss (1e-4
+/// relative) and gradients (1e-3 relative L2 each); returns the loss.
+fn matches_transformers(rt: &wgtrain_engine::Runtime, dir: &Path, batch: &Path, expected: &Path) -> f64 {
+    let name = dir.display().to_string();
+    let step = hf_step(rt, dir, batch).unwrap();
+    let expected = read_f32(expected);
+    let want_loss = expected["loss"].1[0] as f64;
+    assert!(
+        (step.loss - want_loss).abs() <= 1e-4 * want_loss.abs(),
+        "{name}: loss {} vs transformers {want_loss}",
+        step.loss
+    );
+    assert_eq!(step.grads.len() + 1, expected.len(), "{name}: one gradient per parameter");
+    for (pname, shape, got) in &step.grads {
+        let (wshape, want) = expected.get(pname).unwrap_or_else(|| panic!("{name}: transformers has no {pname}"));
+        assert_eq!(shape, wshape, "{name}: {pname} shape");
+        let diff: f64 = got
+            .iter()
+            .zip(want)
+            .map(|(&g, &w)| (g as f64 - w as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            diff <= 1e-3 * norm,
+            "{name}: {pname} gradient differs: relative L2 {:e}",
+            diff / norm
+        );
+    }
+    step.loss
+}
+
+#[test]
+fn llama_loss_and_gradients_match_transformers() {
+    let rt = common::runtime();
+    let dirs = family("llama");
+    for dir in &dirs {
+        let batch = dir.join("batch.safetensors");
+        matches_transformers(&rt, dir, &batch, &dir.join("expected.safetensors"));
+    }
+    // An older config.json: the rotary base at the top level, no rope_parameters.
+    let dir = &dirs[1];
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let theta = config["rope_parameters"]["rope_theta"].clone();
+    assert_ne!(theta, serde_json::json!(10000.0), "the fixture's base is not the default");
+    config.as_object_mut().unwrap().remove("rope_parameters");
+    config["rope_theta"] = theta;
+    let old = std::env::temp_dir().join(format!("wgtrain-llama-old-{}", std::process::id()));
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
+    std::fs::copy(dir.join("model.safetensors"), old.join("model.safetensors")).unwrap();
+    matches_transformers(&rt, &old, &dir.join("batch.safetensors"), &dir.join("expected.safetensors"));
+    // What is not implemented is refused by name.
+    config["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+    std::fs::write(old.join("config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
+    let err = hf_step(&rt, &old, &dir.join("batch.safetensors")).err().unwrap().to_string();
+    assert!(err.contains("rope_scaling is not implemented"), "{err}");
+    let _ = std::fs::remove_dir_all(&old);
     common::finish(&rt);
 }
