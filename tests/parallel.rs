@@ -413,3 +413,44 @@ fn a_device_out_of_memory_halves_the_micro_batch_on_every_device() {
     assert!(text.contains("micro-batch halved"), "the log records the halving");
     assert_close("out of memory, micro-batch halved", &one, &losses(&log), 1e-4);
 }
+
+/// The Llama's keys on top of [`gpt_args`]' sizes: grouped-query heads (2 query heads
+/// on 1 key/value head), SwiGLU.
+const LLAMA: [&str; 3] = ["model.kind=\"llama\"", "model.n_kv_head=1", "model.intermediate_size=48"];
+
+#[test]
+fn a_llama_matches_one_device_at_every_stage_and_its_estimate_is_each_devices_peak() {
+    let dir = scratch("parallel-llama");
+    let with = |extra: &[&str]| -> Vec<String> { LLAMA.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let run = |name: &str, devices: usize, extra: &[&str]| {
+        let sets = with(extra);
+        let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+        losses(&gpt_run(&dir, name, devices, &refs))
+    };
+    let one = run("one", 0, &[]);
+    assert!(one.windows(2).any(|w| w[1].1 < w[0].1), "the reference run learns: {one:?}");
+    let ckpt = run("ckpt", 0, &["memory.checkpoint=\"every-layer\""]);
+    assert_eq!(one, ckpt, "recomputing every layer changes nothing");
+    for (devices, extra) in [
+        (2, vec!["parallel.zero=1"]),
+        (3, vec!["parallel.zero=2", "parallel.offload=\"optimizer\""]),
+        (2, vec!["parallel.zero=3", "memory.checkpoint=\"every-layer\""]),
+        (2, vec!["parallel.zero=3", "parallel.offload=\"optimizer+parameters\"", "memory.checkpoint=\"every-layer\""]),
+    ] {
+        let name = format!("d{devices}{}", extra.join("").replace(['"', '=', '.', '+'], ""));
+        assert_close(&name, &one, &run(&name, devices, &extra), 1e-4);
+    }
+    for extra in [vec!["parallel.zero=0"], vec!["parallel.zero=3", "parallel.offload=\"optimizer\"", "memory.checkpoint=\"every-layer\""]] {
+        let mut sets = with(&extra);
+        sets.push("train.grad_clip=0".into());
+        let mut args = gpt_args("estimate", &dir, 2, &sets);
+        args.push("--json".into());
+        let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
+        let want: Vec<u64> = est["device_peaks"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let log = gpt_run(&dir, &format!("est{}", extra.len()), 2, &refs);
+        for peaks in &device_peaks(&log)[1..] {
+            assert_eq!(peaks, &want, "{extra:?}: measured per-device peaks against the estimate");
+        }
+    }
+}

@@ -13,7 +13,7 @@ use crate::data::fashion_mnist;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::nn::{Builder, Gpt, Mlp};
+use crate::nn::{Builder, Gpt, Llama, Mlp};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -179,5 +179,38 @@ impl Trainable for Gpt {
 
     fn signature(&self) -> String {
         format!("gpt n_head {}", self.config.n_head)
+    }
+}
+
+impl Trainable for Llama {
+    /// Through the fused head + cross-entropy, as the GPT.
+    fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
+        let rows = b.targets.len();
+        let y = targets(rt, b)?;
+        let t = b.tokens.len() / b.examples.max(1);
+        let ids = Tensor::from_i32(rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
+        self.forward_loss(tape, rt, params, &ids, (&y, rows), CE_ROW_CHUNK)
+    }
+
+    /// 6N + 12·L·T·(H·D) per token, N without the embedding when the head is its own
+    /// (a lookup is no matmul), T tokens.
+    fn flops_per_example(&self, parameters: usize) -> f64 {
+        let c = &self.config;
+        let (l, t) = (c.num_hidden_layers as f64, c.max_position_embeddings as f64);
+        let attn = (c.num_attention_heads * c.head_dim()) as f64;
+        let lookup = if c.tie_word_embeddings { 0.0 } else { (c.vocab_size * c.hidden_size) as f64 };
+        (6.0 * (parameters as f64 - lookup) + 12.0 * l * t * attn) * t
+    }
+
+    fn tokens_per_example(&self) -> Option<usize> {
+        Some(self.config.max_position_embeddings)
+    }
+
+    fn checkpoint_segments(&self) -> usize {
+        self.config.num_hidden_layers
+    }
+
+    fn signature(&self) -> String {
+        format!("llama n_head {} n_kv_head {}", self.config.num_attention_heads, self.config.kv_heads())
     }
 }

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, DataKind, MAX_MLP_LAYERS, MAX_TOKEN_VOCAB, MAX_WIDTH, int, out};
-use crate::nn::{Builder, Mlp, gpt};
+use crate::nn::{Builder, Llama, LlamaConfig, Mlp, gpt};
 use crate::train::model::{BuildModel, Trainable};
 
 /// [model]: tagged by `kind`, each kind with its own keys (a key of another kind is
@@ -19,6 +19,48 @@ pub enum ModelConfig {
     Mlp(MlpSpec),
     /// GPT-2's architecture.
     Gpt(GptSpec),
+    /// Llama's architecture (RMSNorm, rotary embeddings, SwiGLU, grouped-query heads).
+    Llama(LlamaSpec),
+}
+
+/// `model.kind = "llama"`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LlamaSpec {
+    /// Decoder layers.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (a divisor of n_head; fewer: grouped-query attention).
+    pub n_kv_head: usize,
+    /// Width.
+    pub n_embd: usize,
+    /// SwiGLU width.
+    pub intermediate_size: usize,
+    /// Context length (also the training sequence length).
+    pub block_size: usize,
+    /// Vocabulary for token files (character data sets it from the text).
+    pub vocab_size: usize,
+    /// The rotary embeddings' base.
+    pub rope_theta: f64,
+    /// The head is the embedding (tied) or a weight of its own.
+    pub tie_embeddings: bool,
+}
+
+impl Default for LlamaSpec {
+    fn default() -> Self {
+        LlamaSpec {
+            n_layer: 4,
+            n_head: 4,
+            n_kv_head: 2,
+            n_embd: 128,
+            intermediate_size: 384,
+            block_size: 128,
+            vocab_size: 0,
+            rope_theta: 10000.0,
+            tie_embeddings: false,
+        }
+    }
 }
 
 /// `model.kind = "mlp"`.
@@ -73,7 +115,11 @@ impl Default for ModelConfig {
 impl ModelConfig {
     /// Every kind with its defaults (what the docs list, and what `kind` may be).
     pub fn kinds() -> Vec<ModelConfig> {
-        vec![ModelConfig::Mlp(MlpSpec::default()), ModelConfig::Gpt(GptSpec::default())]
+        vec![
+            ModelConfig::Mlp(MlpSpec::default()),
+            ModelConfig::Gpt(GptSpec::default()),
+            ModelConfig::Llama(LlamaSpec::default()),
+        ]
     }
 
     /// The `kind` it is written with.
@@ -81,6 +127,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Mlp(_) => "mlp",
             ModelConfig::Gpt(_) => "gpt",
+            ModelConfig::Llama(_) => "llama",
         }
     }
 
@@ -88,7 +135,7 @@ impl ModelConfig {
     pub fn trains_on(&self) -> &'static [DataKind] {
         match self {
             ModelConfig::Mlp(_) => &[DataKind::FashionMnist],
-            ModelConfig::Gpt(_) => &[DataKind::Chars, DataKind::Tokens],
+            ModelConfig::Gpt(_) | ModelConfig::Llama(_) => &[DataKind::Chars, DataKind::Tokens],
         }
     }
 
@@ -97,6 +144,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Mlp(_) => None,
             ModelConfig::Gpt(g) => Some(g.block_size),
+            ModelConfig::Llama(l) => Some(l.block_size),
         }
     }
 
@@ -105,6 +153,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Mlp(_) => None,
             ModelConfig::Gpt(g) => Some(g.vocab_size),
+            ModelConfig::Llama(l) => Some(l.vocab_size),
         }
     }
 
@@ -128,6 +177,26 @@ impl ModelConfig {
                 };
                 config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
                 std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(gpt::Gpt::build(vb, config.clone())?) as Box<dyn Trainable>))
+            }
+            ModelConfig::Llama(l) => {
+                let config = LlamaConfig {
+                    vocab_size: outputs,
+                    hidden_size: l.n_embd,
+                    intermediate_size: l.intermediate_size,
+                    num_hidden_layers: l.n_layer,
+                    num_attention_heads: l.n_head,
+                    num_key_value_heads: Some(l.n_kv_head),
+                    head_dim: None,
+                    rms_norm_eps: 1e-5,
+                    rope_theta: Some(l.rope_theta),
+                    rope_parameters: None,
+                    max_position_embeddings: l.block_size,
+                    tie_word_embeddings: l.tie_embeddings,
+                    hidden_act: "silu".into(),
+                    extra: Default::default(),
+                };
+                config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(Llama::build(vb, config.clone())?) as Box<dyn Trainable>))
             }
             ModelConfig::Mlp(m) => {
                 let mut sizes = vec![crate::data::fashion_mnist::PIXELS];
@@ -163,6 +232,23 @@ impl ModelConfig {
                         "model.n_embd {} must be a multiple of model.n_head {}",
                         g.n_embd, g.n_head
                     )));
+                }
+            }
+            ModelConfig::Llama(l) => {
+                int("model.n_layer", l.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
+                int("model.n_head", l.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
+                int("model.n_kv_head", l.n_kv_head as u64, 1, l.n_head as u64)?;
+                int("model.n_embd", l.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
+                int("model.intermediate_size", l.intermediate_size as u64, 1, 4 * gpt::MAX_EMBD as u64)?;
+                int("model.block_size", l.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
+                if !l.n_embd.is_multiple_of(l.n_head) || !l.n_head.is_multiple_of(l.n_kv_head) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.n_embd {} must be a multiple of model.n_head {}, and model.n_head of model.n_kv_head {}",
+                        l.n_embd, l.n_head, l.n_kv_head
+                    )));
+                }
+                if !(l.rope_theta.is_finite() && l.rope_theta > 0.0) {
+                    return out("model.rope_theta", "a positive number", l.rope_theta.to_string());
                 }
             }
         }
