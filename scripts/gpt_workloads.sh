@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs shared/ANCHORS.md's GPT workloads (char and gpt2) through `wgtrain train` in
+# Runs shared/ANCHORS.md's workloads (char and gpt2 GPTs, the llama) through `wgtrain train` in
 # fp32 and fp16-mixed, with and without every-layer activation checkpointing, on random
 # token files, and prints step time, peak memory and `wgtrain estimate`'s prediction of
 # the peak per run. Run on the GPU machine:
@@ -7,12 +7,13 @@
 set -euo pipefail
 bin=$1; out=$2; mkdir -p "$out/data"
 python3 "$(dirname "$0")/make_token_data.py" "$out/data"
-run() { # name vocab layers heads width seq batch checkpoint precision
+run() { # name vocab layers heads width seq batch checkpoint precision [more --set pairs]
     local tag="$1-$9-$8"
-    local sets=(--set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/$1\""
+    local kind='"gpt"'; [ "$1" = llama ] && kind='"llama"'
+    local sets=(--set model.kind="$kind" --set data.kind='"tokens"' --set data.path="\"$out/data/$1\""
         --set model.vocab_size=$2 --set model.n_layer=$3 --set model.n_head=$4 --set model.n_embd=$5
         --set model.block_size=$6 --set train.batch_size=$7 --set train.steps=12 --set train.eval_every=1000
-        --set data.eval_limit=8 --set memory.checkpoint="\"$8\"" --set memory.precision="\"$9\"")
+        --set data.eval_limit=8 --set memory.checkpoint="\"$8\"" --set memory.precision="\"$9\"" "${@:10}")
     "$bin" estimate --adapter vulkan --json "${sets[@]}" > "$out/$tag.estimate.json" 2>/dev/null || { echo "$tag estimate failed"; return; }
     "$bin" train --quiet --adapter vulkan --log "$out/$tag.jsonl" "${sets[@]}" > "$out/$tag.txt" 2>&1 || { echo "$tag failed"; tail -3 "$out/$tag.txt"; return; }
     python3 - "$out/$tag.jsonl" "$tag" "$out/$tag.estimate.json" <<'PY'
@@ -35,6 +36,7 @@ for p in ${PRECISIONS:-fp32 fp16-mixed}; do
             case $w in
                 char) run char 65 6 6 384 256 64 "$c" "$p" ;;
                 gpt2) run gpt2 50257 12 12 768 1024 8 "$c" "$p" ;;
+                llama) run llama 32000 12 12 768 1024 8 "$c" "$p" --set model.n_kv_head=4 --set model.intermediate_size=2048 ;;
             esac
         done
     done
