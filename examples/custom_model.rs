@@ -1,10 +1,6 @@
-//! A model of your own, trained by wgtrain's trainer: an MLP with LayerNorm, GELU and a
-//! residual block with dropout, on Fashion-MNIST held in your own arrays. Public items
-//! only; the progress bar, the log, checkpoints and the dashboard are the trainer's.
-//!
-//!   cargo run --release --example custom_model [-- --log run.jsonl] [--dashboard]
-//!       [--set section.key=value]...
-//!
+//! A model of your own on Fashion-MNIST held in your own arrays, trained by wgtrain's
+//! trainer (progress bar, log, checkpoints, dashboard). Public items only. Run:
+//! `cargo run --release --example custom_model [-- --log F] [--dashboard] [--set k=v]`
 //! May call: `wgtrain_engine` and `wgtrain_web` (public items only).
 
 use std::sync::Arc;
@@ -18,8 +14,7 @@ use wgtrain_engine::{Category, Error, Runtime, Tensor};
 
 const PIXELS: usize = 28 * 28;
 
-/// Images and labels in memory: a `Dataset` is how many examples, and how to add one
-/// to a batch.
+/// Images and labels in memory: a `Dataset` says how many, and adds one to a batch.
 struct Images {
     pixels: Vec<f32>,
     labels: Vec<i32>,
@@ -85,9 +80,6 @@ impl Trainable for Net {
     fn is_classifier(&self) -> bool {
         true
     }
-    fn eval_batch(&self, _micro_batch: usize) -> usize {
-        1000
-    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -110,25 +102,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         trainer.rt.gpu.report.name,
         trainer.parameter_count()
     );
-    let recorder = args
-        .iter()
-        .any(|a| a == "--dashboard")
+    // The dashboard, as `wgtrain train --dashboard` serves it.
+    let live = args
+        .contains(&"--dashboard".to_string())
         .then(|| wgtrain_web::recorder::Recorder::new("custom_model", None));
-    let _dashboard = match &recorder {
-        Some(live) => Some(wgtrain_web::Dashboard::start(wgtrain_web::Options {
-            addr: "127.0.0.1:8787".parse()?,
-            live: Some(live.clone()),
-            ..Default::default()
-        })?),
-        None => None,
+    let dashboard = wgtrain_web::Options {
+        addr: "127.0.0.1:8787".parse()?,
+        live: live.clone(),
+        ..Default::default()
     };
-    if let Some(d) = &_dashboard {
-        eprintln!("dashboard: {}", d.url());
-    }
+    let _served = live.is_some().then(|| wgtrain_web::Dashboard::start(dashboard)).transpose()?;
+    _served.iter().for_each(|d| eprintln!("dashboard: {}", d.url()));
     let options = RunOptions {
         log: after("--log").map(Into::into),
         progress: true,
-        observer: recorder.map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
+        observer: live.map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
         ..Default::default()
     };
     let summary = trainer.run(&options)?;

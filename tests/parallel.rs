@@ -435,18 +435,37 @@ fn a_llama_matches_one_device_at_every_stage_and_its_estimate_is_each_devices_pe
         (2, vec!["parallel.zero=1"]),
         (3, vec!["parallel.zero=2", "parallel.offload=\"optimizer\""]),
         (2, vec!["parallel.zero=3", "memory.checkpoint=\"every-layer\""]),
-        (2, vec!["parallel.zero=3", "parallel.offload=\"optimizer+parameters\"", "memory.checkpoint=\"every-layer\""]),
+        (
+            2,
+            vec![
+                "parallel.zero=3",
+                "parallel.offload=\"optimizer+parameters\"",
+                "memory.checkpoint=\"every-layer\"",
+            ],
+        ),
     ] {
         let name = format!("d{devices}{}", extra.join("").replace(['"', '=', '.', '+'], ""));
         assert_close(&name, &one, &run(&name, devices, &extra), 1e-4);
     }
-    for extra in [vec!["parallel.zero=0"], vec!["parallel.zero=3", "parallel.offload=\"optimizer\"", "memory.checkpoint=\"every-layer\""]] {
+    for extra in [
+        vec!["parallel.zero=0"],
+        vec![
+            "parallel.zero=3",
+            "parallel.offload=\"optimizer\"",
+            "memory.checkpoint=\"every-layer\"",
+        ],
+    ] {
         let mut sets = with(&extra);
         sets.push("train.grad_clip=0".into());
         let mut args = gpt_args("estimate", &dir, 2, &sets);
         args.push("--json".into());
         let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
-        let want: Vec<u64> = est["device_peaks"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let want: Vec<u64> = est["device_peaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
         let log = gpt_run(&dir, &format!("est{}", extra.len()), 2, &refs);
         for peaks in &device_peaks(&log)[1..] {

@@ -198,7 +198,11 @@ impl Trainable for Llama {
         let c = &self.config;
         let (l, t) = (c.num_hidden_layers as f64, c.max_position_embeddings as f64);
         let attn = (c.num_attention_heads * c.head_dim()) as f64;
-        let lookup = if c.tie_word_embeddings { 0.0 } else { (c.vocab_size * c.hidden_size) as f64 };
+        let lookup = if c.tie_word_embeddings {
+            0.0
+        } else {
+            (c.vocab_size * c.hidden_size) as f64
+        };
         (6.0 * (parameters as f64 - lookup) + 12.0 * l * t * attn) * t
     }
 
@@ -211,6 +215,10 @@ impl Trainable for Llama {
     }
 
     fn signature(&self) -> String {
-        format!("llama n_head {} n_kv_head {}", self.config.num_attention_heads, self.config.kv_heads())
+        format!(
+            "llama n_head {} n_kv_head {}",
+            self.config.num_attention_heads,
+            self.config.kv_heads()
+        )
     }
 }
