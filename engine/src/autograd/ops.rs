@@ -362,14 +362,36 @@ pub fn pack_heads(
 
 /// Rows of `table` picked by `ids` (i32): shape ids.shape + [C].
 pub fn embedding(tape: &mut Tape, rt: &Runtime, ids: &Tensor, table: &Var, label: &str) -> Result<Var, Error> {
+    embedding_padded(tape, rt, ids, table, None, label)
+}
+
+/// [`embedding`] whose row `padding_idx` gets no gradient from this lookup
+/// (torch.nn.Embedding's `padding_idx`: BERT's pad token).
+pub fn embedding_padded(
+    tape: &mut Tape,
+    rt: &Runtime,
+    ids: &Tensor,
+    table: &Var,
+    padding_idx: Option<usize>,
+    label: &str,
+) -> Result<Var, Error> {
     let y = emb::gather(rt, ids, &table.value, label)?;
     let (ids, shape) = (ids.clone(), table.value.shape().to_vec());
+    if let Some(p) = padding_idx
+        && p >= shape[0]
+    {
+        return Err(Error::shape(label, format!("a padding index below {}", shape[0]), p));
+    }
     Ok(tape.record(
         y,
         &[table],
         Box::new(move |rt, dy, cats| {
             let dtable = Tensor::full(rt, &shape, DType::F32, 0.0, cats[0], "dtable")?;
             emb::scatter_add(rt, &ids, dy, &dtable)?;
+            if let Some(p) = padding_idx {
+                let row = dtable.as_strided(&[shape[1]], &[1], p * shape[1])?;
+                crate::kernels::map::fill(rt, &row, 0.0)?;
+            }
             Ok(vec![Some(dtable)])
         }),
     ))
@@ -399,6 +421,38 @@ pub fn attention(tape: &mut Tape, rt: &Runtime, qkv: &Var, nh: usize, label: &st
                 dy.contiguous(rt)?
             };
             Ok(vec![Some(flash::backward(rt, &qkv_saved, nh, &saved, &dy, &dlabel)?)])
+        }),
+    ))
+}
+
+/// Self-attention of qkv [B, T, 3C] with `nh` heads over every key (not causal), keys
+/// where `key_bias` [B, 1, 1, T] is a large negative number left out (padding), as
+/// BERT's encoder attends. Composed of batched matmuls and a softmax that keeps the
+/// [B, NH, T, T] probabilities for backward (the fused kernels are causal only).
+pub fn attention_bidirectional(
+    tape: &mut Tape,
+    rt: &Runtime,
+    qkv: &Var,
+    nh: usize,
+    key_bias: Option<&Tensor>,
+    label: &str,
+) -> Result<Var, Error> {
+    let input = if tape.half_matmuls() {
+        half(rt, &qkv.value, Category::Activation, &format!("{label}.qkv.f16"))?
+    } else if qkv.value.is_contiguous() {
+        qkv.value.clone()
+    } else {
+        qkv.value.contiguous(rt)?
+    };
+    let (y, saved) = crate::kernels::attention::forward_masked(rt, &input, nh, (false, key_bias), label)?;
+    Ok(tape.record(
+        y,
+        &[qkv],
+        Box::new(move |rt, dy, _cats| {
+            let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
+            Ok(vec![Some(crate::kernels::attention::backward(
+                rt, &input, nh, &saved, &dy, "dqkv",
+            )?)])
         }),
     ))
 }

@@ -1,6 +1,8 @@
-//! One forward and backward of a Hugging Face checkpoint (GPT-2 or Llama, by config.json's
-//! `model_type`) on a batch, in f32: the loss exactly as the model class's
-//! `(input_ids, labels=labels).loss` defines it, and every parameter's gradient under its
+//! One forward and backward of a Hugging Face checkpoint (GPT2LMHeadModel,
+//! LlamaForCausalLM or BertForMaskedLM, by config.json's `model_type`) on a batch, in
+//! f32: the loss exactly as the model class's `(input_ids, labels=labels, ...).loss`
+//! defines it (BERT's also reads token_type_ids and attention_mask when the batch has
+//! them), and every parameter's gradient under its
 //! transformers name (a tied embedding's gradient includes the head's share).
 //! `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
@@ -16,6 +18,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::cross_entropy::IGNORE_INDEX;
 use crate::memory::Category;
+use crate::nn::bert::{Bert, BertInputs};
 use crate::nn::gpt::{Gpt, shifted_targets};
 use crate::nn::llama::Llama;
 use crate::runtime::Runtime;
@@ -56,14 +59,15 @@ fn read_ids(st: &safetensors::SafeTensors<'_>, name: &str, file: &Path) -> Resul
     Ok((ids, view.shape().to_vec()))
 }
 
-/// A causal language model loaded from a transformers folder.
-enum CausalLm {
+/// A language model loaded from a transformers folder.
+enum HfModel {
     Gpt(Gpt),
     Llama(Llama),
+    Bert(Bert),
 }
 
-impl CausalLm {
-    fn load(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<CausalLm, Error> {
+impl HfModel {
+    fn load(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<HfModel, Error> {
         #[derive(serde::Deserialize)]
         struct Kind {
             model_type: Option<String>,
@@ -78,20 +82,31 @@ impl CausalLm {
                         "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
                     ));
                 }
-                Ok(CausalLm::Gpt(model))
+                Ok(HfModel::Gpt(model))
             }
-            Some("llama") => Ok(CausalLm::Llama(Llama::from_hf_dir(rt, dir, params)?)),
+            Some("llama") => Ok(HfModel::Llama(Llama::from_hf_dir(rt, dir, params)?)),
+            Some("bert") => {
+                let model = Bert::from_hf_dir(rt, dir, params)?;
+                if model.config.hidden_dropout_prob > 0.0 {
+                    return Err(Error::format(
+                        &dir.join("config.json"),
+                        "hidden_dropout_prob must be 0 to compare a step (dropout draws other masks than PyTorch's)",
+                    ));
+                }
+                Ok(HfModel::Bert(model))
+            }
             Some(other) => Err(Error::format(
                 &dir.join("config.json"),
-                format!("model_type '{other}' is not supported by `wgtrain step` (gpt2, llama)"),
+                format!("model_type '{other}' is not supported by `wgtrain step` (gpt2, llama, bert)"),
             )),
         }
     }
 
     fn vocab(&self) -> usize {
         match self {
-            CausalLm::Gpt(m) => m.config.vocab_size,
-            CausalLm::Llama(m) => m.config.vocab_size,
+            HfModel::Gpt(m) => m.config.vocab_size,
+            HfModel::Llama(m) => m.config.vocab_size,
+            HfModel::Bert(m) => m.config.vocab_size,
         }
     }
 
@@ -100,20 +115,26 @@ impl CausalLm {
         tape: &mut Tape,
         rt: &Runtime,
         params: &Params,
-        ids: &Tensor,
+        inputs: &BertInputs,
         targets: (&Tensor, usize),
     ) -> Result<crate::autograd::Var, Error> {
         match self {
-            CausalLm::Gpt(m) => m.forward_loss(tape, rt, params, ids, targets, HEAD_ROW_CHUNK),
-            CausalLm::Llama(m) => m.forward_loss(tape, rt, params, ids, targets, HEAD_ROW_CHUNK),
+            HfModel::Gpt(m) => m.forward_loss(tape, rt, params, inputs.ids, targets, HEAD_ROW_CHUNK),
+            HfModel::Llama(m) => m.forward_loss(tape, rt, params, inputs.ids, targets, HEAD_ROW_CHUNK),
+            HfModel::Bert(m) => m.forward_loss(tape, rt, params, inputs, targets),
         }
+    }
+
+    /// Whether labels are the next token's (shifted) or the position's own (masked LM).
+    fn shifts(&self) -> bool {
+        !matches!(self, HfModel::Bert(_))
     }
 }
 
 /// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
 pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, Error> {
     let mut params = Params::default();
-    let model = CausalLm::load(rt, hf_dir, &mut params)?;
+    let model = HfModel::load(rt, hf_dir, &mut params)?;
     // A batch of token ids: bounded well above any batch a step could take.
     let bytes = crate::files::read_bounded(batch_file, 1 << 30).map_err(|e| Error::io(batch_file, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
@@ -139,12 +160,36 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
         ));
     }
     let (b, t) = (shape[0], shape[1]);
-    let targets = shifted_targets(&labels, b, t);
+    let targets = if model.shifts() { shifted_targets(&labels, b, t) } else { labels };
     let n_valid = targets.iter().filter(|&&x| x != IGNORE_INDEX).count();
     let ids_t = Tensor::from_i32(rt, &ids, &[b, t], Category::Input, "input_ids")?;
     let tg_t = Tensor::from_i32(rt, &targets, &[b * t], Category::Input, "targets")?;
+    // BERT's other inputs, when the batch has them: the same shape as input_ids.
+    let optional = |name: &str| -> Result<Option<Vec<i32>>, Error> {
+        if st.tensor(name).is_err() {
+            return Ok(None);
+        }
+        let (values, s) = read_ids(&st, name, batch_file)?;
+        if s != shape {
+            return Err(Error::format(batch_file, format!("{name} {s:?} and input_ids {shape:?} differ")));
+        }
+        Ok(Some(values))
+    };
+    let types = optional("token_type_ids")?;
+    let mask = optional("attention_mask")?;
+    if let Some(bad) = mask.iter().flatten().find(|&&m| m != 0 && m != 1) {
+        return Err(Error::format(batch_file, format!("attention_mask holds {bad}; expected 0 or 1")));
+    }
+    let types_t = types
+        .map(|v| Tensor::from_i32(rt, &v, &[b, t], Category::Input, "token_type_ids"))
+        .transpose()?;
+    let inputs = BertInputs {
+        ids: &ids_t,
+        token_types: types_t.as_ref(),
+        attention_mask: mask.as_deref(),
+    };
     let mut tape = Tape::new();
-    let loss = model.loss(&mut tape, rt, &params, &ids_t, (&tg_t, n_valid))?;
+    let loss = model.loss(&mut tape, rt, &params, &inputs, (&tg_t, n_valid))?;
     // Every label ignored: PyTorch's mean over no targets is 0/0, a NaN loss whose
     // gradients are NaN too; say so rather than report 0.
     let none_valid = n_valid == 0;

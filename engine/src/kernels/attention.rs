@@ -1,12 +1,13 @@
-//! Causal multi-head self-attention, composed of the batched matmul and the causal
-//! softmax: S = Q K^T / sqrt(D), P = softmax_causal(S), Y = P V. It stores the
+//! Multi-head self-attention, composed of the batched matmul and the softmax (causal, or
+//! over every key with an additive padding bias): S = Q K^T / sqrt(D) (+ bias),
+//! P = softmax(S), Y = P V. It stores the
 //! [B, NH, T, T] probabilities for backward (a fused kernel that never stores them is
 //! the goal; this composite is what is measured in `wgtrain bench`).
 //!
 //! Q, K and V are read in place from the fused projection qkv [B, T, 3C] through
 //! strided views, and Y is written straight into [B, T, C] layout.
 //!
-//! May call: `error`, `kernels::matmul`, `kernels::softmax`, `memory`, `runtime`,
+//! May call: `error`, `kernels::{map, matmul, softmax}`, `memory`, `runtime`,
 //! `tensor`.
 
 use super::matmul::{MatmulOptions, matmul_into};
@@ -59,6 +60,20 @@ pub struct AttentionSaved {
 
 /// Y [B, T, C] = causal attention of qkv [B, T, 3C] with `nh` heads.
 pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Tensor, AttentionSaved), Error> {
+    forward_masked(rt, qkv, nh, (true, None), label)
+}
+
+/// Attention of qkv [B, T, 3C], causal or not, with an additive bias on the scores of
+/// each example's keys (`key_bias` [B, 1, 1, T] f32: 0 where a key is seen, a large
+/// negative number where it is padding), added after the 1/sqrt(D) scaling as
+/// transformers' eager attention does.
+pub fn forward_masked(
+    rt: &Runtime,
+    qkv: &Tensor,
+    nh: usize,
+    (causal, key_bias): (bool, Option<&Tensor>),
+    label: &str,
+) -> Result<(Tensor, AttentionSaved), Error> {
     let q = head_view(qkv, nh, 0)?;
     let k = head_view(qkv, nh, 1)?;
     let v = head_view(qkv, nh, 2)?;
@@ -70,8 +85,18 @@ pub fn forward(rt: &Runtime, qkv: &Tensor, nh: usize, label: &str) -> Result<(Te
         ..Default::default()
     };
     matmul_into(rt, &q, &k.transpose(2, 3)?, &scores, &opts)?;
+    if let Some(bias) = key_bias {
+        if bias.shape() != [b, 1, 1, t] || bias.dtype() != DType::F32 {
+            return Err(Error::shape(
+                "attention key bias",
+                format!("f32 [{b}, 1, 1, {t}]"),
+                format!("{:?}", bias.shape()),
+            ));
+        }
+        super::map::map_into(rt, super::map::MapOp::Add, Some(&scores), Some(bias), &scores, 1.0, 1.0)?;
+    }
     let probs = Tensor::empty(rt, &[b, nh, t, t], dtype, Category::Activation, &format!("{label}.att"))?;
-    softmax_into(rt, &scores, &probs, false, true)?;
+    softmax_into(rt, &scores, &probs, false, causal)?;
     drop(scores);
     let y = Tensor::empty(rt, &[b, t, nh * d], dtype, Category::Activation, label)?;
     matmul_into(rt, &probs, &v, &heads_of(&y, nh)?, &MatmulOptions::default())?;

@@ -1,10 +1,11 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors: `builder`
 //! (parameters by path, and the forward context), `layers` (the layer library),
-//! `init` (seeded initialisation), and the engine's models (`mlp`, `gpt`, `llama`).
+//! `init` (seeded initialisation), and the engine's models (`mlp`, `gpt`, `llama`, `bert`).
 //!
 //! May call: `autograd`, `error`, `hf::io`, `kernels`, `memory`, `runtime`, `tensor`.
 
+pub mod bert;
 pub mod builder;
 pub mod gpt;
 pub mod init;
@@ -12,6 +13,7 @@ pub mod layers;
 pub mod llama;
 pub mod mlp;
 
+pub use bert::{Bert, BertConfig};
 pub use builder::{Builder, Ctx, Fill, ParamId};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
