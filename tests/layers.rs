@@ -321,3 +321,35 @@ fn a_model_of_the_callers_trains_checkpoints_and_resumes_bit_for_bit() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn masked_lm_follows_the_80_10_10_rule_and_its_seed() {
+    let rt = runtime();
+    let config: wgtrain_engine::nn::BertConfig = serde_json::from_value(serde_json::json!({
+        "vocab_size": 101, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 16, "max_position_embeddings": 16
+    }))
+    .unwrap();
+    let mut params = Params::default();
+    let bert = wgtrain_engine::nn::Bert::build(&mut Builder::new(&rt, &mut params, &mut Init::new(0)), config).unwrap();
+    let mlm = wgtrain_engine::train::model::MaskedLm::new(bert, 0.15);
+    let tokens: Vec<i32> = (0..200_000).map(|i| (i * 7 % 100) as i32).collect();
+    let (inputs, labels) = mlm.mask(&tokens, 3);
+    let chosen: Vec<usize> = (0..tokens.len()).filter(|&i| labels[i] != -100).collect();
+    let share = |n: usize| n as f64 / chosen.len() as f64;
+    assert!((chosen.len() as f64 / tokens.len() as f64 - 0.15).abs() < 0.005);
+    assert!(chosen.iter().all(|&i| labels[i] == tokens[i]), "labels are the original tokens");
+    let masked = chosen.iter().filter(|&&i| inputs[i] == 100).count();
+    let kept = chosen.iter().filter(|&&i| inputs[i] == tokens[i]).count();
+    assert!((share(masked) - 0.8).abs() < 0.01, "{}", share(masked));
+    // Kept: the 10% left alone, and the random 10% that drew the token itself (1%).
+    assert!((share(kept) - 0.101).abs() < 0.01, "{}", share(kept));
+    assert!(
+        (0..tokens.len()).all(|i| labels[i] != -100 || inputs[i] == tokens[i]),
+        "the rest is unchanged"
+    );
+    assert!(inputs.iter().all(|&t| (0..=100).contains(&t)));
+    assert_eq!(mlm.mask(&tokens, 3), (inputs.clone(), labels.clone()));
+    assert_ne!(mlm.mask(&tokens, 4).1, labels);
+    finish(&rt);
+}

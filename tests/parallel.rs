@@ -417,21 +417,37 @@ fn a_device_out_of_memory_halves_the_micro_batch_on_every_device() {
 /// The Llama's keys on top of [`gpt_args`]' sizes: grouped-query heads (2 query heads
 /// on 1 key/value head), SwiGLU.
 const LLAMA: [&str; 3] = ["model.kind=\"llama\"", "model.n_kv_head=1", "model.intermediate_size=48"];
+/// BERT's, trained as a masked language model, with dropout.
+const BERT: [&str; 3] = ["model.kind=\"bert\"", "model.intermediate_size=48", "model.dropout=0.1"];
 
 #[test]
 fn a_llama_matches_one_device_at_every_stage_and_its_estimate_is_each_devices_peak() {
-    let dir = scratch("parallel-llama");
-    let with = |extra: &[&str]| -> Vec<String> { LLAMA.iter().chain(extra).map(|s| s.to_string()).collect() };
+    the_model_matches_its_reference_at_every_stage("parallel-llama", &LLAMA, 0);
+}
+
+/// With dropout and masking drawn per device and micro-batch (as DDP's ranks draw
+/// theirs), the reference is plain data parallelism over the same two devices.
+#[test]
+fn a_bert_matches_data_parallel_at_every_stage_and_its_estimate_is_each_devices_peak() {
+    the_model_matches_its_reference_at_every_stage("parallel-bert", &BERT, 2);
+}
+
+/// ZeRO 1-3, offload and checkpointing against a reference run on `reference` devices
+/// (0: the single-device path), and the estimate against each device's measured peak,
+/// for the model `keys` set on top of [`gpt_args`].
+fn the_model_matches_its_reference_at_every_stage(name: &str, keys: &[&str], reference: usize) {
+    let dir = scratch(name);
+    let with = |extra: &[&str]| -> Vec<String> { keys.iter().chain(extra).map(|s| s.to_string()).collect() };
     let run = |name: &str, devices: usize, extra: &[&str]| {
         let sets = with(extra);
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
         losses(&gpt_run(&dir, name, devices, &refs))
     };
-    let one = run("one", 0, &[]);
+    let one = run("one", reference, &[]);
     assert!(one.windows(2).any(|w| w[1].1 < w[0].1), "the reference run learns: {one:?}");
-    let ckpt = run("ckpt", 0, &["memory.checkpoint=\"every-layer\""]);
+    let ckpt = run("ckpt", reference, &["memory.checkpoint=\"every-layer\""]);
     assert_eq!(one, ckpt, "recomputing every layer changes nothing");
-    for (devices, extra) in [
+    let stages = [
         (2, vec!["parallel.zero=1"]),
         (3, vec!["parallel.zero=2", "parallel.offload=\"optimizer\""]),
         (2, vec!["parallel.zero=3", "memory.checkpoint=\"every-layer\""]),
@@ -443,7 +459,8 @@ fn a_llama_matches_one_device_at_every_stage_and_its_estimate_is_each_devices_pe
                 "memory.checkpoint=\"every-layer\"",
             ],
         ),
-    ] {
+    ];
+    for (devices, extra) in stages.into_iter().filter(|(d, _)| reference == 0 || *d == reference) {
         let name = format!("d{devices}{}", extra.join("").replace(['"', '=', '.', '+'], ""));
         assert_close(&name, &one, &run(&name, devices, &extra), 1e-4);
     }

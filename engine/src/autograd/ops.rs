@@ -212,6 +212,16 @@ pub fn dropout(tape: &mut Tape, rt: &Runtime, x: &Var, p: f32, label: &str) -> R
     ))
 }
 
+/// `x` in f32 (a copy when it is f16: an activation's output under fp16-mixed feeding
+/// an op that reads f32, such as LayerNorm); the gradient passes unchanged.
+pub fn to_f32(tape: &mut Tape, rt: &Runtime, x: &Var, label: &str) -> Result<Var, Error> {
+    if x.value.dtype() == DType::F32 {
+        return Ok(x.clone());
+    }
+    let y = x.value.cast(rt, DType::F32, Category::Activation, label)?;
+    Ok(tape.record(y, &[x], Box::new(|_rt, dy, _cats| Ok(vec![Some(dy.clone())]))))
+}
+
 /// a * b elementwise (same shapes): SwiGLU's gate.
 pub fn mul(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Result<Var, Error> {
     if a.value.shape() != b.value.shape() {

@@ -310,6 +310,7 @@ impl Bert {
         let [tw, tb, lw, lb] = self.transform.map(|id| p(tape, id));
         let h = ops::linear(tape, rt, &x, &tw?, Some(&tb?), WeightLayout::OutIn, "transform.dense")?;
         let h = ops::gelu_erf(tape, rt, &h, "transform.gelu")?;
+        let h = ops::to_f32(tape, rt, &h, "transform.gelu.f32")?;
         let h = ops::layernorm(tape, rt, &h, &lw?, &lb?, eps, "transform.LayerNorm")?;
         let dbias = p(tape, self.decoder_bias)?;
         let logits = ops::linear(tape, rt, &h, &words, Some(&dbias), WeightLayout::OutIn, "decoder")?;

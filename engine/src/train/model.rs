@@ -13,7 +13,8 @@ use crate::data::fashion_mnist;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::nn::{Builder, Gpt, Llama, Mlp};
+use crate::nn::bert::BertInputs;
+use crate::nn::{Bert, Builder, Gpt, Llama, Mlp};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -220,5 +221,89 @@ impl Trainable for Llama {
             self.config.num_attention_heads,
             self.config.kv_heads()
         )
+    }
+}
+
+/// BERT trained as a masked language model on windows of text: in each window a share
+/// `probability` of the positions is predicted; of those, 80% are replaced by [MASK]
+/// (the last id of the vocabulary), 10% by a random token and 10% left as they are
+/// (transformers' DataCollatorForLanguageModeling). The positions are drawn from the
+/// pass's seed: new ones every step, the same ones when a step is recomputed or resumed,
+/// fixed ones for evaluation.
+pub struct MaskedLm {
+    /// The model.
+    pub bert: Bert,
+    probability: f32,
+}
+
+impl MaskedLm {
+    /// `bert` masked at `probability`.
+    pub fn new(bert: Bert, probability: f32) -> MaskedLm {
+        MaskedLm { bert, probability }
+    }
+
+    /// The masked inputs and the labels (-100 where nothing is predicted) of `tokens`.
+    pub fn mask(&self, tokens: &[i32], seed: u64) -> (Vec<i32>, Vec<i32>) {
+        use rand::{Rng as _, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mask_id = self.bert.config.vocab_size as i32 - 1;
+        let mut inputs = tokens.to_vec();
+        let mut labels = vec![crate::kernels::cross_entropy::IGNORE_INDEX; tokens.len()];
+        for (i, &t) in tokens.iter().enumerate() {
+            if rng.random::<f32>() >= self.probability {
+                continue;
+            }
+            labels[i] = t;
+            let r: f32 = rng.random();
+            if r < 0.8 {
+                inputs[i] = mask_id;
+            } else if r < 0.9 {
+                inputs[i] = rng.random_range(0..mask_id);
+            }
+        }
+        // A batch with nothing to predict would have a 0/0 loss: predict its first token.
+        if !tokens.is_empty() && labels.iter().all(|&l| l == crate::kernels::cross_entropy::IGNORE_INDEX) {
+            labels[0] = tokens[0];
+            inputs[0] = mask_id;
+        }
+        (inputs, labels)
+    }
+}
+
+impl Trainable for MaskedLm {
+    fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
+        let mode = tape.mode();
+        let seed = if mode.training { mode.seed } else { 0x6d61_736b };
+        let (inputs, labels) = self.mask(&b.tokens, seed);
+        let t = b.tokens.len() / b.examples.max(1);
+        let ids = Tensor::from_i32(rt, &inputs, &[b.examples, t], Category::Input, "batch.masked")?;
+        let n_valid = labels.iter().filter(|&&l| l != crate::kernels::cross_entropy::IGNORE_INDEX).count();
+        let y = Tensor::from_i32(rt, &labels, &[labels.len()], Category::Input, "batch.labels")?;
+        let inputs = BertInputs {
+            ids: &ids,
+            token_types: None,
+            attention_mask: None,
+        };
+        self.bert.forward_loss(tape, rt, params, &inputs, (&y, n_valid))
+    }
+
+    /// 6N + 12·L·T·C per token (N without the position and type tables), T tokens.
+    fn flops_per_example(&self, parameters: usize) -> f64 {
+        let c = &self.bert.config;
+        let (l, t, e) = (c.num_hidden_layers as f64, c.max_position_embeddings as f64, c.hidden_size as f64);
+        let tables = ((c.max_position_embeddings + c.type_vocab_size) * c.hidden_size) as f64;
+        (6.0 * (parameters as f64 - tables) + 12.0 * l * t * e) * t
+    }
+
+    fn tokens_per_example(&self) -> Option<usize> {
+        Some(self.bert.config.max_position_embeddings)
+    }
+
+    fn checkpoint_segments(&self) -> usize {
+        self.bert.config.num_hidden_layers
+    }
+
+    fn signature(&self) -> String {
+        format!("bert n_head {} mlm {}", self.bert.config.num_attention_heads, self.probability)
     }
 }

@@ -11,7 +11,7 @@ mod choices;
 mod model;
 
 pub use choices::{Checkpointing, Choice, DataKind, Offload, OptimizerKind, Precision, Schedule, TokenDtype};
-pub use model::{GptSpec, LlamaSpec, MlpSpec, ModelConfig};
+pub use model::{BertSpec, GptSpec, LlamaSpec, MlpSpec, ModelConfig};
 
 /// Everything a run needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, DataKind, MAX_MLP_LAYERS, MAX_TOKEN_VOCAB, MAX_WIDTH, int, out};
-use crate::nn::{Builder, Llama, LlamaConfig, Mlp, gpt};
+use crate::nn::{Bert, BertConfig, Builder, Llama, LlamaConfig, Mlp, gpt};
+use crate::train::model::MaskedLm;
 use crate::train::model::{BuildModel, Trainable};
 
 /// [model]: tagged by `kind`, each kind with its own keys (a key of another kind is
@@ -21,6 +22,46 @@ pub enum ModelConfig {
     Gpt(GptSpec),
     /// Llama's architecture (RMSNorm, rotary embeddings, SwiGLU, grouped-query heads).
     Llama(LlamaSpec),
+    /// BERT's encoder, trained as a masked language model.
+    Bert(BertSpec),
+}
+
+/// `model.kind = "bert"`: BertForMaskedLM, trained on windows of text with the 80/10/10
+/// masking rule (a [MASK] token is added after the text's vocabulary).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BertSpec {
+    /// Encoder layers.
+    pub n_layer: usize,
+    /// Heads.
+    pub n_head: usize,
+    /// Width.
+    pub n_embd: usize,
+    /// Feed-forward width.
+    pub intermediate_size: usize,
+    /// Context length (also the training sequence length).
+    pub block_size: usize,
+    /// Vocabulary for token files, without the [MASK] token (character data sets it).
+    pub vocab_size: usize,
+    /// Share of positions predicted per window (transformers' mlm_probability).
+    pub mlm_probability: f32,
+    /// Dropout of the embeddings and of each sub-layer's output (hidden_dropout_prob).
+    pub dropout: f32,
+}
+
+impl Default for BertSpec {
+    fn default() -> Self {
+        BertSpec {
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            intermediate_size: 512,
+            block_size: 128,
+            vocab_size: 0,
+            mlm_probability: 0.15,
+            dropout: 0.1,
+        }
+    }
 }
 
 /// `model.kind = "llama"`.
@@ -119,6 +160,7 @@ impl ModelConfig {
             ModelConfig::Mlp(MlpSpec::default()),
             ModelConfig::Gpt(GptSpec::default()),
             ModelConfig::Llama(LlamaSpec::default()),
+            ModelConfig::Bert(BertSpec::default()),
         ]
     }
 
@@ -128,6 +170,7 @@ impl ModelConfig {
             ModelConfig::Mlp(_) => "mlp",
             ModelConfig::Gpt(_) => "gpt",
             ModelConfig::Llama(_) => "llama",
+            ModelConfig::Bert(_) => "bert",
         }
     }
 
@@ -135,7 +178,7 @@ impl ModelConfig {
     pub fn trains_on(&self) -> &'static [DataKind] {
         match self {
             ModelConfig::Mlp(_) => &[DataKind::FashionMnist],
-            ModelConfig::Gpt(_) | ModelConfig::Llama(_) => &[DataKind::Chars, DataKind::Tokens],
+            ModelConfig::Gpt(_) | ModelConfig::Llama(_) | ModelConfig::Bert(_) => &[DataKind::Chars, DataKind::Tokens],
         }
     }
 
@@ -145,6 +188,7 @@ impl ModelConfig {
             ModelConfig::Mlp(_) => None,
             ModelConfig::Gpt(g) => Some(g.block_size),
             ModelConfig::Llama(l) => Some(l.block_size),
+            ModelConfig::Bert(b) => Some(b.block_size),
         }
     }
 
@@ -154,6 +198,7 @@ impl ModelConfig {
             ModelConfig::Mlp(_) => None,
             ModelConfig::Gpt(g) => Some(g.vocab_size),
             ModelConfig::Llama(l) => Some(l.vocab_size),
+            ModelConfig::Bert(b) => Some(b.vocab_size),
         }
     }
 
@@ -197,6 +242,28 @@ impl ModelConfig {
                 };
                 config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
                 std::sync::Arc::new(move |vb: &mut Builder| Ok(Box::new(Llama::build(vb, config.clone())?) as Box<dyn Trainable>))
+            }
+            ModelConfig::Bert(b) => {
+                let config = BertConfig {
+                    // The text's tokens, then [MASK].
+                    vocab_size: outputs + 1,
+                    hidden_size: b.n_embd,
+                    num_hidden_layers: b.n_layer,
+                    num_attention_heads: b.n_head,
+                    intermediate_size: b.intermediate_size,
+                    max_position_embeddings: b.block_size,
+                    type_vocab_size: 2,
+                    layer_norm_eps: 1e-12,
+                    hidden_act: "gelu".into(),
+                    hidden_dropout_prob: b.dropout,
+                    attention_probs_dropout_prob: 0.0,
+                    extra: Default::default(),
+                };
+                config.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                let p = b.mlm_probability;
+                std::sync::Arc::new(move |vb: &mut Builder| {
+                    Ok(Box::new(MaskedLm::new(Bert::build(vb, config.clone())?, p)) as Box<dyn Trainable>)
+                })
             }
             ModelConfig::Mlp(m) => {
                 let mut sizes = vec![crate::data::fashion_mnist::PIXELS];
@@ -249,6 +316,25 @@ impl ModelConfig {
                 }
                 if !(l.rope_theta.is_finite() && l.rope_theta > 0.0) {
                     return out("model.rope_theta", "a positive number", l.rope_theta.to_string());
+                }
+            }
+            ModelConfig::Bert(b) => {
+                int("model.n_layer", b.n_layer as u64, 1, gpt::MAX_LAYERS as u64)?;
+                int("model.n_head", b.n_head as u64, 1, gpt::MAX_HEADS as u64)?;
+                int("model.n_embd", b.n_embd as u64, 1, gpt::MAX_EMBD as u64)?;
+                int("model.intermediate_size", b.intermediate_size as u64, 1, 4 * gpt::MAX_EMBD as u64)?;
+                int("model.block_size", b.block_size as u64, 1, gpt::MAX_POSITIONS as u64)?;
+                if !b.n_embd.is_multiple_of(b.n_head) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.n_embd {} must be a multiple of model.n_head {}",
+                        b.n_embd, b.n_head
+                    )));
+                }
+                if !(b.mlm_probability > 0.0 && b.mlm_probability <= 1.0) {
+                    return out("model.mlm_probability", "in (0, 1]", b.mlm_probability.to_string());
+                }
+                if !(0.0..1.0).contains(&b.dropout) {
+                    return out("model.dropout", "in [0, 1)", b.dropout.to_string());
                 }
             }
         }
