@@ -6,7 +6,7 @@
 //! transformers name (a tied embedding's gradient includes the head's share).
 //! `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
-//! May call: `autograd`, `error`, `files`, `hf::io`, `kernels`, `memory`, `nn`,
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`,
 //! `runtime`, `tensor`.
 
 use std::path::Path;
@@ -72,14 +72,14 @@ impl HfModel {
         struct Kind {
             model_type: Option<String>,
         }
-        let kind: Kind = crate::hf::read_config(dir)?;
+        let kind: Kind = crate::nn::hf::read_config(dir)?;
         match kind.model_type.as_deref() {
             Some("gpt2") | None => {
                 let model = Gpt::from_hf_dir(rt, dir, params)?;
                 if model.config.has_dropout() {
                     return Err(Error::format(
                         &dir.join("config.json"),
-                        "dropout (resid/embd/attn_pdrop) is not implemented; set them to 0 to compare a step",
+                        "resid_pdrop, embd_pdrop and attn_pdrop must be 0 to compare a step (dropout draws other masks than PyTorch's)",
                     ));
                 }
                 Ok(HfModel::Gpt(model))

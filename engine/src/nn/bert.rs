@@ -6,7 +6,7 @@
 //! tied to the word embeddings, and its own bias `cls.predictions.bias`. Exact-erf GELU;
 //! attention over every key, padding keys left out by the attention mask.
 //!
-//! May call: `autograd`, `error`, `hf::io`, `kernels`, `memory`, `nn::{builder, gpt,
+//! May call: `autograd`, `error`, `nn::hf`, `kernels`, `memory`, `nn::{builder, gpt,
 //! init}`, `runtime`, `tensor`.
 
 use std::path::Path;
@@ -212,7 +212,7 @@ impl Bert {
     /// Loads config.json and model.safetensors written by transformers' save_pretrained
     /// (a BertForMaskedLM; the tied decoder weight, if the file holds it, is skipped).
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Bert, Error> {
-        let config: BertConfig = crate::hf::read_config(dir)?;
+        let config: BertConfig = crate::nn::hf::read_config(dir)?;
         config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let (c, f, v) = (config.hidden_size as u64, config.intermediate_size as u64, config.vocab_size as u64);
         let layer = 4 * c * c + 2 * c * f + 10 * c + f;
@@ -220,7 +220,7 @@ impl Bert {
             + config.num_hidden_layers as u64 * layer
             + c * c
             + 2 * v;
-        let mut values = crate::hf::read_weights(rt, dir, 4 * numel + (16 << 20), &|name| {
+        let mut values = crate::nn::hf::read_weights(rt, dir, 4 * numel + (16 << 20), &|name| {
             (name.starts_with("bert.") || (name.starts_with("cls.predictions.") && !name.starts_with("cls.predictions.decoder.")))
                 .then(|| name.to_string())
         })?;

@@ -43,13 +43,14 @@ pub struct GptConfig {
     /// Must be gelu_new (GPT-2's tanh approximation).
     #[serde(default = "default_activation")]
     pub activation_function: String,
-    /// Dropout probabilities; only 0 is supported.
+    /// Dropout after each block's attention and MLP projections (training mode only).
     #[serde(default)]
     pub resid_pdrop: f32,
-    /// See resid_pdrop.
+    /// Dropout of the embeddings' sum.
     #[serde(default)]
     pub embd_pdrop: f32,
-    /// See resid_pdrop.
+    /// Dropout of attention probabilities: only 0 trains (the fused attention keeps
+    /// no probabilities to drop).
     #[serde(default)]
     pub attn_pdrop: f32,
     /// Every other field of config.json, written back unchanged by save_hf.
@@ -135,7 +136,8 @@ impl GptConfig {
         Ok(())
     }
 
-    /// Whether any dropout probability is non-zero (dropout is not implemented).
+    /// Whether any dropout probability is non-zero (a step then draws masks PyTorch does
+    /// not, so `wgtrain step` refuses it).
     pub fn has_dropout(&self) -> bool {
         self.resid_pdrop > 0.0 || self.embd_pdrop > 0.0 || self.attn_pdrop > 0.0
     }
@@ -249,7 +251,7 @@ impl Gpt {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Gpt, Error> {
-        let config: GptConfig = crate::hf::read_config(dir)?;
+        let config: GptConfig = crate::nn::hf::read_config(dir)?;
         config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
         // Sizes first (the shapes of a config asking for 10^11 layers are never listed),
         // then a bound on the weights' file: every parameter in f32, older files' causal
@@ -262,7 +264,7 @@ impl Gpt {
         let wanted: BTreeMap<String, Vec<usize>> = parameter_shapes(&config).into_iter().collect();
         // Older files prefix nothing or carry the tied head and attention-mask buffers
         // (lm_head.weight, attn.bias, attn.masked_bias: skipped).
-        let values = crate::hf::read_weights(rt, dir, 4 * (numel + masks) + (16 << 20), &|name| {
+        let values = crate::nn::hf::read_weights(rt, dir, 4 * (numel + masks) + (16 << 20), &|name| {
             [name.to_string(), format!("transformer.{name}")]
                 .into_iter()
                 .find(|k| wanted.contains_key(k))
@@ -281,7 +283,7 @@ impl Gpt {
             let p = &params.list[params.find(&name).expect("registered")];
             data.push((name, p.value.shape().to_vec(), p.value.to_f32_vec(rt)?));
         }
-        crate::hf::write_folder(dir, &config, &data)
+        crate::nn::hf::write_folder(dir, &config, &data)
     }
 
     /// Logits [B, T, V] of token ids [B, T] (i32).
@@ -329,7 +331,8 @@ impl Gpt {
         let positions: Vec<i32> = (0..t as i32).collect();
         let pos_ids = Tensor::from_i32(rt, &positions, &[t], Category::Input, "positions")?;
         let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "wpe")?;
-        let mut x = ops::add(tape, rt, &tok, &pos, "embed")?;
+        let x = ops::add(tape, rt, &tok, &pos, "embed")?;
+        let mut x = ops::dropout(tape, rt, &x, c.embd_pdrop, "drop")?;
         for (i, blk) in self.blocks.iter().enumerate() {
             let ids = [blk.ln_1, blk.c_attn, blk.attn_proj, blk.ln_2, blk.c_fc, blk.mlp_proj];
             let mut vars = vec![x.clone()];
@@ -337,17 +340,17 @@ impl Gpt {
                 vars.push(p(tape, w)?);
                 vars.push(p(tape, bias)?);
             }
-            let (eps, nh) = (c.layer_norm_epsilon as f32, c.n_head);
+            let (eps, nh, drop) = (c.layer_norm_epsilon as f32, c.n_head, c.resid_pdrop);
             // The tape's mode says how often a block is recomputed in backward instead
             // of keeping its activations (0: keep everything; 1: every block).
             let every = tape.mode().checkpoint_every;
             let recompute = every > 0 && i % every == 0;
             x = if recompute {
                 let refs: Vec<&Var> = vars.iter().collect();
-                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, eps, nh, v));
+                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, (eps, nh, drop), v));
                 ops::checkpoint(tape, rt, &refs, segment)?
             } else {
-                block(tape, rt, i, eps, nh, &vars)?
+                block(tape, rt, i, (eps, nh, drop), &vars)?
             };
         }
         let (w, bb) = (p(tape, self.ln_f.0)?, p(tape, self.ln_f.1)?);
@@ -359,7 +362,7 @@ impl Gpt {
 
 /// One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). `v` holds x and the
 /// block's 12 parameters in state-dict order.
-fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]) -> Result<Var, Error> {
+fn block(tape: &mut Tape, rt: &Runtime, i: usize, (eps, nh, drop): (f32, usize, f32), v: &[Var]) -> Result<Var, Error> {
     let l = |n: &str| format!("h.{i}.{n}");
     let x = &v[0];
     // Under fp16-mixed the projections feeding attention and GELU write f16.
@@ -368,11 +371,13 @@ fn block(tape: &mut Tape, rt: &Runtime, i: usize, eps: f32, nh: usize, v: &[Var]
     let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("qkv"))?;
     let y = ops::attention(tape, rt, &qkv, nh, &l("atty"))?;
     let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attproj"))?;
+    let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
     let x2 = ops::add(tape, rt, x, &a, &l("residual2"))?;
     let h = ops::layernorm(tape, rt, &x2, &v[7], &v[8], eps, &l("ln_2"))?;
     let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("fch"))?;
     let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
     let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("fcproj"))?;
+    let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
     ops::add(tape, rt, &x2, &m, &l("residual3"))
 }
 

@@ -6,7 +6,7 @@
 //! when tied to the embedding). Rotary embeddings as transformers computes them from
 //! `rope_theta` (or `rope_parameters` in newer config.json files).
 //!
-//! May call: `autograd`, `error`, `hf::io`, `kernels`, `memory`, `nn::{builder, gpt}`,
+//! May call: `autograd`, `error`, `nn::hf`, `kernels`, `memory`, `nn::{builder, gpt}`,
 //! `runtime`, `tensor`.
 
 use std::path::Path;
@@ -258,7 +258,7 @@ impl Llama {
 
     /// Loads config.json and model.safetensors written by transformers' save_pretrained.
     pub fn from_hf_dir(rt: &Runtime, dir: &Path, params: &mut Params) -> Result<Llama, Error> {
-        let config: LlamaConfig = crate::hf::read_config(dir)?;
+        let config: LlamaConfig = crate::nn::hf::read_config(dir)?;
         config.validate().map_err(|e| Error::format(&dir.join("config.json"), e))?;
         let (c, f, v) = (config.hidden_size as u64, config.intermediate_size as u64, config.vocab_size as u64);
         let hd = (config.num_attention_heads * config.head_dim()) as u64;
@@ -266,7 +266,7 @@ impl Llama {
         let layer = 2 * c * hd + 2 * c * kvd + 3 * c * f + 2 * c;
         let numel = 2 * v * c + config.num_hidden_layers as u64 * layer + c;
         let tied = config.tie_word_embeddings;
-        let mut values = crate::hf::read_weights(rt, dir, 4 * numel + (16 << 20), &|name| {
+        let mut values = crate::nn::hf::read_weights(rt, dir, 4 * numel + (16 << 20), &|name| {
             (!(tied && name == "lm_head.weight")).then(|| name.to_string())
         })?;
         let mut init = super::init::Init::new(0);

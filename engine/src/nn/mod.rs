@@ -1,13 +1,14 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors: `builder`
 //! (parameters by path, and the forward context), `layers` (the layer library),
-//! `init` (seeded initialisation), and the engine's models (`mlp`, `gpt`, `llama`, `bert`).
+//! `init` (seeded initialisation), `hf` (transformers' folders), and the engine's models (`mlp`, `gpt`, `llama`, `bert`).
 //!
-//! May call: `autograd`, `error`, `hf::io`, `kernels`, `memory`, `runtime`, `tensor`.
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `runtime`, `tensor`.
 
 pub mod bert;
 pub mod builder;
 pub mod gpt;
+pub mod hf;
 pub mod init;
 pub mod layers;
 pub mod llama;

@@ -8,9 +8,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::config::{Choice, Config, ConfigError, DataKind, OptimizerKind, Precision};
-use super::error::TrainError;
-use super::model::{BuildModel, Trainable};
 use crate::autograd::Params;
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::text::{self, CharCorpus};
@@ -24,6 +21,9 @@ use crate::nn::{Builder, Init};
 use crate::optim::Rule;
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
+use crate::train::config::{Choice, Config, ConfigError, DataKind, OptimizerKind, Precision};
+use crate::train::error::TrainError;
+use crate::train::model::{BuildModel, Trainable};
 
 /// What a run is made of: training and evaluation data, the model's output width, the
 /// text's unigram entropy in nats (language models on text), and how to build the model.

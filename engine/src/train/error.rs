@@ -1,12 +1,13 @@
 //! Why a run stopped with an error: the engine's [`Error`] (ops, files, device, memory)
 //! and what only training has (configuration, data, checkpoints, the log, the loss).
 //!
-//! May call: `error`, `data`, `train::{config, checkpoint}`. Called by: the train layer.
+//! May call: `error`, `data`, `train::config`. Called by: the train layer. The
+//! checkpoint format's error lives here so that `train::checkpoint` depends on this file,
+//! not the other way.
 
-use super::checkpoint::CheckpointError;
-use super::config::ConfigError;
 use crate::data::DataError;
 use crate::error::Error;
+use crate::train::config::ConfigError;
 
 /// Why a run stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -49,4 +50,42 @@ impl TrainError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, TrainError::Engine(e) if e.is_out_of_memory())
     }
+}
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read or written.
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file does not match its manifest, or is not what it should be.
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint folder cannot be used (a file, unwritable, held by another run,
+    /// or holding another run's checkpoints).
+    #[error("checkpoint.dir {path} cannot be used: {reason}")]
+    Unusable {
+        /// The folder.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The checkpoint does not fit this model.
+    #[error("checkpoint {path} does not fit this run: {reason}")]
+    Mismatch {
+        /// The file.
+        path: String,
+        /// What differs.
+        reason: String,
+    },
 }

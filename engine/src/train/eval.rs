@@ -7,10 +7,10 @@
 
 use wgtrain_record::EvalLog;
 
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::autograd::{Mode, Tape};
 use crate::data::HostBatch;
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
 
 impl Trainer {
     /// Loss (and accuracy, for classifiers) over the evaluation split, without gradients.

@@ -8,17 +8,17 @@
 
 use std::sync::Arc;
 
-use super::build::{Loaded, load_data, resolve_precision};
-use super::config::Config;
-use super::error::TrainError;
-use super::model::BuildModel;
-use super::plan::{dry_runtime, estimate_on, plan};
-use super::trainer::Trainer;
 use crate::data::Dataset;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, MemoryCap, format_bytes};
 use crate::runtime::Runtime;
+use crate::train::build::{Loaded, load_data, resolve_precision};
+use crate::train::config::Config;
+use crate::train::error::TrainError;
+use crate::train::model::BuildModel;
+use crate::train::plan::{dry_runtime, estimate_on, plan};
+use crate::train::trainer::Trainer;
 
 impl Trainer {
     /// Loads the data, opens the adapter `adapter` names, and builds the run (after
@@ -171,7 +171,7 @@ impl Trainer {
             unigram_entropy: self.unigram_entropy,
         };
         let limit = self.rt.alloc.stats().cap.or(self.rt.gpu.caps.memory_bytes);
-        super::plan::what_if(&self.config, &self.rt, &data, limit).unwrap_or_else(|e| {
+        crate::train::plan::what_if(&self.config, &self.rt, &data, limit).unwrap_or_else(|e| {
             tracing::warn!("the what-if estimates failed: {e}");
             Vec::new()
         })

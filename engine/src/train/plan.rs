@@ -19,16 +19,16 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::build::{Loaded, load_data, resolve_precision};
-use super::config::{Checkpointing, Choice, Config, ConfigError, Offload, Precision};
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::autograd::Params;
 use crate::device::Gpu;
 use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::nn::{Builder, Init};
 use crate::runtime::Runtime;
+use crate::train::build::{Loaded, load_data, resolve_precision};
+use crate::train::config::{Checkpointing, Choice, Config, ConfigError, Offload, Precision};
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
 use wgtrain_record::{PeakView, StepMemory, WhatIf};
 
 /// Model states from the formulas, in bytes.

@@ -15,17 +15,17 @@ use std::time::Instant;
 use serde::Serialize;
 use wgtrain_record::{EvalLog, MemLog, RunInfo, StepLog, StepMemory};
 
-use super::checkpoint;
-use super::checkpoint_dir::{CheckpointDir, Start};
-use super::error::TrainError;
-use super::log::{LogWriter, mem_log_devices, repair_log};
-use super::observe::Observer;
-use super::profile::kernel_rows;
-use super::progress::ProgressBar;
-use super::trainer::Trainer;
 use crate::data::batches_per_epoch;
 use crate::error::Error;
 use crate::optim::lr_at;
+use crate::train::checkpoint;
+use crate::train::checkpoint::dir::{CheckpointDir, Start};
+use crate::train::error::TrainError;
+use crate::train::observe::Observer;
+use crate::train::observe::log::{LogWriter, mem_log_devices, repair_log};
+use crate::train::observe::profile::kernel_rows;
+use crate::train::observe::progress::ProgressBar;
+use crate::train::trainer::Trainer;
 
 /// How to run besides the config.
 #[derive(Clone, Default)]
@@ -155,7 +155,7 @@ impl Trainer {
             observers.push(Arc::new(LogWriter::open(path)?));
             // The log is known by its first step line, once it has one.
             self.log_first = Some(
-                super::log::scan_log(path)
+                crate::train::observe::log::scan_log(path)
                     .map_err(|e| TrainError::Log {
                         path: path.display().to_string(),
                         source: e,
@@ -405,7 +405,7 @@ fn same_folder(a: &Path, b: &Path) -> bool {
 /// that kept no log; `None`, a checkpoint written before logs were named, is not
 /// checked). Another run's log is refused, naming what would be lost, unless
 /// `overwrite` (then it is replaced).
-fn check_resumed_log(log: &Path, first: Option<Option<super::trainer::LogLine>>, overwrite: bool) -> Result<(), TrainError> {
+fn check_resumed_log(log: &Path, first: Option<Option<crate::train::trainer::LogLine>>, overwrite: bool) -> Result<(), TrainError> {
     let err = |e| TrainError::Log {
         path: log.display().to_string(),
         source: e,
@@ -421,7 +421,7 @@ fn check_resumed_log(log: &Path, first: Option<Option<super::trainer::LogLine>>,
     if meta.len() == 0 {
         return Ok(());
     }
-    let (lines, found) = super::log::scan_log(log).map_err(err)?;
+    let (lines, found) = crate::train::observe::log::scan_log(log).map_err(err)?;
     // Within 4 units in the last place: JSON's number parser may round a value it
     // wrote one place off.
     let near = |a: f64, b: f64| a.is_sign_negative() == b.is_sign_negative() && a.to_bits().abs_diff(b.to_bits()) <= 4;

@@ -8,8 +8,6 @@
 //! May call: `autograd`, `data`, `memory`, `optim`, `runtime`, `tensor`, `train::{error,
 //! trainer}`. Called by: `train::{run, plan}`.
 
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::autograd::Param;
 use crate::data::HostBatch;
 use crate::error::Error;
@@ -18,6 +16,8 @@ use crate::memory::format_bytes;
 use crate::optim::clip_grad_norm;
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
+use crate::train::error::TrainError;
+use crate::train::trainer::{StepKind, Trainer};
 
 /// Splits a batch into consecutive parts of at most `micro` examples.
 pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
@@ -89,14 +89,11 @@ impl Trainer {
     /// the step was skipped for a non-finite gradient. Gradients are unscaled before
     /// clipping, and the scale is updated after the step (torch.amp.GradScaler's order).
     pub fn train_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
-        if self.world.is_some() {
-            return self.parallel_step(batch, lr);
-        }
-        if self.config.memory.optimizer_in_backward {
-            return Ok((self.train_step_in_backward(batch, lr)?, false));
-        }
-        if self.scaler.is_some() && self.config.train.grad_clip <= 0.0 {
-            return self.train_step_on_device(batch, lr);
+        match self.step_kind {
+            StepKind::Parallel => return self.parallel_step(batch, lr),
+            StepKind::InBackward => return Ok((self.train_step_in_backward(batch, lr)?, false)),
+            StepKind::OnDevice => return self.train_step_on_device(batch, lr),
+            StepKind::Plain => {}
         }
         let loss = self.compute_gradients(batch)?;
         self.rt.phase("optimizer");

@@ -8,15 +8,15 @@
 
 use std::sync::Arc;
 
-use super::build::{Loaded, build_model, loss_scaler, optimizer_rule};
-use super::config::Config;
-use super::error::TrainError;
-use super::model::{BuildModel, Trainable};
 use crate::autograd::{Mode, Params, Tape};
 use crate::data::{BatchOrder, Dataset, Loader, batches_per_epoch};
 use crate::optim::Optimizer;
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
+use crate::train::build::{Loaded, build_model, loss_scaler, optimizer_rule};
+use crate::train::config::Config;
+use crate::train::error::TrainError;
+use crate::train::model::{BuildModel, Trainable};
 
 /// A training run.
 pub struct Trainer {
@@ -54,7 +54,36 @@ pub struct Trainer {
     /// False while a step runs: an error then may leave the weights half updated.
     pub(super) consistent: bool,
     /// The other devices of a multi-device run (`train::parallel`).
-    pub(super) world: Option<super::world::World>,
+    pub(super) world: Option<crate::train::world::World>,
+    /// How each step runs, chosen when the run opens (and when devices join).
+    pub(super) step_kind: StepKind,
+}
+
+/// How a step runs: chosen once from the run's settings, not per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// Over several devices (`train::parallel`).
+    Parallel,
+    /// Each update applied inside backward (`memory.optimizer_in_backward`).
+    InBackward,
+    /// fp16-mixed without clipping: unscale, the skip and the update on the device, no
+    /// read-back before the update.
+    OnDevice,
+    /// Gradients, then (clipping, the scaler's check) the update.
+    Plain,
+}
+
+impl StepKind {
+    /// The kind a single-device run of `config` with or without a loss scaler takes.
+    pub fn of(config: &Config, scaled: bool) -> StepKind {
+        if config.memory.optimizer_in_backward {
+            StepKind::InBackward
+        } else if scaled && config.train.grad_clip <= 0.0 {
+            StepKind::OnDevice
+        } else {
+            StepKind::Plain
+        }
+    }
 }
 
 /// A step line of a log, as its identity: step, time, loss.
@@ -68,6 +97,7 @@ impl Trainer {
         let model = build_model(&config, &rt, data.model.as_ref(), &mut params)?;
         let opt = Optimizer::new(optimizer_rule(&config));
         let scaler = loss_scaler(&config)?;
+        let step_kind = StepKind::of(&config, scaler.is_some());
         Ok(Trainer {
             config,
             rt,
@@ -88,6 +118,7 @@ impl Trainer {
             log_first: Some(None),
             consistent: true,
             world: None,
+            step_kind,
         })
     }
 

@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use super::model::Trainable;
 use crate::autograd::Params;
 use crate::optim::{HostOptimizer, Optimizer};
 use crate::parallel::{HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
+use crate::train::model::Trainable;
 
 /// A device of a multi-device run other than the first.
 pub struct Peer {

@@ -258,7 +258,7 @@ fn file_name(path: &Path) -> String {
 pub const MAX_RECORD: u64 = 64 << 20;
 
 /// The most bytes one log line may hold (the engine's bound: `train::log::MAX_LINE`).
-pub const MAX_LINE: usize = wgtrain_engine::train::log::MAX_LINE;
+pub const MAX_LINE: usize = wgtrain_engine::train::observe::log::MAX_LINE;
 
 /// Parsed records by file, with the size and modification time they were read at: an
 /// API call re-reads a record only when its file changed. Bounded: the oldest go first.

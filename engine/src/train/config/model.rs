@@ -133,6 +133,9 @@ pub struct GptSpec {
     pub block_size: usize,
     /// Vocabulary for token files (character data sets it from the text).
     pub vocab_size: usize,
+    /// Dropout of the embeddings and of each block's attention and MLP outputs
+    /// (GPT-2's embd_pdrop and resid_pdrop).
+    pub dropout: f32,
 }
 
 impl Default for GptSpec {
@@ -143,6 +146,7 @@ impl Default for GptSpec {
             n_embd: 128,
             block_size: 128,
             vocab_size: 0,
+            dropout: 0.0,
         }
     }
 }
@@ -215,8 +219,8 @@ impl ModelConfig {
                     n_head: g.n_head,
                     layer_norm_epsilon: 1e-5,
                     activation_function: "gelu_new".into(),
-                    resid_pdrop: 0.0,
-                    embd_pdrop: 0.0,
+                    resid_pdrop: g.dropout,
+                    embd_pdrop: g.dropout,
                     attn_pdrop: 0.0,
                     extra: Default::default(),
                 };
@@ -299,6 +303,9 @@ impl ModelConfig {
                         "model.n_embd {} must be a multiple of model.n_head {}",
                         g.n_embd, g.n_head
                     )));
+                }
+                if !(0.0..1.0).contains(&g.dropout) {
+                    return out("model.dropout", "in [0, 1)", g.dropout.to_string());
                 }
             }
             ModelConfig::Llama(l) => {

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use wgtrain_record::{StepLog, StepMemory};
 
-use super::error::TrainError;
-use super::observe::Observer;
 use crate::memory::format_bytes;
+use crate::train::error::TrainError;
+use crate::train::observe::Observer;
 
 /// Where progress goes (stderr).
 enum Sink {

@@ -27,16 +27,12 @@
 //! `parallel`, `runtime`, `scaler`, `tensor`, `train::{build, config, error, model,
 //! step, trainer, world}`. Called by: `train::{open, plan, run, state, step}`.
 
+pub mod reducer;
+pub mod shard_state;
+pub mod zero3;
+
 use std::sync::Arc;
 
-use super::build::{build_model, optimizer_rule};
-use super::error::TrainError;
-use super::model::Trainable;
-use super::reducer::{Reducer, timing, transfer};
-use super::step::{read_losses, split_batch};
-use super::trainer::Trainer;
-use super::world::{Peer, StepPlan, World};
-use super::zero3::{ShardGather, refresh_host_weights};
 use crate::autograd::{Gather, Param, Params, Tape};
 use crate::data::HostBatch;
 use crate::device::host_vec::HostVec;
@@ -47,6 +43,14 @@ use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_g
 use crate::parallel::{Collective, HostComm, HostGroup, Shards};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
+use crate::train::build::{build_model, optimizer_rule};
+use crate::train::error::TrainError;
+use crate::train::model::Trainable;
+use crate::train::parallel::reducer::{Reducer, timing, transfer};
+use crate::train::parallel::zero3::{ShardGather, refresh_host_weights};
+use crate::train::step::{read_losses, split_batch};
+use crate::train::trainer::Trainer;
+use crate::train::world::{Peer, StepPlan, World};
 
 /// A rank's host shards of every parameter (stage 3), one vector per parameter.
 type Shards3 = Vec<Vec<f32>>;
@@ -90,6 +94,7 @@ impl Trainer {
             .iter()
             .map(|p| (p.value.shape().to_vec(), p.name.clone()))
             .collect();
+        self.step_kind = crate::train::trainer::StepKind::Parallel;
         self.world = Some(World {
             group,
             comms,
@@ -155,7 +160,7 @@ impl Trainer {
 
     /// One step over every device: returns the batch's mean loss and whether the update
     /// was skipped (fp16-mixed, an inf or NaN gradient on any device).
-    pub(super) fn parallel_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+    pub(in crate::train) fn parallel_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
         let mode = self.step_mode();
         let Trainer {
             rt,

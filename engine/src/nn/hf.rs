@@ -1,4 +1,5 @@
-//! Reading and writing transformers' folders: config.json (a few KiB, bounded) and
+//! Reading and writing transformers' folders (what `from_hf_dir` and `save_hf` of the
+//! models use): config.json (a few KiB, bounded) and
 //! model.safetensors (bounded by what the config's model takes), in F32, F16 or BF16.
 //!
 //! May call: `error`, `files`, `kernels`, `memory`, `runtime`, `tensor`.

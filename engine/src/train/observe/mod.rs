@@ -7,9 +7,13 @@
 //!
 //! May call: `wgtrain_record`, `train::error`. Called by: `train::run`, the dashboard.
 
+pub mod log;
+pub mod profile;
+pub mod progress;
+
 use wgtrain_record::{RunInfo, StepLog, StepMemory};
 
-use super::error::TrainError;
+use crate::train::error::TrainError;
 
 /// Receives a run's progress (see the module).
 pub trait Observer: Send + Sync {

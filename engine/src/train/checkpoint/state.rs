@@ -8,15 +8,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::memory::Category;
 use crate::tensor::Tensor;
+use crate::train::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
 
 impl Trainer {
     /// Everything a checkpoint holds, on the host.
-    pub(super) fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
+    pub(in crate::train) fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
         let mut model = Vec::new();
         let mut optimizer = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {

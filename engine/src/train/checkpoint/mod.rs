@@ -15,6 +15,9 @@
 //!
 //! May call: `files`.
 
+pub mod dir;
+pub mod state;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,43 +31,7 @@ pub const FORMAT: &str = "wgtrain-checkpoint-1";
 /// Checkpoints kept in a folder (older ones are deleted after a successful save).
 pub const KEEP: usize = 3;
 
-/// Why a checkpoint could not be written or read.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A file could not be read or written.
-    #[error("checkpoint {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A file does not match its manifest, or is not what it should be.
-    #[error("checkpoint {path} is corrupt: {reason}")]
-    Corrupt {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The checkpoint folder cannot be used (a file, unwritable, held by another run,
-    /// or holding another run's checkpoints).
-    #[error("checkpoint.dir {path} cannot be used: {reason}")]
-    Unusable {
-        /// The folder.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// The checkpoint does not fit this model.
-    #[error("checkpoint {path} does not fit this run: {reason}")]
-    Mismatch {
-        /// The file.
-        path: String,
-        /// What differs.
-        reason: String,
-    },
-}
+pub use crate::train::error::CheckpointError;
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
     move |e| CheckpointError::Io {

@@ -10,9 +10,9 @@ use std::sync::Mutex;
 
 pub use wgtrain_record::{EvalLog, MemLog, StepLog};
 
-use super::error::TrainError;
-use super::observe::Observer;
 use crate::memory::{Category, MemoryStats};
+use crate::train::error::TrainError;
+use crate::train::observe::Observer;
 
 /// The memory figures of a log line from the allocator's counters.
 pub fn mem_log(s: &MemoryStats) -> MemLog {

@@ -16,7 +16,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
 
-use super::world::StepPlan;
 use crate::autograd::{Param, Params};
 use crate::device::Gpu;
 use crate::device::host_vec::HostVec;
@@ -29,9 +28,10 @@ use crate::parallel::collective::sum_range;
 use crate::parallel::{Collective, HostComm};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
+use crate::train::world::StepPlan;
 
 /// A bucket on its way: the copy of its gradients, and where each sum goes.
-pub(super) struct Job {
+pub(in crate::train) struct Job {
     download: HostDownload,
     /// Per parameter of the bucket: its index, its element count, whether this rank
     /// has a gradient for it (in the download) and the part of it this rank sums.
@@ -42,12 +42,12 @@ pub(super) struct Job {
 
 /// What the transfer thread hands back: the reduced shard gradients kept on the host
 /// (offload), by parameter.
-pub(super) type HostGrads = Vec<Option<Vec<f32>>>;
+pub(in crate::train) type HostGrads = Vec<Option<Vec<f32>>>;
 
 /// Runs on a rank's transfer thread until the reducer is done: each bucket exchanged,
 /// summed and written back through `gpu` (none on the estimate's dry run), or kept on
 /// the host under offload.
-pub(super) fn transfer(
+pub(in crate::train) fn transfer(
     jobs: Receiver<Job>,
     comm: &HostComm,
     gpu: Option<Arc<Gpu>>,
@@ -147,13 +147,13 @@ type Entry = (usize, usize, bool, Range<usize>);
 
 /// Whether `WGTRAIN_PARALLEL_TIMES` asks for each rank's host timings of each step on
 /// stderr (a diagnostic of the transfer path).
-pub(super) fn timing() -> bool {
+pub(in crate::train) fn timing() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("WGTRAIN_PARALLEL_TIMES").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// The rank's side: buckets filled from backward's hook, handed to the transfer thread.
-pub(super) struct Reducer<'a> {
+pub(in crate::train) struct Reducer<'a> {
     plan: &'a StepPlan<'a>,
     rank: usize,
     jobs: Option<Sender<Job>>,
@@ -164,11 +164,11 @@ pub(super) struct Reducer<'a> {
     /// Whole gradients (stages 0, 1) being reduced in place, put back at the end.
     reduced: Vec<Option<Tensor>>,
     /// Shard gradients (stage 2) the sums are written into.
-    pub(super) shard_grads: Vec<Option<Tensor>>,
+    pub(in crate::train) shard_grads: Vec<Option<Tensor>>,
 }
 
 impl<'a> Reducer<'a> {
-    pub(super) fn new(plan: &'a StepPlan<'a>, rank: usize, n: usize, jobs: Sender<Job>) -> Reducer<'a> {
+    pub(in crate::train) fn new(plan: &'a StepPlan<'a>, rank: usize, n: usize, jobs: Sender<Job>) -> Reducer<'a> {
         Reducer {
             plan,
             rank,
@@ -182,7 +182,7 @@ impl<'a> Reducer<'a> {
     }
 
     /// A parameter's gradient is final on this rank: into the bucket with it.
-    pub(super) fn ready(&mut self, rt: &Runtime, i: usize, p: &mut Param) -> Result<(), Error> {
+    pub(in crate::train) fn ready(&mut self, rt: &Runtime, i: usize, p: &mut Param) -> Result<(), Error> {
         if std::mem::replace(&mut self.seen[i], true) {
             return Ok(());
         }
@@ -196,7 +196,7 @@ impl<'a> Reducer<'a> {
 
     /// Parameters backward never reported (unused, or no backward on an empty share),
     /// then the last bucket; closes the transfer thread's queue.
-    pub(super) fn finish(&mut self, rt: &Runtime, params: &mut Params) -> Result<(), Error> {
+    pub(in crate::train) fn finish(&mut self, rt: &Runtime, params: &mut Params) -> Result<(), Error> {
         for (i, p) in params.list.iter_mut().enumerate() {
             self.ready(rt, i, p)?;
         }
@@ -206,13 +206,13 @@ impl<'a> Reducer<'a> {
     }
 
     /// Closes the transfer thread's queue (also when the step failed on the way).
-    pub(super) fn close(&mut self) {
+    pub(in crate::train) fn close(&mut self) {
         self.jobs = None;
     }
 
     /// Once the transfer thread is done: the reduced whole gradients go back into
     /// `params`.
-    pub(super) fn restore(&mut self, params: &mut Params) {
+    pub(in crate::train) fn restore(&mut self, params: &mut Params) {
         for (p, g) in params.list.iter_mut().zip(&mut self.reduced) {
             p.grad = g.take();
         }

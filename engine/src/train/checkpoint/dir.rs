@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::{CheckpointError, parse_step_dir};
+use crate::train::checkpoint::{CheckpointError, parse_step_dir};
 
 /// The lock file's name inside the checkpoint folder.
 pub const LOCK_FILE: &str = ".lock";
@@ -87,7 +87,7 @@ impl CheckpointDir {
             }
             Start::Overwrite => {
                 for s in steps {
-                    let d = root.join(super::checkpoint::step_dir_name(s));
+                    let d = root.join(crate::train::checkpoint::step_dir_name(s));
                     std::fs::remove_dir_all(&d).map_err(|e| io(&d, e))?;
                 }
                 let latest = root.join("latest");

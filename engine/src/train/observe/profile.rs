@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::error::TrainError;
-use super::trainer::Trainer;
 use crate::optim::lr_at;
 use crate::runtime::{LaunchRecord, StepTrace};
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
 
 /// Known peaks, dense TFLOP/s: (name part, fp32 without tensor cores, f16 tensor cores).
 pub const KNOWN_PEAKS: [(&str, f64, f64); 2] = [("H100", 67.0, 989.5), ("H200", 67.0, 989.5)];

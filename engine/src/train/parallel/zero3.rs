@@ -13,8 +13,6 @@
 
 use std::sync::Arc;
 
-use super::trainer::Trainer;
-use super::world::World;
 use crate::autograd::{Gather, Params};
 use crate::device::staging::{concat_into, give_f32};
 use crate::error::Error;
@@ -23,15 +21,17 @@ use crate::memory::Category;
 use crate::parallel::Shards;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
+use crate::train::trainer::Trainer;
+use crate::train::world::World;
 
 /// One rank's gathers of whole parameters: uploads of the whole weights the host
 /// holds (rebuilt from every rank's shards after each step, `refresh_host_weights`). The
 /// uploads are queued as the tape records, ahead of the device, so every layer's
 /// parameters are on their way before the device reaches it.
-pub(super) struct ShardGather {
-    pub(super) rt: Arc<Runtime>,
-    pub(super) whole: Arc<Vec<Vec<f32>>>,
-    pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
+pub(in crate::train) struct ShardGather {
+    pub(in crate::train) rt: Arc<Runtime>,
+    pub(in crate::train) whole: Arc<Vec<Vec<f32>>>,
+    pub(in crate::train) shapes: Arc<Vec<(Vec<usize>, String)>>,
 }
 
 impl Gather for ShardGather {
@@ -57,7 +57,7 @@ impl Gather for ShardGather {
 /// Replaces each whole parameter of `params` by this rank's shard (on the device; an
 /// empty tensor when `on_host`: the weights then live in host memory only) and returns
 /// the shard's values (for the host copy).
-pub(super) fn shard_in_place(
+pub(in crate::train) fn shard_in_place(
     rt: &Runtime,
     params: &mut Params,
     shards: &Shards,
@@ -79,7 +79,7 @@ pub(super) fn shard_in_place(
 
 /// Splits this rank's shards read end to end back into one vector per parameter
 /// (several threads at once); `flat` goes back to the reused host vectors.
-pub(super) fn split_shards(flat: Vec<f32>, shards: &Shards, rank: usize) -> Vec<Vec<f32>> {
+pub(in crate::train) fn split_shards(flat: Vec<f32>, shards: &Shards, rank: usize) -> Vec<Vec<f32>> {
     use rayon::prelude::*;
     let out = shard_ranges(shards, rank).into_par_iter().map(|r| flat[r].to_vec()).collect();
     give_f32(flat);
@@ -103,7 +103,7 @@ fn shard_ranges(shards: &Shards, rank: usize) -> Vec<std::ops::Range<usize>> {
 /// optimizer's weights), written in place when no one holds them any more (the step's
 /// gathers are done), so a step makes no new host memory (fresh pages cost more than
 /// the copy).
-pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
+pub(in crate::train) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
     use rayon::prelude::*;
     let ranges: Vec<_> = (0..flats.len()).map(|r| shard_ranges(&world.shards, r)).collect();
     let fill = |i: usize, whole: &mut [f32]| {
@@ -153,7 +153,7 @@ pub(super) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
 impl Trainer {
     /// Stage 3: shards every rank's parameters, whole on rank 0 now (after the build
     /// or a restore), and keeps the host copies.
-    pub(super) fn shard_weights(&mut self) -> Result<(), Error> {
+    pub(in crate::train) fn shard_weights(&mut self) -> Result<(), Error> {
         let whole: Vec<Vec<f32>> = self
             .params
             .list
@@ -181,13 +181,13 @@ impl Trainer {
     }
 
     /// Whether parameters are sharded between steps (stage 3).
-    pub(super) fn sharded_weights(&self) -> bool {
+    pub(in crate::train) fn sharded_weights(&self) -> bool {
         self.world.as_ref().is_some_and(|w| w.zero >= 3)
     }
 
     /// Parameter `i`'s weights, whole, on the host (gathered from the ranks' host
     /// shards at stage 3).
-    pub(super) fn param_host(&self, i: usize) -> Result<Vec<f32>, Error> {
+    pub(in crate::train) fn param_host(&self, i: usize) -> Result<Vec<f32>, Error> {
         match self.world.as_ref().filter(|w| w.zero >= 3) {
             Some(w) => Ok(w.host_whole[i].clone()),
             None => self.params.list[i].value.to_f32_vec(&self.rt),
@@ -195,7 +195,7 @@ impl Trainer {
     }
 
     /// Parameter `i`'s whole shape.
-    pub(super) fn param_shape(&self, i: usize) -> Vec<usize> {
+    pub(in crate::train) fn param_shape(&self, i: usize) -> Vec<usize> {
         match self.world.as_ref().filter(|w| w.zero >= 3) {
             Some(w) => w.shapes[i].0.clone(),
             None => self.params.list[i].value.shape().to_vec(),
@@ -223,7 +223,7 @@ impl Trainer {
 
     /// Stage 3: every parameter whole on rank 0, for evaluation (made for it, freed
     /// after); None when the parameters are whole anyway.
-    pub(super) fn whole_params(&self) -> Result<Option<Params>, Error> {
+    pub(in crate::train) fn whole_params(&self) -> Result<Option<Params>, Error> {
         if !self.sharded_weights() {
             return Ok(None);
         }

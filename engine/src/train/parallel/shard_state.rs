@@ -5,22 +5,22 @@
 //! May call: `error`, `kernels`, `memory`, `optim`, `parallel`, `runtime`, `tensor`,
 //! `train::{trainer, world, zero3}`. Called by: `train::state`.
 
-use super::trainer::Trainer;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::optim::{Optimizer, Rule};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
+use crate::train::trainer::Trainer;
 
 /// One parameter's optimizer state on the host: (first moment or momentum, second
 /// moment for AdamW).
-pub(super) type HostState = (Vec<f32>, Option<Vec<f32>>);
+pub(in crate::train) type HostState = (Vec<f32>, Option<Vec<f32>>);
 
 impl Trainer {
     /// Parameter `i`'s optimizer state on the host, whole (gathered from the ranks'
     /// shards above stage 0): (first moment or momentum, second moment for AdamW).
-    pub(super) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
+    pub(in crate::train) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
         let adam = matches!(self.opt.rule, Rule::AdamW(_));
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
             let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
@@ -52,7 +52,7 @@ impl Trainer {
 
     /// Installs parameter `i`'s whole optimizer state on every rank (each rank's shard
     /// of it above stage 0).
-    pub(super) fn place_optimizer_state(&mut self, i: usize, m: &[f32], v: Option<&[f32]>) -> Result<(), Error> {
+    pub(in crate::train) fn place_optimizer_state(&mut self, i: usize, m: &[f32], v: Option<&[f32]>) -> Result<(), Error> {
         let p = &self.params.list[i];
         let names = self.opt.state_names(&p.name);
         let shape = p.value.shape().to_vec();
@@ -98,7 +98,7 @@ impl Trainer {
     }
 
     /// Gives every rank rank 0's weights and optimizer step count (after a restore).
-    pub(super) fn share_weights(&mut self) -> Result<(), Error> {
+    pub(in crate::train) fn share_weights(&mut self) -> Result<(), Error> {
         if self.sharded_weights() {
             self.shard_weights()?;
         }
