@@ -1,6 +1,9 @@
 // Fused cross-entropy over rows of logits, in f32, one workgroup per row:
 //   loss[r] = logsumexp(logits[r]) - logits[r, target[r]]   (0 where target is ignored)
 //   BACKWARD: dlogits[r, j] = (softmax_j - [j == target]) * p.grad_scale
+// With label smoothing e (p.smoothing > 0, PyTorch's form): the target's weight is
+// 1 - e and every class gets e / V: loss = lse - (1 - e) x_t - e mean(x), dlogits =
+// (softmax - (1 - e) onehot - e / V) * grad_scale.
 // dlogits may be the logits' own block (each element is read before it is written).
 // Both may have a row stride above the vocabulary (p.ld: rows padded for aligned loads).
 // Template: ENABLE, T (logits and dlogits type), BACKWARD (true | false).
@@ -13,7 +16,7 @@ struct Params {
     ignore_index: i32,
     grad_scale: f32,
     ld: u32,          // row stride of logits and dlogits (>= cols: rows may be padded)
-    _pad1: u32,
+    smoothing: f32,   // label smoothing (0: none)
     _pad2: u32,
 }
 
@@ -41,9 +44,22 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     var s = 0.0;
     for (var j = lid; j < p.cols; j += WG) { s += exp(f32(logits[base + j]) - row_max); }
     let total = workgroup_sum(lid, s);
+    let e = p.smoothing;
+    var mean_x = 0.0;
+    if e > 0.0 {
+        var sx = 0.0;
+        for (var j = lid; j < p.cols; j += WG) { sx += f32(logits[base + j]); }
+        mean_x = workgroup_sum(lid, sx) / f32(p.cols);
+    }
     if lid == 0u {
         var loss = 0.0;
-        if valid { loss = log(total) + row_max - f32(logits[base + u32(tgt)]); }
+        if valid {
+            if e > 0.0 {
+                loss = log(total) + row_max - (1.0 - e) * f32(logits[base + u32(tgt)]) - e * mean_x;
+            } else {
+                loss = log(total) + row_max - f32(logits[base + u32(tgt)]);
+            }
+        }
         losses[row] = loss;
     }
     if {{BACKWARD}} {
@@ -53,7 +69,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         for (var j = lid; j < p.cols; j += WG) {
             let prob = exp(f32(logits[base + j]) - row_max) / total;
             let hot = select(0.0, 1.0, valid && u32(tgt) == j);
-            dlogits[base + j] = {{T}}((prob - hot) * scale);
+            if e > 0.0 {
+                dlogits[base + j] = {{T}}((prob - (1.0 - e) * hot - e / f32(p.cols)) * scale);
+            } else {
+                dlogits[base + j] = {{T}}((prob - hot) * scale);
+            }
         }
     }
 }

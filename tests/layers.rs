@@ -353,3 +353,143 @@ fn masked_lm_follows_the_80_10_10_rule_and_its_seed() {
     assert_ne!(mlm.mask(&tokens, 4).1, labels);
     finish(&rt);
 }
+
+#[test]
+fn cross_entropy_with_label_smoothing_matches_pytorchs_formula() {
+    let rt = runtime();
+    let mut rng = Rng(17);
+    let (n, v, e) = (6usize, 11usize, 0.1f64);
+    let x = rng.vec(n * v, -3.0, 3.0);
+    let targets = [3, -100, 0, 10, 5, 7];
+    let mut params = Params::default();
+    let xi = params.add("logits", upload(&rt, &x, &[n, v], DType::F32));
+    let mut tape = Tape::new();
+    let xv = tape.param(&params, xi).unwrap();
+    let tt = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "t").unwrap();
+    let valid = targets.iter().filter(|&&t| t >= 0).count();
+    let loss = ops::cross_entropy_smoothed(&mut tape, &rt, &xv, (&tt, valid), e as f32, 4, "loss").unwrap();
+    // f64: loss = mean over valid rows of lse - (1 - e) x_t - e mean(x).
+    let (mut want, mut grad) = (0.0, vec![0.0f64; n * v]);
+    for r in 0..n {
+        let row: Vec<f64> = x[r * v..(r + 1) * v].iter().map(|&a| a as f64).collect();
+        if targets[r] < 0 {
+            continue;
+        }
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = m + row.iter().map(|a| (a - m).exp()).sum::<f64>().ln();
+        let t = targets[r] as usize;
+        want += lse - (1.0 - e) * row[t] - e * row.iter().sum::<f64>() / v as f64;
+        for j in 0..v {
+            let hot = if j == t { 1.0 } else { 0.0 };
+            grad[r * v + j] = ((row[j] - lse).exp() - (1.0 - e) * hot - e / v as f64) / valid as f64;
+        }
+    }
+    assert_close_within(&rt, "smoothed loss", &loss.value, &[want / valid as f64], TOL);
+    tape.backward(&rt, &loss, &mut params).unwrap();
+    assert_close_within(&rt, "smoothed dlogits", params.list[xi].grad.as_ref().unwrap(), &grad, TOL);
+    finish(&rt);
+}
+
+/// f64 attention of x [T, C] (one example) through the layer's own projection weights:
+/// grouped-query heads, rotary embeddings (rotate-half), causal or over the keys
+/// `padding` leaves in.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    x: &[f64],
+    w: &[Vec<f64>; 4],
+    (t, c, h, kv): (usize, usize, usize, usize),
+    theta: Option<f64>,
+    causal: bool,
+    keep: &[i32],
+) -> Vec<f64> {
+    let d = c / h;
+    let proj = |w: &[f64], out: usize| -> Vec<f64> {
+        (0..t)
+            .flat_map(|r| (0..out).map(move |o| (0..c).map(|k| x[r * c + k] * w[o * c + k]).sum::<f64>()))
+            .collect()
+    };
+    let (q, k, v) = (proj(&w[0], h * d), proj(&w[1], kv * d), proj(&w[2], kv * d));
+    let rot = |m: &[f64], heads: usize| -> Vec<f64> {
+        let Some(theta) = theta else { return m.to_vec() };
+        let mut out = m.to_vec();
+        for p in 0..t {
+            for hh in 0..heads {
+                for j in 0..d / 2 {
+                    let a = p as f64 / theta.powf((2 * j) as f64 / d as f64);
+                    let base = (p * heads + hh) * d;
+                    let (x1, x2) = (m[base + j], m[base + j + d / 2]);
+                    out[base + j] = x1 * a.cos() - x2 * a.sin();
+                    out[base + j + d / 2] = x2 * a.cos() + x1 * a.sin();
+                }
+            }
+        }
+        out
+    };
+    let (q, k) = (rot(&q, h), rot(&k, kv));
+    let mut y = vec![0.0; t * h * d];
+    for hh in 0..h {
+        let g = hh / (h / kv);
+        for i in 0..t {
+            let seen: Vec<usize> = (0..t).filter(|&j| (!causal || j <= i) && keep[j] != 0).collect();
+            let s: Vec<f64> = seen
+                .iter()
+                .map(|&j| (0..d).map(|e| q[(i * h + hh) * d + e] * k[(j * kv + g) * d + e]).sum::<f64>() / (d as f64).sqrt())
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|a| (a - m).exp()).sum();
+            for (n, &j) in seen.iter().enumerate() {
+                for e in 0..d {
+                    y[(i * h + hh) * d + e] += (s[n] - m).exp() / z * v[(j * kv + g) * d + e];
+                }
+            }
+        }
+    }
+    let mut out = vec![0.0; t * c];
+    for r in 0..t {
+        for o in 0..c {
+            out[r * c + o] = (0..h * d).map(|k| y[r * h * d + k] * w[3][o * h * d + k]).sum::<f64>();
+        }
+    }
+    out
+}
+
+#[test]
+fn the_attention_layer_matches_f64_with_grouped_heads_rotary_and_padding() {
+    let rt = runtime();
+    let (t, c, h, kv) = (6usize, 16usize, 4usize, 2usize);
+    let mut rng = Rng(23);
+    let x = rng.vec(t * c, -1.0, 1.0);
+    for (causal, theta, keep) in [(true, Some(10000.0f32), vec![1; 6]), (false, None, vec![1, 1, 1, 1, 0, 0])] {
+        let mut params = Params::default();
+        let mut init = Init::new(4);
+        let mut vb = Builder::new(&rt, &mut params, &mut init);
+        let opts = wgtrain_engine::nn::AttentionOptions {
+            heads: h,
+            kv_heads: kv,
+            causal,
+            rope_theta: theta,
+            bias: false,
+        };
+        let layer = wgtrain_engine::nn::Attention::new(&mut vb.sub("attn"), c, opts).unwrap();
+        let w: Vec<Vec<f64>> = params
+            .list
+            .iter()
+            .map(|p| p.value.to_f32_vec(&rt).unwrap().iter().map(|&a| a as f64).collect())
+            .collect();
+        let mut tape = Tape::no_grad();
+        let mut cx = Ctx::new(&mut tape, &rt, &params);
+        let xv = cx.input(upload(&rt, &x, &[1, t, c], DType::F32));
+        let y = layer.forward_masked(&mut cx, &xv, (!causal).then_some(&keep[..])).unwrap();
+        let xd: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+        let want = attention_reference(
+            &xd,
+            &[w[0].clone(), w[1].clone(), w[2].clone(), w[3].clone()],
+            (t, c, h, kv),
+            theta.map(f64::from),
+            causal,
+            &keep,
+        );
+        assert_close_within(&rt, &format!("attention causal {causal}"), &y.value, &want, (1e-5, 1e-4));
+    }
+    finish(&rt);
+}

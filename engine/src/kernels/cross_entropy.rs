@@ -23,7 +23,8 @@ struct Params {
     ignore_index: i32,
     grad_scale: f32,
     ld: u32,
-    pad: [u32; 2],
+    smoothing: f32,
+    pad: u32,
 }
 
 /// The template values of one variant.
@@ -49,6 +50,27 @@ pub fn cross_entropy_rows(
     grad_scale: f32,
     rows: std::ops::Range<usize>,
 ) -> Result<(), Error> {
+    cross_entropy_rows_smoothed(rt, logits, targets, losses, dlogits, (grad_scale, 0.0), rows)
+}
+
+/// [`cross_entropy_rows`] with label smoothing `smoothing` in [0, 1) (PyTorch's
+/// `label_smoothing`: the target weighted 1 - e, every class e / V).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_rows_smoothed(
+    rt: &Runtime,
+    logits: &Tensor,
+    targets: &Tensor,
+    losses: &Tensor,
+    dlogits: Option<&Tensor>,
+    (grad_scale, smoothing): (f32, f32),
+    rows: std::ops::Range<usize>,
+) -> Result<(), Error> {
+    if !(0.0..1.0).contains(&smoothing) {
+        return Err(Error::invalid(
+            "cross_entropy",
+            format!("label smoothing must be in [0, 1), not {smoothing}"),
+        ));
+    }
     check_tensor("cross_entropy logits", logits, logits.dtype())?;
     let [n, v] = logits.shape() else {
         return Err(Error::shape("cross_entropy logits", "[N, V]", format!("{:?}", logits.shape())));
@@ -107,7 +129,8 @@ pub fn cross_entropy_rows(
         ignore_index: IGNORE_INDEX,
         grad_scale,
         ld: ld.max(v) as u32,
-        pad: [0; 2],
+        smoothing,
+        pad: 0,
     };
     let d = dlogits.unwrap_or(logits);
     rt.launch(

@@ -296,3 +296,148 @@ impl<M: Module> Module for Residual<M> {
         ops::add(cx.tape, cx.rt, x, &y, &self.label)
     }
 }
+
+/// RMSNorm over the last dimension with a weight (1) and no bias (Llama's).
+pub struct RmsNorm {
+    weight: ParamId,
+    eps: f32,
+    label: String,
+}
+
+impl RmsNorm {
+    /// torch.nn.RMSNorm(dim, eps) under `vb`.
+    pub fn new(vb: &mut Builder, dim: usize, eps: f32) -> Result<RmsNorm, Error> {
+        Ok(RmsNorm {
+            weight: vb.param("weight", &[dim], Fill::Constant(1.0))?,
+            eps,
+            label: vb.path(""),
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, cx: &mut Ctx, x: &Var) -> Result<Var, Error> {
+        let w = cx.param(self.weight)?;
+        ops::rmsnorm(cx.tape, cx.rt, x, &w, self.eps, &self.label)
+    }
+}
+
+/// How an [`Attention`] is made.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOptions {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads, dividing `heads` (fewer: grouped-query attention).
+    pub kv_heads: usize,
+    /// Each position attends to those before it (the fused kernels), or to every
+    /// position (with an optional padding mask).
+    pub causal: bool,
+    /// Rotary embeddings' base (None: no rotation).
+    pub rope_theta: Option<f32>,
+    /// Biases on the projections.
+    pub bias: bool,
+}
+
+/// Multi-head self-attention with its projections `q_proj`, `k_proj`, `v_proj`, `o_proj`
+/// (torch.nn.Linear layouts): grouped-query heads, rotary embeddings, causal on the
+/// fused kernels or bidirectional with padding masks.
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    options: AttentionOptions,
+    head_dim: usize,
+    label: String,
+}
+
+impl Attention {
+    /// Attention over `width`-wide inputs under `vb`.
+    pub fn new(vb: &mut Builder, width: usize, options: AttentionOptions) -> Result<Attention, Error> {
+        let AttentionOptions { heads, kv_heads, .. } = options;
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) || !width.is_multiple_of(heads) {
+            return Err(Error::shape(
+                vb.path(""),
+                "heads dividing the width and key/value heads dividing the heads",
+                format!("width {width}, {heads} heads, {kv_heads} key/value heads"),
+            ));
+        }
+        let d = width / heads;
+        let lin = LinearOptions {
+            bias: options.bias,
+            ..LinearOptions::default()
+        };
+        Ok(Attention {
+            q: Linear::with(&mut vb.sub("q_proj"), width, heads * d, lin)?,
+            k: Linear::with(&mut vb.sub("k_proj"), width, kv_heads * d, lin)?,
+            v: Linear::with(&mut vb.sub("v_proj"), width, kv_heads * d, lin)?,
+            o: Linear::with(&mut vb.sub("o_proj"), heads * d, width, lin)?,
+            options,
+            head_dim: d,
+            label: vb.path(""),
+        })
+    }
+
+    /// The attention of x [B, T, C]; `padding` (1 for a token, 0 for padding, per [B, T]
+    /// position) leaves padded keys out of a bidirectional attention.
+    pub fn forward_masked(&self, cx: &mut Ctx, x: &Var, padding: Option<&[i32]>) -> Result<Var, Error> {
+        let [b, t, _] = *x.value.shape() else {
+            return Err(Error::shape(&self.label, "[B, T, C]", format!("{:?}", x.value.shape())));
+        };
+        let o = &self.options;
+        if o.causal && padding.is_some() {
+            return Err(Error::invalid(
+                &self.label,
+                "padding masks need a bidirectional attention (causal: false)",
+            ));
+        }
+        let act = if cx.tape.half_matmuls() { DType::F16 } else { DType::F32 };
+        let (q, k, v) = (
+            self.q.forward_as(cx, x, act)?,
+            self.k.forward_as(cx, x, act)?,
+            self.v.forward_as(cx, x, act)?,
+        );
+        let hs = crate::kernels::heads::Heads {
+            b,
+            t,
+            h: o.heads,
+            kv: o.kv_heads,
+            d: self.head_dim,
+        };
+        let tables = match o.rope_theta {
+            Some(theta) => {
+                let half = self.head_dim / 2;
+                let inv: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / self.head_dim as f32)).collect();
+                let angles = |f: fn(f64) -> f64| -> Vec<f32> {
+                    (0..t)
+                        .flat_map(|p| inv.iter().map(move |&w| f((p as f32 * w) as f64) as f32))
+                        .collect()
+                };
+                let cos = Tensor::from_f32(cx.rt, &angles(f64::cos), &[t, half], crate::memory::Category::Input, "rope.cos")?;
+                let sin = Tensor::from_f32(cx.rt, &angles(f64::sin), &[t, half], crate::memory::Category::Input, "rope.sin")?;
+                Some((cos, sin))
+            }
+            None => None,
+        };
+        let rope = tables.as_ref().map(|(c, s)| (c, s));
+        let qkv = ops::pack_heads(cx.tape, cx.rt, (&q, &k, &v), rope, hs, &format!("{}.qkv", self.label))?;
+        let y = if o.causal {
+            ops::attention(cx.tape, cx.rt, &qkv, o.heads, &self.label)?
+        } else {
+            let bias = padding
+                .map(|m| {
+                    let values: Vec<f32> = m.iter().map(|&v| if v == 0 { f32::MIN } else { 0.0 }).collect();
+                    Tensor::from_f32(cx.rt, &values, &[b, 1, 1, t], crate::memory::Category::Input, "padding")
+                })
+                .transpose()?;
+            ops::attention_bidirectional(cx.tape, cx.rt, &qkv, o.heads, bias.as_ref(), &self.label)?
+        };
+        self.o.forward(cx, &y)
+    }
+}
+
+impl Module for Attention {
+    fn forward(&self, cx: &mut Ctx, x: &Var) -> Result<Var, Error> {
+        self.forward_masked(cx, x, None)
+    }
+}

@@ -18,6 +18,9 @@ pub use bert::{Bert, BertConfig};
 pub use builder::{Builder, Ctx, Fill, ParamId};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
-pub use layers::{Act, Activation, Dropout, Embedding, LayerNorm, Linear, LinearOptions, Module, Residual, Sequential};
+pub use layers::{
+    Act, Activation, Attention, AttentionOptions, Dropout, Embedding, LayerNorm, Linear, LinearOptions, Module, Residual, RmsNorm,
+    Sequential,
+};
 pub use llama::{Llama, LlamaConfig};
 pub use mlp::Mlp;

@@ -341,6 +341,20 @@ pub fn cross_entropy_mean(
     row_chunk: usize,
     label: &str,
 ) -> Result<Var, Error> {
+    cross_entropy_smoothed(tape, rt, logits, (targets, n_valid), 0.0, row_chunk, label)
+}
+
+/// [`cross_entropy_mean`] with label smoothing `smoothing` in [0, 1)
+/// (torch.nn.functional.cross_entropy's `label_smoothing`).
+pub fn cross_entropy_smoothed(
+    tape: &mut Tape,
+    rt: &Runtime,
+    logits: &Var,
+    (targets, n_valid): (&Tensor, usize),
+    smoothing: f32,
+    row_chunk: usize,
+    label: &str,
+) -> Result<Var, Error> {
     let lg = flatten2(&logits.value)?;
     let n = lg.shape()[0];
     let losses = Tensor::empty(rt, &[n], DType::F32, Category::Temporary, &format!("{label}.rows"))?;
@@ -358,7 +372,15 @@ pub fn cross_entropy_mean(
     };
     let chunk = row_chunk.max(1);
     for start in (0..n).step_by(chunk) {
-        ce::cross_entropy_rows(rt, &lg, targets, &losses, dlogits.as_ref(), scale, start..(start + chunk).min(n))?;
+        ce::cross_entropy_rows_smoothed(
+            rt,
+            &lg,
+            targets,
+            &losses,
+            dlogits.as_ref(),
+            (scale, smoothing),
+            start..(start + chunk).min(n),
+        )?;
     }
     let total = reduce_all(rt, ReduceOp::Sum, &losses, label)?;
     let loss = Tensor::empty(rt, &[1], DType::F32, Category::Temporary, label)?;
