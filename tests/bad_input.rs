@@ -363,8 +363,9 @@ fn settings_are_checked_against_each_other_and_named() {
         // A key of another model kind is named with the kind that has it.
         (
             "model.n_layer=2",
-            "model.n_layer is not a key of model.kind \"mlp\" (its keys: hidden); model.kind \"gpt\" has it",
+            "model.n_layer is not a key of model.kind \"mlp\" (its keys: hidden); model.kind \"gpt\" or \"llama\" or \"bert\" have it",
         ),
+        ("model.rope_theta=1", "model.kind \"llama\" has it"),
         ("memory.cap=\"1e30GiB\"", "of at most 1 PiB"),
         ("memory.cap=1e20", "of at most 1 PiB"),
         ("memory.cap=true", "memory.cap and memory.budget take a size"),

@@ -412,7 +412,12 @@ fn check_names(root: &mut toml::Table) -> Result<(), ConfigError> {
             if elsewhere.is_empty() {
                 String::new()
             } else {
-                format!("; model.kind \"{}\" has it", elsewhere.join("\", \""))
+                let kinds: Vec<String> = elsewhere.iter().map(|k| format!("\"{k}\"")).collect();
+                format!(
+                    "; model.kind {} {} it",
+                    kinds.join(" or "),
+                    if kinds.len() == 1 { "has" } else { "have" }
+                )
             }
         )));
     }
