@@ -276,23 +276,29 @@ impl Trainable for Net {
 }
 
 fn custom(dir: &std::path::Path, steps: u64) -> Trainer {
+    custom_with(dir, steps, 0.3, &[])
+}
+
+/// A caller's model and data with `drop` dropout and further `--set`s.
+fn custom_with(dir: &std::path::Path, steps: u64, drop: f32, more: &[&str]) -> Trainer {
     let mut rng = Rng(9);
     let points: Vec<[f32; 2]> = (0..256).map(|_| [rng.uniform(-1.0, 1.0), rng.uniform(-1.0, 1.0)]).collect();
     let data: Arc<dyn Dataset> = Arc::new(Points(points));
-    let build: Arc<BuildModel> = Arc::new(|vb: &mut Builder| {
+    let build: Arc<BuildModel> = Arc::new(move |vb: &mut Builder| {
         let net = Sequential::new()
             .push(Linear::new(&mut vb.sub(0), 2, 32)?)
             .push(Act::new(&vb.sub(1), Activation::Silu))
-            .push(Dropout::new(&vb.sub(2), 0.3)?)
+            .push(Dropout::new(&vb.sub(2), drop)?)
             .push(Linear::new(&mut vb.sub(3), 32, 2)?);
         Ok(Box::new(Net(net)) as Box<dyn Trainable>)
     });
-    let sets = [
+    let mut sets = vec![
         format!("train.steps={steps}"),
         "train.batch_size=32".into(),
         "train.lr=0.01".into(),
         format!("checkpoint.dir=\"{}\"", dir.display()),
     ];
+    sets.extend(more.iter().map(|s| s.to_string()));
     Trainer::custom(Config::parse("", &sets).unwrap(), build, (data.clone(), data), None).unwrap()
 }
 
@@ -492,4 +498,30 @@ fn the_attention_layer_matches_f64_with_grouped_heads_rotary_and_padding() {
         assert_close_within(&rt, &format!("attention causal {causal}"), &y.value, &want, (1e-5, 1e-4));
     }
     finish(&rt);
+}
+
+#[test]
+fn a_model_of_the_callers_runs_over_several_devices_with_zero_and_offload() {
+    let root = std::env::temp_dir().join(format!("wgtrain-layers-par-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let one = custom_with(&root.join("one"), 4, 0.0, &[]).run(&RunOptions::default()).unwrap();
+    for (name, sets) in [
+        ("z2", vec!["parallel.devices=[\"0\", \"0\"]", "parallel.zero=2"]),
+        (
+            "z3",
+            vec![
+                "parallel.devices=[\"0\", \"0\"]",
+                "parallel.zero=3",
+                "parallel.offload=\"optimizer+parameters\"",
+            ],
+        ),
+    ] {
+        let mut t = custom_with(&root.join(name), 4, 0.0, &sets);
+        assert_eq!(t.world_size(), 2);
+        let got = t.run(&RunOptions::default()).unwrap();
+        for (a, b) in one.losses.iter().zip(&got.losses) {
+            assert!((a - b).abs() <= 1e-5 * a.abs(), "{name}: {a} vs {b}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -316,3 +316,43 @@ fn bert_loss_and_gradients_match_transformers_with_and_without_padding() {
     }
     common::finish(&rt);
 }
+
+#[test]
+fn llama_and_bert_save_what_they_load() {
+    let rt = common::runtime();
+    let out = std::env::temp_dir().join(format!("wgtrain-save-{}", std::process::id()));
+    for dir in family("llama").iter().chain(&family("bert")) {
+        let mut params = Params::default();
+        let saved = out.join(dir.file_name().unwrap());
+        if dir.to_string_lossy().contains("llama") {
+            wgtrain_engine::nn::Llama::from_hf_dir(&rt, dir, &mut params)
+                .unwrap()
+                .save_hf(&rt, &params, &saved)
+                .unwrap();
+        } else {
+            wgtrain_engine::nn::Bert::from_hf_dir(&rt, dir, &mut params)
+                .unwrap()
+                .save_hf(&rt, &params, &saved)
+                .unwrap();
+        }
+        // Every tensor of transformers' file, bit for bit, and no other.
+        let (want, got) = (read_f32(&dir.join("model.safetensors")), read_f32(&saved.join("model.safetensors")));
+        assert_eq!(want, got, "{}", dir.display());
+        // The config keeps transformers' fields; the step on the saved folder is the same.
+        let a: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let b: serde_json::Value = serde_json::from_slice(&std::fs::read(saved.join("config.json")).unwrap()).unwrap();
+        for key in [
+            "model_type",
+            "hidden_size",
+            "num_attention_heads",
+            "vocab_size",
+            "tie_word_embeddings",
+        ] {
+            assert_eq!(a[key], b[key], "{}: {key}", dir.display());
+        }
+        let batch = dir.join("batch.safetensors");
+        assert_eq!(hf_step(&rt, dir, &batch).unwrap().loss, hf_step(&rt, &saved, &batch).unwrap().loss);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    common::finish(&rt);
+}

@@ -230,6 +230,16 @@ impl Bert {
         Bert::build(&mut Builder::from_values(rt, params, &mut init, &mut values), config)
     }
 
+    /// Writes config.json and model.safetensors in transformers' layout (the decoder tied
+    /// to the word embeddings, as save_pretrained leaves it out).
+    pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), Error> {
+        let mut config = serde_json::to_value(&self.config).map_err(|e| Error::invalid("BERT config", e.to_string()))?;
+        config["model_type"] = "bert".into();
+        config["architectures"] = serde_json::json!(["BertForMaskedLM"]);
+        config["tie_word_embeddings"] = true.into();
+        super::hf::write_params(rt, params, dir, &config)
+    }
+
     /// The mean masked-LM loss against `labels` ([B*T] i32, -100 where not predicted, and
     /// how many are not): logits = transform(h) E^T + bias over the whole vocabulary.
     pub fn forward_loss(

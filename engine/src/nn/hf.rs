@@ -81,3 +81,14 @@ pub fn write_folder(dir: &Path, config: &serde_json::Value, tensors: &[(String, 
     }
     Ok(())
 }
+
+/// Writes every parameter of `params` (f32, under its name) and `config` into `dir`,
+/// as save_pretrained lays them out.
+pub fn write_params(rt: &Runtime, params: &crate::autograd::Params, dir: &Path, config: &serde_json::Value) -> Result<(), Error> {
+    use crate::kernels::TensorOps;
+    let mut data = Vec::new();
+    for p in &params.list {
+        data.push((p.name.clone(), p.value.shape().to_vec(), p.value.to_f32_vec(rt)?));
+    }
+    write_folder(dir, config, &data)
+}

@@ -273,6 +273,14 @@ impl Llama {
         Llama::build(&mut Builder::from_values(rt, params, &mut init, &mut values), config)
     }
 
+    /// Writes config.json and model.safetensors in transformers' layout.
+    pub fn save_hf(&self, rt: &Runtime, params: &Params, dir: &Path) -> Result<(), Error> {
+        let mut config = serde_json::to_value(&self.config).map_err(|e| Error::invalid("Llama config", e.to_string()))?;
+        config["model_type"] = "llama".into();
+        config["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+        super::hf::write_params(rt, params, dir, &config)
+    }
+
     /// The mean next-token loss against `targets` ([B*T] i32, -100 ignored, and how many
     /// are not) through the fused head + cross-entropy.
     pub fn forward_loss(

@@ -14,7 +14,7 @@ use crate::optim::Optimizer;
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
 use crate::train::build::{Loaded, build_model, loss_scaler, optimizer_rule};
-use crate::train::config::Config;
+use crate::train::config::{Config, Precision};
 use crate::train::error::TrainError;
 use crate::train::model::{BuildModel, Trainable};
 
@@ -74,8 +74,9 @@ pub enum StepKind {
 }
 
 impl StepKind {
-    /// The kind a single-device run of `config` with or without a loss scaler takes.
-    pub fn of(config: &Config, scaled: bool) -> StepKind {
+    /// The kind a single-device run of `config` takes.
+    pub fn of(config: &Config) -> StepKind {
+        let scaled = config.memory.precision == Precision::Fp16Mixed;
         if config.memory.optimizer_in_backward {
             StepKind::InBackward
         } else if scaled && config.train.grad_clip <= 0.0 {
@@ -97,7 +98,7 @@ impl Trainer {
         let model = build_model(&config, &rt, data.model.as_ref(), &mut params)?;
         let opt = Optimizer::new(optimizer_rule(&config));
         let scaler = loss_scaler(&config)?;
-        let step_kind = StepKind::of(&config, scaler.is_some());
+        let step_kind = StepKind::of(&config);
         Ok(Trainer {
             config,
             rt,
@@ -148,10 +149,15 @@ impl Trainer {
         Loader::start(self.train.clone(), order, (self.epoch, self.index), 2)
     }
 
+    /// Whether matmuls run on f16 inputs: the run's precision, as the config resolved it.
+    pub(super) fn half(&self) -> bool {
+        self.config.memory.precision == Precision::Fp16Mixed
+    }
+
     /// A training tape in the run's precision and mode for micro-batch `micro` of the
     /// next step (see [`Trainer::mode`]).
     pub(super) fn tape(&self, micro: usize) -> Tape {
-        Tape::new().with_half_matmuls(self.scaler.is_some()).with_mode(self.mode(micro, 0))
+        Tape::new().with_half_matmuls(self.half()).with_mode(self.mode(micro, 0))
     }
 
     /// The training mode of micro-batch `micro` on device `rank` in the next step: its

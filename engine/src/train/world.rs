@@ -58,6 +58,8 @@ pub(super) struct StepPlan<'a> {
     pub(super) grad_clip: f32,
     pub(super) lr: f32,
     pub(super) offload: bool,
+    /// Matmuls on f16 inputs (fp16-mixed).
+    pub(super) half: bool,
     /// The step's training mode (each micro-batch and rank mix theirs into its seed).
     pub(super) mode: crate::autograd::Mode,
     /// When the step began (the diagnostic timings count from it).

@@ -155,7 +155,7 @@ impl Trainer {
 
     /// The adapter's peak TFLOP/s in the run's precision, when it is a known one.
     pub fn known_peak_tflops(&self) -> Option<f64> {
-        let half = self.scaler.is_some();
+        let half = self.half();
         KNOWN_PEAKS
             .iter()
             .find(|(n, _, _)| self.rt.gpu.report.name.contains(n))

@@ -192,6 +192,7 @@ impl Trainer {
             lr,
             offload: !world.offload.is_empty(),
             mode,
+            half: config.memory.precision == crate::train::config::Precision::Fp16Mixed,
             started,
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
@@ -411,7 +412,7 @@ fn forward_backward(
             let seed = weight * plan.scaler.map_or(1.0, |s| s.scale);
             let mut tape = Tape::new()
                 .with_mode(plan.mode.fork(&[k as u64, rank as u64]))
-                .with_half_matmuls(plan.scaler.is_some())
+                .with_half_matmuls(plan.half)
                 .with_grad_prescale(seed)
                 .with_gather(gather.clone());
             rt.phase("forward");
