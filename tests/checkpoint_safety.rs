@@ -192,6 +192,13 @@ fn sigterm_sigint_and_sighup_finish_the_step_save_and_exit_143_130_and_129() {
         kill(child.id(), signal);
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(code), "SIG{signal}: {}", stderr(&out));
+        // The exact command that resumes it.
+        let says = format!(
+            "resume with: wgtrain train --log {} --resume {}",
+            log.display(),
+            ckpt.join("step-").display()
+        );
+        assert!(stderr(&out).contains(&says), "SIG{signal}: {}", stderr(&out));
         let steps = losses(&log).len() as u64;
         let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
         assert_eq!(
@@ -556,4 +563,60 @@ fn a_full_disk_leaves_no_temporary_files() {
     );
     assert!(err.contains("No space left on device"), "{err}");
     assert!(!text.contains(".tmp"), "temporary files left behind: {text}");
+}
+
+#[test]
+fn resume_alone_takes_the_checkpoints_config_and_says_what_changes() {
+    let dir = scratch("resume-alone");
+    let ckpt = dir.join("ckpt");
+    let (log, whole_log) = (dir.join("run.jsonl"), dir.join("whole.jsonl"));
+    let base = small_args(
+        ckpt.to_str().unwrap(),
+        &["--set", "train.steps=3", "--set", "train.schedule=\"constant\""],
+    );
+    run_ok(&with_log(base.clone(), &log), &[]);
+    // No config, no --set but the length: the checkpoint's config, and the length said.
+    let args: Vec<String> = [
+        "train",
+        "--quiet",
+        "--set",
+        "train.steps=5",
+        "--log",
+        log.to_str().unwrap(),
+        "--resume",
+        ckpt.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = run(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("resuming with the config saved in") && said.contains("from 3 steps to 5 steps"),
+        "{said}"
+    );
+    // The same as one run of five steps.
+    let whole_dir = dir.join("whole");
+    let whole = small_args(
+        whole_dir.to_str().unwrap(),
+        &["--set", "train.steps=5", "--set", "train.schedule=\"constant\""],
+    );
+    run_ok(&with_log(whole, &whole_log), &[]);
+    assert_eq!(losses(&log), losses(&whole_log));
+    // What makes the model or the batches cannot change.
+    for set in ["model.hidden=[64]", "train.batch_size=32", "data.train_limit=128"] {
+        let mut args = vec!["train".to_string(), "--quiet".into(), "--set".into(), set.into()];
+        args.extend(["--resume".into(), ckpt.display().to_string()]);
+        let out = run(&args, &[]);
+        assert!(
+            !out.status.success() && stderr(&out).contains("the checkpoint's model and batches are fixed"),
+            "{set}: {}",
+            stderr(&out)
+        );
+    }
+    // A finished run says so.
+    let args = vec!["train".to_string(), "--quiet".into(), "--resume".into(), ckpt.display().to_string()];
+    let out = run(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to train: the run already finished its 5 steps"));
 }

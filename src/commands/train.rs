@@ -33,7 +33,9 @@ pub struct TrainArgs {
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).
     #[arg(long)]
     adapter: Option<String>,
-    /// Continue from a checkpoint folder (or a folder whose `latest` names one).
+    /// Continue from a checkpoint folder (or a folder whose `latest` names one). Alone
+    /// (no CONFIG) it resumes with the config the checkpoint holds; --set may change the
+    /// run's length or the data's path, not the model or the batches.
     #[arg(long)]
     resume: Option<PathBuf>,
     /// No progress bar.
@@ -66,7 +68,15 @@ pub struct TrainArgs {
 
 /// Trains.
 pub fn run(args: TrainArgs) -> CliResult {
-    let config = Config::load(args.config.as_deref(), &args.set)?;
+    // `--resume DIR` alone: the checkpoint's own config, with any --set on top.
+    let config = match (&args.config, &args.resume) {
+        (None, Some(dir)) => {
+            let (config, notes) = wgtrain_engine::train::checkpoint::state::resume_config(dir, &args.set)?;
+            notes.iter().for_each(|n| eprintln!("{n}"));
+            config
+        }
+        _ => Config::load(args.config.as_deref(), &args.set)?,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let stop_serving = stop.clone();
     let received = Arc::new(AtomicI32::new(0));
@@ -124,13 +134,14 @@ pub fn run(args: TrainArgs) -> CliResult {
     };
     let options = RunOptions {
         log: args.log,
-        resume: args.resume,
+        resume: args.resume.clone(),
         progress: !args.quiet,
         overwrite: args.overwrite,
         stop: Some(stop),
         observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
         profile_every: args.profile_every,
     };
+    let resume_with = resume_command(options.log.as_deref());
     let result = trainer.run(&options);
     if result.is_err()
         && let Some(r) = &recorder
@@ -146,6 +157,12 @@ pub fn run(args: TrainArgs) -> CliResult {
             .map(|h| format!(" (unigram entropy of the text: {h:.4})"))
             .unwrap_or_default();
         say!("eval loss {:.4}{acc}{entropy}", e.loss);
+    }
+    if args.resume.is_some() && summary.losses.is_empty() && !summary.interrupted {
+        say!(
+            "nothing to train: the run already finished its {} steps (raise train.steps or train.epochs with --set to go on)",
+            summary.steps
+        );
     }
     say!(
         "{} steps in {:.1} s{}{}",
@@ -169,10 +186,24 @@ pub fn run(args: TrainArgs) -> CliResult {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
     }
+    if summary.interrupted
+        && let Some(dir) = &summary.checkpoint
+    {
+        eprintln!("resume with: {resume_with} --resume {}", dir.display());
+    }
     if summary.interrupted {
         return Err(Box::new(Interrupted {
             signal: received.load(Ordering::SeqCst),
         }));
     }
     Ok(())
+}
+
+/// The command that resumes this run (`--resume` and the folder follow): the
+/// checkpoint holds the resolved config, so only the log needs naming again.
+fn resume_command(log: Option<&std::path::Path>) -> String {
+    match log {
+        Some(log) => format!("wgtrain train --log {}", log.display()),
+        None => "wgtrain train".to_string(),
+    }
 }

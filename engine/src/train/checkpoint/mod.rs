@@ -337,6 +337,33 @@ fn folder_step(dir: &Path) -> Option<u64> {
     }
 }
 
+/// The config the checkpoint at `path` (see [`resolve`]) was written with: its trainer
+/// state read within its bound and checked against the manifest's hash (the whole
+/// checkpoint is verified again when it is loaded).
+pub fn saved_config(path: &Path) -> Result<String, CheckpointError> {
+    let dir = resolve(path)?;
+    let manifest_path = dir.join("manifest.json");
+    let text = crate::files::read_bounded(&manifest_path, MANIFEST_MAX).map_err(io(&manifest_path))?;
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
+        path: manifest_path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let trainer_path = dir.join("trainer.safetensors");
+    let bytes = crate::files::read_bounded(&trainer_path, TRAINER_MAX).map_err(io(&trainer_path))?;
+    let got = hex::encode(Sha256::digest(&bytes));
+    if manifest.files.get("trainer.safetensors") != Some(&got) {
+        return Err(CheckpointError::Corrupt {
+            path: trainer_path.display().to_string(),
+            reason: "its sha256 does not match the manifest's".into(),
+        });
+    }
+    let (_, trainer) = from_safetensors(&bytes, &trainer_path)?;
+    trainer.get("config").cloned().ok_or_else(|| CheckpointError::Mismatch {
+        path: dir.display().to_string(),
+        reason: "it holds no config (written by an older wgtrain): give the run's config file as well".into(),
+    })
+}
+
 /// Reads and verifies the checkpoint at `path` (see [`resolve`]) for a model of the
 /// size `expect` gives: every file a regular file within its bound, every hash the
 /// manifest's, and the step the same in the manifest, the trainer state and the

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::memory::Category;
 use crate::tensor::Tensor;
 use crate::train::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
+use crate::train::config::{Config, ConfigError};
 use crate::train::error::TrainError;
 use crate::train::trainer::Trainer;
 
@@ -196,4 +197,46 @@ impl Trainer {
         self.step = step;
         Ok(step)
     }
+}
+
+/// The config to resume the checkpoint at `path` with, from the checkpoint alone: the
+/// config it was written with, and `overrides` on top. An override of what makes the
+/// model or the batches (`[model]`, `data.kind`, `data.token_dtype`, `data.train_limit`,
+/// the batch size or the seed) is refused; one of the run's length is said in the notes.
+pub fn resume_config(path: &Path, overrides: &[String]) -> Result<(Config, Vec<String>), TrainError> {
+    let text = checkpoint::saved_config(path)?;
+    let saved = Config::parse(&text, &[])?;
+    let config = Config::parse(&text, overrides)?;
+    // What makes the model or the batches must stay the checkpoint's.
+    let table = |c: &Config| toml::Table::try_from(c).unwrap_or_default();
+    let (was, now) = (table(&saved), table(&config));
+    let at = |t: &toml::Table, s: &str, k: &str| t.get(s).and_then(|v| v.get(k)).cloned();
+    let mut fixed: Vec<(String, String)> = Vec::new();
+    for key in was.get("model").and_then(|m| m.as_table()).into_iter().flat_map(|m| m.keys()) {
+        fixed.push(("model".into(), key.clone()));
+    }
+    for (s, k) in [
+        ("data", "kind"),
+        ("data", "token_dtype"),
+        ("data", "train_limit"),
+        ("train", "batch_size"),
+        ("train", "seed"),
+    ] {
+        fixed.push((s.into(), k.into()));
+    }
+    if let Some((s, k)) = fixed.iter().find(|(s, k)| at(&was, s, k) != at(&now, s, k)) {
+        return Err(ConfigError::Invalid(format!(
+            "--set {s}.{k}: the checkpoint's model and batches are fixed by its run; resume without it, or start a new run"
+        ))
+        .into());
+    }
+    let mut notes = vec![format!("resuming with the config saved in {}", path.display())];
+    if (config.train.steps, config.train.epochs) != (saved.train.steps, saved.train.epochs) {
+        let length = |c: &Config| match c.train.steps {
+            Some(s) => format!("{s} steps"),
+            None => format!("{} epochs", c.train.epochs),
+        };
+        notes.push(format!("the run's length changes from {} to {}", length(&saved), length(&config)));
+    }
+    Ok((config, notes))
 }
