@@ -179,3 +179,69 @@ fn the_estimate_table_lists_the_largest_blocks_at_the_peak() {
     assert!(listed.iter().any(|l| l.contains("activation") && l.contains("(forward)")), "{text}");
     assert!(listed.iter().all(|l| l.contains('(') && l.ends_with(')')), "{text}");
 }
+
+/// `wgtrain estimate --memory SIZE` on the small char GPT, JSON.
+fn will_it_fit(size: &str, extra: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["estimate", "--json", "--memory", size])
+        .arg(root().join("examples/configs/char_gpt.toml"))
+        .args(["--set", "model.n_layer=2", "--set", "train.batch_size=16"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn will_it_fit_says_by_how_much_and_the_change_that_fits() {
+    let roomy = will_it_fit("1GiB", &[]);
+    assert_eq!(roomy["fits"], true);
+    let need = roomy["estimate"]["peak_reserved_bytes"].as_u64().unwrap();
+    // One byte short: does not fit, and a single change that does is named, with an
+    // estimate under the size.
+    let short = will_it_fit(&(need - 1).to_string(), &[]);
+    assert_eq!(short["fits"], false);
+    assert_eq!(
+        short["estimate"]["peak_reserved_bytes"].as_u64(),
+        Some(need),
+        "the same run, the same estimate"
+    );
+    let change = &short["change_that_fits"];
+    assert!(change["change"].as_str().is_some_and(|c| !c.is_empty()), "{short}");
+    assert!(change["peak_reserved_bytes"].as_u64().unwrap() < need);
+    // Each option's verdict agrees with its estimate.
+    for o in short["what_if"].as_array().unwrap() {
+        assert_eq!(o["fits"].as_bool(), Some(o["peak_reserved_bytes"].as_u64().unwrap() < need), "{o}");
+    }
+    // A model this machine's adapter cannot bind (a 144 MiB activation on lavapipe's 128
+    // MiB bindings) is still estimated for a device of that size.
+    let big = will_it_fit(
+        "8GiB",
+        &[
+            "--set",
+            "model.n_embd=768",
+            "--set",
+            "model.n_head=12",
+            "--set",
+            "model.block_size=1024",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "model.vocab_size=50257",
+            "--set",
+            "data.eval_limit=8",
+        ],
+    );
+    assert!(
+        big["estimate"]["peak_reserved_bytes"].as_u64().unwrap() > 1 << 30,
+        "{}",
+        big["estimate"]["peak_reserved_bytes"]
+    );
+    // A fraction is refused: there is no device to take it of.
+    let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["estimate", "--memory", "0.5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a fraction"));
+}

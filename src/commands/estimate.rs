@@ -1,4 +1,5 @@
-//! `wgtrain estimate [CONFIG.toml] [--set section.key=value]... [--json] [--described FILE]`:
+//! `wgtrain estimate [CONFIG.toml] [--set section.key=value]... [--json] [--described FILE]
+//! [--memory SIZE]`:
 //! the peak memory of a training step by category, from a dry run that allocates nothing,
 //! on this machine's adapter or on one that a `wgtrain devices --json` file describes.
 //!
@@ -13,7 +14,7 @@ use super::CliResult;
 use wgtrain_engine::device::Gpu;
 use wgtrain_engine::device::described::read_description;
 use wgtrain_engine::train::Config;
-use wgtrain_engine::train::plan::{estimate, estimate_with};
+use wgtrain_engine::train::plan::{estimate, estimate_with, fit_report};
 
 /// Arguments of `wgtrain estimate`.
 #[derive(Args)]
@@ -35,11 +36,20 @@ pub struct EstimateArgs {
     /// Print JSON (peak_bytes, peak_reserved_bytes, by_category, ...) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Will it fit in SIZE ("8GiB", "24GB", bytes)? Estimates for a device of that much
+    /// memory (this adapter, or --described's, with bindings of up to 2 GiB as discrete
+    /// GPUs have), says whether the peak fits and by how much, and which single change of
+    /// the memory settings fits when it does not.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
 }
 
 /// Estimates.
 pub fn run(args: EstimateArgs) -> CliResult {
     let config = Config::load(args.config.as_deref(), &args.set)?;
+    if let Some(size) = &args.memory {
+        return will_it_fit(&args, config, size);
+    }
     let (estimate, notes) = match &args.described {
         None => estimate(config, args.adapter.as_deref())?,
         Some(file) => {
@@ -55,6 +65,79 @@ pub fn run(args: EstimateArgs) -> CliResult {
         say!("{}", serde_json::to_string_pretty(&estimate)?);
     } else {
         say!("{}", estimate.table());
+    }
+    Ok(())
+}
+
+/// The largest binding a device of `memory` bytes is assumed to allow (a discrete GPU's
+/// Vulkan limit, 2 GiB less 4 bytes, or the memory itself when smaller).
+const ASSUMED_BINDING: u64 = 2_147_483_644;
+
+/// `estimate --memory SIZE`: fits or not, by how much, and what single change fits.
+fn will_it_fit(args: &EstimateArgs, config: Config, size: &str) -> CliResult {
+    let limit = wgtrain_engine::memory::MemoryCap::parse(size)?
+        .resolve(None)
+        .map_err(|_| format!("--memory {size}: give a size (\"8GiB\", \"24GB\", bytes), not a fraction of a device"))?;
+    let mut report = match &args.described {
+        Some(file) => read_description(file, args.adapter.as_deref())?,
+        None => {
+            let mut r = Gpu::open(args.adapter.as_deref())?.report.clone();
+            let binding = ASSUMED_BINDING.min(limit);
+            r.limits.max_storage_buffer_binding_size = r.limits.max_storage_buffer_binding_size.max(binding);
+            r.limits.max_buffer_size = r.limits.max_buffer_size.max(binding);
+            r
+        }
+    };
+    report.memory_bytes = Some(limit);
+    let name = report.name.clone();
+    let gpu = Arc::new(Gpu::stand_in(report, None)?);
+    let (estimate, notes, options) = fit_report(config, gpu, limit)?;
+    notes.iter().for_each(|n| eprintln!("{n}"));
+    let need = estimate.peak_reserved_bytes;
+    let fits = need <= limit;
+    // The change that fits with the most memory used: the least the run gives up.
+    let change = options
+        .iter()
+        .filter(|o| !o.change.is_empty() && o.fits == Some(true))
+        .max_by_key(|o| o.peak_reserved_bytes);
+    if args.json {
+        let out = serde_json::json!({
+            "memory_bytes": limit,
+            "fits": fits,
+            "estimate": estimate,
+            "change_that_fits": change,
+            "what_if": options,
+        });
+        say!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    say!("{}", estimate.table());
+    let f = wgtrain_engine::memory::format_bytes;
+    if fits {
+        say!(
+            "fits in {} on '{name}': the peak needs {} reserved ({} allocated), {} to spare",
+            f(limit),
+            f(need),
+            f(estimate.peak_bytes),
+            f(limit - need)
+        );
+        return Ok(());
+    }
+    say!(
+        "does not fit in {} on '{name}': the peak needs {} reserved, {} more",
+        f(limit),
+        f(need),
+        f(need - limit)
+    );
+    match change {
+        Some(c) => say!(
+            "the smallest single change that fits: {} (peak {} reserved); or set memory.fit = true with memory.budget = \"{size}\" to choose the micro-batch and checkpointing",
+            c.change,
+            f(c.peak_reserved_bytes)
+        ),
+        None => say!(
+            "no single change of precision, checkpointing, micro-batch or optimizer-in-backward fits; try memory.fit = true with memory.budget = \"{size}\", or a smaller model"
+        ),
     }
     Ok(())
 }

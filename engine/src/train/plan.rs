@@ -271,6 +271,20 @@ pub fn estimate_with(config: Config, gpu: Arc<Gpu>) -> Result<(Estimate, Vec<Str
     Ok((estimate_on(&rt, &config, &data)?, notes))
 }
 
+/// Whether a run of `config` fits `limit` bytes on `gpu` (a stand-in with that memory):
+/// its estimate, the plan's notes, and every single change of its memory settings with
+/// its estimated peak and whether that fits (the what-if table).
+pub fn fit_report(config: Config, gpu: Arc<Gpu>, limit: u64) -> Result<(Estimate, Vec<String>, Vec<WhatIf>), TrainError> {
+    let data = load_data(&config)?;
+    let (config, mut notes) = resolve_precision(config, &gpu)?;
+    let (config, fit_notes) = plan(config, &gpu, &data)?;
+    notes.extend(fit_notes);
+    let rt = dry_runtime(gpu)?;
+    let estimate = estimate_on(&rt, &config, &data)?;
+    let options = what_if(&config, &rt, &data, Some(limit))?;
+    Ok((estimate, notes, options))
+}
+
 /// The bound a plan must fit: `memory.budget`, else `memory.cap`, else 90% of the
 /// device's memory (for `checkpoint = "auto"` alone).
 fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError> {
