@@ -225,8 +225,15 @@ pub fn resume_config(path: &Path, overrides: &[String]) -> Result<(Config, Vec<S
         fixed.push((s.into(), k.into()));
     }
     if let Some((s, k)) = fixed.iter().find(|(s, k)| at(&was, s, k) != at(&now, s, k)) {
+        let show = |v: Option<toml::Value>| match v {
+            Some(toml::Value::String(text)) => text,
+            Some(other) => other.to_string(),
+            None => "unset".into(),
+        };
         return Err(ConfigError::Invalid(format!(
-            "--set {s}.{k}: the checkpoint's model and batches are fixed by its run; resume without it, or start a new run"
+            "--set {s}.{k}: the checkpoint's model and batches are fixed by its run ({s}.{k} was {}, is {}); resume without it, or start a new run",
+            show(at(&was, s, k)),
+            show(at(&now, s, k))
         ))
         .into());
     }
