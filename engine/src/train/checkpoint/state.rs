@@ -206,6 +206,18 @@ impl Trainer {
 pub fn resume_config(path: &Path, overrides: &[String]) -> Result<(Config, Vec<String>), TrainError> {
     let text = checkpoint::saved_config(path)?;
     let saved = Config::parse(&text, &[])?;
+    // A run's length is its steps, else its epochs: `--set train.epochs` alone asks for a
+    // length in epochs, so the saved step count gives way to it.
+    let sets = |key: &str| overrides.iter().any(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == key));
+    let text = if sets("train.epochs") && !sets("train.steps") {
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Some(train) = table.get_mut("train").and_then(toml::Value::as_table_mut) {
+            train.remove("steps");
+        }
+        toml::to_string(&table).map_err(|e| ConfigError::Invalid(e.to_string()))?
+    } else {
+        text
+    };
     let config = Config::parse(&text, overrides)?;
     // What makes the model or the batches must stay the checkpoint's.
     let table = |c: &Config| toml::Table::try_from(c).unwrap_or_default();
