@@ -305,17 +305,11 @@ impl Bert {
             for id in layer.ids {
                 vars.push(p(tape, id)?);
             }
-            let every = tape.mode().checkpoint_every;
             let bias = bias.clone();
-            x = if every > 0 && i % every == 0 {
-                let refs: Vec<&Var> = vars.iter().collect();
-                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| {
-                    encoder_layer(tape, rt, i, (eps, drop, hs, bias.as_ref()), v)
-                });
-                ops::checkpoint(tape, rt, &refs, segment)?
-            } else {
-                encoder_layer(tape, rt, i, (eps, drop, hs, bias.as_ref()), &vars)?
-            };
+            let layer = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| {
+                encoder_layer(tape, rt, i, (eps, drop, hs, bias.as_ref()), v)
+            });
+            x = ops::segment(tape, rt, i, &vars, layer)?;
         }
         let [tw, tb, lw, lb] = self.transform.map(|id| p(tape, id));
         let h = ops::linear(tape, rt, &x, &tw?, Some(&tb?), WeightLayout::OutIn, "transform.dense")?;

@@ -341,17 +341,9 @@ impl Gpt {
                 vars.push(p(tape, bias)?);
             }
             let (eps, nh, drop) = (c.layer_norm_epsilon as f32, c.n_head, c.resid_pdrop);
-            // The tape's mode says how often a block is recomputed in backward instead
-            // of keeping its activations (0: keep everything; 1: every block).
-            let every = tape.mode().checkpoint_every;
-            let recompute = every > 0 && i % every == 0;
-            x = if recompute {
-                let refs: Vec<&Var> = vars.iter().collect();
-                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, (eps, nh, drop), v));
-                ops::checkpoint(tape, rt, &refs, segment)?
-            } else {
-                block(tape, rt, i, (eps, nh, drop), &vars)?
-            };
+            // The tape's mode says how often a block is recomputed in backward.
+            let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, (eps, nh, drop), v));
+            x = ops::segment(tape, rt, i, &vars, segment)?;
         }
         let (w, bb) = (p(tape, self.ln_f.0)?, p(tape, self.ln_f.1)?);
         let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;

@@ -322,17 +322,10 @@ impl Llama {
             for id in layer.ids {
                 vars.push(tape.param(params, id.0)?);
             }
-            let every = tape.mode().checkpoint_every;
             let (cos, sin) = (cos.clone(), sin.clone());
-            x = if every > 0 && i % every == 0 {
-                let refs: Vec<&Var> = vars.iter().collect();
-                let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| {
-                    decoder_layer(tape, rt, i, (eps, hs, (&cos, &sin)), v)
-                });
-                ops::checkpoint(tape, rt, &refs, segment)?
-            } else {
-                decoder_layer(tape, rt, i, (eps, hs, (&cos, &sin)), &vars)?
-            };
+            let layer =
+                std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| decoder_layer(tape, rt, i, (eps, hs, (&cos, &sin)), v));
+            x = ops::segment(tape, rt, i, &vars, layer)?;
         }
         let w = tape.param(params, self.norm.0)?;
         let h = ops::rmsnorm(tape, rt, &x, &w, eps, "norm")?;

@@ -112,6 +112,12 @@ impl EvalBatch {
     }
 }
 
+/// `ids` (a batch's tokens, or tokens made from them) as [examples, T].
+fn token_ids(rt: &Runtime, b: &HostBatch, ids: &[i32], label: &str) -> Result<Tensor, Error> {
+    let t = ids.len() / b.examples.max(1);
+    Tensor::from_i32(rt, ids, &[b.examples, t], Category::Input, label)
+}
+
 fn targets(rt: &Runtime, b: &HostBatch) -> Result<Tensor, Error> {
     Tensor::from_i32(rt, &b.targets, &[b.targets.len()], Category::Input, "batch.targets")
 }
@@ -155,11 +161,8 @@ impl Trainable for Mlp {
 impl Trainable for Gpt {
     /// Through the fused head + cross-entropy: the GPT never holds the whole logits.
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
-        let rows = b.targets.len();
-        let y = targets(rt, b)?;
-        let t = b.tokens.len() / b.examples.max(1);
-        let ids = Tensor::from_i32(rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
-        self.forward_loss(tape, rt, params, &ids, (&y, rows), CE_ROW_CHUNK)
+        let (ids, y) = (token_ids(rt, b, &b.tokens, "batch.tokens")?, targets(rt, b)?);
+        self.forward_loss(tape, rt, params, &ids, (&y, b.targets.len()), CE_ROW_CHUNK)
     }
 
     /// 6N + 12·L·T·C per token (N without the position embedding), T tokens.
@@ -186,11 +189,8 @@ impl Trainable for Gpt {
 impl Trainable for Llama {
     /// Through the fused head + cross-entropy, as the GPT.
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
-        let rows = b.targets.len();
-        let y = targets(rt, b)?;
-        let t = b.tokens.len() / b.examples.max(1);
-        let ids = Tensor::from_i32(rt, &b.tokens, &[b.examples, t], Category::Input, "batch.tokens")?;
-        self.forward_loss(tape, rt, params, &ids, (&y, rows), CE_ROW_CHUNK)
+        let (ids, y) = (token_ids(rt, b, &b.tokens, "batch.tokens")?, targets(rt, b)?);
+        self.forward_loss(tape, rt, params, &ids, (&y, b.targets.len()), CE_ROW_CHUNK)
     }
 
     /// 6N + 12·L·T·(H·D) per token, N without the embedding when the head is its own
@@ -275,8 +275,7 @@ impl Trainable for MaskedLm {
         let mode = tape.mode();
         let seed = if mode.training { mode.seed } else { 0x6d61_736b };
         let (inputs, labels) = self.mask(&b.tokens, seed);
-        let t = b.tokens.len() / b.examples.max(1);
-        let ids = Tensor::from_i32(rt, &inputs, &[b.examples, t], Category::Input, "batch.masked")?;
+        let ids = token_ids(rt, b, &inputs, "batch.masked")?;
         let n_valid = labels.iter().filter(|&&l| l != crate::kernels::cross_entropy::IGNORE_INDEX).count();
         let y = Tensor::from_i32(rt, &labels, &[labels.len()], Category::Input, "batch.labels")?;
         let inputs = BertInputs {

@@ -561,6 +561,19 @@ fn chunk_rows(facts: &AdapterFacts, chunk: usize, n: usize, ld: usize, v: usize,
 /// A recomputable piece of a model: runs on its input values and returns its output.
 pub type Segment = std::rc::Rc<dyn Fn(&mut Tape, &Runtime, &[Var]) -> Result<Var, Error>>;
 
+/// Segment `index` of a model (a transformer's block) on `inputs`: recomputed in
+/// backward ([`checkpoint`]) when the tape's mode checkpoints every k-th segment and
+/// this is one of them, run and kept otherwise.
+pub fn segment(tape: &mut Tape, rt: &Runtime, index: usize, inputs: &[Var], f: Segment) -> Result<Var, Error> {
+    let every = tape.mode().checkpoint_every;
+    if every > 0 && index.is_multiple_of(every) {
+        let refs: Vec<&Var> = inputs.iter().collect();
+        checkpoint(tape, rt, &refs, f)
+    } else {
+        f(tape, rt, inputs)
+    }
+}
+
 /// A segment recomputed in backward (activation checkpointing, as
 /// torch.utils.checkpoint): `f` runs on `inputs` without recording, so none of its
 /// internals stay alive; the output is recorded as one node whose backward runs `f`

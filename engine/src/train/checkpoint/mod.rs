@@ -337,17 +337,23 @@ fn folder_step(dir: &Path) -> Option<u64> {
     }
 }
 
+/// The manifest of the checkpoint folder `dir`, read within its bound, and its path.
+fn read_manifest(dir: &Path) -> Result<(PathBuf, Manifest), CheckpointError> {
+    let manifest_path = dir.join("manifest.json");
+    let text = crate::files::read_bounded(&manifest_path, MANIFEST_MAX).map_err(io(&manifest_path))?;
+    let manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
+        path: manifest_path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok((manifest_path, manifest))
+}
+
 /// The config the checkpoint at `path` (see [`resolve`]) was written with: its trainer
 /// state read within its bound and checked against the manifest's hash (the whole
 /// checkpoint is verified again when it is loaded).
 pub fn saved_config(path: &Path) -> Result<String, CheckpointError> {
     let dir = resolve(path)?;
-    let manifest_path = dir.join("manifest.json");
-    let text = crate::files::read_bounded(&manifest_path, MANIFEST_MAX).map_err(io(&manifest_path))?;
-    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
-        path: manifest_path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let (_, manifest) = read_manifest(&dir)?;
     let trainer_path = dir.join("trainer.safetensors");
     let bytes = crate::files::read_bounded(&trainer_path, TRAINER_MAX).map_err(io(&trainer_path))?;
     let got = hex::encode(Sha256::digest(&bytes));
@@ -370,12 +376,7 @@ pub fn saved_config(path: &Path) -> Result<String, CheckpointError> {
 /// folder's name.
 pub fn load(path: &Path, expect: Expect) -> Result<(u64, CheckpointData), CheckpointError> {
     let dir = resolve(path)?;
-    let manifest_path = dir.join("manifest.json");
-    let text = crate::files::read_bounded(&manifest_path, MANIFEST_MAX).map_err(io(&manifest_path))?;
-    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
-        path: manifest_path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let (manifest_path, manifest) = read_manifest(&dir)?;
     if manifest.format != FORMAT {
         return Err(CheckpointError::Corrupt {
             path: manifest_path.display().to_string(),
