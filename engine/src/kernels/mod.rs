@@ -12,7 +12,9 @@
 
 pub mod attention;
 pub mod attention_plan;
+pub mod batchnorm;
 pub mod common;
+pub mod conv;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod flash_attention;
@@ -26,6 +28,7 @@ pub mod matmul_coop;
 pub mod matmul_params;
 pub mod matmul_plan;
 pub mod optim;
+pub mod pool;
 pub mod reduce;
 pub mod softmax;
 pub mod tensor_ops;

@@ -4,7 +4,7 @@
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
 //! `kernels::flash_attention`, `kernels::flash_attention_coop`, `kernels::flash_attention_tiled`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
-//! `kernels::optim`, `kernels::reduce`, `kernels::softmax`, `runtime`, `tensor`.
+//! `kernels::optim`, `kernels::reduce`, `kernels::{batchnorm, conv, pool}`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::attention_plan::{LaneKernel, Mode, Path};
 use super::flash_attention_coop::{self, AttentionTile, CoopMode};
@@ -300,6 +300,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
+    conv_net_variants(&mut out)?;
     for mode in 0..3 {
         push(
             &mut out,
@@ -309,4 +310,42 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         )?;
     }
     Ok(out)
+}
+
+/// The convolution gathers, pools and BatchNorm passes, every dtype pairing.
+fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
+    use super::batchnorm::{Epilogue, Pass};
+    let floats = [DType::F32, DType::F16];
+    for ts in floats {
+        for td in floats {
+            for mode in 0..2 {
+                push(
+                    out,
+                    "conv",
+                    include_str!("../../../shaders/conv.wgsl"),
+                    super::conv::variant(mode, ts, td),
+                )?;
+            }
+            for mode in 0..4 {
+                push(
+                    out,
+                    "pool",
+                    include_str!("../../../shaders/pool.wgsl"),
+                    super::pool::variant(mode, ts, td),
+                )?;
+            }
+            for pass in Pass::ALL {
+                for (relu, residual) in [(false, false), (true, false), (true, true)] {
+                    let ep = Epilogue { relu, residual };
+                    push(
+                        out,
+                        "batchnorm",
+                        include_str!("../../../shaders/batchnorm.wgsl"),
+                        super::batchnorm::variant(pass, [ts, td, td], ep),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,128 @@
+// 2-D pooling on NHWC activations (engine/src/kernels/pool.rs), one thread per element
+// written, as PyTorch computes it:
+//   MODE 0 max forward: y[n, p, q, c] = the window's largest (NaN wins; padding never).
+//   MODE 1 max backward: dx[n, h, w, c] sums dy over the windows whose first largest
+//          element is (h, w), each window's argmax found again from x (nothing saved
+//          beyond x).
+//   MODE 2 average forward, MODE 3 average backward: the window's mean; the divisor
+//          counts padding when p.include_pad (PyTorch's count_include_pad) and not past
+//          the padded edge. With p.adaptive, output i covers
+//          [floor(i H / P), ceil((i + 1) H / P)) (AdaptiveAvgPool2d).
+// Template: ENABLE, TS (x or dy), TD (y or dx), MODE.
+{{ENABLE}}
+
+struct Params {
+    n: u32, h: u32, w: u32, c: u32,
+    p: u32, q: u32, kh: u32, kw: u32,
+    sh: u32, sw: u32, ph: u32, pw: u32,
+    adaptive: u32, include_pad: u32, total: u32, _a: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<{{TS}}>;
+@group(0) @binding(2) var<storage, read_write> src: array<{{TS}}>;
+@group(0) @binding(3) var<storage, read_write> dst: array<{{TD}}>;
+
+const MODE: u32 = {{MODE}}u;
+
+// The window of output (i, j): rows [y0, y1), columns [x0, x1) clipped to the input,
+// and its divisor.
+struct Window { y0: i32, y1: i32, x0: i32, x1: i32, div: f32 }
+
+fn window(i: u32, j: u32) -> Window {
+    if p.adaptive != 0u {
+        let y0 = (i * p.h) / p.p;
+        let y1 = ((i + 1u) * p.h + p.p - 1u) / p.p;
+        let x0 = (j * p.w) / p.q;
+        let x1 = ((j + 1u) * p.w + p.q - 1u) / p.q;
+        return Window(i32(y0), i32(y1), i32(x0), i32(x1), f32((y1 - y0) * (x1 - x0)));
+    }
+    let ys = i32(i * p.sh) - i32(p.ph);
+    let xs = i32(j * p.sw) - i32(p.pw);
+    let ye = min(ys + i32(p.kh), i32(p.h + p.ph));
+    let xe = min(xs + i32(p.kw), i32(p.w + p.pw));
+    let padded = f32((ye - ys) * (xe - xs));
+    let y0 = max(ys, 0);
+    let x0 = max(xs, 0);
+    let y1 = min(ye, i32(p.h));
+    let x1 = min(xe, i32(p.w));
+    var div = f32((y1 - y0) * (x1 - x0));
+    if p.include_pad != 0u { div = padded; }
+    return Window(y0, y1, x0, x1, div);
+}
+
+// The flat index in x of window (i, j)'s first largest element of image n, channel c.
+fn argmax(n: u32, i: u32, j: u32, c: u32) -> u32 {
+    let win = window(i, j);
+    var best = 0u;
+    var top = 0.0;
+    var found = false;
+    for (var yy = win.y0; yy < win.y1; yy++) {
+        for (var xx = win.x0; xx < win.x1; xx++) {
+            let at = ((n * p.h + u32(yy)) * p.w + u32(xx)) * p.c + c;
+            let v = f32(x[at]);
+            if !found || v > top || (v != v && top == top) {
+                best = at;
+                top = v;
+                found = true;
+            }
+        }
+    }
+    return best;
+}
+
+// The outputs along one axis whose windows may hold input index `at` (len in, out out).
+fn reach(at: u32, len: u32, out: u32, k: u32, s: u32, pad: u32) -> vec2<u32> {
+    if p.adaptive != 0u {
+        let lo = (at * out) / len;
+        return vec2<u32>(select(lo - 1u, 0u, lo == 0u), min(out, ((at + 1u) * out + len - 1u) / len + 1u));
+    }
+    let top = i32(at + pad);
+    let lo = max(0, (top - i32(k) + i32(s)) / i32(s));
+    let hi = min(i32(out), top / i32(s) + 1);
+    return vec2<u32>(u32(lo), u32(max(hi, lo)));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = gid.x + gid.y * nwg.x * 256u;
+    if e >= p.total { return; }
+    let c = e % p.c;
+    if MODE == 0u || MODE == 2u {
+        let j = (e / p.c) % p.q;
+        let i = (e / (p.c * p.q)) % p.p;
+        let n = e / (p.c * p.q * p.p);
+        if MODE == 0u {
+            dst[e] = {{TD}}(f32(x[argmax(n, i, j, c)]));
+            return;
+        }
+        let win = window(i, j);
+        var acc = 0.0;
+        for (var yy = win.y0; yy < win.y1; yy++) {
+            for (var xx = win.x0; xx < win.x1; xx++) {
+                acc += f32(x[((n * p.h + u32(yy)) * p.w + u32(xx)) * p.c + c]);
+            }
+        }
+        dst[e] = {{TD}}(acc / win.div);
+        return;
+    }
+    let xx = (e / p.c) % p.w;
+    let yy = (e / (p.c * p.w)) % p.h;
+    let n = e / (p.c * p.w * p.h);
+    let ri = reach(yy, p.h, p.p, p.kh, p.sh, p.ph);
+    let rj = reach(xx, p.w, p.q, p.kw, p.sw, p.pw);
+    var acc = 0.0;
+    for (var i = ri.x; i < ri.y; i++) {
+        for (var j = rj.x; j < rj.y; j++) {
+            let win = window(i, j);
+            if i32(yy) < win.y0 || i32(yy) >= win.y1 || i32(xx) < win.x0 || i32(xx) >= win.x1 { continue; }
+            let g = f32(src[((n * p.p + i) * p.q + j) * p.c + c]);
+            if MODE == 1u {
+                if argmax(n, i, j, c) == e { acc += g; }
+            } else {
+                acc += g / win.div;
+            }
+        }
+    }
+    dst[e] = {{TD}}(acc);
+}
