@@ -9,7 +9,8 @@
 //   STATS:  x -> part (count, mean, M2); grid (C / 64, chunks), 64 channels x 4 lanes.
 //   FINAL:  part, gamma, beta, running mean/var -> coef [4][C] = scale, shift, mean,
 //           invstd; in training the running statistics move by p.momentum (the
-//           unbiased variance, as PyTorch); with EVAL from the running statistics.
+//           unbiased variance, as PyTorch) and num_batches_tracked counts the batch;
+//           with EVAL from the running statistics.
 //           One workgroup a channel.
 //   APPLY:  y = relu?(x * scale + shift + res?), one thread an element.
 //   GSTATS: x, res, dy, coef -> part (sum g, sum g (x - mean)), g = dy * mask.
@@ -96,6 +97,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
 @group(0) @binding(4) var<storage, read_write> rmean: array<f32>;
 @group(0) @binding(5) var<storage, read_write> rvar: array<f32>;
 @group(0) @binding(6) var<storage, read_write> coef: array<f32>;
+@group(0) @binding(7) var<storage, read_write> batches: array<f32>;
 
 // Chan's merge of (na, ma, qa) and (nb, mb, qb).
 fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
@@ -141,6 +143,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let unbiased = red3[0] / max(n - 1.0, 1.0);
         rmean[ch] = (1.0 - p.momentum) * rmean[ch] + p.momentum * mean;
         rvar[ch] = (1.0 - p.momentum) * rvar[ch] + p.momentum * unbiased;
+        if ch == 0u { batches[0] += 1.0; }
     }
     let invstd = 1.0 / sqrt(var_b + p.eps);
     let scale = gamma[ch] * invstd;

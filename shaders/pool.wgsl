@@ -8,7 +8,7 @@
 //          counts padding when p.include_pad (PyTorch's count_include_pad) and not past
 //          the padded edge. With p.adaptive, output i covers
 //          [floor(i H / P), ceil((i + 1) H / P)) (AdaptiveAvgPool2d).
-// Template: ENABLE, TS (x or dy), TD (y or dx), MODE.
+// Template: ENABLE, TX (x), TS (x or dy), TD (y or dx), MODE.
 {{ENABLE}}
 
 struct Params {
@@ -19,7 +19,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<{{TS}}>;
+@group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
 @group(0) @binding(2) var<storage, read_write> src: array<{{TS}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<{{TD}}>;
 

@@ -209,12 +209,13 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
         let bt = upload(&rt, &beta, &[c], DType::F32);
         let rm = upload(&rt, &rm0, &[c], DType::F32);
         let rv = upload(&rt, &rv0, &[c], DType::F32);
+        let nbt = upload(&rt, &[4.0], &[1], DType::F32);
         let xr = rounded(&x, dt);
         let resr = rounded(&res, dt);
         let r = residual.then_some(&rt_res);
         let part = batchnorm::stats(&rt, &xt).unwrap();
         let stats = Stats::Batch { momentum, update: true };
-        let coef = batchnorm::finalize(&rt, Some(&part), [&g, &bt, &rm, &rv], eps, stats, "coef").unwrap();
+        let coef = batchnorm::finalize(&rt, Some(&part), [&g, &bt, &rm, &rv, &nbt], eps, stats, "coef").unwrap();
         let y = batchnorm::apply(&rt, &xt, r, &coef, relu, DType::F32, "y").unwrap();
         let (mean, var) = moments(&xr, c);
         let invstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps as f64).sqrt()).collect();
@@ -259,7 +260,7 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
             assert_close_within(&rt, &format!("bn dres {what}"), &d, &gm, (0.0, 0.0));
         }
         // Evaluation: the running statistics, which stay as they are.
-        let coef = batchnorm::finalize(&rt, None, [&g, &bt, &rm, &rv], eps, Stats::Running, "coef").unwrap();
+        let coef = batchnorm::finalize(&rt, None, [&g, &bt, &rm, &rv, &nbt], eps, Stats::Running, "coef").unwrap();
         let y = batchnorm::apply(&rt, &xt, None, &coef, false, DType::F32, "y").unwrap();
         let want: Vec<f64> = (0..m * c)
             .map(|i| {
@@ -269,6 +270,7 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
             .collect();
         assert_close_within(&rt, &format!("bn eval {what}"), &y, &want, (1e-3, 1e-4));
         assert_close_within(&rt, &format!("running mean kept {what}"), &rm, &rm_want, (1e-5, 1e-5));
+        assert_close_within(&rt, &format!("batches counted once {what}"), &nbt, &[5.0], (0.0, 0.0));
     }
     finish(&rt);
 }

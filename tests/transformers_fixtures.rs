@@ -4,7 +4,10 @@
 //! layout reproduces the files transformers wrote; for each in tests/fixtures/llama
 //! (scripts/make_llama_bert_fixtures.py: grouped-query heads, tied and untied heads,
 //! `rope_parameters`, and the older top-level `rope_theta`), LlamaForCausalLM's; for
-//! each in tests/fixtures/bert (with and without padding masks), BertForMaskedLM's.
+//! each in tests/fixtures/bert (with and without padding masks), BertForMaskedLM's; for
+//! each in tests/fixtures/resnet (scripts/make_resnet_fixtures.py: basic and bottleneck
+//! blocks, training-mode BatchNorm), ResNetForImageClassification's, running
+//! statistics included.
 
 mod common;
 
@@ -255,6 +258,17 @@ fn matches_transformers(rt: &wgtrain_engine::Runtime, dir: &Path, batch: &Path, 
     for (pname, shape, got) in &step.grads {
         let (wshape, want) = expected.get(pname).unwrap_or_else(|| panic!("{name}: transformers has no {pname}"));
         assert_eq!(shape, wshape, "{name}: {pname} shape");
+        if pname.contains("running_") || pname.ends_with("num_batches_tracked") {
+            // A buffer after the step (BatchNorm's running statistics): element by element.
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                let err = (g as f64 - w as f64).abs();
+                assert!(
+                    err <= 1e-5 * (1.0 + (w as f64).abs()),
+                    "{name}: {pname}[{i}] is {g}, transformers {w}"
+                );
+            }
+            continue;
+        }
         let diff: f64 = got
             .iter()
             .zip(want)
@@ -355,4 +369,31 @@ fn llama_and_bert_save_what_they_load() {
     }
     let _ = std::fs::remove_dir_all(&out);
     common::finish(&rt);
+}
+
+#[test]
+fn resnet_training_step_matches_transformers_with_batch_norm_statistics() {
+    let rt = common::runtime();
+    let dirs = family("resnet");
+    assert!(dirs.len() >= 3);
+    for dir in &dirs {
+        matches_transformers(&rt, dir, &dir.join("batch.safetensors"), &dir.join("expected.safetensors"));
+    }
+    // What it saves loads back and holds the same tensors (buffers included).
+    let mut params = Params::default();
+    let model = wgtrain_engine::nn::ResNet::from_hf_dir(&rt, &dirs[0], &mut params).unwrap();
+    let out = std::env::temp_dir().join(format!("wgtrain-resnet-save-{}", std::process::id()));
+    model.save_hf(&rt, &params, &out).unwrap();
+    let (a, b) = (
+        read_f32(&dirs[0].join("model.safetensors")),
+        read_f32(&out.join("model.safetensors")),
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (k, (shape, v)) in &b {
+        if k.ends_with("num_batches_tracked") {
+            continue; // I64 in transformers' file, f32 in ours
+        }
+        assert_eq!((shape, v), (&a[k].0, &a[k].1), "{k}");
+    }
 }

@@ -60,11 +60,24 @@ pub struct Param {
     pub grad: Option<Tensor>,
 }
 
-/// Every parameter of a model, in registration order.
+/// A named tensor of a model's state that no optimizer touches (BatchNorm's running
+/// statistics): saved and loaded with the parameters, kept whole on every device (each
+/// device's forward moves its own copy), never sharded, never given a gradient.
+#[derive(Clone)]
+pub struct Buffer {
+    /// The state-dict name.
+    pub name: String,
+    /// The f32 value (category parameter).
+    pub value: Tensor,
+}
+
+/// Every parameter of a model, in registration order, and its buffers.
 #[derive(Default)]
 pub struct Params {
     /// The parameters.
     pub list: Vec<Param>,
+    /// The buffers (not trained).
+    pub buffers: Vec<Buffer>,
 }
 
 impl Params {
@@ -76,6 +89,29 @@ impl Params {
             grad: None,
         });
         self.list.len() - 1
+    }
+
+    /// The buffers alone (what a recomputed segment reads besides the parameters it
+    /// is handed).
+    pub fn buffers_only(&self) -> Params {
+        Params {
+            list: Vec::new(),
+            buffers: self.buffers.clone(),
+        }
+    }
+
+    /// Registers a buffer; returns its index.
+    pub fn add_buffer(&mut self, name: &str, value: Tensor) -> usize {
+        self.buffers.push(Buffer {
+            name: name.to_string(),
+            value,
+        });
+        self.buffers.len() - 1
+    }
+
+    /// The index of the buffer `name`.
+    pub fn find_buffer(&self, name: &str) -> Option<usize> {
+        self.buffers.iter().position(|b| b.name == name)
     }
 
     /// The index of the parameter `name`.
@@ -106,6 +142,7 @@ pub struct Tape {
     grad_prescale: f32,
     gather: Option<std::sync::Arc<dyn Gather>>,
     mode: Mode,
+    recomputing: bool,
 }
 
 /// What a forward pass is for, visible to every layer through its tape (PyTorch's
@@ -224,6 +261,7 @@ impl Tape {
             grad_prescale: 1.0,
             gather: None,
             mode: Mode::default(),
+            recomputing: false,
         }
     }
 
@@ -251,8 +289,21 @@ impl Tape {
             half_matmuls: self.half_matmuls,
             grad_prescale: self.grad_prescale,
             mode: self.mode,
+            recomputing: self.recomputing,
             ..Tape::new()
         }
+    }
+
+    /// This tape marked as recomputing a checkpointed segment in backward: state that a
+    /// forward moves (BatchNorm's running statistics) moved already.
+    pub fn for_recompute(mut self) -> Tape {
+        self.recomputing = true;
+        self
+    }
+
+    /// Whether this pass recomputes a segment (see [`Tape::for_recompute`]).
+    pub fn recomputing(&self) -> bool {
+        self.recomputing
     }
 
     /// This tape taking parameters from `gather` (ZeRO 3) instead of `Params`' values.
@@ -322,7 +373,17 @@ impl Tape {
     pub fn param(&mut self, params: &Params, index: usize) -> Result<Var, Error> {
         let value = match &self.gather {
             Some(g) => g.gather(index)?,
-            None => params.list[index].value.clone(),
+            None => params
+                .list
+                .get(index)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "parameters",
+                        format!("no parameter {index} here (a segment's parameter not passed in?)"),
+                    )
+                })?
+                .value
+                .clone(),
         };
         let id = self.fresh();
         if self.grad_enabled {

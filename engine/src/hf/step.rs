@@ -1,9 +1,12 @@
 //! One forward and backward of a Hugging Face checkpoint (GPT2LMHeadModel,
-//! LlamaForCausalLM or BertForMaskedLM, by config.json's `model_type`) on a batch, in
+//! LlamaForCausalLM, BertForMaskedLM or ResNetForImageClassification, by config.json's
+//! `model_type`) on a batch, in
 //! f32: the loss exactly as the model class's `(input_ids, labels=labels, ...).loss`
 //! defines it (BERT's also reads token_type_ids and attention_mask when the batch has
-//! them), and every parameter's gradient under its
-//! transformers name (a tied embedding's gradient includes the head's share).
+//! them; ResNet's batch is pixel_values and labels, in training mode), and every
+//! parameter's gradient under its transformers name (a tied embedding's gradient
+//! includes the head's share), then every buffer's value after the step (BatchNorm's
+//! running statistics).
 //! `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
 //! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`,
@@ -21,6 +24,7 @@ use crate::memory::Category;
 use crate::nn::bert::{Bert, BertInputs};
 use crate::nn::gpt::{Gpt, shifted_targets};
 use crate::nn::llama::Llama;
+use crate::nn::resnet::ResNet;
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -31,7 +35,8 @@ pub const HEAD_ROW_CHUNK: usize = 1024;
 pub struct HfStep {
     /// The loss.
     pub loss: f64,
-    /// (name, shape, gradient) of every parameter, in state-dict order.
+    /// (name, shape, gradient) of every parameter, in state-dict order, then (name,
+    /// shape, value after the step) of every buffer.
     pub grads: Vec<(String, Vec<usize>, Vec<f32>)>,
 }
 
@@ -64,6 +69,7 @@ enum HfModel {
     Gpt(Gpt),
     Llama(Llama),
     Bert(Bert),
+    ResNet(ResNet),
 }
 
 impl HfModel {
@@ -85,6 +91,7 @@ impl HfModel {
                 Ok(HfModel::Gpt(model))
             }
             Some("llama") => Ok(HfModel::Llama(Llama::from_hf_dir(rt, dir, params)?)),
+            Some("resnet") => Ok(HfModel::ResNet(ResNet::from_hf_dir(rt, dir, params)?)),
             Some("bert") => {
                 let model = Bert::from_hf_dir(rt, dir, params)?;
                 if model.config.hidden_dropout_prob > 0.0 {
@@ -97,7 +104,7 @@ impl HfModel {
             }
             Some(other) => Err(Error::format(
                 &dir.join("config.json"),
-                format!("model_type '{other}' is not supported by `wgtrain step` (gpt2, llama, bert)"),
+                format!("model_type '{other}' is not supported by `wgtrain step` (gpt2, llama, bert, resnet)"),
             )),
         }
     }
@@ -107,6 +114,7 @@ impl HfModel {
             HfModel::Gpt(m) => m.config.vocab_size,
             HfModel::Llama(m) => m.config.vocab_size,
             HfModel::Bert(m) => m.config.vocab_size,
+            HfModel::ResNet(m) => m.config.classes(),
         }
     }
 
@@ -122,6 +130,7 @@ impl HfModel {
             HfModel::Gpt(m) => m.forward_loss(tape, rt, params, inputs.ids, targets, HEAD_ROW_CHUNK),
             HfModel::Llama(m) => m.forward_loss(tape, rt, params, inputs.ids, targets, HEAD_ROW_CHUNK),
             HfModel::Bert(m) => m.forward_loss(tape, rt, params, inputs, targets),
+            HfModel::ResNet(_) => Err(Error::invalid("ResNet step", "a batch of pixel_values")),
         }
     }
 
@@ -138,6 +147,9 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     // A batch of token ids: bounded well above any batch a step could take.
     let bytes = crate::files::read_bounded(batch_file, 1 << 30).map_err(|e| Error::io(batch_file, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
+    if let HfModel::ResNet(m) = &model {
+        return image_step(rt, m, params, &st, batch_file);
+    }
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
     let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
     if shape != lshape {
@@ -199,6 +211,14 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
         loss.value.to_f32_vec(rt)?[0] as f64
     };
     tape.backward(rt, &loss, &mut params)?;
+    Ok(HfStep {
+        loss: value,
+        grads: dump(rt, &params, none_valid)?,
+    })
+}
+
+/// Every gradient (NaN where no target counted), then every buffer.
+fn dump(rt: &Runtime, params: &Params, none_valid: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, Error> {
     let mut grads = Vec::new();
     for p in &params.list {
         let data = match &p.grad {
@@ -208,7 +228,54 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
         };
         grads.push((p.name.clone(), p.value.shape().to_vec(), data));
     }
-    Ok(HfStep { loss: value, grads })
+    for b in &params.buffers {
+        grads.push((b.name.clone(), b.value.shape().to_vec(), b.value.to_f32_vec(rt)?));
+    }
+    Ok(grads)
+}
+
+/// An image classifier's step on `pixel_values` (F32 [N, C, H, W]) and `labels` (I64
+/// or I32 [N]): the mean cross-entropy, training mode.
+fn image_step(rt: &Runtime, model: &ResNet, mut params: Params, st: &safetensors::SafeTensors<'_>, file: &Path) -> Result<HfStep, Error> {
+    let bad = |m: String| Error::format(file, m);
+    let view = st.tensor("pixel_values").map_err(|_| bad("no tensor 'pixel_values'".into()))?;
+    if view.dtype() != Dtype::F32 {
+        return Err(bad(format!("'pixel_values' is {:?}; expected F32", view.dtype())));
+    }
+    let nchw: [usize; 4] = view
+        .shape()
+        .try_into()
+        .ok()
+        .filter(|s: &[usize; 4]| !s.contains(&0))
+        .ok_or_else(|| bad(format!("'pixel_values' must be [N, C, H, W], got {:?}", view.shape())))?;
+    let pixels: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+    let labels_view = st.tensor("labels").map_err(|_| bad("no tensor 'labels'".into()))?;
+    let labels: Vec<i64> = match labels_view.dtype() {
+        Dtype::I64 => bytemuck::pod_collect_to_vec(labels_view.data()),
+        Dtype::I32 => bytemuck::pod_collect_to_vec::<u8, i32>(labels_view.data())
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        other => return Err(bad(format!("'labels' is {other:?}; expected I64 or I32"))),
+    };
+    let classes = model.config.classes() as i64;
+    if labels.len() != nchw[0] {
+        return Err(bad(format!("{} labels for {} images", labels.len(), nchw[0])));
+    }
+    if let Some(l) = labels.iter().find(|&&l| l < 0 || l >= classes) {
+        return Err(bad(format!("label {l} is outside the {classes} classes")));
+    }
+    let targets: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+    let y = Tensor::from_i32(rt, &targets, &[targets.len()], Category::Input, "labels")?;
+    let mut tape = Tape::new();
+    let logits = model.forward(&mut tape, rt, &params, &pixels, nchw)?;
+    let loss = crate::autograd::ops::cross_entropy_mean(&mut tape, rt, &logits, &y, targets.len(), HEAD_ROW_CHUNK, "loss")?;
+    let value = loss.value.to_f32_vec(rt)?[0] as f64;
+    tape.backward(rt, &loss, &mut params)?;
+    Ok(HfStep {
+        loss: value,
+        grads: dump(rt, &params, false)?,
+    })
 }
 
 /// Writes gradients to a safetensors file (temp name, fsync, rename).

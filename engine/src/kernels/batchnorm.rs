@@ -61,7 +61,7 @@ impl Pass {
     fn bindings(self) -> usize {
         match self {
             Pass::Stats => 2,
-            Pass::Final => 6,
+            Pass::Final => 7,
             Pass::Apply => 4,
             Pass::GradStats => 5,
             Pass::GradFinal => 5,
@@ -202,9 +202,19 @@ pub enum Stats {
 
 /// The coefficients [4, C] (scale, shift, mean, invstd) from `part` (every device's
 /// partials, [chunks, 3, C]) or, for [`Stats::Running`], from the running statistics.
-pub fn finalize(rt: &Runtime, part: Option<&Tensor>, affine: [&Tensor; 4], eps: f32, stats: Stats, label: &str) -> Result<Tensor, Error> {
-    let c = affine[0].numel();
-    for (what, t) in ["weight", "bias", "running_mean", "running_var"].iter().zip(affine) {
+/// `state` is weight, bias, running_mean, running_var and num_batches_tracked (one
+/// value, counting batches where the running statistics move).
+pub fn finalize(rt: &Runtime, part: Option<&Tensor>, state: [&Tensor; 5], eps: f32, stats: Stats, label: &str) -> Result<Tensor, Error> {
+    let c = state[0].numel();
+    let affine = &state[..4];
+    if state[4].dtype() != DType::F32 || state[4].numel() != 1 {
+        return Err(Error::shape(
+            "batch norm num_batches_tracked",
+            "one f32 value",
+            format!("{:?}", state[4].shape()),
+        ));
+    }
+    for (what, t) in ["weight", "bias", "running_mean", "running_var"].iter().zip(affine.iter().copied()) {
         if t.dtype() != DType::F32 || t.numel() != c {
             return Err(Error::shape(
                 format!("batch norm {what}"),
@@ -239,7 +249,7 @@ pub fn finalize(rt: &Runtime, part: Option<&Tensor>, affine: [&Tensor; 4], eps: 
         [f, f, f],
         Epilogue::default(),
         &params,
-        &[part, affine[0], affine[1], affine[2], affine[3], &coef],
+        &[part, state[0], state[1], state[2], state[3], &coef, state[4]],
         grid(c as u32),
     )?;
     Ok(coef)

@@ -5,7 +5,6 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::TensorOps;
 use super::common::{check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
 use crate::memory::Category;
@@ -67,9 +66,10 @@ struct Params {
 
 /// The template values of one variant (mode 0 max, 1 max backward, 2 average, 3
 /// average backward).
-pub fn variant(mode: u32, ts: DType, td: DType) -> Vec<(&'static str, String)> {
+pub fn variant(mode: u32, tx: DType, ts: DType, td: DType) -> Vec<(&'static str, String)> {
     vec![
-        ("ENABLE", enables(&[ts, td])),
+        ("ENABLE", enables(&[tx, ts, td])),
+        ("TX", tx.wgsl().into()),
         ("TS", ts.wgsl().into()),
         ("TD", td.wgsl().into()),
         ("MODE", mode.to_string()),
@@ -130,9 +130,10 @@ impl Pool {
 
     fn run(&self, rt: &Runtime, backward: bool, x: &Tensor, src: &Tensor, dst: &Tensor) -> Result<(), Error> {
         let mode = self.mode(backward);
-        let (ts, td) = (src.dtype(), dst.dtype());
+        let (tx, ts, td) = (x.dtype(), src.dtype(), dst.dtype());
+        require_f16(rt, &[tx, ts, td])?;
         let kernel = rt.kernel(
-            KernelKey::new("pool", &[mode, ts as u32, td as u32]),
+            KernelKey::new("pool", &[mode, tx as u32, ts as u32, td as u32]),
             3,
             || {
                 format!(
@@ -142,7 +143,7 @@ impl Pool {
                     td.wgsl()
                 )
             },
-            || render("pool", SOURCE, &variant(mode, ts, td)),
+            || render("pool", SOURCE, &variant(mode, tx, ts, td)),
         )?;
         let [n, h, w, c]: [usize; 4] = x
             .shape()
@@ -190,11 +191,6 @@ impl Pool {
         let (p, q) = self.out_hw(h, w)?;
         check_contiguous("pool gradient", dy, &[n, p, q, c])?;
         check_tensor("pool gradient", dy, dy.dtype())?;
-        if dy.dtype() != x.dtype() {
-            // The kernel reads both through one element type.
-            let dy = dy.cast(rt, x.dtype(), Category::Temporary, "pool.dy")?;
-            return self.backward(rt, x, &dy, category);
-        }
         let dx = Tensor::empty(rt, x.shape(), DType::F32, category, "dx")?;
         self.run(rt, true, x, dy, &dx)?;
         Ok(dx)

@@ -327,12 +327,9 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
                 )?;
             }
             for mode in 0..4 {
-                push(
-                    out,
-                    "pool",
-                    include_str!("../../../shaders/pool.wgsl"),
-                    super::pool::variant(mode, ts, td),
-                )?;
+                let source = include_str!("../../../shaders/pool.wgsl");
+                push(out, "pool", source, super::pool::variant(mode, ts, ts, td))?;
+                push(out, "pool", source, super::pool::variant(mode, ts, DType::F32, td))?;
             }
             for pass in Pass::ALL {
                 for (relu, residual) in [(false, false), (true, false), (true, true)] {

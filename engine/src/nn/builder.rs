@@ -19,6 +19,10 @@ use crate::tensor::Tensor;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ParamId(pub usize);
 
+/// A buffer registered by a [`Builder`] (an index into [`Params::buffers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferId(pub usize);
+
 /// How a new parameter is filled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Fill {
@@ -135,6 +139,28 @@ impl<'a> Builder<'a> {
         };
         Ok(ParamId(self.params.add(&full, value)))
     }
+
+    /// Registers the buffer `name` (state no optimizer touches: running statistics) of
+    /// `shape`, filled with `value` (or taken from the given values, which may omit it:
+    /// a checkpoint of a model without buffers).
+    pub fn buffer(&mut self, name: &str, shape: &[usize], value: f32) -> Result<BufferId, Error> {
+        let full = self.path(name);
+        if self.params.find_buffer(&full).is_some() || self.params.find(&full).is_some() {
+            return Err(Error::invalid("model buffers", format!("{full} is registered twice")));
+        }
+        let given = match self.given.as_deref_mut() {
+            Some(values) => values.remove(&full),
+            None => None,
+        };
+        let value = match given {
+            Some(t) if t.numel() != shape.iter().product::<usize>() => {
+                return Err(Error::shape(&full, format!("{shape:?}"), format!("{:?}", t.shape())));
+            }
+            Some(t) => t.reshape(shape)?,
+            None => self.init.constant(self.rt, shape, value, &full)?,
+        };
+        Ok(BufferId(self.params.add_buffer(&full, value)))
+    }
 }
 
 /// What a layer's forward runs with: the tape (and through it the mode: training or
@@ -146,17 +172,39 @@ pub struct Ctx<'a> {
     pub rt: &'a Runtime,
     /// The model's parameters.
     pub params: &'a Params,
+    bound: Vec<(ParamId, Var)>,
 }
 
 impl<'a> Ctx<'a> {
     /// A context over `tape`, `rt` and `params`.
     pub fn new(tape: &'a mut Tape, rt: &'a Runtime, params: &'a Params) -> Ctx<'a> {
-        Ctx { tape, rt, params }
+        Ctx {
+            tape,
+            rt,
+            params,
+            bound: Vec::new(),
+        }
     }
 
-    /// Parameter `id` on the tape (gathered whole first under ZeRO 3).
+    /// This context with parameters given as values (a checkpointed segment's inputs:
+    /// its parameters enter it as Vars, so the recompute's gradients reach them).
+    pub fn with_bound(mut self, bound: impl IntoIterator<Item = (ParamId, Var)>) -> Ctx<'a> {
+        self.bound.extend(bound);
+        self
+    }
+
+    /// Parameter `id` on the tape (gathered whole first under ZeRO 3), or its bound
+    /// value.
     pub fn param(&mut self, id: ParamId) -> Result<Var, Error> {
+        if let Some((_, v)) = self.bound.iter().find(|(i, _)| *i == id) {
+            return Ok(v.clone());
+        }
         self.tape.param(self.params, id.0)
+    }
+
+    /// Buffer `id` (updated in place by the layer that owns it).
+    pub fn buffer(&self, id: BufferId) -> &Tensor {
+        &self.params.buffers[id.0].value
     }
 
     /// A value that needs no gradient (an input).

@@ -46,10 +46,15 @@ pub fn read_weights(
                 .iter()
                 .map(|h| h.to_f32())
                 .collect(),
+            // Counters (BatchNorm's num_batches_tracked), kept as f32.
+            Dtype::I64 => bytemuck::pod_collect_to_vec::<u8, i64>(view.data())
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
             other => {
                 return Err(Error::format(
                     &path,
-                    format!("{name} has dtype {other:?}; expected F32, F16 or BF16"),
+                    format!("{name} has dtype {other:?}; expected F32, F16, BF16 or I64"),
                 ));
             }
         };
@@ -89,6 +94,9 @@ pub fn write_params(rt: &Runtime, params: &crate::autograd::Params, dir: &Path, 
     let mut data = Vec::new();
     for p in &params.list {
         data.push((p.name.clone(), p.value.shape().to_vec(), p.value.to_f32_vec(rt)?));
+    }
+    for b in &params.buffers {
+        data.push((b.name.clone(), b.value.shape().to_vec(), b.value.to_f32_vec(rt)?));
     }
     write_folder(dir, config, &data)
 }

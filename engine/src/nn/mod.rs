@@ -1,21 +1,24 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors: `builder`
 //! (parameters by path, and the forward context), `layers` (the layer library),
-//! `init` (seeded initialisation), `hf` (transformers' folders), and the engine's models (`mlp`, `gpt`, `llama`, `bert`).
+//! `init` (seeded initialisation), `hf` (transformers' folders), and the engine's models (`mlp`, `gpt`, `llama`, `bert`, `resnet`); `conv` holds the conv-net layers.
 //!
 //! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `runtime`, `tensor`.
 
 pub mod bert;
 pub mod builder;
+pub mod conv;
 pub mod gpt;
 pub mod hf;
 pub mod init;
 pub mod layers;
 pub mod llama;
 pub mod mlp;
+pub mod resnet;
 
 pub use bert::{Bert, BertConfig};
-pub use builder::{Builder, Ctx, Fill, ParamId};
+pub use builder::{BufferId, Builder, Ctx, Fill, ParamId};
+pub use conv::{BatchNorm2d, Conv2d, ConvOptions, Flatten, Pool2d};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
 pub use layers::{
@@ -24,3 +27,4 @@ pub use layers::{
 };
 pub use llama::{Llama, LlamaConfig};
 pub use mlp::Mlp;
+pub use resnet::{ResNet, ResNetConfig};

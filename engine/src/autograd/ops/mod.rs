@@ -4,8 +4,10 @@
 //! May call: `autograd::tape`, `device` (adapter facts), `error`, `kernels`, `memory`,
 //! `runtime`, `tensor`.
 
+mod conv;
 mod pointwise;
 
+pub use conv::{BatchNormOptions, batch_norm, conv2d, flatten_nchw, nchw_to_nhwc, pool2d};
 pub use pointwise::{dropout, gelu, gelu_erf, mse_mean, mul, relu, silu, to_f32};
 
 use super::tape::{Tape, Var};
@@ -591,7 +593,7 @@ pub fn checkpoint(tape: &mut Tape, rt: &Runtime, inputs: &[&Var], f: Segment) ->
         f(&mut inner, rt, &vars)?
     };
     let gather = tape.gatherer();
-    let template = tape.child(true);
+    let template = tape.child(true).for_recompute();
     let kept: Vec<(Option<Tensor>, Option<usize>)> = values
         .into_iter()
         .zip(inputs)

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::tensor::Tensor;
 use crate::train::checkpoint::{self, CheckpointData, CheckpointError, HostTensor};
@@ -45,6 +46,14 @@ impl Trainer {
                 }
             }
         }
+        // Buffers (running statistics): device 0's, as DDP keeps rank 0's.
+        for b in &self.params.buffers {
+            model.push(HostTensor {
+                name: b.name.clone(),
+                shape: b.value.shape().to_vec(),
+                data: b.value.to_f32_vec(&self.rt)?,
+            });
+        }
         let trainer = BTreeMap::from([
             ("epoch".to_string(), self.epoch.to_string()),
             ("batch_index".to_string(), self.index.to_string()),
@@ -74,11 +83,13 @@ impl Trainer {
 
     /// Restores parameters, optimizer state and data position from a checkpoint.
     pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
+        let buffers = &self.params.buffers;
         let expect = checkpoint::Expect {
             parameters: (0..self.params.list.len())
                 .map(|i| self.param_shape(i).iter().product::<usize>() as u64)
-                .sum(),
-            tensors: self.params.list.len() as u64,
+                .sum::<u64>()
+                + buffers.iter().map(|b| b.value.numel() as u64).sum::<u64>(),
+            tensors: (self.params.list.len() + buffers.len()) as u64,
         };
         let (step, data) = checkpoint::load(path, expect)?;
         let mismatch = |reason: String| CheckpointError::Mismatch {
@@ -131,10 +142,19 @@ impl Trainer {
                 return Err(mismatch(differ.join("; ")).into());
             }
         }
-        if data.model.len() != self.params.list.len() {
-            return Err(mismatch(format!("{} parameters, the model has {}", data.model.len(), self.params.list.len())).into());
+        let tensors = self.params.list.len() + self.params.buffers.len();
+        if data.model.len() != tensors {
+            return Err(mismatch(format!("{} tensors, the model has {tensors}", data.model.len())).into());
         }
         for t in &data.model {
+            if let Some(i) = self.params.find_buffer(&t.name) {
+                let b = &mut self.params.buffers[i];
+                if b.value.shape() != t.shape {
+                    return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, b.value.shape())).into());
+                }
+                b.value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+                continue;
+            }
             let i = self
                 .params
                 .find(&t.name)

@@ -111,6 +111,17 @@ impl Trainer {
                 q.value = Tensor::from_f32(&peer.rt, &host, p.value.shape(), Category::Parameter, &p.name)?;
             }
         }
+        // Buffers whole on every device.
+        for b in &self.params.buffers {
+            let host = b.value.to_f32_vec(&self.rt)?;
+            for peer in &mut w.peers {
+                let i = peer
+                    .params
+                    .find_buffer(&b.name)
+                    .ok_or_else(|| Error::invalid("buffers", format!("a device lacks {}", b.name)))?;
+                peer.params.buffers[i].value = Tensor::from_f32(&peer.rt, &host, b.value.shape(), Category::Parameter, &b.name)?;
+            }
+        }
         w.offload.iter_mut().for_each(|h| h.state.clear());
         for peer in &mut w.peers {
             peer.opt.step = self.opt.step;
