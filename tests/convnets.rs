@@ -1,9 +1,17 @@
 //! Conv nets: the convolution, BatchNorm and pooling kernels against f64 references on
 //! odd shapes (kernels 1/3/5/7, strides 1 and 2, padding, dilation, groups, non-square,
-//! batch 1), BatchNorm's running statistics, and the layers and models built on them.
+//! batch 1), BatchNorm's running statistics, and the models built on them trained end
+//! to end: a ResNet's estimate equals its measured peak under every policy and on two
+//! devices, SyncBatchNorm on two devices equals one device over the whole batch, a
+//! resumed run equals an uninterrupted one (running statistics included), and the
+//! Fashion-MNIST CNN learns.
 
+mod cli;
 mod common;
 
+use std::path::Path;
+
+use cli::{losses, run_ok, scratch};
 use common::{Rng, assert_close, assert_close_within, finish, rounded, runtime, upload};
 use wgtrain_engine::kernels::batchnorm::{self, Stats};
 use wgtrain_engine::kernels::conv::{self, ConvShape};
@@ -385,4 +393,212 @@ fn pools_match_pytorch_windows_forward_and_backward() {
     let bad = pool(PoolKind::Max, 2, 2, 2).out_hw(8, 8).unwrap_err().to_string();
     assert!(bad.contains("half the kernel"), "{bad}");
     finish(&rt);
+}
+
+/// `wgtrain COMMAND` on a ResNet-18 of width 8 over synthetic 48x48 images (batch 16,
+/// augmented), with `sets` on top.
+fn resnet_args(command: &str, sets: &[&str]) -> Vec<String> {
+    let mut args = vec![command.to_string()];
+    if command == "train" {
+        args.push("--quiet".into());
+    }
+    let base = [
+        "model.kind=\"resnet\"",
+        "model.depth=18",
+        "model.width=8",
+        "data.kind=\"synthetic_images\"",
+        "data.image=[3, 48, 40]",
+        "data.classes=10",
+        "data.train_limit=64",
+        "data.eval_limit=16",
+        "data.crop_padding=2",
+        "data.flip=true",
+        "train.batch_size=16",
+        "train.eval_every=0",
+        "train.optimizer=\"sgd\"",
+        "train.lr=0.05",
+        "train.momentum=0.9",
+    ];
+    for s in base.iter().chain(sets) {
+        args.extend(["--set".into(), s.to_string()]);
+    }
+    args
+}
+
+/// Trains [`resnet_args`] with `sets` into `dir/name.jsonl` (checkpoints in name.ckpt).
+fn resnet_run(dir: &Path, name: &str, sets: &[&str]) -> std::path::PathBuf {
+    let log = dir.join(format!("{name}.jsonl"));
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join(format!("{name}.ckpt")).display());
+    let mut all = vec![ckpt.as_str()];
+    all.extend(sets);
+    let mut args = resnet_args("train", &all);
+    args.extend(["--log".into(), log.display().to_string()]);
+    run_ok(&args, &[]);
+    log
+}
+
+fn lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The evaluation losses of a log (they read BatchNorm's running statistics).
+fn eval_losses(log: &Path) -> Vec<f64> {
+    lines(log)
+        .iter()
+        .filter_map(|v| v.get("eval").map(|e| e["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+fn estimate_json(sets: &[&str]) -> serde_json::Value {
+    let mut args = resnet_args("estimate", sets);
+    args.push("--json".into());
+    serde_json::from_str(&run_ok(&args, &[])).unwrap()
+}
+
+#[test]
+fn a_resnet_estimate_equals_its_measured_peak_under_every_policy() {
+    let dir = scratch("resnet-estimate");
+    for precision in ["fp32", "fp16-mixed"] {
+        for checkpoint in ["none", "every-layer"] {
+            let sets = [
+                "train.steps=3".to_string(),
+                format!("memory.precision=\"{precision}\""),
+                format!("memory.checkpoint=\"{checkpoint}\""),
+            ];
+            let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+            let want = estimate_json(&sets)["peak_bytes"].as_u64().unwrap();
+            let log = resnet_run(&dir, &format!("{precision}-{checkpoint}"), &sets);
+            // From the second step on (the optimizer state exists), as the estimate's.
+            for v in lines(&log)
+                .iter()
+                .filter(|v| v.get("loss").is_some() && v["step"].as_u64() > Some(1))
+            {
+                assert_eq!(
+                    v["mem"]["peak"].as_u64().unwrap(),
+                    want,
+                    "{precision} {checkpoint}: step {}",
+                    v["step"]
+                );
+            }
+        }
+    }
+    for extra in [
+        vec!["parallel.zero=0"],
+        vec![
+            "parallel.zero=3",
+            "parallel.offload=\"optimizer+parameters\"",
+            "memory.checkpoint=\"every-layer\"",
+        ],
+    ] {
+        let mut sets = vec!["train.steps=3", "parallel.devices=[\"0\", \"0\"]", "parallel.sync_batch_norm=true"];
+        sets.extend(&extra);
+        let want: Vec<u64> = estimate_json(&sets)["device_peaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let log = resnet_run(&dir, &format!("d2-{}", extra.len()), &sets);
+        for v in lines(&log)
+            .iter()
+            .filter(|v| v.get("loss").is_some() && v["step"].as_u64() > Some(1))
+        {
+            let peaks: Vec<u64> = v["mem"]["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["peak"].as_u64().unwrap())
+                .collect();
+            assert_eq!(peaks, want, "{extra:?}: step {}", v["step"]);
+        }
+    }
+}
+
+#[test]
+fn sync_batch_norm_on_two_devices_equals_one_device_over_the_whole_batch() {
+    let dir = scratch("resnet-syncbn");
+    // One epoch at a small learning rate: long enough to move the running statistics
+    // four times, short enough that rounding is not amplified by training itself.
+    let steps = ["train.steps=4", "train.lr=0.005"];
+    let one = resnet_run(&dir, "one", &steps);
+    let two = [
+        "train.steps=4",
+        "train.lr=0.005",
+        "parallel.devices=[\"0\", \"0\"]",
+        "parallel.sync_batch_norm=true",
+    ];
+    let synced = resnet_run(&dir, "synced", &two);
+    let own = resnet_run(&dir, "own", &two[..3]);
+    let (a, b) = (losses(&one), losses(&synced));
+    assert_eq!(a.len(), 4);
+    for ((s, x), (_, y)) in a.iter().zip(&b) {
+        assert!(((x - y) / x).abs() <= 1e-5, "step {s}: one device {x}, SyncBatchNorm on two {y}");
+    }
+    // Evaluation reads the running statistics: they moved alike.
+    let (ea, eb) = (eval_losses(&one), eval_losses(&synced));
+    assert_eq!(ea.len(), 1);
+    assert!(
+        ((ea[0] - eb[0]) / ea[0]).abs() <= 1e-5,
+        "evaluation: one device {ea:?}, SyncBatchNorm on two {eb:?}"
+    );
+    // Each device's own statistics (no sync) are another computation.
+    let c = losses(&own);
+    assert!(
+        a.iter().zip(&c).any(|((_, x), (_, y))| ((x - y) / x).abs() > 1e-3),
+        "{a:?} vs {c:?}"
+    );
+}
+
+#[test]
+fn a_resumed_resnet_run_equals_the_uninterrupted_one_running_statistics_included() {
+    let dir = scratch("resnet-resume");
+    let full = resnet_run(&dir, "full", &["train.steps=6", "checkpoint.every=3"]);
+    let ckpt = dir.join("full.ckpt").join("step-000000003");
+    assert!(ckpt.is_dir(), "{}", ckpt.display());
+    let log = dir.join("resumed.jsonl");
+    let mut args = vec!["train".to_string(), "--quiet".into(), "--resume".into(), ckpt.display().to_string()];
+    args.extend(["--log".into(), log.display().to_string()]);
+    args.extend(["--set".into(), format!("checkpoint.dir=\"{}\"", dir.join("resumed.ckpt").display())]);
+    run_ok(&args, &[]);
+    let tail: Vec<(u64, f64)> = losses(&full).into_iter().filter(|(s, _)| *s > 3).collect();
+    assert_eq!(tail, losses(&log), "the resumed steps' losses");
+    assert_eq!(eval_losses(&full).last(), eval_losses(&log).last(), "the final evaluation");
+}
+
+#[test]
+fn the_fashion_cnn_learns_and_its_config_is_the_documented_one() {
+    let dir = scratch("fashion-cnn");
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/configs/fashion_cnn.toml");
+    let log = dir.join("cnn.jsonl");
+    let args: Vec<String> = [
+        "train",
+        "--quiet",
+        config.to_str().unwrap(),
+        "--set",
+        "train.steps=40",
+        "--set",
+        "data.train_limit=2560",
+        "--set",
+        "data.eval_limit=500",
+        "--set",
+        "train.eval_every=40",
+        "--set",
+        &format!("checkpoint.dir=\"{}\"", dir.join("ck").display()),
+        "--log",
+        log.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    run_ok(&args, &[]);
+    let evals: Vec<f64> = lines(&log)
+        .iter()
+        .filter_map(|v| v.get("eval").map(|e| e["accuracy"].as_f64().unwrap()))
+        .collect();
+    // Ten classes: chance is 10%; 40 steps of 64 images already reach well past it.
+    assert!(evals.last().is_some_and(|&a| a > 0.6), "{evals:?}");
 }

@@ -12,4 +12,4 @@
 
 pub mod ops;
 pub mod tape;
-pub use tape::{BackwardFn, Buffer, Gather, Mode, Param, ParamHook, Params, Tape, Var, VarId};
+pub use tape::{BackwardFn, Buffer, Gather, Mode, Param, ParamHook, Params, SyncStats, Tape, Var, VarId};

@@ -47,6 +47,15 @@ pub trait Gather: Send + Sync {
     fn gather(&self, index: usize) -> Result<Tensor, Error>;
 }
 
+/// How a multi-device run shares per-batch statistics across its ranks inside a
+/// forward or backward pass (SyncBatchNorm): every rank passes its values, every rank
+/// gets all of them, concatenated in rank order. Every rank makes the same calls in
+/// the same order.
+pub trait SyncStats: Send + Sync {
+    /// Every rank's `mine`, concatenated in rank order.
+    fn all_gather(&self, mine: Vec<f32>) -> Result<Vec<f32>, Error>;
+}
+
 /// Called with a parameter whose gradient is final (optimizer-in-backward).
 pub type ParamHook<'a> = dyn FnMut(&Runtime, usize, &mut Param) -> Result<(), Error> + 'a;
 
@@ -143,6 +152,7 @@ pub struct Tape {
     gather: Option<std::sync::Arc<dyn Gather>>,
     mode: Mode,
     recomputing: bool,
+    sync: Option<std::sync::Arc<dyn SyncStats>>,
 }
 
 /// What a forward pass is for, visible to every layer through its tape (PyTorch's
@@ -262,6 +272,7 @@ impl Tape {
             gather: None,
             mode: Mode::default(),
             recomputing: false,
+            sync: None,
         }
     }
 
@@ -290,6 +301,7 @@ impl Tape {
             grad_prescale: self.grad_prescale,
             mode: self.mode,
             recomputing: self.recomputing,
+            sync: self.sync.clone(),
             ..Tape::new()
         }
     }
@@ -299,6 +311,18 @@ impl Tape {
     pub fn for_recompute(mut self) -> Tape {
         self.recomputing = true;
         self
+    }
+
+    /// This tape sharing batch statistics through `sync` (SyncBatchNorm across the
+    /// ranks of a multi-device run).
+    pub fn with_sync(mut self, sync: Option<std::sync::Arc<dyn SyncStats>>) -> Tape {
+        self.sync = sync;
+        self
+    }
+
+    /// Where batch statistics are shared, if they are.
+    pub fn sync(&self) -> Option<std::sync::Arc<dyn SyncStats>> {
+        self.sync.clone()
     }
 
     /// Whether this pass recomputes a segment (see [`Tape::for_recompute`]).

@@ -4,6 +4,7 @@
 //! May call: nothing of the engine (host data only). Called by: the trainer.
 
 pub mod fashion_mnist;
+pub mod images;
 pub mod loader;
 pub mod text;
 pub mod tokens;

@@ -107,6 +107,16 @@ impl Conv2d {
         self.shape.k
     }
 
+    /// Multiply-adds of one image of `h` x `w`, and the output's height and width.
+    pub fn macs(&self, h: usize, w: usize) -> (f64, usize, usize) {
+        let s = ConvShape { n: 1, h, w, ..self.shape };
+        if s.check("").is_err() {
+            return (0.0, 0, 0);
+        }
+        let (p, q) = s.out_hw();
+        ((p * q * s.k * s.per_group()) as f64, p, q)
+    }
+
     /// Its parameters (weight, then bias).
     pub fn params(&self) -> Vec<ParamId> {
         std::iter::once(self.weight).chain(self.bias).collect()

@@ -1,12 +1,13 @@
 //! Models built from autograd ops. Parameter names follow PyTorch's state dicts so that
 //! checkpoints, the memory estimate and the dashboard name the same tensors: `builder`
 //! (parameters by path, and the forward context), `layers` (the layer library),
-//! `init` (seeded initialisation), `hf` (transformers' folders), and the engine's models (`mlp`, `gpt`, `llama`, `bert`, `resnet`); `conv` holds the conv-net layers.
+//! `init` (seeded initialisation), `hf` (transformers' folders), and the engine's models (`mlp`, `gpt`, `llama`, `bert`, `resnet`, `cnn`); `conv` holds the conv-net layers.
 //!
 //! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `runtime`, `tensor`.
 
 pub mod bert;
 pub mod builder;
+pub mod cnn;
 pub mod conv;
 pub mod gpt;
 pub mod hf;
@@ -18,6 +19,7 @@ pub mod resnet;
 
 pub use bert::{Bert, BertConfig};
 pub use builder::{BufferId, Builder, Ctx, Fill, ParamId};
+pub use cnn::{Cnn, CnnConfig};
 pub use conv::{BatchNorm2d, Conv2d, ConvOptions, Flatten, Pool2d};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;

@@ -302,6 +302,24 @@ impl ResNet {
         self.blocks.len()
     }
 
+    /// Multiply-adds of one forward pass of an `h` x `w` image.
+    pub fn macs(&self, h: usize, w: usize) -> f64 {
+        let (mut total, h, w) = self.stem.conv.macs(h, w);
+        // The 3x3 max pool, stride 2, padding 1.
+        let (mut h, mut w) = ((h + 2).saturating_sub(3) / 2 + 1, (w + 2).saturating_sub(3) / 2 + 1);
+        for b in self.blocks.iter() {
+            if let Some(s) = &b.shortcut {
+                total += s.conv.macs(h, w).0;
+            }
+            for l in &b.layers {
+                let (m, p, q) = l.conv.macs(h, w);
+                (total, h, w) = (total + m, p, q);
+            }
+        }
+        let width = *self.config.hidden_sizes.last().unwrap_or(&0);
+        total + (width * self.config.classes()) as f64
+    }
+
     /// Logits [N, classes] of NCHW images (flattened f32 [N, C, H, W]).
     pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, pixels: &[f32], nchw: [usize; 4]) -> Result<Var, Error> {
         if nchw[1] != self.config.num_channels {

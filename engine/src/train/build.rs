@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::autograd::Params;
 use crate::data::fashion_mnist::{self, FashionMnist};
+use crate::data::images::{Augment, Augmented, SyntheticImages};
 use crate::data::text::{self, CharCorpus};
 use crate::data::tokens::TokenFile;
 use crate::data::{DataError, Dataset, HostBatch};
@@ -41,6 +42,8 @@ pub struct Loaded {
     pub outputs: usize,
     /// Unigram entropy of the training text.
     pub unigram_entropy: Option<f64>,
+    /// Image data's [channels, height, width].
+    pub image: Option<[usize; 3]>,
 }
 
 impl Loaded {
@@ -82,12 +85,27 @@ fn limited(inner: Arc<dyn Dataset>, n: usize) -> Arc<dyn Dataset> {
     if n == 0 { inner } else { Arc::new(Limited { inner, n }) }
 }
 
+/// `train` with `data.crop_padding` and `data.flip` applied (itself without them);
+/// `fill` is a black pixel's value after the set's normalisation.
+fn augmented(config: &Config, train: Arc<dyn Dataset>, image: [usize; 3], fill: f32) -> Arc<dyn Dataset> {
+    let d = &config.data;
+    if d.crop_padding == 0 && !d.flip {
+        return train;
+    }
+    let augment = Augment {
+        crop_padding: d.crop_padding,
+        flip: d.flip,
+        fill,
+    };
+    Arc::new(Augmented::new(train, image, augment, config.train.seed))
+}
+
 /// Loads `config.data` (Fashion-MNIST, character text or token files); a split with
 /// no example (a text shorter than one window, a limit of the wrong kind) is an error,
 /// not a run of zero steps.
 pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
     let mut data = load_splits(config)?;
-    data.model = config.model.builder(data.outputs)?;
+    data.model = config.model.builder(data.outputs, data.image)?;
     data.from_config = true;
     for (split, set) in [("training", &data.train), ("evaluation", &data.eval)] {
         if set.is_empty() {
@@ -126,13 +144,32 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
             let dir = path.unwrap_or_else(|| PathBuf::from(fashion_mnist::DEFAULT_PATH));
             let train = limit(FashionMnist::load(&dir, "train")?, config.data.train_limit);
             let eval = limit(FashionMnist::load(&dir, "t10k")?, config.data.eval_limit);
+            let image = [1, 28, 28];
             Loaded {
                 model,
                 from_config: true,
-                train: Arc::new(train),
+                train: augmented(config, Arc::new(train), image, -fashion_mnist::MEAN / fashion_mnist::STD),
                 eval: Arc::new(eval),
                 outputs: fashion_mnist::CLASSES,
                 unigram_entropy: None,
+                image: Some(image),
+            }
+        }
+        DataKind::SyntheticImages => {
+            let d = &config.data;
+            let image = [d.image[0], d.image[1], d.image[2]];
+            let n = |limit: usize, default: usize| if limit == 0 { default } else { limit };
+            let seed = config.train.seed;
+            let train = Arc::new(SyntheticImages::new(n(d.train_limit, 1024), image, d.classes, seed));
+            let eval = Arc::new(SyntheticImages::new(n(d.eval_limit, 256), image, d.classes, seed ^ 1));
+            Loaded {
+                model,
+                from_config: true,
+                train: augmented(config, train, image, 0.0),
+                eval,
+                outputs: d.classes,
+                unigram_entropy: None,
+                image: Some(image),
             }
         }
         DataKind::Chars => {
@@ -148,6 +185,7 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
                 eval: limited(Arc::new(val), config.data.eval_limit),
                 outputs: vocab,
                 unigram_entropy: Some(entropy),
+                image: None,
             }
         }
         DataKind::Tokens => {
@@ -167,6 +205,7 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
                 eval: limited(Arc::new(val), config.data.eval_limit),
                 outputs: vocab,
                 unigram_entropy: None,
+                image: None,
             }
         }
     })

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::nn::bert::BertInputs;
-use crate::nn::{Bert, Builder, Gpt, Llama, Mlp};
+use crate::nn::{Bert, Builder, Cnn, Gpt, Llama, Mlp, ResNet};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 
@@ -155,6 +155,67 @@ impl Trainable for Mlp {
 
     fn is_classifier(&self) -> bool {
         true
+    }
+}
+
+/// A conv net on image batches (NCHW pixels per example): the CNN, or a ResNet with
+/// its image shape.
+pub enum ImageModel {
+    /// The small CNN.
+    Cnn(Cnn),
+    /// A ResNet and the [channels, height, width] of its images.
+    ResNet(ResNet, [usize; 3]),
+}
+
+impl ImageModel {
+    fn logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
+        match self {
+            ImageModel::Cnn(m) => m.forward(tape, rt, params, &b.features, b.examples),
+            ImageModel::ResNet(m, [c, h, w]) => m.forward(tape, rt, params, &b.features, [b.examples, *c, *h, *w]),
+        }
+    }
+}
+
+impl Trainable for ImageModel {
+    fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
+        let y = targets(rt, b)?;
+        let logits = self.logits(tape, rt, params, b)?;
+        ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "loss")
+    }
+
+    fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<EvalBatch, Error> {
+        let y = targets(rt, b)?;
+        let logits = self.logits(tape, rt, params, b)?;
+        let loss = ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "eval.loss")?;
+        EvalBatch::classified(rt, &loss, &logits, &b.targets)
+    }
+
+    /// The CNN evaluates 500 images at a time; a ResNet as many as it trains on.
+    fn eval_batch(&self, micro_batch: usize) -> usize {
+        match self {
+            ImageModel::Cnn(_) => EVAL_BATCH / 2,
+            ImageModel::ResNet(..) => micro_batch,
+        }
+    }
+
+    fn is_classifier(&self) -> bool {
+        true
+    }
+
+    /// Forward and backward: 3 x 2 x the forward's multiply-adds.
+    fn flops_per_example(&self, _parameters: usize) -> f64 {
+        6.0 * match self {
+            ImageModel::Cnn(m) => m.macs(),
+            ImageModel::ResNet(m, [_, h, w]) => m.macs(*h, *w),
+        }
+    }
+
+    /// A ResNet's blocks.
+    fn checkpoint_segments(&self) -> usize {
+        match self {
+            ImageModel::Cnn(_) => 0,
+            ImageModel::ResNet(m, _) => m.blocks(),
+        }
     }
 }
 

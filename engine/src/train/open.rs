@@ -54,6 +54,7 @@ impl Trainer {
             eval,
             outputs: 0,
             unigram_entropy: None,
+            image: None,
         };
         Trainer::open(config, data, adapter)
     }
@@ -169,6 +170,7 @@ impl Trainer {
             eval: self.eval.clone(),
             outputs: self.outputs,
             unigram_entropy: self.unigram_entropy,
+            image: None,
         };
         let limit = self.rt.alloc.stats().cap.or(self.rt.gpu.caps.memory_bytes);
         crate::train::plan::what_if(&self.config, &self.rt, &data, limit).unwrap_or_else(|e| {

@@ -27,6 +27,9 @@ pub struct Peer {
 pub struct World {
     pub(super) group: HostGroup,
     pub(super) comms: Vec<HostComm>,
+    /// SyncBatchNorm's own group (`parallel.sync_batch_norm`): its exchanges happen
+    /// inside forward and backward, while the gradient buckets use `comms`.
+    pub(super) bn: Option<(HostGroup, Vec<HostComm>)>,
     /// Ranks 1.. (rank 0 is the trainer's own).
     pub peers: Vec<Peer>,
     pub(super) shards: Shards,
@@ -64,4 +67,21 @@ pub(super) struct StepPlan<'a> {
     pub(super) mode: crate::autograd::Mode,
     /// When the step began (the diagnostic timings count from it).
     pub(super) started: std::time::Instant,
+    /// Each rank's SyncBatchNorm handle (in rank order), when batch statistics are
+    /// shared.
+    pub(super) bn: Option<&'a [HostComm]>,
+}
+
+/// A rank's [`SyncStats`](crate::autograd::SyncStats) over its SyncBatchNorm group.
+pub(super) struct BnSync(pub(super) HostComm);
+
+impl crate::autograd::SyncStats for BnSync {
+    fn all_gather(&self, mine: Vec<f32>) -> Result<Vec<f32>, crate::error::Error> {
+        use crate::parallel::Collective;
+        let all = self
+            .0
+            .all_gather_vecs(mine)
+            .map_err(|e| crate::error::Error::invalid("SyncBatchNorm", e.to_string()))?;
+        Ok(all.iter().flatten().copied().collect())
+    }
 }

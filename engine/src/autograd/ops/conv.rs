@@ -93,7 +93,11 @@ pub struct BatchNormOptions {
 /// residual added and ReLU fused after it. In training mode the batch's statistics
 /// normalise and the running statistics move (not again in a recomputed segment); in
 /// evaluation mode the running statistics normalise. `state`: weight, bias (Vars) and
-/// running_mean, running_var, num_batches_tracked (buffers).
+/// running_mean, running_var, num_batches_tracked (buffers). On a tape that shares
+/// statistics ([`Tape::with_sync`]) the batch is every rank's (SyncBatchNorm: the
+/// per-chunk statistics in forward and the sums of dy and dy (x - mean) in backward
+/// are gathered from every rank; the weight and bias gradients are this rank's share,
+/// summed with the rest by the gradient reduction).
 pub fn batch_norm(
     tape: &mut Tape,
     rt: &Runtime,
@@ -122,8 +126,16 @@ pub fn batch_norm(
     let training = tape.training();
     let state = [&gamma.value, &beta.value, running[0], running[1], running[2]];
     let coef_label = format!("{label}.stats");
+    let sync = tape.sync().filter(|_| training);
+    let mut total = count;
     let coef = if training {
-        let part = batchnorm::stats(rt, &xs)?;
+        let mut part = batchnorm::stats(rt, &xs)?;
+        if let Some(s) = &sync {
+            // SyncBatchNorm: every rank's (count, mean, M2) chunks, merged as one batch.
+            let all = s.all_gather(part.to_f32_vec(rt)?)?;
+            total = all.chunks(c).step_by(3).map(|counts| counts[0] as usize).sum();
+            part = Tensor::from_f32(rt, &all, &[all.len() / (3 * c), 3, c], Category::Temporary, "bn.stats.all")?;
+        }
         let stats = Stats::Batch {
             momentum: opts.momentum,
             update: !tape.recomputing(),
@@ -143,7 +155,16 @@ pub fn batch_norm(
         Box::new(move |rt, dy, cats| {
             let dy = whole(rt, dy)?;
             let part = batchnorm::grad_stats(rt, &xs, res.as_ref(), &dy, &coef, relu)?;
-            let [gcoef, dgamma, dbeta] = batchnorm::grad_finalize(rt, &part, &coef, count, !training, [cats[1], cats[2]])?;
+            let [mut gcoef, dgamma, dbeta] = batchnorm::grad_finalize(rt, &part, &coef, total, !training, [cats[1], cats[2]])?;
+            if let Some(s) = &sync {
+                // dx from every rank's sums of dy and dy (x - mean) (PyTorch's sum_dy and
+                // sum_dy_xmu, all-reduced); the weight's and bias's gradients stay this
+                // rank's, reduced with every other gradient.
+                let all = s.all_gather(part.to_f32_vec(rt)?)?;
+                let all = Tensor::from_f32(rt, &all, &[all.len() / (2 * c), 2, c], Category::Temporary, "bn.grad_stats.all")?;
+                let cat = [Category::Temporary; 2];
+                [gcoef, _, _] = batchnorm::grad_finalize(rt, &all, &coef, total, !training, cat)?;
+            }
             let res_cat = cats.get(3).copied().unwrap_or(Category::Temporary);
             let (dx, dres) = batchnorm::grad_apply(rt, &xs, res.as_ref(), &dy, &coef, &gcoef, relu, [cats[0], res_cat])?;
             let mut out = vec![Some(dx), Some(dgamma), Some(dbeta)];

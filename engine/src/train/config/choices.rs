@@ -50,10 +50,12 @@ pub enum DataKind {
     Chars,
     /// nanoGPT's token files: a folder with train.bin and val.bin.
     Tokens,
+    /// Images made from the seed (`data.image`, `data.classes`): for benchmarks.
+    SyntheticImages,
 }
 
 impl Choice for DataKind {
-    const ALL: &'static [Self] = &[DataKind::FashionMnist, DataKind::Chars, DataKind::Tokens];
+    const ALL: &'static [Self] = &[DataKind::FashionMnist, DataKind::Chars, DataKind::Tokens, DataKind::SyntheticImages];
 }
 
 /// `data.token_dtype`: the id type of token files.

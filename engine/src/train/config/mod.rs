@@ -11,7 +11,7 @@ mod choices;
 mod model;
 
 pub use choices::{Checkpointing, Choice, DataKind, Offload, OptimizerKind, Precision, Schedule, TokenDtype};
-pub use model::{BertSpec, GptSpec, LlamaSpec, MlpSpec, ModelConfig};
+pub use model::{BertSpec, CnnSpec, GptSpec, LlamaSpec, MlpSpec, ModelConfig, ResNetSpec};
 
 /// Everything a run needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -45,6 +45,15 @@ pub struct DataConfig {
     pub eval_limit: usize,
     /// Token files' id type.
     pub token_dtype: TokenDtype,
+    /// Synthetic images' [channels, height, width].
+    pub image: Vec<usize>,
+    /// Synthetic images' classes.
+    pub classes: usize,
+    /// Zero padding around each training image before a random crop of its size (0:
+    /// no crop); image data only.
+    pub crop_padding: usize,
+    /// Mirror each training image left-right with probability 1/2; image data only.
+    pub flip: bool,
 }
 
 impl Default for DataConfig {
@@ -55,6 +64,10 @@ impl Default for DataConfig {
             train_limit: 0,
             eval_limit: 0,
             token_dtype: TokenDtype::U16,
+            image: vec![3, 32, 32],
+            classes: 10,
+            crop_padding: 0,
+            flip: false,
         }
     }
 }
@@ -210,6 +223,9 @@ pub struct ParallelConfig {
     pub offload: Offload,
     /// Gradient bucket size in MiB (reduced as backward makes them final).
     pub bucket_mb: f64,
+    /// BatchNorm over every device's batch (PyTorch's SyncBatchNorm) instead of each
+    /// device's own share.
+    pub sync_batch_norm: bool,
 }
 
 impl Default for ParallelConfig {
@@ -219,6 +235,7 @@ impl Default for ParallelConfig {
             zero: 0,
             offload: Offload::None,
             bucket_mb: 25.0,
+            sync_batch_norm: false,
         }
     }
 }
@@ -494,6 +511,27 @@ impl Config {
         }
         if self.data.path.as_deref().is_some_and(|d| d.trim().is_empty()) {
             return bad("data.path is empty: give a file or folder, or leave it unset for the default".into());
+        }
+        let images = matches!(self.data.kind, DataKind::FashionMnist | DataKind::SyntheticImages);
+        if !images && (self.data.crop_padding > 0 || self.data.flip) {
+            return bad(format!(
+                "data.crop_padding and data.flip apply to images, not data.kind \"{}\"",
+                self.data.kind.name()
+            ));
+        }
+        if self.data.kind == DataKind::SyntheticImages {
+            if self.data.image.len() != 3 || self.data.image.iter().any(|&d| d == 0 || d > 4096) || self.data.image[0] > 64 {
+                return bad(format!(
+                    "data.image must be [channels, height, width] (channels 1 to 64, sides 1 to 4096), got {:?}",
+                    self.data.image
+                ));
+            }
+            if self.data.classes == 0 || self.data.classes > 1 << 20 {
+                return bad(format!("data.classes must be in 1..={}, got {}", 1 << 20, self.data.classes));
+            }
+        }
+        if self.data.crop_padding > 64 {
+            return bad(format!("data.crop_padding must be in 0..=64, got {}", self.data.crop_padding));
         }
         if self.train.epochs == 0 && self.train.steps.is_none() {
             return bad("train.epochs is 0 and train.steps is unset: nothing to do".into());

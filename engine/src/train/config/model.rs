@@ -7,9 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, DataKind, MAX_MLP_LAYERS, MAX_TOKEN_VOCAB, MAX_WIDTH, int, out};
-use crate::nn::{Bert, BertConfig, Builder, Llama, LlamaConfig, Mlp, gpt};
-use crate::train::model::MaskedLm;
+use crate::nn::{Bert, BertConfig, Builder, Cnn, CnnConfig, Llama, LlamaConfig, Mlp, ResNet, ResNetConfig, gpt};
 use crate::train::model::{BuildModel, Trainable};
+use crate::train::model::{ImageModel, MaskedLm};
 
 /// [model]: tagged by `kind`, each kind with its own keys (a key of another kind is
 /// refused, as any unknown key is). Without `kind`, an MLP.
@@ -24,6 +24,46 @@ pub enum ModelConfig {
     Llama(LlamaSpec),
     /// BERT's encoder, trained as a masked language model.
     Bert(BertSpec),
+    /// A small convolutional classifier (3x3 convolution, BatchNorm, ReLU, 2x2 max pool
+    /// stages, then a hidden linear layer).
+    Cnn(CnnSpec),
+    /// ResNet-18, -34, -50 or -101 (transformers' ResNetForImageClassification).
+    Resnet(ResNetSpec),
+}
+
+/// `model.kind = "cnn"`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CnnSpec {
+    /// Each stage's channels (each stage halves the image).
+    pub channels: Vec<usize>,
+    /// The hidden linear layer's width.
+    pub hidden: usize,
+}
+
+impl Default for CnnSpec {
+    fn default() -> Self {
+        CnnSpec {
+            channels: vec![32, 64],
+            hidden: 128,
+        }
+    }
+}
+
+/// `model.kind = "resnet"`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResNetSpec {
+    /// 18 or 34 (basic blocks), 50 or 101 (bottleneck blocks).
+    pub depth: usize,
+    /// The stem's channels (64 in the paper); every stage's width scales with it.
+    pub width: usize,
+}
+
+impl Default for ResNetSpec {
+    fn default() -> Self {
+        ResNetSpec { depth: 18, width: 64 }
+    }
 }
 
 /// `model.kind = "bert"`: BertForMaskedLM, trained on windows of text with the 80/10/10
@@ -165,6 +205,8 @@ impl ModelConfig {
             ModelConfig::Gpt(GptSpec::default()),
             ModelConfig::Llama(LlamaSpec::default()),
             ModelConfig::Bert(BertSpec::default()),
+            ModelConfig::Cnn(CnnSpec::default()),
+            ModelConfig::Resnet(ResNetSpec::default()),
         ]
     }
 
@@ -175,6 +217,8 @@ impl ModelConfig {
             ModelConfig::Gpt(_) => "gpt",
             ModelConfig::Llama(_) => "llama",
             ModelConfig::Bert(_) => "bert",
+            ModelConfig::Cnn(_) => "cnn",
+            ModelConfig::Resnet(_) => "resnet",
         }
     }
 
@@ -183,13 +227,14 @@ impl ModelConfig {
         match self {
             ModelConfig::Mlp(_) => &[DataKind::FashionMnist],
             ModelConfig::Gpt(_) | ModelConfig::Llama(_) | ModelConfig::Bert(_) => &[DataKind::Chars, DataKind::Tokens],
+            ModelConfig::Cnn(_) | ModelConfig::Resnet(_) => &[DataKind::FashionMnist, DataKind::SyntheticImages],
         }
     }
 
     /// The sequence length of a sequence model (its examples' windows).
     pub fn context(&self) -> Option<usize> {
         match self {
-            ModelConfig::Mlp(_) => None,
+            ModelConfig::Mlp(_) | ModelConfig::Cnn(_) | ModelConfig::Resnet(_) => None,
             ModelConfig::Gpt(g) => Some(g.block_size),
             ModelConfig::Llama(l) => Some(l.block_size),
             ModelConfig::Bert(b) => Some(b.block_size),
@@ -199,7 +244,7 @@ impl ModelConfig {
     /// The vocabulary a sequence model reads token files with (0: unset).
     pub fn vocab_size(&self) -> Option<usize> {
         match self {
-            ModelConfig::Mlp(_) => None,
+            ModelConfig::Mlp(_) | ModelConfig::Cnn(_) | ModelConfig::Resnet(_) => None,
             ModelConfig::Gpt(g) => Some(g.vocab_size),
             ModelConfig::Llama(l) => Some(l.vocab_size),
             ModelConfig::Bert(b) => Some(b.vocab_size),
@@ -207,9 +252,29 @@ impl ModelConfig {
     }
 
     /// How the model this section describes is built, with `outputs` classes (the MLP,
-    /// on 784 pixels) or tokens (the GPT).
-    pub fn builder(&self, outputs: usize) -> Result<std::sync::Arc<BuildModel>, ConfigError> {
+    /// on 784 pixels; the conv nets, on `image` = [channels, height, width]) or tokens
+    /// (the sequence models).
+    pub fn builder(&self, outputs: usize, image: Option<[usize; 3]>) -> Result<std::sync::Arc<BuildModel>, ConfigError> {
+        let image = || image.ok_or_else(|| ConfigError::Invalid(format!("model.kind \"{}\" needs image data", self.kind())));
         Ok(match self {
+            ModelConfig::Cnn(c) => {
+                let config = CnnConfig {
+                    image: image()?,
+                    channels: c.channels.clone(),
+                    hidden: c.hidden,
+                    classes: outputs,
+                };
+                std::sync::Arc::new(move |vb: &mut Builder| {
+                    Ok(Box::new(ImageModel::Cnn(Cnn::build(vb, config.clone())?)) as Box<dyn Trainable>)
+                })
+            }
+            ModelConfig::Resnet(r) => {
+                let [c, h, w] = image()?;
+                let config = ResNetConfig::standard(r.depth, r.width, c, outputs).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                std::sync::Arc::new(move |vb: &mut Builder| {
+                    Ok(Box::new(ImageModel::ResNet(ResNet::build(vb, config.clone())?, [c, h, w])) as Box<dyn Trainable>)
+                })
+            }
             ModelConfig::Gpt(g) => {
                 let config = gpt::GptConfig {
                     vocab_size: outputs,
@@ -281,6 +346,21 @@ impl ModelConfig {
     /// Each key against its documented range.
     pub(super) fn check_ranges(&self, u32_ids: bool, tokens: bool) -> Result<(), ConfigError> {
         match self {
+            ModelConfig::Cnn(c) => {
+                if c.channels.is_empty() || c.channels.len() > 8 {
+                    return out("model.channels", "1 to 8 stage widths", format!("{:?}", c.channels));
+                }
+                for &w in &c.channels {
+                    int("model.channels[i]", w as u64, 1, 1 << 14)?;
+                }
+                int("model.hidden", c.hidden as u64, 1, MAX_WIDTH)?;
+            }
+            ModelConfig::Resnet(r) => {
+                if ![18, 34, 50, 101].contains(&r.depth) {
+                    return out("model.depth", "18, 34, 50 or 101", r.depth.to_string());
+                }
+                int("model.width", r.width as u64, 1, 1 << 12)?;
+            }
             ModelConfig::Mlp(m) => {
                 if m.hidden.len() > MAX_MLP_LAYERS {
                     return out(

@@ -50,7 +50,7 @@ use crate::train::parallel::reducer::{Reducer, timing, transfer};
 use crate::train::parallel::zero3::{ShardGather, refresh_host_weights};
 use crate::train::step::{read_losses, split_batch};
 use crate::train::trainer::Trainer;
-use crate::train::world::{Peer, StepPlan, World};
+use crate::train::world::{BnSync, Peer, StepPlan, World};
 
 /// A rank's host shards of every parameter (stage 3), one vector per parameter.
 type Shards3 = Vec<Vec<f32>>;
@@ -88,6 +88,7 @@ impl Trainer {
             });
         }
         let (group, comms) = HostGroup::new(peers.len() + 1);
+        let bn = self.config.parallel.sync_batch_norm.then(|| HostGroup::new(peers.len() + 1));
         let shapes: Vec<_> = self
             .params
             .list
@@ -98,6 +99,7 @@ impl Trainer {
         self.world = Some(World {
             group,
             comms,
+            bn,
             peers,
             shards: Shards {
                 world: self.config.parallel.world(),
@@ -181,6 +183,20 @@ impl Trainer {
             position: batch.position,
             ..HostBatch::default()
         });
+        if world.bn.is_some() {
+            // SyncBatchNorm exchanges inside every micro-batch's forward and backward:
+            // every rank must run as many.
+            let pieces = |p: &HostBatch| match config.train.micro_batch_size {
+                Some(m) if m > 0 => p.examples.div_ceil(m),
+                _ => usize::from(p.examples > 0),
+            };
+            if parts.iter().any(|p| pieces(p) != pieces(&parts[0]) || p.examples == 0) {
+                return Err(TrainError::Config(crate::train::config::ConfigError::Invalid(format!(
+                    "parallel.sync_batch_norm: a batch of {} examples over {n} devices gives them unequal micro-batch counts; use a train.batch_size (and micro_batch_size) that splits evenly",
+                    batch.examples
+                ))));
+            }
+        }
         let plan = StepPlan {
             shards: &world.shards,
             zero: world.zero,
@@ -194,6 +210,7 @@ impl Trainer {
             mode,
             half: config.memory.precision == crate::train::config::Precision::Fp16Mixed,
             started,
+            bn: world.bn.as_ref().map(|(_, c)| c.as_slice()),
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
@@ -245,6 +262,9 @@ impl Trainer {
                         let out = rank_step(rank, part, comm, plan);
                         if let Err(e) = &out {
                             comm.abort(&e.to_string());
+                            if let Some(bn) = plan.bn {
+                                bn[comm.rank()].abort(&e.to_string());
+                            }
                         }
                         out
                     })
@@ -276,6 +296,9 @@ impl Trainer {
         }
         if let Some(e) = first_error {
             world.group.reset();
+            if let Some((g, _)) = &world.bn {
+                g.reset();
+            }
             self.params.zero_grad();
             for p in &mut world.peers {
                 p.params.zero_grad();
@@ -414,7 +437,11 @@ fn forward_backward(
                 .with_mode(plan.mode.fork(&[k as u64, rank as u64]))
                 .with_half_matmuls(plan.half)
                 .with_grad_prescale(seed)
-                .with_gather(gather.clone());
+                .with_gather(gather.clone())
+                .with_sync(
+                    plan.bn
+                        .map(|c| Arc::new(BnSync(c[rank].clone())) as Arc<dyn crate::autograd::SyncStats>),
+                );
             rt.phase("forward");
             let loss = model.loss(&mut tape, rt, params, piece)?;
             rt.phase("backward");

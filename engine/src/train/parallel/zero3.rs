@@ -227,7 +227,7 @@ impl Trainer {
         if !self.sharded_weights() {
             return Ok(None);
         }
-        let mut out = Params::default();
+        let mut out = self.params.buffers_only();
         for (i, p) in self.params.list.iter().enumerate() {
             let t = Tensor::from_f32(&self.rt, &self.param_host(i)?, &self.param_shape(i), Category::Parameter, &p.name)?;
             out.add(&p.name, t);
