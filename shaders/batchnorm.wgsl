@@ -1,6 +1,7 @@
 // BatchNorm2d on NHWC activations seen as [M rows, C channels] (engine/src/kernels/
-// batchnorm.rs), with a fused residual add and ReLU (apex's BN-add-ReLU: backward keeps
-// the BN input, not the output; the ReLU's mask is computed again from it).
+// batchnorm.rs), with a fused residual add and ReLU (as apex's BN-add-ReLU, backward
+// needs no residual: the ReLU's mask is the output's sign, and the output is what the
+// next layer keeps anyway).
 // Statistics are exact and order-fixed: each chunk of p.rows rows gives per-channel
 // (count, mean, M2) (two passes over the chunk), and the chunks are merged with Chan's
 // formula, so a channel's variance is never E[x^2] - mean^2. Partials are [chunk][3][C]
@@ -13,12 +14,13 @@
 //           with EVAL from the running statistics.
 //           One workgroup a channel.
 //   APPLY:  y = relu?(x * scale + shift + res?), one thread an element.
-//   GSTATS: x, res, dy, coef -> part (sum g, sum g (x - mean)), g = dy * mask.
+//   GSTATS: x, y, dy, coef -> part (sum g, sum g (x - mean)), g = dy * (y > 0) with
+//           RELU, else dy.
 //   GFINAL: part, coef -> gcoef [2][C] = (sum g / N, sum g (x - mean) invstd^2 / N), or
 //           zeros with frozen statistics; dgamma = sum g (x - mean) invstd, dbeta = sum g.
 //   GAPPLY: dx = scale (g - gcoef0 - (x - mean) gcoef1); dres = g.
-// Template: ENABLE, TX (x, residual), TG (dy), TD (y, dx), STATS, FINAL, APPLY, GSTATS,
-// GFINAL, GAPPLY, RELU, RES.
+// Template: ENABLE, TX (x, residual), TY (the output, read by backward), TG (dy), TD
+// (y, dx), STATS, FINAL, APPLY, GSTATS, GFINAL, GAPPLY, RELU, RES.
 {{ENABLE}}
 
 struct Params {
@@ -174,7 +176,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 //#if GSTATS
 @group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
-@group(0) @binding(2) var<storage, read_write> res: array<{{TX}}>;
+@group(0) @binding(2) var<storage, read_write> y: array<{{TY}}>;
 @group(0) @binding(3) var<storage, read_write> dy: array<{{TG}}>;
 @group(0) @binding(4) var<storage, read_write> coef: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
@@ -189,18 +191,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     var sg = 0.0;
     var sgx = 0.0;
     if ch < p.c {
-        let scale = coef[ch];
-        let shift = coef[p.c + ch];
         let mean = coef[2u * p.c + ch];
         for (var r = r0 + sub; r < r1; r += 4u) {
             let e = r * p.c + ch;
             let xv = f32(x[e]);
             var g = f32(dy[e]);
-            if RELU {
-                var pre = xv * scale + shift;
-                if RES { pre += f32(res[e]); }
-                if pre <= 0.0 { g = 0.0; }
-            }
+            if RELU && f32(y[e]) <= 0.0 { g = 0.0; }
             sg += g;
             sgx += g * (xv - mean);
         }
@@ -258,7 +254,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
 
 //#if GAPPLY
 @group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
-@group(0) @binding(2) var<storage, read_write> res: array<{{TX}}>;
+@group(0) @binding(2) var<storage, read_write> y: array<{{TY}}>;
 @group(0) @binding(3) var<storage, read_write> dy: array<{{TG}}>;
 @group(0) @binding(4) var<storage, read_write> coef: array<f32>;
 @group(0) @binding(5) var<storage, read_write> gcoef: array<f32>;
@@ -273,11 +269,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let scale = coef[ch];
     let xv = f32(x[e]);
     var g = f32(dy[e]);
-    if RELU {
-        var pre = xv * scale + coef[p.c + ch];
-        if RES { pre += f32(res[e]); }
-        if pre <= 0.0 { g = 0.0; }
-    }
+    if RELU && f32(y[e]) <= 0.0 { g = 0.0; }
     dx[e] = {{TD}}(scale * (g - gcoef[ch] - (xv - coef[2u * p.c + ch]) * gcoef[p.c + ch]));
     if RES { dres[e] = {{TD}}(g); }
 }

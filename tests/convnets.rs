@@ -256,9 +256,11 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
                 k * (gm[i] - sg[ch] / m as f64 - (xr[i] - mean[ch]) * invstd[ch] * invstd[ch] * sgx[ch] / m as f64)
             })
             .collect();
-        let gp = batchnorm::grad_stats(&rt, &xt, r, &dyt, &coef, relu).unwrap();
+        // Backward reads the ReLU's mask from the forward's output.
+        let relu_out = relu.then_some(&y);
+        let gp = batchnorm::grad_stats(&rt, &xt, relu_out, &dyt, &coef).unwrap();
         let [gcoef, dgamma, dbeta] = batchnorm::grad_finalize(&rt, &gp, &coef, m, false, [Category::Other; 2]).unwrap();
-        let (dx, dres) = batchnorm::grad_apply(&rt, &xt, r, &dyt, &coef, &gcoef, relu, [Category::Other; 2]).unwrap();
+        let (dx, dres) = batchnorm::grad_apply(&rt, &xt, relu_out, &dyt, &coef, &gcoef, residual, [Category::Other; 2]).unwrap();
         assert_close_within(&rt, &format!("bn dx {what}"), &dx, &dx_want, (1e-4, 1e-3));
         let dg_want: Vec<f64> = (0..c).map(|ch| sgx[ch] * invstd[ch]).collect();
         assert_close_within(&rt, &format!("bn dgamma {what}"), &dgamma, &dg_want, (1e-3, 1e-4));

@@ -1,7 +1,8 @@
 //! BatchNorm2d over NHWC activations seen as [M, C] (shaders/batchnorm.wgsl): batch
 //! statistics in training (exact per-chunk partials merged with Chan's formula, running
 //! statistics moved as PyTorch moves them), running statistics in evaluation, and the
-//! fused residual add + ReLU whose backward keeps only the BN input. SyncBatchNorm
+//! fused residual add + ReLU whose backward keeps the BN input and reads the ReLU's
+//! mask from the output (which the next layer keeps anyway). SyncBatchNorm
 //! merges every device's partials (`part` from [`stats`]) before [`finalize`].
 //!
 //! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
@@ -95,11 +96,13 @@ struct Params {
     pad: [u32; 2],
 }
 
-/// The template values of one variant.
-pub fn variant(pass: Pass, [tx, tg, td]: [DType; 3], ep: Epilogue) -> Vec<(&'static str, String)> {
+/// The template values of one variant: x (and residual), the output as backward reads
+/// it, dy, and what is written.
+pub fn variant(pass: Pass, [tx, ty, tg, td]: [DType; 4], ep: Epilogue) -> Vec<(&'static str, String)> {
     let mut v = vec![
-        ("ENABLE", enables(&[tx, tg, td])),
+        ("ENABLE", enables(&[tx, ty, tg, td])),
         ("TX", tx.wgsl().into()),
+        ("TY", ty.wgsl().into()),
         ("TG", tg.wgsl().into()),
         ("TD", td.wgsl().into()),
         ("RELU", ep.relu.to_string()),
@@ -111,7 +114,7 @@ pub fn variant(pass: Pass, [tx, tg, td]: [DType; 3], ep: Epilogue) -> Vec<(&'sta
     v
 }
 
-fn launch(rt: &Runtime, pass: Pass, dts: [DType; 3], ep: Epilogue, params: &Params, ts: &[&Tensor], groups: [u32; 3]) -> Result<(), Error> {
+fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Params, ts: &[&Tensor], groups: [u32; 3]) -> Result<(), Error> {
     require_f16(rt, &dts)?;
     for t in ts {
         if t.offset() != 0 || !t.is_contiguous() {
@@ -177,7 +180,7 @@ pub fn stats(rt: &Runtime, x: &Tensor) -> Result<Tensor, Error> {
     launch(
         rt,
         Pass::Stats,
-        [dt, dt, dt],
+        [dt, dt, dt, dt],
         Epilogue::default(),
         &base(m, c),
         &[x, &part],
@@ -246,7 +249,7 @@ pub fn finalize(rt: &Runtime, part: Option<&Tensor>, state: [&Tensor; 5], eps: f
     launch(
         rt,
         Pass::Final,
-        [f, f, f],
+        [f, f, f, f],
         Epilogue::default(),
         &params,
         &[part, state[0], state[1], state[2], state[3], &coef, state[4]],
@@ -275,7 +278,7 @@ pub fn apply(rt: &Runtime, x: &Tensor, res: Option<&Tensor>, coef: &Tensor, relu
     launch(
         rt,
         Pass::Apply,
-        [x.dtype(), x.dtype(), out],
+        [x.dtype(), out, out, out],
         ep,
         &base(m, c),
         &[x, res.unwrap_or(x), coef, &y],
@@ -285,28 +288,32 @@ pub fn apply(rt: &Runtime, x: &Tensor, res: Option<&Tensor>, coef: &Tensor, relu
 }
 
 /// This device's backward partials [chunks, 2, C]: sums of g and g (x - mean), g the
-/// upstream gradient through the ReLU's mask (found again from x and res).
-pub fn grad_stats(rt: &Runtime, x: &Tensor, res: Option<&Tensor>, dy: &Tensor, coef: &Tensor, relu: bool) -> Result<Tensor, Error> {
+/// upstream gradient through the ReLU's mask when `relu_out` (the forward's output) is
+/// given.
+pub fn grad_stats(rt: &Runtime, x: &Tensor, relu_out: Option<&Tensor>, dy: &Tensor, coef: &Tensor) -> Result<Tensor, Error> {
     let (m, c) = rows_channels(x);
-    if dy.shape() != x.shape() {
-        return Err(Error::shape(
-            "batch norm gradient",
-            format!("{:?}", x.shape()),
-            format!("{:?}", dy.shape()),
-        ));
+    for t in std::iter::once(dy).chain(relu_out) {
+        if t.shape() != x.shape() {
+            return Err(Error::shape(
+                "batch norm gradient",
+                format!("{:?}", x.shape()),
+                format!("{:?}", t.shape()),
+            ));
+        }
     }
     let part = Tensor::empty(rt, &[chunks(m), 2, c], DType::F32, Category::Temporary, "bn.grad_stats")?;
     let ep = Epilogue {
-        relu,
-        residual: res.is_some(),
+        relu: relu_out.is_some(),
+        residual: false,
     };
+    let y = relu_out.unwrap_or(x);
     launch(
         rt,
         Pass::GradStats,
-        [x.dtype(), dy.dtype(), DType::F32],
+        [x.dtype(), y.dtype(), dy.dtype(), DType::F32],
         ep,
         &base(m, c),
-        &[x, res.unwrap_or(x), dy, coef, &part],
+        &[x, y, dy, coef, &part],
         [c.div_ceil(64) as u32, chunks(m) as u32, 1],
     )?;
     Ok(part)
@@ -337,7 +344,7 @@ pub fn grad_finalize(
     launch(
         rt,
         Pass::GradFinal,
-        [f, f, f],
+        [f, f, f, f],
         Epilogue::default(),
         &params,
         &[part, coef, &gcoef, &dgamma, &dbeta],
@@ -346,32 +353,36 @@ pub fn grad_finalize(
     Ok([gcoef, dgamma, dbeta])
 }
 
-/// dx (f32, `cats[0]`) and, with a residual, its gradient (`cats[1]`).
+/// dx (f32, `cats[0]`) and, with `residual`, the residual's gradient (`cats[1]`); the
+/// ReLU's mask from `relu_out` when given.
 #[allow(clippy::too_many_arguments)]
 pub fn grad_apply(
     rt: &Runtime,
     x: &Tensor,
-    res: Option<&Tensor>,
+    relu_out: Option<&Tensor>,
     dy: &Tensor,
     coef: &Tensor,
     gcoef: &Tensor,
-    relu: bool,
+    residual: bool,
     cats: [Category; 2],
 ) -> Result<(Tensor, Option<Tensor>), Error> {
     let (m, c) = rows_channels(x);
     let dx = Tensor::empty(rt, x.shape(), DType::F32, cats[0], "dx")?;
-    let dres = res.map(|_| Tensor::empty(rt, x.shape(), DType::F32, cats[1], "dres")).transpose()?;
+    let dres = residual
+        .then(|| Tensor::empty(rt, x.shape(), DType::F32, cats[1], "dres"))
+        .transpose()?;
     let ep = Epilogue {
-        relu,
-        residual: res.is_some(),
+        relu: relu_out.is_some(),
+        residual,
     };
+    let y = relu_out.unwrap_or(x);
     launch(
         rt,
         Pass::GradApply,
-        [x.dtype(), dy.dtype(), DType::F32],
+        [x.dtype(), y.dtype(), dy.dtype(), DType::F32],
         ep,
         &base(m, c),
-        &[x, res.unwrap_or(x), dy, coef, gcoef, &dx, dres.as_ref().unwrap_or(&dx)],
+        &[x, y, dy, coef, gcoef, &dx, dres.as_ref().unwrap_or(&dx)],
         grid((m * c).div_ceil(256) as u32),
     )?;
     Ok((dx, dres))

@@ -338,7 +338,7 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
                         out,
                         "batchnorm",
                         include_str!("../../../shaders/batchnorm.wgsl"),
-                        super::batchnorm::variant(pass, [ts, td, td], ep),
+                        super::batchnorm::variant(pass, [ts, td, DType::F32, td], ep),
                     )?;
                 }
             }

@@ -146,15 +146,18 @@ pub fn batch_norm(
     };
     let out = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
     let y = batchnorm::apply(rt, &xs, res.as_ref(), &coef, opts.relu, out, label)?;
-    debug_assert_eq!(y.numel(), count * c);
     let inputs: Vec<&Var> = [x, gamma, beta].into_iter().chain(residual).collect();
-    let relu = opts.relu;
+    // Backward reads the ReLU's mask from the output (the next layer keeps it anyway),
+    // and needs no residual.
+    let relu_out = opts.relu.then(|| y.clone());
+    let has_residual = residual.is_some();
+    drop(res);
     Ok(tape.record(
         y,
         &inputs,
         Box::new(move |rt, dy, cats| {
             let dy = whole(rt, dy)?;
-            let part = batchnorm::grad_stats(rt, &xs, res.as_ref(), &dy, &coef, relu)?;
+            let part = batchnorm::grad_stats(rt, &xs, relu_out.as_ref(), &dy, &coef)?;
             let [mut gcoef, dgamma, dbeta] = batchnorm::grad_finalize(rt, &part, &coef, total, !training, [cats[1], cats[2]])?;
             if let Some(s) = &sync {
                 // dx from every rank's sums of dy and dy (x - mean) (PyTorch's sum_dy and
@@ -166,7 +169,7 @@ pub fn batch_norm(
                 [gcoef, _, _] = batchnorm::grad_finalize(rt, &all, &coef, total, !training, cat)?;
             }
             let res_cat = cats.get(3).copied().unwrap_or(Category::Temporary);
-            let (dx, dres) = batchnorm::grad_apply(rt, &xs, res.as_ref(), &dy, &coef, &gcoef, relu, [cats[0], res_cat])?;
+            let (dx, dres) = batchnorm::grad_apply(rt, &xs, relu_out.as_ref(), &dy, &coef, &gcoef, has_residual, [cats[0], res_cat])?;
             let mut out = vec![Some(dx), Some(dgamma), Some(dbeta)];
             if let Some(d) = dres {
                 out.push(Some(d));
