@@ -1,12 +1,19 @@
 // The gathers around a 2-D convolution's products (engine/src/kernels/conv.rs), on
-// NHWC activations: one thread per element written.
-//   MODE 0 im2col: the columns of the images n0.. [rows = n P Q, cols = G Cg R S] from
-//          x [N, H, W, C]: column (g, c, r, s) of row (n, p, q) is
+// NHWC activations, one thread per W elements written (W = 4 where a group's channels
+// are a multiple of 4: vec4 loads and stores along the channels).
+//   MODE 0 im2col: the columns of images [rows = n P Q, cols = G LD] from x [N, H, W, C]:
+//          column j = (r S + s) Cg + c of group g (g LD + j) of row (n, p, q) is
 //          x[n, p sh + r dh - ph, q sw + s dw - pw, g Cg + c], zero outside the image
-//          (the weight [K, Cg, R, S] read as a matrix has the same column order).
+//          and in the pad columns j >= Cg R S (LD rounds a group's width up so that
+//          the products load aligned rows). Consecutive threads read consecutive
+//          channels of one pixel.
 //   MODE 1 col2im: dx [n, H, W, C] from the columns' gradient: each input element sums
 //          the columns that read it (a gather: no atomics, the same order every run).
-// Template: ENABLE, TS (source), TD (destination), MODE.
+//   MODE 2 pack: the weight [K, Cg, R, S] as the products read it: [K, LD] in (r, s, c)
+//          order, zero in the pad columns (dst), from src in any float type.
+//   MODE 3 unpack: the weight gradient [K, Cg, R, S] (dst) from the products' [K, LD].
+// Template: ENABLE, TS (source), TD (destination), MODE, W (1 or 4), VS and VD (the
+// element types as stored: TS / TD, or vec4 of them).
 {{ENABLE}}
 
 struct Params {
@@ -14,48 +21,51 @@ struct Params {
     p: u32, q: u32, r: u32, s: u32,
     sh: u32, sw: u32, ph: u32, pw: u32,
     dh: u32, dw: u32, groups: u32, total: u32,
-    src_off: u32, dst_off: u32, _a: u32, _b: u32,
+    src_off: u32, dst_off: u32, ld: u32, k: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> src: array<{{TS}}>;
-@group(0) @binding(2) var<storage, read_write> dst: array<{{TD}}>;
+@group(0) @binding(1) var<storage, read_write> src: array<{{VS}}>;
+@group(0) @binding(2) var<storage, read_write> dst: array<{{VD}}>;
 
 const MODE: u32 = {{MODE}}u;
+const W: u32 = {{W}}u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.x + gid.y * nwg.x * 256u;
-    if e >= p.total { return; }
+    let t = gid.x + gid.y * nwg.x * 256u;
+    if t >= p.total { return; }
+    let e = t * W;               // the first element this thread writes
     let cg = p.c / p.groups;
     let rs = p.r * p.s;
-    let per_group = cg * rs;
-    let cols = p.groups * per_group;
+    let per = cg * rs;
+    let cols = p.groups * p.ld;
     if MODE == 0u {
         let row = e / cols;
         let col = e % cols;
-        let g = col / per_group;
-        let ci = (col % per_group) / rs;
-        let r = (col % rs) / p.s;
-        let s = col % p.s;
+        let g = col / p.ld;
+        let j = col % p.ld;
+        let ci = j % cg;
+        let rr = (j / cg) / p.s;
+        let ss = (j / cg) % p.s;
         let q = row % p.q;
         let pp = (row / p.q) % p.p;
         let n = row / (p.p * p.q);
-        let hh = i32(pp * p.sh + r * p.dh) - i32(p.ph);
-        let ww = i32(q * p.sw + s * p.dw) - i32(p.pw);
-        var v = 0.0;
-        if hh >= 0 && hh < i32(p.h) && ww >= 0 && ww < i32(p.w) {
-            v = f32(src[p.src_off + ((n * p.h + u32(hh)) * p.w + u32(ww)) * p.c + g * cg + ci]);
+        let hh = i32(pp * p.sh + rr * p.dh) - i32(p.ph);
+        let ww = i32(q * p.sw + ss * p.dw) - i32(p.pw);
+        var v = {{VD}}();
+        if j < per && hh >= 0 && hh < i32(p.h) && ww >= 0 && ww < i32(p.w) {
+            v = {{VD}}(src[(p.src_off + ((n * p.h + u32(hh)) * p.w + u32(ww)) * p.c + g * cg + ci) / W]);
         }
-        dst[p.dst_off + e] = {{TD}}(v);
-    } else {
+        dst[(p.dst_off + e) / W] = v;
+    } else if MODE == 1u {
         let ch = e % p.c;
         let x = (e / p.c) % p.w;
         let y = (e / (p.c * p.w)) % p.h;
         let n = e / (p.c * p.w * p.h);
         let g = ch / cg;
-        let col0 = g * per_group + (ch % cg) * rs;
-        var acc = 0.0;
+        let col0 = g * p.ld + ch % cg;
+        var acc = {{VD}}();
         for (var r = 0u; r < p.r; r++) {
             let ty = i32(y + p.ph) - i32(r * p.dh);
             if ty < 0 || u32(ty) % p.sh != 0u { continue; }
@@ -66,9 +76,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 if tx < 0 || u32(tx) % p.sw != 0u { continue; }
                 let q = u32(tx) / p.sw;
                 if q >= p.q { continue; }
-                acc += f32(src[p.src_off + ((n * p.p + pp) * p.q + q) * cols + col0 + r * p.s + s]);
+                acc += {{VD}}(src[(p.src_off + ((n * p.p + pp) * p.q + q) * cols + col0 + (r * p.s + s) * cg) / W]);
             }
         }
-        dst[p.dst_off + e] = {{TD}}(acc);
+        dst[(p.dst_off + e) / W] = acc;
+    } else if MODE == 2u {
+        // W is 1 here: one weight element a thread.
+        let k = e / p.ld;
+        let j = e % p.ld;
+        var v = {{VD}}();
+        if j < per {
+            let ci = j % cg;
+            let rr = (j / cg) / p.s;
+            let ss = (j / cg) % p.s;
+            v = {{VD}}(src[p.src_off + ((k * cg + ci) * p.r + rr) * p.s + ss]);
+        }
+        dst[p.dst_off + e] = v;
+    } else {
+        let k = e / per;
+        let i = e % per;
+        let ci = i / rs;
+        let rr = (i % rs) / p.s;
+        let ss = i % p.s;
+        dst[p.dst_off + e] = {{VD}}(src[p.src_off + k * p.ld + (rr * p.s + ss) * cg + ci]);
     }
 }

@@ -121,6 +121,10 @@ fn convolution_forward_and_both_gradients_match_f64() {
         shape(2, (6, 6), (4, 4), (3, 3), 1, 1, 4),
         shape(1, (5, 8), (2, 3), (3, 1), 1, 0, 1),
     ];
+    // Channels in fours (the vec4 gathers), and enough rows to split the weight gradient.
+    cases.push(shape(4, (20, 18), (8, 12), (3, 3), 1, 1, 1));
+    cases.push(shape(2, (34, 34), (4, 8), (1, 1), 1, 0, 1));
+    cases.push(shape(2, (10, 10), (8, 8), (3, 3), 2, 1, 2));
     cases.push(ConvShape {
         dilation: [2, 2],
         ..shape(1, (9, 9), (3, 2), (3, 3), 1, 2, 1)
@@ -141,11 +145,12 @@ fn convolution_forward_and_both_gradients_match_f64() {
             for (i, v) in want.iter_mut().enumerate() {
                 *v += b[i % s.k] as f64;
             }
-            let y = conv::forward(&rt, &xt, &wt, Some(&bt), &s, DType::F32, "y").unwrap();
+            let wp = conv::pack_weight(&rt, &wt, &s, dt).unwrap();
+            let y = conv::forward(&rt, &xt, &wp, Some(&bt), &s, DType::F32, "y").unwrap();
             let what = format!("{s:?} {dt:?}");
             assert_close(&rt, &format!("conv forward {what}"), &y, &want, s.per_group());
             let (dx_want, dw_want) = conv_grads_ref(&xr, &wr, &dyr, &s);
-            let dx = conv::backward_input(&rt, &dyt, &wt, &s, Category::Other).unwrap();
+            let dx = conv::backward_input(&rt, &dyt, &wp, &s, Category::Other).unwrap();
             assert_close(&rt, &format!("conv dgrad {what}"), &dx, &dx_want, s.k * s.r * s.s);
             let dw = conv::backward_weight(&rt, &xt, &dyt, &s, Category::Other).unwrap();
             assert_close(&rt, &format!("conv wgrad {what}"), &dw, &dw_want, s.n * p * q);
@@ -168,6 +173,7 @@ fn convolution_refuses_impossible_shapes() {
     let s = shape(1, (4, 4), (2, 2), (3, 3), 1, 1, 1);
     let x = upload(&rt, &[0.0; 30], &[1, 5, 3, 2], DType::F32);
     let w = upload(&rt, &[0.0; 36], &s.weight_shape(), DType::F32);
+    let w = conv::pack_weight(&rt, &w, &s, DType::F32).unwrap();
     let e = conv::forward(&rt, &x, &w, None, &s, DType::F32, "y").unwrap_err().to_string();
     assert!(e.contains("NHWC"), "{e}");
 }

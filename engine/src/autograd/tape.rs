@@ -153,6 +153,7 @@ pub struct Tape {
     mode: Mode,
     recomputing: bool,
     sync: Option<std::sync::Arc<dyn SyncStats>>,
+    inputs: std::collections::HashSet<VarId>,
 }
 
 /// What a forward pass is for, visible to every layer through its tape (PyTorch's
@@ -273,6 +274,7 @@ impl Tape {
             mode: Mode::default(),
             recomputing: false,
             sync: None,
+            inputs: Default::default(),
         }
     }
 
@@ -390,6 +392,19 @@ impl Tape {
     pub fn constant(&mut self, value: Tensor) -> Var {
         let id = self.fresh();
         Var { id, value }
+    }
+
+    /// A model's input data (images, token ids): a value no gradient is wanted for, so
+    /// the op reading it may skip that gradient's work.
+    pub fn input(&mut self, value: Tensor) -> Var {
+        let v = self.constant(value);
+        self.inputs.insert(v.id);
+        v
+    }
+
+    /// Whether `v` is input data ([`Tape::input`]).
+    pub fn is_input(&self, v: &Var) -> bool {
+        self.inputs.contains(&v.id)
     }
 
     /// Parameter `index` of `params` as a leaf whose gradient accumulates there (its

@@ -159,6 +159,14 @@ impl Loader {
                             let _ = tx.send(Err(e));
                             return;
                         }
+                        if b.examples == 0 {
+                            // Room for the rest at the first example's size: a batch of
+                            // images grows by no copies.
+                            let left = end - start - 1;
+                            b.features.reserve(left * b.features.len());
+                            b.tokens.reserve(left * b.tokens.len());
+                            b.targets.reserve(left * b.targets.len());
+                        }
                         b.examples += 1;
                     }
                     if tx.send(Ok(b)).is_err() {

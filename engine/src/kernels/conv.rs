@@ -7,7 +7,14 @@
 //! padding reads the activations as its matrix; others gather their columns into a
 //! workspace of at most [`WORKSPACE`] bytes, a few images at a time, so the products
 //! run on the matmul's kernels (tensor cores under f16 where the adapter has them).
-//! Weights keep PyTorch's [K, Cg, R, S] layout.
+//! Columns are ordered (r, s, c), so each gather reads a pixel's channels together
+//! (vec4s where a group's channels allow), and a group's width is padded to a multiple
+//! of 8 with zeros so the products load aligned rows (the stem's 3 x 7 x 7 = 147 becomes
+//! 152). Weights keep PyTorch's [K, Cg, R, S] layout; [`pack_weight`] reorders them
+//! for the products each step (the copy fp16-mixed makes anyway) and the weight
+//! gradient is reordered back. The weight gradient's long K (the images' rows) is split
+//! into slices computed side by side and summed, so its few output tiles fill the
+//! device.
 //!
 //! May call: `error`, `kernels::{common, map, matmul}`, `memory`, `runtime`, `tensor`.
 
@@ -74,16 +81,28 @@ struct Params {
     total: u32,
     src_off: u32,
     dst_off: u32,
-    pad: [u32; 2],
+    ld: u32,
+    k: u32,
 }
 
-/// The template values of one variant (mode 0 im2col, 1 col2im).
-pub fn variant(mode: u32, ts: DType, td: DType) -> Vec<(&'static str, String)> {
+/// The template values of one variant (mode 0 im2col, 1 col2im, 2 pack the weight, 3
+/// unpack its gradient), `w` elements a thread (1 or 4).
+pub fn variant(mode: u32, ts: DType, td: DType, w: u32) -> Vec<(&'static str, String)> {
+    let v = |t: DType| {
+        if w == 4 {
+            format!("vec4<{}>", t.wgsl())
+        } else {
+            t.wgsl().to_string()
+        }
+    };
     vec![
         ("ENABLE", enables(&[ts, td])),
         ("TS", ts.wgsl().into()),
         ("TD", td.wgsl().into()),
+        ("VS", v(ts)),
+        ("VD", v(td)),
         ("MODE", mode.to_string()),
+        ("W", w.to_string()),
     ]
 }
 
@@ -97,6 +116,27 @@ impl ConvShape {
     /// Columns of one group: c / groups x r x s.
     pub fn per_group(&self) -> usize {
         self.c / self.groups * self.r * self.s
+    }
+
+    /// A group's width in the columns and the packed weight: [`ConvShape::per_group`]
+    /// rounded up to a multiple of 8 (one group, gathered columns), else itself.
+    pub fn ld(&self) -> usize {
+        if self.groups == 1 && !self.direct() {
+            self.per_group().next_multiple_of(8)
+        } else {
+            self.per_group()
+        }
+    }
+
+    /// Elements a gather thread handles: 4 where a group's channels (and so the
+    /// columns' runs) are a multiple of 4.
+    fn width(&self) -> u32 {
+        let cg = self.c / self.groups;
+        if cg.is_multiple_of(4) && self.ld().is_multiple_of(4) {
+            4
+        } else {
+            1
+        }
     }
 
     /// The weight's shape.
@@ -130,7 +170,8 @@ impl ConvShape {
         let most = [
             self.n * self.h * self.w * self.c,
             self.n * p * q * self.k,
-            self.n * p * q * self.groups * self.per_group(),
+            self.n * p * q * self.groups * self.ld(),
+            self.k * self.ld() * 64,
         ];
         if most.iter().any(|&e| e > u32::MAX as usize) {
             return Err(Error::shape(what, "fewer than 2^32 elements per tensor", format!("{self:?}")));
@@ -150,11 +191,11 @@ impl ConvShape {
         }
         let cap = WORKSPACE.min(rt.gpu.caps.limits.max_storage_buffer_binding_size as usize);
         let (p, q) = self.out_hw();
-        let per_image = p * q * self.groups * self.per_group() * bytes.max(4);
+        let per_image = p * q * self.groups * self.ld() * bytes.max(4);
         (cap / per_image.max(1)).clamp(1, self.n)
     }
 
-    fn params(&self, mode_total: usize, src_off: usize, dst_off: usize) -> Params {
+    fn params(&self, threads: usize, src_off: usize, dst_off: usize) -> Params {
         let (p, q) = self.out_hw();
         Params {
             n: self.n as u32,
@@ -172,10 +213,11 @@ impl ConvShape {
             dh: self.dilation[0] as u32,
             dw: self.dilation[1] as u32,
             groups: self.groups as u32,
-            total: mode_total as u32,
+            total: threads as u32,
             src_off: src_off as u32,
             dst_off: dst_off as u32,
-            pad: [0; 2],
+            ld: self.ld() as u32,
+            k: self.k as u32,
         }
     }
 }
@@ -188,24 +230,58 @@ fn gather(rt: &Runtime, mode: u32, shape: &ConvShape, src: &Tensor, dst: &Tensor
         return Err(Error::invalid("convolution gather", "contiguous tensors"));
     }
     require_f16(rt, &[ts, td])?;
+    // The weight passes go one element a thread; the gathers 4 where the offsets allow.
+    let w = if mode < 2 && shape.width() == 4 && src.offset() % 4 == 0 && dst.offset() % 4 == 0 {
+        4
+    } else {
+        1
+    };
     let kernel = rt.kernel(
-        KernelKey::new("conv", &[mode, ts as u32, td as u32]),
+        KernelKey::new("conv", &[mode, ts as u32, td as u32, w]),
         2,
-        || format!("conv {} {}->{}", ["im2col", "col2im"][mode as usize], ts.wgsl(), td.wgsl()),
-        || render("conv", SOURCE, &variant(mode, ts, td)),
+        || {
+            format!(
+                "conv {} {}->{}{}",
+                ["im2col", "col2im", "pack", "unpack"][mode as usize],
+                ts.wgsl(),
+                td.wgsl(),
+                if w == 4 { " vec4" } else { "" }
+            )
+        },
+        || render("conv", SOURCE, &variant(mode, ts, td, w)),
     )?;
-    let total = dst.numel();
-    let params = shape.params(total, src.offset(), dst.offset());
-    rt.launch(&kernel, bytemuck::bytes_of(&params), &[src, dst], grid(total.div_ceil(256) as u32))
+    let threads = dst.numel() / w as usize;
+    let params = shape.params(threads, src.offset(), dst.offset());
+    rt.launch(
+        &kernel,
+        bytemuck::bytes_of(&params),
+        &[src, dst],
+        grid(threads.div_ceil(256) as u32),
+    )
 }
 
-/// Images `n0 .. n0 + nb` of `x` [N, H, W, C] as their columns [nb P Q, G Cg R S] in
+/// The weight [K, Cg, R, S] as the products read it: [K, LD] in (r, s, c) order with
+/// zero pad columns, in `dtype` (a Temporary block).
+pub fn pack_weight(rt: &Runtime, w: &Tensor, shape: &ConvShape, dtype: DType) -> Result<Tensor, Error> {
+    if w.shape() != shape.weight_shape() || !w.is_contiguous() {
+        return Err(Error::shape(
+            "convolution weight",
+            format!("{:?}", shape.weight_shape()),
+            format!("{:?}", w.shape()),
+        ));
+    }
+    let packed = Tensor::empty(rt, &[shape.k, shape.ld()], dtype, Category::Temporary, "conv.w.packed")?;
+    gather(rt, 2, shape, w, &packed)?;
+    Ok(packed)
+}
+
+/// Images `n0 .. n0 + nb` of `x` [N, H, W, C] as their columns [nb P Q, G LD] in
 /// `dtype` (a Temporary block).
 pub fn im2col(rt: &Runtime, x: &Tensor, shape: &ConvShape, n0: usize, nb: usize, dtype: DType) -> Result<Tensor, Error> {
     let (p, q) = shape.out_hw();
     let cols = Tensor::empty(
         rt,
-        &[nb * p * q, shape.groups * shape.per_group()],
+        &[nb * p * q, shape.groups * shape.ld()],
         dtype,
         Category::Temporary,
         "conv.cols",
@@ -242,7 +318,7 @@ fn grouped(
     Ok(())
 }
 
-/// Checks `x` [N, H, W, C] and `w` [K, Cg, R, S] against `shape`.
+/// Checks `x` [N, H, W, C] and the packed weight `w` [K, LD] against `shape`.
 fn check_operands(shape: &ConvShape, x: &Tensor, w: &Tensor) -> Result<(), Error> {
     shape.check("convolution")?;
     if x.shape() != [shape.n, shape.h, shape.w, shape.c] || !x.is_contiguous() {
@@ -252,18 +328,18 @@ fn check_operands(shape: &ConvShape, x: &Tensor, w: &Tensor) -> Result<(), Error
             format!("{:?}", x.shape()),
         ));
     }
-    if w.shape() != shape.weight_shape() || !w.is_contiguous() {
+    if w.shape() != [shape.k, shape.ld()] || !w.is_contiguous() {
         return Err(Error::shape(
-            "convolution weight",
-            format!("{:?}", shape.weight_shape()),
+            "convolution packed weight",
+            format!("[{}, {}]", shape.k, shape.ld()),
             format!("{:?}", w.shape()),
         ));
     }
     Ok(())
 }
 
-/// y [N, P, Q, K] in `out` = conv(x, w) + bias; x and w in the products' dtype (both f16
-/// or both f32), f32 accumulation.
+/// y [N, P, Q, K] in `out` = conv(x, w) + bias; x and the packed weight `w`
+/// ([`pack_weight`]) in the products' dtype (both f16 or both f32), f32 accumulation.
 pub fn forward(
     rt: &Runtime,
     x: &Tensor,
@@ -275,9 +351,9 @@ pub fn forward(
 ) -> Result<Tensor, Error> {
     check_operands(shape, x, w)?;
     let (p, q) = shape.out_hw();
-    let (k, per, g) = (shape.k, shape.per_group(), shape.groups);
+    let (k, g) = (shape.k, shape.groups);
     let y = Tensor::empty(rt, &[shape.n, p, q, k], out, Category::Activation, label)?;
-    let wm = w.reshape(&[k, per])?;
+    let wm = w.clone();
     let kg = k / g;
     let opts = MatmulOptions {
         bias,
@@ -298,14 +374,14 @@ pub fn forward(
     Ok(y)
 }
 
-/// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, K] and w, both in the products'
-/// dtype.
+/// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, K] and the packed weight, both in
+/// the products' dtype.
 pub fn backward_input(rt: &Runtime, dy: &Tensor, w: &Tensor, shape: &ConvShape, category: Category) -> Result<Tensor, Error> {
     shape.check("convolution")?;
     let (p, q) = shape.out_hw();
-    let (k, per, g, c) = (shape.k, shape.per_group(), shape.groups, shape.c);
+    let (k, ld, g, c) = (shape.k, shape.ld(), shape.groups, shape.c);
     let dx = Tensor::empty(rt, &[shape.n, shape.h, shape.w, c], DType::F32, category, "dx")?;
-    let wm = w.reshape(&[k, per])?;
+    let wm = w.clone();
     let kg = k / g;
     let opts = MatmulOptions::default();
     let b_of = |w: &Tensor, gi: usize| w.slice(0, gi * kg, kg);
@@ -318,7 +394,7 @@ pub fn backward_input(rt: &Runtime, dy: &Tensor, w: &Tensor, shape: &ConvShape, 
             let out = dx.slice(0, n0, nb)?.reshape(&[rows, c])?;
             grouped(rt, &a, &wm, &out, g, b_of, &opts)?;
         } else {
-            let dcols = Tensor::empty(rt, &[rows, g * per], DType::F32, Category::Temporary, "conv.dcols")?;
+            let dcols = Tensor::empty(rt, &[rows, g * ld], DType::F32, Category::Temporary, "conv.dcols")?;
             grouped(rt, &a, &wm, &dcols, g, b_of, &opts)?;
             let sub = ConvShape { n: nb, ..*shape };
             gather(rt, 1, &sub, &dcols, &dx.slice(0, n0, nb)?)?;
@@ -328,14 +404,14 @@ pub fn backward_input(rt: &Runtime, dy: &Tensor, w: &Tensor, shape: &ConvShape, 
 }
 
 /// dw [K, Cg, R, S] (f32, `category`) from x [N, H, W, C] and dy [N, P, Q, K], both in
-/// the products' dtype: the chunks' products accumulate.
+/// the products' dtype: per chunk of images and group, dW_g [Kg, LD] = dy[:, g]^T
+/// cols[:, g], its K (the chunk's rows) split into slices summed afterwards where the
+/// product alone would leave the device idle; then reordered to PyTorch's layout.
 pub fn backward_weight(rt: &Runtime, x: &Tensor, dy: &Tensor, shape: &ConvShape, category: Category) -> Result<Tensor, Error> {
-    let wshape = shape.weight_shape();
     let (p, q) = shape.out_hw();
-    let (k, per, g) = (shape.k, shape.per_group(), shape.groups);
-    let dw = Tensor::empty(rt, &wshape, DType::F32, category, "dw")?;
-    let dwm = dw.reshape(&[k, per])?;
+    let (k, ld, g) = (shape.k, shape.ld(), shape.groups);
     let kg = k / g;
+    let dwp = Tensor::empty(rt, &[k, ld], DType::F32, Category::Temporary, "conv.dw.packed")?;
     let chunk = shape.chunk(rt, x.dtype().size());
     for (i, n0) in (0..shape.n).step_by(chunk).enumerate() {
         let nb = chunk.min(shape.n - n0);
@@ -345,17 +421,63 @@ pub fn backward_weight(rt: &Runtime, x: &Tensor, dy: &Tensor, shape: &ConvShape,
         } else {
             im2col(rt, x, shape, n0, nb, x.dtype())?
         };
-        let dyt = dy.slice(0, n0, nb)?.reshape(&[rows, k])?;
-        let opts = MatmulOptions {
-            beta: if i == 0 { 0.0 } else { 1.0 },
-            ..Default::default()
-        };
-        // dW_g [Kg, per] = dy[:, g]^T [Kg, rows] @ cols[:, g] [rows, per].
+        let dyc = dy.slice(0, n0, nb)?.reshape(&[rows, k])?;
         for gi in 0..g {
-            let a = dyt.slice(1, gi * kg, kg)?.transpose(0, 1)?;
-            let b = cols.slice(1, gi * per, per)?;
-            matmul_into(rt, &a, &b, &dwm.slice(0, gi * kg, kg)?, &opts)?;
+            let a = dyc.slice(1, gi * kg, kg)?.transpose(0, 1)?;
+            let b = cols.slice(1, gi * ld, ld)?;
+            let out = dwp.slice(0, gi * kg, kg)?;
+            split_product(rt, &a, &b, &out, i > 0)?;
         }
     }
+    let dw = Tensor::empty(rt, &shape.weight_shape(), DType::F32, category, "dw")?;
+    gather(rt, 3, shape, &dwp, &dw)?;
     Ok(dw)
+}
+
+/// Rows of K a slice of [`split_product`] takes at least.
+const SLICE_ROWS: usize = 1024;
+/// The most bytes the slices' partial products take.
+const SLICE_BYTES: usize = 64 << 20;
+
+/// c (+)= a @ b for a [M, R] (R long: rows of images), b [R, N], c [M, N] f32: in Z
+/// slices of R computed as one batched product into partials, then summed over Z,
+/// where one product would run fewer tiles than twice the device's multiprocessors.
+fn split_product(rt: &Runtime, a: &Tensor, b: &Tensor, c: &Tensor, accumulate: bool) -> Result<(), Error> {
+    let ([m, r], [_, n]) = (a.shape(), b.shape()) else {
+        return Err(Error::invalid("convolution weight gradient", "2-D operands"));
+    };
+    let (m, r, n) = (*m, *r, *n);
+    let tiles = m.div_ceil(128) * n.div_ceil(128);
+    let wave = 2 * rt.gpu.caps.facts.wave() as usize;
+    let z = (wave / tiles.max(1)).min(r / SLICE_ROWS).min(SLICE_BYTES / (4 * m * n).max(1));
+    if z < 2 {
+        let opts = MatmulOptions {
+            beta: if accumulate { 1.0 } else { 0.0 },
+            ..Default::default()
+        };
+        return matmul_into(rt, a, b, c, &opts);
+    }
+    let len = r / z;
+    let (sa, sb) = (a.strides().to_vec(), b.strides().to_vec());
+    let az = a.as_strided(&[z, m, len], &[len * sa[1], sa[0], sa[1]], a.offset())?;
+    let bz = b.as_strided(&[z, len, n], &[len * sb[0], sb[0], sb[1]], b.offset())?;
+    let parts = Tensor::empty(rt, &[z, m, n], DType::F32, Category::Temporary, "conv.dw.slices")?;
+    matmul_into(rt, &az, &bz, &parts, &MatmulOptions::default())?;
+    // The rows past z whole slices, onto the first slice's partial.
+    let done = z * len;
+    if done < r {
+        let opts = MatmulOptions {
+            beta: 1.0,
+            ..Default::default()
+        };
+        let first = parts.slice(0, 0, 1)?.reshape(&[m, n])?;
+        matmul_into(rt, &a.slice(1, done, r - done)?, &b.slice(0, done, r - done)?, &first, &opts)?;
+    }
+    let sum = super::reduce::sum_rows(rt, &parts.reshape(&[z, m * n])?, Category::Temporary, "conv.dw.sum")?;
+    let sum = sum.reshape(&[m, n])?;
+    if accumulate {
+        super::map::map_into(rt, super::map::MapOp::Add, Some(&sum), Some(c), c, 1.0, 1.0)
+    } else {
+        super::map::copy_into(rt, &sum, c)
+    }
 }

@@ -318,12 +318,20 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
     let floats = [DType::F32, DType::F16];
     for ts in floats {
         for td in floats {
+            for mode in 0..4 {
+                push(
+                    out,
+                    "conv",
+                    include_str!("../../../shaders/conv.wgsl"),
+                    super::conv::variant(mode, ts, td, 1),
+                )?;
+            }
             for mode in 0..2 {
                 push(
                     out,
                     "conv",
                     include_str!("../../../shaders/conv.wgsl"),
-                    super::conv::variant(mode, ts, td),
+                    super::conv::variant(mode, ts, td, 4),
                 )?;
             }
             for mode in 0..4 {

@@ -207,9 +207,9 @@ impl<'a> Ctx<'a> {
         &self.params.buffers[id.0].value
     }
 
-    /// A value that needs no gradient (an input).
+    /// A value that needs no gradient (an input: the ops reading it skip its gradient).
     pub fn input(&mut self, value: Tensor) -> Var {
-        self.tape.constant(value)
+        self.tape.input(value)
     }
 
     /// Whether layers run in training mode (dropout drops).

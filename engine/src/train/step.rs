@@ -20,9 +20,10 @@ use crate::train::error::TrainError;
 use crate::train::trainer::{StepKind, Trainer};
 
 /// Splits a batch into consecutive parts of at most `micro` examples.
-pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
+pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<std::borrow::Cow<'_, HostBatch>> {
     if micro >= batch.examples {
-        return vec![batch.clone()];
+        // The batch itself, not a copy (a batch of images is hundreds of MB).
+        return vec![std::borrow::Cow::Borrowed(batch)];
     }
     let per = |len: usize| len / batch.examples.max(1);
     let (fe, to, ta) = (per(batch.features.len()), per(batch.tokens.len()), per(batch.targets.len()));
@@ -30,13 +31,13 @@ pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<HostBatch> {
         .step_by(micro)
         .map(|start| {
             let end = (start + micro).min(batch.examples);
-            HostBatch {
+            std::borrow::Cow::Owned(HostBatch {
                 features: batch.features[start * fe..end * fe].to_vec(),
                 tokens: batch.tokens[start * to..end * to].to_vec(),
                 targets: batch.targets[start * ta..end * ta].to_vec(),
                 examples: end - start,
                 position: batch.position,
-            }
+            })
         })
         .collect()
 }

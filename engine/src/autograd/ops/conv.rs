@@ -41,15 +41,18 @@ pub fn conv2d(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, 
     let shape = ConvShape { n, h, w: wd, c, ..shape };
     shape.check(label)?;
     let mixed = tape.half_matmuls();
-    let (xs, ws) = if mixed {
-        (
-            half(rt, &whole(rt, &x.value)?, Category::Activation, &format!("{label}.x.f16"))?,
-            half(rt, &w.value, Category::Temporary, &format!("{label}.w.f16"))?,
-        )
+    let dt = if mixed { DType::F16 } else { DType::F32 };
+    let xs = if mixed {
+        half(rt, &whole(rt, &x.value)?, Category::Activation, &format!("{label}.x.f16"))?
     } else {
-        (whole(rt, &x.value)?, w.value.clone())
+        whole(rt, &x.value)?
     };
-    let out = if mixed { DType::F16 } else { DType::F32 };
+    // The weight as the products read it (and in f16 under fp16-mixed: the copy autocast
+    // makes anyway).
+    let ws = conv::pack_weight(rt, &w.value, &shape, dt)?;
+    let out = dt;
+    // Images (a model's input) need no gradient: backward skips their product.
+    let wants_dx = !tape.is_input(x);
     let y = conv::forward(rt, &xs, &ws, b.map(|b| &b.value), &shape, out, label)?;
     let inputs: Vec<&Var> = std::iter::once(x).chain(std::iter::once(w)).chain(b).collect();
     let has_bias = b.is_some();
@@ -70,8 +73,10 @@ pub fn conv2d(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, 
             } else {
                 None
             };
-            let dx = conv::backward_input(rt, &dy_mm, &ws, &shape, cats[0])?;
-            let mut out = vec![Some(dx), Some(dw)];
+            let dx = wants_dx
+                .then(|| conv::backward_input(rt, &dy_mm, &ws, &shape, cats[0]))
+                .transpose()?;
+            let mut out = vec![dx, Some(dw)];
             out.extend(db.map(Some));
             Ok(out)
         }),

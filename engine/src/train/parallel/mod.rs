@@ -179,9 +179,11 @@ impl Trainer {
         let n = world.comms.len();
         let per = batch.examples.div_ceil(n).max(1);
         let mut parts = split_batch(batch, per);
-        parts.resize_with(n, || HostBatch {
-            position: batch.position,
-            ..HostBatch::default()
+        parts.resize_with(n, || {
+            std::borrow::Cow::Owned(HostBatch {
+                position: batch.position,
+                ..HostBatch::default()
+            })
         });
         if world.bn.is_some() {
             // SyncBatchNorm exchanges inside every micro-batch's forward and backward:
