@@ -20,7 +20,9 @@
 //           zeros with frozen statistics; dgamma = sum g (x - mean) invstd, dbeta = sum g.
 //   GAPPLY: dx = scale (g - gcoef0 - (x - mean) gcoef1); dres = g.
 // Template: ENABLE, TX (x, residual), TY (the output, read by backward), TG (dy), TD
-// (y, dx), STATS, FINAL, APPLY, GSTATS, GFINAL, GAPPLY, RELU, RES.
+// (y, dx), STATS, FINAL, APPLY, GSTATS, GFINAL, GAPPLY, RELU, RES; APPLY and GAPPLY take
+// W elements a thread (4 where the channels are a multiple of 4: VEC, and VX, VY, VG,
+// VD, VF the vec4 types; else the scalars).
 {{ENABLE}}
 
 struct Params {
@@ -41,6 +43,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 
 const RELU: bool = {{RELU}};
+const W: u32 = {{W}}u;
 const RES: bool = {{RES}};
 
 var<workgroup> red: array<f32, 256>;
@@ -157,20 +160,29 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
 //#endif
 
 //#if APPLY
-@group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
-@group(0) @binding(2) var<storage, read_write> res: array<{{TX}}>;
+@group(0) @binding(1) var<storage, read_write> x: array<{{VX}}>;
+@group(0) @binding(2) var<storage, read_write> res: array<{{VX}}>;
 @group(0) @binding(3) var<storage, read_write> coef: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<{{TD}}>;
+@group(0) @binding(4) var<storage, read_write> y: array<{{VD}}>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.x + gid.y * nwg.x * 256u;
-    if e >= p.total { return; }
-    let ch = e % p.c;
-    var v = f32(x[e]) * coef[ch] + coef[p.c + ch];
-    if RES { v += f32(res[e]); }
-    if RELU { v = max(v, 0.0); }
-    y[e] = {{TD}}(v);
+    let t = gid.x + gid.y * nwg.x * 256u;
+    if t >= p.total { return; }
+    let ch = (t * W) % p.c;
+    var v = {{VF}}(x[t]) * lanes(ch) + lanes(p.c + ch);
+    if RES { v += {{VF}}(res[t]); }
+    if RELU { v = max(v, {{VF}}(0.0)); }
+    y[t] = {{VD}}(v);
+}
+
+// W coefficients from `at` on.
+fn lanes(at: u32) -> {{VF}} {
+//#if VEC
+    return vec4<f32>(coef[at], coef[at + 1u], coef[at + 2u], coef[at + 3u]);
+//#else
+    return coef[at];
+//#endif
 }
 //#endif
 
@@ -253,24 +265,35 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
 //#endif
 
 //#if GAPPLY
-@group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
-@group(0) @binding(2) var<storage, read_write> y: array<{{TY}}>;
-@group(0) @binding(3) var<storage, read_write> dy: array<{{TG}}>;
+@group(0) @binding(1) var<storage, read_write> x: array<{{VX}}>;
+@group(0) @binding(2) var<storage, read_write> y: array<{{VY}}>;
+@group(0) @binding(3) var<storage, read_write> dy: array<{{VG}}>;
 @group(0) @binding(4) var<storage, read_write> coef: array<f32>;
 @group(0) @binding(5) var<storage, read_write> gcoef: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dx: array<{{TD}}>;
-@group(0) @binding(7) var<storage, read_write> dres: array<{{TD}}>;
+@group(0) @binding(6) var<storage, read_write> dx: array<{{VD}}>;
+@group(0) @binding(7) var<storage, read_write> dres: array<{{VD}}>;
+
+// W values of `a` from `at` on.
+fn lanes(a: u32, at: u32) -> {{VF}} {
+//#if VEC
+    if a == 0u { return vec4<f32>(coef[at], coef[at + 1u], coef[at + 2u], coef[at + 3u]); }
+    return vec4<f32>(gcoef[at], gcoef[at + 1u], gcoef[at + 2u], gcoef[at + 3u]);
+//#else
+    if a == 0u { return coef[at]; }
+    return gcoef[at];
+//#endif
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = gid.x + gid.y * nwg.x * 256u;
-    if e >= p.total { return; }
-    let ch = e % p.c;
-    let scale = coef[ch];
-    let xv = f32(x[e]);
-    var g = f32(dy[e]);
-    if RELU && f32(y[e]) <= 0.0 { g = 0.0; }
-    dx[e] = {{TD}}(scale * (g - gcoef[ch] - (xv - coef[2u * p.c + ch]) * gcoef[p.c + ch]));
-    if RES { dres[e] = {{TD}}(g); }
+    let t = gid.x + gid.y * nwg.x * 256u;
+    if t >= p.total { return; }
+    let ch = (t * W) % p.c;
+    let xv = {{VF}}(x[t]);
+    var g = {{VF}}(dy[t]);
+    if RELU { g = select(g, {{VF}}(0.0), {{VF}}(y[t]) <= {{VF}}(0.0)); }
+    let mean = lanes(0u, 2u * p.c + ch);
+    dx[t] = {{VD}}(lanes(0u, ch) * (g - lanes(1u, ch) - (xv - mean) * lanes(1u, p.c + ch)));
+    if RES { dres[t] = {{VD}}(g); }
 }
 //#endif

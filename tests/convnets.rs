@@ -201,6 +201,10 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
         (700, 70, true, false, DType::F32),
         (1031, 3, true, true, DType::F32),
         (600, 9, true, true, DType::F16),
+        // Channels in fours: the elementwise passes take vec4s.
+        (640, 12, true, true, DType::F16),
+        (515, 8, true, false, DType::F32),
+        (300, 16, false, false, DType::F32),
     ] {
         // An offset mean: the merge must not lose the variance to cancellation.
         let x: Vec<f32> = rng

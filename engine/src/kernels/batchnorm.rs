@@ -97,9 +97,23 @@ struct Params {
 }
 
 /// The template values of one variant: x (and residual), the output as backward reads
-/// it, dy, and what is written.
-pub fn variant(pass: Pass, [tx, ty, tg, td]: [DType; 4], ep: Epilogue) -> Vec<(&'static str, String)> {
+/// it, dy, and what is written; `w` elements a thread in the elementwise passes.
+pub fn variant(pass: Pass, [tx, ty, tg, td]: [DType; 4], ep: Epilogue, w: u32) -> Vec<(&'static str, String)> {
+    let vec = |t: DType| {
+        if w == 4 {
+            format!("vec4<{}>", t.wgsl())
+        } else {
+            t.wgsl().to_string()
+        }
+    };
     let mut v = vec![
+        ("W", w.to_string()),
+        ("VEC", (w == 4).to_string()),
+        ("VX", vec(tx)),
+        ("VY", vec(ty)),
+        ("VG", vec(tg)),
+        ("VD", vec(td)),
+        ("VF", vec(DType::F32)),
         ("ENABLE", enables(&[tx, ty, tg, td])),
         ("TX", tx.wgsl().into()),
         ("TY", ty.wgsl().into()),
@@ -115,6 +129,17 @@ pub fn variant(pass: Pass, [tx, ty, tg, td]: [DType; 4], ep: Epilogue) -> Vec<(&
 }
 
 fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Params, ts: &[&Tensor], groups: [u32; 3]) -> Result<(), Error> {
+    let w = if matches!(pass, Pass::Apply | Pass::GradApply) && params.c % 4 == 0 {
+        4
+    } else {
+        1
+    };
+    let mut params = *params;
+    let mut groups = groups;
+    if w == 4 {
+        params.total /= 4;
+        groups = grid(params.total.div_ceil(256));
+    }
     require_f16(rt, &dts)?;
     for t in ts {
         if t.offset() != 0 || !t.is_contiguous() {
@@ -130,7 +155,7 @@ fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Para
                 dts[0] as u32,
                 dts[1] as u32,
                 dts[2] as u32,
-                u32::from(ep.relu) | u32::from(ep.residual) << 1,
+                u32::from(ep.relu) | u32::from(ep.residual) << 1 | w << 2,
             ],
         ),
         pass.bindings(),
@@ -142,9 +167,9 @@ fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Para
                 if ep.relu { " relu" } else { "" }
             )
         },
-        || render("batchnorm", SOURCE, &variant(pass, dts, ep)),
+        || render("batchnorm", SOURCE, &variant(pass, dts, ep, w)),
     )?;
-    rt.launch(&kernel, bytemuck::bytes_of(params), ts, groups)
+    rt.launch(&kernel, bytemuck::bytes_of(&params), ts, groups)
 }
 
 /// Rows and channels of an NHWC tensor.

@@ -342,12 +342,14 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
             for pass in Pass::ALL {
                 for (relu, residual) in [(false, false), (true, false), (true, true)] {
                     let ep = Epilogue { relu, residual };
-                    push(
-                        out,
-                        "batchnorm",
-                        include_str!("../../../shaders/batchnorm.wgsl"),
-                        super::batchnorm::variant(pass, [ts, td, DType::F32, td], ep),
-                    )?;
+                    for w in [1, 4] {
+                        push(
+                            out,
+                            "batchnorm",
+                            include_str!("../../../shaders/batchnorm.wgsl"),
+                            super::batchnorm::variant(pass, [ts, td, DType::F32, td], ep, w),
+                        )?;
+                    }
                 }
             }
         }
