@@ -482,7 +482,12 @@ fn a_resnet_estimate_equals_its_measured_peak_under_every_policy() {
                 format!("memory.checkpoint=\"{checkpoint}\""),
             ];
             let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-            let want = estimate_json(&sets)["peak_bytes"].as_u64().unwrap();
+            let est = estimate_json(&sets);
+            let want = est["peak_bytes"].as_u64().unwrap();
+            // Saved activations per image: the activations' own peak over the 16 images.
+            let act = est["category_peaks"]["activation"].as_u64().unwrap();
+            assert!(act > 0);
+            assert_eq!(est["activation_per_example"].as_u64(), Some(act / 16), "{precision} {checkpoint}");
             let log = resnet_run(&dir, &format!("{precision}-{checkpoint}"), &sets);
             // From the second step on (the optimizer state exists), as the estimate's.
             for v in lines(&log)

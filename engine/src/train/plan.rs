@@ -75,6 +75,9 @@ pub struct Estimate {
     /// What is alive at the peak, largest first: the dashboard's peak view of the
     /// step with the highest peak (rank 0's on a multi-device run).
     pub at_peak: PeakView,
+    /// The activation category's own peak per example of a forward pass on device 0:
+    /// what forward saves for backward per image or sequence.
+    pub activation_per_example: u64,
 }
 
 impl Estimate {
@@ -102,6 +105,10 @@ impl Estimate {
         }
         out += &format!("  {:<16} {:>12}\n", "peak allocated", format_bytes(self.peak_bytes));
         out += &format!("  {:<16} {:>12}\n", "peak reserved", format_bytes(self.peak_reserved_bytes));
+        out += &format!(
+            "  saved activations: {} an example of a forward pass\n",
+            format_bytes(self.activation_per_example)
+        );
         if !self.device_peaks.is_empty() {
             let peaks: Vec<String> = self.device_peaks.iter().map(|b| format_bytes(*b)).collect();
             out += &format!("  {:<16} {}\n", "peak per device", peaks.join(", "));
@@ -205,6 +212,10 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         .micro_batch_size
         .unwrap_or(config.train.batch_size)
         .min(config.train.batch_size);
+    // Examples in one forward pass of device 0: its share of the batch, then the
+    // micro-batch within it.
+    let share = config.train.batch_size.div_ceil(trainer.world_size());
+    let forward_examples = config.train.micro_batch_size.map_or(share, |m| m.min(share));
     let estimate = Estimate {
         precision: config.memory.precision.name().into(),
         batch_size: config.train.batch_size,
@@ -232,6 +243,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
         host_bytes: host_bytes(config, elements, optimizer_per),
         at_peak: peak_view,
+        activation_per_example: own[Category::Activation.index()] / forward_examples.max(1) as u64,
     };
     drop(trainer);
     rt.alloc.empty_cache();
