@@ -38,7 +38,7 @@ enum Command {
     Dashboard(commands::dashboard::DashboardArgs),
     /// Predict a training step's peak memory by category without running it.
     Estimate(commands::estimate::EstimateArgs),
-    /// One forward and backward of a transformers GPT-2 checkpoint (check against PyTorch).
+    /// One forward and backward of a transformers checkpoint: GPT-2, Llama, BERT or ResNet (check against PyTorch).
     Step(commands::step::StepArgs),
     /// Time every kernel of real training steps (torch.profiler's table, a Perfetto trace, MFU).
     Profile(commands::profile::ProfileArgs),

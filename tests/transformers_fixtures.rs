@@ -379,11 +379,23 @@ fn resnet_training_step_matches_transformers_with_batch_norm_statistics() {
     for dir in &dirs {
         matches_transformers(&rt, dir, &dir.join("batch.safetensors"), &dir.join("expected.safetensors"));
     }
-    // What it saves loads back and holds the same tensors (buffers included).
-    let mut params = Params::default();
-    let model = wgtrain_engine::nn::ResNet::from_hf_dir(&rt, &dirs[0], &mut params).unwrap();
+    // The command: the loss, the gradients and running statistics dumped, and what it
+    // saves holds the same tensors (buffers included).
     let out = std::env::temp_dir().join(format!("wgtrain-resnet-save-{}", std::process::id()));
-    model.save_hf(&rt, &params, &out).unwrap();
+    let dump = out.with_extension("safetensors");
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["step", "--hf-dir", dirs[0].to_str().unwrap(), "--batch"])
+        .arg(dirs[0].join("batch.safetensors"))
+        .args(["--json", "--dump-grads", dump.to_str().unwrap(), "--save-hf", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+    let want = read_f32(&dirs[0].join("expected.safetensors"))["loss"].1[0] as f64;
+    assert!((v["loss"].as_f64().unwrap() - want).abs() < 1e-4 * want);
+    let dumped = read_f32(&dump);
+    assert!(dumped.contains_key("resnet.embedder.embedder.normalization.running_var"));
+    std::fs::remove_file(&dump).unwrap();
     let (a, b) = (
         read_f32(&dirs[0].join("model.safetensors")),
         read_f32(&out.join("model.safetensors")),

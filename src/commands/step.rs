@@ -1,6 +1,6 @@
 //! `wgtrain step --hf-dir DIR --batch FILE.safetensors [--dump-grads OUT] [--json]`:
-//! one f32 forward and backward of a transformers GPT-2 checkpoint, to check the
-//! engine against PyTorch.
+//! one f32 forward and backward of a transformers checkpoint (GPT-2, Llama, BERT or
+//! ResNet, by config.json's model_type), to check the engine against PyTorch.
 //!
 //! May call: `wgtrain_engine` (runtime, hf::step, nn), `commands`.
 
@@ -18,10 +18,13 @@ pub struct StepArgs {
     /// Folder with config.json and model.safetensors (save_pretrained's layout).
     #[arg(long)]
     hf_dir: PathBuf,
-    /// safetensors file with `input_ids` and `labels`, [B, T], int64 or int32.
+    /// safetensors file with `input_ids` and `labels` ([B, T], int64 or int32; BERT also
+    /// `token_type_ids`, `attention_mask`), or for ResNet `pixel_values` ([N, C, H, W],
+    /// f32) and `labels` ([N]).
     #[arg(long)]
     batch: PathBuf,
-    /// Write every parameter's gradient here, under its transformers name.
+    /// Write every parameter's gradient here, under its transformers name (then every
+    /// buffer's value after the step: BatchNorm's running statistics).
     #[arg(long)]
     dump_grads: Option<PathBuf>,
     /// Print {"loss": ...}.
@@ -31,7 +34,7 @@ pub struct StepArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Also write the loaded model back out in transformers' layout (config.json and
-    /// model.safetensors, head tied) to this folder.
+    /// model.safetensors) to this folder.
     #[arg(long)]
     save_hf: Option<PathBuf>,
 }
@@ -41,9 +44,7 @@ pub fn run(args: StepArgs) -> CliResult {
     let rt = Runtime::open(args.adapter.as_deref())?;
     let step = hf_step(&rt, &args.hf_dir, &args.batch)?;
     if let Some(out) = &args.save_hf {
-        let mut params = wgtrain_engine::autograd::Params::default();
-        let model = wgtrain_engine::nn::Gpt::from_hf_dir(&rt, &args.hf_dir, &mut params)?;
-        model.save_hf(&rt, &params, out)?;
+        wgtrain_engine::hf::resave(&rt, &args.hf_dir, out)?;
     }
     if let Some(path) = &args.dump_grads {
         write_grads(path, &step.grads)?;

@@ -6,4 +6,4 @@
 
 pub mod step;
 
-pub use step::{HfStep, hf_step, write_grads};
+pub use step::{HfStep, hf_step, resave, write_grads};

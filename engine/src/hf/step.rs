@@ -140,6 +140,18 @@ impl HfModel {
     }
 }
 
+/// Loads the model in `hf_dir` (any `model_type` the step takes) and writes it back out
+/// in transformers' layout to `out`.
+pub fn resave(rt: &Runtime, hf_dir: &Path, out: &Path) -> Result<(), Error> {
+    let mut params = Params::default();
+    match HfModel::load(rt, hf_dir, &mut params)? {
+        HfModel::Gpt(m) => m.save_hf(rt, &params, out),
+        HfModel::Llama(m) => m.save_hf(rt, &params, out),
+        HfModel::Bert(m) => m.save_hf(rt, &params, out),
+        HfModel::ResNet(m) => m.save_hf(rt, &params, out),
+    }
+}
+
 /// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
 pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, Error> {
     let mut params = Params::default();
