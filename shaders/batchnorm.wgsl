@@ -60,6 +60,15 @@ fn sum4(lid: u32, v: f32) -> f32 {
     return red[lane] + red[lane + 64u] + red[lane + 128u] + red[lane + 192u];
 }
 
+// The channel, sub-lane and row range [r0, r1) of a partial-statistics thread: 64
+// channels across a workgroup, 4 sub-lanes down the rows of chunk wid.y.
+struct Chunk { ch: u32, sub: u32, r0: u32, r1: u32 }
+
+fn chunk(lid: u32, wid: vec3<u32>) -> Chunk {
+    let r0 = wid.y * p.rows;
+    return Chunk(wid.x * 64u + lid % 64u, lid / 64u, r0, min(p.m, r0 + p.rows));
+}
+
 //#if STATS
 @group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
 @group(0) @binding(2) var<storage, read_write> part: array<f32>;
@@ -67,26 +76,24 @@ fn sum4(lid: u32, v: f32) -> f32 {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
-    let ch = wid.x * 64u + lid % 64u;
-    let sub = lid / 64u;
-    let r0 = wid.y * p.rows;
-    let r1 = min(p.m, r0 + p.rows);
+    let k = chunk(lid, wid);
+    let ch = k.ch;
     let live = ch < p.c;
     var s = 0.0;
     if live {
-        for (var r = r0 + sub; r < r1; r += 4u) { s += f32(x[r * p.c + ch]); }
+        for (var r = k.r0 + k.sub; r < k.r1; r += 4u) { s += f32(x[r * p.c + ch]); }
     }
-    let n = f32(r1 - r0);
+    let n = f32(k.r1 - k.r0);
     let mean = sum4(lid, s) / n;
     var q = 0.0;
     if live {
-        for (var r = r0 + sub; r < r1; r += 4u) {
+        for (var r = k.r0 + k.sub; r < k.r1; r += 4u) {
             let d = f32(x[r * p.c + ch]) - mean;
             q += d * d;
         }
     }
     let m2 = sum4(lid, q);
-    if live && sub == 0u {
+    if live && k.sub == 0u {
         let at = wid.y * 3u * p.c + ch;
         part[at] = n;
         part[at + p.c] = mean;
@@ -196,15 +203,13 @@ fn lanes(at: u32) -> {{VF}} {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
-    let ch = wid.x * 64u + lid % 64u;
-    let sub = lid / 64u;
-    let r0 = wid.y * p.rows;
-    let r1 = min(p.m, r0 + p.rows);
+    let k = chunk(lid, wid);
+    let ch = k.ch;
     var sg = 0.0;
     var sgx = 0.0;
     if ch < p.c {
         let mean = coef[2u * p.c + ch];
-        for (var r = r0 + sub; r < r1; r += 4u) {
+        for (var r = k.r0 + k.sub; r < k.r1; r += 4u) {
             let e = r * p.c + ch;
             let xv = f32(x[e]);
             var g = f32(dy[e]);
@@ -215,7 +220,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
     let a = sum4(lid, sg);
     let b = sum4(lid, sgx);
-    if ch < p.c && sub == 0u {
+    if ch < p.c && k.sub == 0u {
         let at = wid.y * 2u * p.c + ch;
         part[at] = a;
         part[at + p.c] = b;

@@ -18,49 +18,16 @@ use wgtrain_engine::kernels::conv::{self, ConvShape};
 use wgtrain_engine::kernels::pool::{Pool, PoolKind};
 use wgtrain_engine::{Category, DType};
 
-/// x [n, h, w, c] NHWC, w [k, cg, r, s]: y [n, p, q, k].
-fn conv_ref(x: &[f64], w: &[f64], s: &ConvShape) -> Vec<f64> {
+/// Every tap of the convolution `s` on NHWC input: (output index, input index, weight
+/// index) for each output element, input channel and kernel position inside the image.
+fn taps(s: &ConvShape, mut f: impl FnMut(usize, usize, usize)) {
     let (p, q) = s.out_hw();
     let (cg, kg) = (s.c / s.groups, s.k / s.groups);
-    let mut y = vec![0.0; s.n * p * q * s.k];
     for n in 0..s.n {
         for i in 0..p {
             for j in 0..q {
                 for k in 0..s.k {
                     let g = k / kg;
-                    let mut acc = 0.0;
-                    for c in 0..cg {
-                        for r in 0..s.r {
-                            for t in 0..s.s {
-                                let hh = (i * s.stride[0] + r * s.dilation[0]) as isize - s.pad[0] as isize;
-                                let ww = (j * s.stride[1] + t * s.dilation[1]) as isize - s.pad[1] as isize;
-                                if hh < 0 || ww < 0 || hh >= s.h as isize || ww >= s.w as isize {
-                                    continue;
-                                }
-                                let xv = x[((n * s.h + hh as usize) * s.w + ww as usize) * s.c + g * cg + c];
-                                acc += xv * w[((k * cg + c) * s.r + r) * s.s + t];
-                            }
-                        }
-                    }
-                    y[((n * p + i) * q + j) * s.k + k] = acc;
-                }
-            }
-        }
-    }
-    y
-}
-
-/// dx and dw of sum(y * dy), by the chain rule on the reference's loops.
-fn conv_grads_ref(x: &[f64], w: &[f64], dy: &[f64], s: &ConvShape) -> (Vec<f64>, Vec<f64>) {
-    let (p, q) = s.out_hw();
-    let (cg, kg) = (s.c / s.groups, s.k / s.groups);
-    let (mut dx, mut dw) = (vec![0.0; x.len()], vec![0.0; w.len()]);
-    for n in 0..s.n {
-        for i in 0..p {
-            for j in 0..q {
-                for k in 0..s.k {
-                    let g = k / kg;
-                    let d = dy[((n * p + i) * q + j) * s.k + k];
                     for c in 0..cg {
                         for r in 0..s.r {
                             for t in 0..s.s {
@@ -70,9 +37,7 @@ fn conv_grads_ref(x: &[f64], w: &[f64], dy: &[f64], s: &ConvShape) -> (Vec<f64>,
                                     continue;
                                 }
                                 let xi = ((n * s.h + hh as usize) * s.w + ww as usize) * s.c + g * cg + c;
-                                let wi = ((k * cg + c) * s.r + r) * s.s + t;
-                                dx[xi] += d * w[wi];
-                                dw[wi] += d * x[xi];
+                                f(((n * p + i) * q + j) * s.k + k, xi, ((k * cg + c) * s.r + r) * s.s + t);
                             }
                         }
                     }
@@ -80,6 +45,23 @@ fn conv_grads_ref(x: &[f64], w: &[f64], dy: &[f64], s: &ConvShape) -> (Vec<f64>,
             }
         }
     }
+}
+
+/// x [n, h, w, c] NHWC, w [k, cg, r, s]: y [n, p, q, k].
+fn conv_ref(x: &[f64], w: &[f64], s: &ConvShape) -> Vec<f64> {
+    let (p, q) = s.out_hw();
+    let mut y = vec![0.0; s.n * p * q * s.k];
+    taps(s, |o, xi, wi| y[o] += x[xi] * w[wi]);
+    y
+}
+
+/// dx and dw of sum(y * dy), by the chain rule on the same taps.
+fn conv_grads_ref(x: &[f64], w: &[f64], dy: &[f64], s: &ConvShape) -> (Vec<f64>, Vec<f64>) {
+    let (mut dx, mut dw) = (vec![0.0; x.len()], vec![0.0; w.len()]);
+    taps(s, |o, xi, wi| {
+        dx[xi] += dy[o] * w[wi];
+        dw[wi] += dy[o] * x[xi];
+    });
     (dx, dw)
 }
 

@@ -135,18 +135,27 @@ impl Mlp {
     }
 }
 
+/// A classifier's mean cross-entropy over the batch's targets.
+fn class_loss(tape: &mut Tape, rt: &Runtime, logits: &Var, b: &HostBatch, label: &str) -> Result<Var, Error> {
+    let y = targets(rt, b)?;
+    ops::cross_entropy_mean(tape, rt, logits, &y, b.targets.len(), CE_ROW_CHUNK, label)
+}
+
+/// A classifier's evaluation batch: its loss and how many it got right.
+fn class_eval(tape: &mut Tape, rt: &Runtime, logits: &Var, b: &HostBatch) -> Result<EvalBatch, Error> {
+    let loss = class_loss(tape, rt, logits, b, "eval.loss")?;
+    EvalBatch::classified(rt, &loss, logits, &b.targets)
+}
+
 impl Trainable for Mlp {
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
-        let y = targets(rt, b)?;
         let logits = self.logits(tape, rt, params, b)?;
-        ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "loss")
+        class_loss(tape, rt, &logits, b, "loss")
     }
 
     fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<EvalBatch, Error> {
-        let y = targets(rt, b)?;
         let logits = self.logits(tape, rt, params, b)?;
-        let loss = ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "eval.loss")?;
-        EvalBatch::classified(rt, &loss, &logits, &b.targets)
+        class_eval(tape, rt, &logits, b)
     }
 
     fn eval_batch(&self, _micro_batch: usize) -> usize {
@@ -178,16 +187,13 @@ impl ImageModel {
 
 impl Trainable for ImageModel {
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
-        let y = targets(rt, b)?;
         let logits = self.logits(tape, rt, params, b)?;
-        ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "loss")
+        class_loss(tape, rt, &logits, b, "loss")
     }
 
     fn evaluate(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<EvalBatch, Error> {
-        let y = targets(rt, b)?;
         let logits = self.logits(tape, rt, params, b)?;
-        let loss = ops::cross_entropy_mean(tape, rt, &logits, &y, b.targets.len(), CE_ROW_CHUNK, "eval.loss")?;
-        EvalBatch::classified(rt, &loss, &logits, &b.targets)
+        class_eval(tape, rt, &logits, b)
     }
 
     /// The CNN evaluates 500 images at a time; a ResNet as many as it trains on.
