@@ -144,4 +144,31 @@ ids = torch.randint(0, V, (R,), device=dev)
 dout = torch.randn(R, C, device=dev)
 table = torch.zeros(V, C, device=dev)
 out.append(row("gpt2.embedding.bwd", "f32", [R, V, C], bench(lambda: table.index_add_(0, ids, dout)), nbytes=12.0 * R * C))
+
+# ResNet-50's convolutions (wgtrain's bench::resnet): cuDNN on channels_last, batch 128,
+# the algorithm cuDNN's benchmark mode picks; f16 gradients come out in f16 here (f32 in
+# ours). Shape: [N, H, W, C, K, R, S, stride].
+torch.backends.cudnn.benchmark = True
+F = torch.nn.functional
+N = 128
+for name, side, c, k, ks, stride, pad in [
+    ("stem", 224, 3, 64, 7, 2, 3), ("layer1.conv2", 56, 64, 64, 3, 1, 1), ("layer1.conv3", 56, 64, 256, 1, 1, 0),
+    ("layer2.conv2.s2", 56, 128, 128, 3, 2, 1), ("layer2.conv1", 28, 512, 128, 1, 1, 0),
+    ("layer3.conv2", 14, 256, 256, 3, 1, 1), ("layer4.conv2", 7, 512, 512, 3, 1, 1),
+    ("layer4.conv3", 7, 512, 2048, 1, 1, 0),
+]:
+    for dt, dn in [(torch.float32, "f32"), (torch.float16, "f16")]:
+        x = torch.randn(N, c, side, side, device=dev, dtype=dt).to(memory_format=torch.channels_last)
+        w = torch.randn(k, c, ks, ks, device=dev, dtype=dt).to(memory_format=torch.channels_last)
+        dy = torch.randn_like(F.conv2d(x, w, stride=stride, padding=pad))
+        fl = 2.0 * dy.numel() * c * ks * ks
+        shape = [N, side, side, c, k, ks, ks, stride]
+
+        def grad(mask):
+            return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1, mask)
+
+        out.append(row(f"resnet50.{name}.fwd", dn, shape, bench(lambda: F.conv2d(x, w, stride=stride, padding=pad)), flops=fl))
+        out.append(row(f"resnet50.{name}.dgrad", dn, shape, bench(lambda: grad([True, False, False])), flops=fl))
+        out.append(row(f"resnet50.{name}.wgrad", dn, shape, bench(lambda: grad([False, True, False])), flops=fl))
+        del x, w, dy
 print(json.dumps(out, indent=1))

@@ -1,6 +1,6 @@
-//! `wgtrain bench`: the GPT-2 step's rows (here at the tiny `--quick` shapes) check out
-//! against their references and carry a median with its spread over enough repeats,
-//! flagged exactly when the spread passes 10%; `--compare` prints each matching row's
+//! `wgtrain bench`: the GPT-2 step's rows and ResNet-50's convolutions (here at the tiny
+//! `--quick` shapes) check out against their references and carry a median with its
+//! spread over enough repeats, flagged exactly when the spread passes 10%; `--compare` prints each matching row's
 //! ratio against a previous file, and a file that is not one is a clear error before
 //! anything is measured.
 
@@ -118,4 +118,26 @@ fn user_shapes_back_to_back_launches_and_forced_slices() {
     let bad = wgtrain(&["bench", "--quick", "--matmul", "64x512"], &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not MxKxN"));
+}
+
+#[test]
+fn resnet_convolution_rows_check_out_for_every_pass() {
+    let dir = scratch("bench-resnet");
+    let out = dir.join("rows.json");
+    run_ok(
+        &args(&["bench", "--quick", "--filter", "resnet50.layer2.conv2.s2", "--json", out.to_str().unwrap()]),
+        &[],
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let names: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["resnet50.layer2.conv2.s2.dgrad", "resnet50.layer2.conv2.s2.fwd", "resnet50.layer2.conv2.s2.wgrad"]
+    );
+    for r in &rows {
+        assert_eq!(r["ok"], true, "{r}");
+        // [N, H, W, C, K, R, S, stride]: the strided 3x3 of the second stage.
+        assert_eq!(r["shape"].as_array().unwrap()[5..], [3, 3, 2], "{r}");
+        assert!(r["gflops"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }

@@ -141,6 +141,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         } else {
             records.extend(bench::kernels::run_all(&rt, args.quick, &wanted)?);
             records.extend(bench::gpt2::run_all(&rt, args.quick, &wanted)?);
+            records.extend(bench::resnet::run_all(&rt, args.quick, &wanted)?);
             if wanted("launch_overhead") {
                 records.extend(bench::launch::run_all(&rt)?);
             }

@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod launch;
 pub mod measure;
 pub mod record;
+pub mod resnet;
 pub mod tune;
 
 pub use record::{BenchRecord, median};
