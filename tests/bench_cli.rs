@@ -125,14 +125,25 @@ fn resnet_convolution_rows_check_out_for_every_pass() {
     let dir = scratch("bench-resnet");
     let out = dir.join("rows.json");
     run_ok(
-        &args(&["bench", "--quick", "--filter", "resnet50.layer2.conv2.s2", "--json", out.to_str().unwrap()]),
+        &args(&[
+            "bench",
+            "--quick",
+            "--filter",
+            "resnet50.layer2.conv2.s2",
+            "--json",
+            out.to_str().unwrap(),
+        ]),
         &[],
     );
     let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let names: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
     assert_eq!(
         names.into_iter().collect::<Vec<_>>(),
-        ["resnet50.layer2.conv2.s2.dgrad", "resnet50.layer2.conv2.s2.fwd", "resnet50.layer2.conv2.s2.wgrad"]
+        [
+            "resnet50.layer2.conv2.s2.dgrad",
+            "resnet50.layer2.conv2.s2.fwd",
+            "resnet50.layer2.conv2.s2.wgrad"
+        ]
     );
     for r in &rows {
         assert_eq!(r["ok"], true, "{r}");

@@ -275,6 +275,39 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     for w in &whatif[1..] {
         assert!(table.contains(&w.change), "{} missing from {table}", w.change);
     }
+    // "Will it fit in ...?": a typed budget splits the options by their reserved peak:
+    // just under the smallest, none fits; at the largest, all do.
+    let reserved: Vec<u64> = whatif.iter().map(|w| w.peak_reserved_bytes).collect();
+    let (least, most) = (*reserved.iter().min().unwrap(), *reserved.iter().max().unwrap());
+    let input = tab2.find_element("#whatif-budget").unwrap();
+    input.click().unwrap();
+    tab2.type_str(&format!("{} B", least - 1)).unwrap();
+    for budget in [least - 1, most] {
+        if budget == most {
+            input
+                .call_js_fn(
+                    &format!("function() {{ this.value = '{most}'; this.dispatchEvent(new Event('input', {{ bubbles: true }})); }}"),
+                    vec![],
+                    false,
+                )
+                .unwrap();
+        }
+        let wanted = if budget < least { "tr.nofit" } else { "tr:not(.nofit)" };
+        tab2.wait_for_element(&format!("#whatif-table {wanted}")).unwrap();
+        for w in &whatif {
+            let row = tab2
+                .find_element(&format!("#whatif-table tr[data-change=\"{}\"]", w.change))
+                .unwrap();
+            let class = row.get_attribute_value("class").unwrap().unwrap_or_default();
+            let text = row.get_inner_text().unwrap();
+            let fits = w.peak_reserved_bytes <= budget;
+            assert_eq!(class.contains("nofit"), !fits, "{budget}, {}: {text}", w.change);
+            assert_eq!(text.contains("does not fit"), !fits, "{budget}, {}: {text}", w.change);
+        }
+    }
+    tab2.type_str("x").unwrap();
+    let said = tab2.find_element("#whatif").unwrap().get_inner_text().unwrap();
+    assert!(said.contains("not a size"), "{said}");
 
     // A click in the memory chart opens that step: its timeline, its peak, the URL.
     let chart = tab2.find_element("#memory-chart").unwrap();

@@ -245,3 +245,29 @@ fn will_it_fit_says_by_how_much_and_the_change_that_fits() {
         .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a fraction"));
 }
+
+#[test]
+fn what_if_on_several_devices_offers_sharding_and_the_two_activation_savers_together() {
+    let out = will_it_fit("1GiB", &["--set", "parallel.devices=[\"0\", \"0\"]"]);
+    let options = out["what_if"].as_array().unwrap();
+    let find = |change: &str| {
+        options
+            .iter()
+            .find(|o| o["change"] == change)
+            .unwrap_or_else(|| panic!("no '{change}' in {options:?}"))
+    };
+    let run = find("");
+    let peak = |o: &serde_json::Value| o["peak_bytes"].as_u64().unwrap();
+    let zero3 = find("parallel.zero = 3");
+    let offload = find("parallel.zero = 3, parallel.offload = optimizer+parameters");
+    let both = find("memory.precision = fp16-mixed, memory.checkpoint = every-layer");
+    // Sharding moves state off each device; offloading moves the rest of it to the host;
+    // the two activation savers together beat either alone.
+    assert!(peak(zero3) < peak(run), "{zero3} vs {run}");
+    assert!(peak(offload) < peak(zero3), "{offload} vs {zero3}");
+    assert_eq!(zero3["policy"]["zero"], 3);
+    assert_eq!(offload["policy"]["offload"], "optimizer+parameters");
+    for alone in ["memory.precision = fp16-mixed", "memory.checkpoint = every-layer"] {
+        assert!(peak(both) < peak(find(alone)), "{both} vs {alone}");
+    }
+}

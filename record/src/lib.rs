@@ -12,7 +12,7 @@ pub mod log;
 pub mod memory;
 pub mod run;
 
-pub use bytes::{format_bytes, short_bytes};
+pub use bytes::{format_bytes, parse_bytes, short_bytes};
 pub use category::{Category, PoolKind};
 pub use device::{AdapterReport, CoopMatrixConfig, LimitsReport};
 pub use log::{EvalLog, KernelRow, MemLog, StepLog};

@@ -70,7 +70,11 @@ fn tap(o: usize, t: usize, stride: usize, pad: usize, len: usize) -> Option<usiz
 
 /// The output row or column that reads input `i` at tap `t`, if any.
 fn reader(i: usize, t: usize, stride: usize, pad: usize, len: usize) -> Option<usize> {
-    (i + pad).checked_sub(t).filter(|o| o % stride == 0).map(|o| o / stride).filter(|&o| o < len)
+    (i + pad)
+        .checked_sub(t)
+        .filter(|o| o % stride == 0)
+        .map(|o| o / stride)
+        .filter(|&o| o < len)
 }
 
 /// One row: `pass` of the convolution `sh` in `dtype`.
@@ -144,7 +148,11 @@ fn row(rt: &Runtime, name: &str, sh: ConvShape, dtype: DType, pass: Pass) -> Res
         want.push(sum);
     }
     let coop = dtype == DType::F16 && rt.gpu.caps.coop_f16_16x16x16();
-    let (atol, rtol) = if coop { tensor_core_tolerance(len) } else { tolerance(DType::F32, len) };
+    let (atol, rtol) = if coop {
+        tensor_core_tolerance(len)
+    } else {
+        tolerance(DType::F32, len)
+    };
     // A forward in f16 stores f16 outputs.
     let tol = if dtype == DType::F16 && pass == Pass::Forward {
         let (a, r) = tolerance(DType::F16, 1);

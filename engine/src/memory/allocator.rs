@@ -122,34 +122,12 @@ impl MemoryCap {
                 "'{text}' is neither a size (like 3GiB, 512MiB, 1000000) of at most {MAX_CAP_TEXT} nor a fraction in (0, 1]"
             ))
         };
-        let units: [(&str, u64); 10] = [
-            ("TiB", 1 << 40),
-            ("GiB", 1 << 30),
-            ("MiB", 1 << 20),
-            ("KiB", 1 << 10),
-            ("PB", 1_000_000_000_000_000),
-            ("TB", 1_000_000_000_000),
-            ("GB", 1_000_000_000),
-            ("MB", 1_000_000),
-            ("KB", 1_000),
-            ("B", 1),
-        ];
-        for (suffix, scale) in units {
-            if let Some(number) = t.strip_suffix(suffix) {
-                let value: f64 = number.trim().parse().map_err(|_| bad())?;
-                let bytes = value * scale as f64;
-                if !(value.is_finite() && value > 0.0 && bytes >= 1.0 && bytes <= MAX_CAP as f64) {
-                    return Err(bad());
-                }
-                return Ok(MemoryCap::Bytes(bytes as u64));
-            }
+        if let Some(bytes) = wgtrain_record::parse_bytes(t, MAX_CAP) {
+            return Ok(MemoryCap::Bytes(bytes));
         }
-        if let Ok(bytes) = t.parse::<u64>() {
-            return if bytes > 0 && bytes <= MAX_CAP {
-                Ok(MemoryCap::Bytes(bytes))
-            } else {
-                Err(bad())
-            };
+        // A size that is out of range or malformed is not read as a fraction.
+        if t.ends_with('B') || t.parse::<u64>().is_ok() {
+            return Err(bad());
         }
         match t.parse::<f64>() {
             Ok(f) if f > 0.0 && f <= 1.0 => Ok(MemoryCap::Fraction(f)),

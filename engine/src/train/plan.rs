@@ -478,12 +478,17 @@ fn policy_of(config: &Config, segments: usize) -> Result<BTreeMap<String, serde_
     }
     p.insert("micro_batch_size".into(), micro.into());
     p.insert("optimizer_in_backward".into(), config.memory.optimizer_in_backward.into());
+    if config.parallel.enabled() {
+        p.insert("zero".into(), config.parallel.zero.into());
+        p.insert("offload".into(), config.parallel.offload.name().into());
+    }
     Ok(p)
 }
 
 /// The run's config with one memory setting changed at a time (precision, checkpointing,
-/// half the micro-batch, optimizer-in-backward), each with what changed; the run as
-/// configured first. Changes the config rules forbid (e.g. optimizer-in-backward with
+/// half the micro-batch, optimizer-in-backward; on several devices ZeRO-3 and ZeRO-3 with
+/// both offloads), and fp16-mixed with every segment checkpointed, each with what
+/// changed; the run as configured first. Changes the config rules forbid (e.g. optimizer-in-backward with
 /// clipping) or the adapter cannot run (fp16 without SHADER_F16) are left out.
 fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(String, Config)>, TrainError> {
     let mut out = vec![(String::new(), config.clone())];
@@ -527,6 +532,26 @@ fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(S
     with(format!("memory.optimizer_in_backward = {oib}"), &|c| {
         c.memory.optimizer_in_backward = oib
     });
+    // Several devices: the sharded stages a fit would reach for last.
+    if config.parallel.enabled() && config.parallel.world() > 1 {
+        if config.parallel.zero < 3 {
+            with("parallel.zero = 3".into(), &|c| c.parallel.zero = 3);
+        }
+        if config.parallel.offload != Offload::OptimizerParameters {
+            with("parallel.zero = 3, parallel.offload = optimizer+parameters".into(), &|c| {
+                c.parallel.zero = 3;
+                c.parallel.offload = Offload::OptimizerParameters;
+            });
+        }
+    }
+    // The two settings that cut activations most, together.
+    if config.memory.precision == Precision::Fp32 && gpu.caps.shader_f16 && segments > 0 && config.memory.checkpoint_every() != 1 {
+        with("memory.precision = fp16-mixed, memory.checkpoint = every-layer".into(), &|c| {
+            c.memory.precision = Precision::Fp16Mixed;
+            c.memory.optimizer_in_backward = false;
+            c.memory.checkpoint = Some(Checkpointing::every_k(1));
+        });
+    }
     Ok(out)
 }
 

@@ -1,12 +1,13 @@
 //! What fills memory at the chosen step's peak (by default the run's peak step): the
 //! bytes by category and the largest blocks alive then, with the op that made each and
 //! the phase it was made in; and what other memory policies would need, from the
-//! exact estimate (`/api/runs/NAME/whatif`), against the cap or the device's memory.
+//! exact estimate (`/api/runs/NAME/whatif`), against the cap or the device's memory, or
+//! a budget the reader types ("will it fit in 8 GiB?").
 //!
 //! May call: `state`, `wgtrain_record`, leptos. Called by: the app.
 
 use leptos::prelude::*;
-use wgtrain_record::{Category, PeakView, WhatIfView, format_bytes};
+use wgtrain_record::{Category, PeakView, WhatIfView, format_bytes, parse_bytes};
 
 use crate::state::{Ctx, api, get_json};
 
@@ -27,7 +28,7 @@ fn advice(p: &PeakView) -> Option<&'static str> {
     Some(match name.as_str() {
         "activation" => "activations lead: activation checkpointing, a smaller micro-batch, or fp16-mixed shrink them (see what-if)",
         "temporary" => "backward's temporaries lead: a smaller micro-batch or checkpointing shrink them (see what-if)",
-        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's (sharding it across devices is not built yet)",
+        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's; on several devices ZeRO 1-3 shard it and parallel.offload moves it to the host (see what-if)",
         "gradient" => "gradients lead: optimizer-in-backward frees each as soon as it is applied (see what-if)",
         "parameter" => "parameters lead: a smaller model (sharding parameters across devices is not built yet)",
         _ => return None,
@@ -135,6 +136,8 @@ pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
 #[component]
 pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
     let view_ = RwSignal::new(None::<Result<WhatIfView, String>>);
+    // The reader's budget as typed; empty: the run's cap or device memory.
+    let typed = RwSignal::new(String::new());
     Effect::new(move |_| {
         let Some(name) = ctx.run_name.get() else { return };
         // Again once the run's facts arrive (a live run sends them at its start).
@@ -154,7 +157,8 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                 .into_any()
         }
         Some(Ok(w)) => {
-            let limit = w.limit_bytes;
+            let budget = typed.with(|t| parse_bytes(t, u64::MAX));
+            let limit = budget.or(w.limit_bytes);
             let base = w.options[0].peak_bytes.max(1) as f64;
             let most = w.options.iter().map(|o| o.peak_reserved_bytes).max().unwrap_or(1).max(1) as f64;
             // The bars span the options (and the limit when it is near them).
@@ -174,14 +178,15 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                 .iter()
                 .map(|o| {
                     let change = if o.change.is_empty() { "as run".to_string() } else { o.change.clone() };
-                    let fits = match o.fits {
+                    let fits = budget.map(|b| o.peak_reserved_bytes <= b).or(o.fits);
+                    let class = if fits == Some(false) { "nofit" } else { "" };
+                    let fits = match fits {
                         Some(true) => "fits",
                         Some(false) => "does not fit",
                         None => "?",
                     };
-                    let class = if o.fits == Some(false) { "nofit" } else { "" };
                     view! {
-                        <tr class=class data-change=o.change.clone() data-peak=o.peak_bytes.to_string()>
+                        <tr class=class data-change=o.change.clone() data-peak=o.peak_bytes.to_string() data-reserved=o.peak_reserved_bytes.to_string()>
                             <td>{change}</td>
                             <td class="num">{format_bytes(o.peak_bytes)}</td>
                             <td class="num">{format_bytes(o.peak_reserved_bytes)}</td>
@@ -197,7 +202,7 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
                 })
                 .collect_view();
             let run = &w.options[0];
-            let as_run = ["precision", "checkpoint", "micro_batch_size", "optimizer_in_backward"]
+            let as_run = ["precision", "checkpoint", "micro_batch_size", "optimizer_in_backward", "zero", "offload"]
                 .iter()
                 .filter(|k| run.policy.contains_key(**k))
                 .map(|k| format!("{} {}", k.replace('_', " "), get(run, k)))
@@ -206,9 +211,10 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
             view! {
                 <p class="small" id="whatif-run">{format!("as run: {as_run}")}</p>
                 <p class="small">{match limit {
-                    Some(l) => format!("estimated peaks of this run's config with one memory setting changed; \"fits\": reserved within {} (the cap, else the device's memory{})",
-                        format_bytes(l), if limit_shown.is_some() { ", the red line" } else { "" }),
-                    None => "estimated peaks of this run's config with one memory setting changed".to_string(),
+                    Some(l) => format!("estimated peaks of this run's config with one memory setting changed (and the two that cut activations most, together); \"fits\": reserved within {} ({}{})",
+                        format_bytes(l), if budget.is_some() { "the budget typed below" } else { "the cap, else the device's memory" },
+                        if limit_shown.is_some() { ", the red line" } else { "" }),
+                    None => "estimated peaks of this run's config with one memory setting changed (and the two that cut activations most, together)".to_string(),
                 }}</p>
                 <table id="whatif-table">
                     <tr><th>"change"</th><th class="num">"peak"</th><th class="num">"reserved"</th><th class="num">"peak vs run"</th><th>"fits"</th><th>"peak / reserved"</th></tr>
@@ -218,10 +224,19 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
             .into_any()
         }
     };
+    let bad = move || typed.with(|t| !t.trim().is_empty() && parse_bytes(t, u64::MAX).is_none());
     view! {
         <section id="whatif">
             <h2>"What if: other memory policies (exact estimate)"</h2>
             {body}
+            <p class="small">
+                <label>"Will it fit in "
+                    <input id="whatif-budget" type="text" size="10" placeholder="e.g. 8 GiB"
+                        prop:value=move || typed.get()
+                        on:input=move |ev| typed.set(event_target_value(&ev)) />
+                </label>
+                {move || bad().then(|| view! { <span class="nofit">" not a size (like 8 GiB, 5.4 GB, 512 MiB)"</span> })}
+            </p>
         </section>
     }
 }
