@@ -8,8 +8,8 @@
 set -uo pipefail
 bin=$1; out=$2; mkdir -p "$out"; here=$(dirname "$0")
 per=${PER_GPU:-188}
-# PART=wgtrain or PART=torch runs one side only.
-[ "${PART:-all}" = torch ] || for pol in zero0 zero3 zero3-offload; do
+# PART=wgtrain or PART=torch runs one side only; POLICIES="zero0 zero3" some of ours.
+[ "${PART:-all}" = torch ] || for pol in ${POLICIES:-zero0 zero3 zero3-offload}; do
 for extra in none checkpoint fp16; do
     tag="$pol-$extra"
     sets=(--set model.kind='"resnet"' --set model.depth=50 --set data.kind='"synthetic_images"'
