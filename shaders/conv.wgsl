@@ -1,7 +1,8 @@
 // The gathers around a 2-D convolution's products (engine/src/kernels/conv.rs), on
 // NHWC activations, one thread per W elements written (W = 4 where a group's channels
 // are a multiple of 4: vec4 loads and stores along the channels).
-//   MODE 0 im2col: the columns of images [rows = n P Q, cols = G LD] from x [N, H, W, C]:
+//   MODE 0 im2col: the columns of images [rows = n P Q, cols = G LD] from x [N, H, W, C]
+//          (a thread writes one vector of RB consecutive rows):
 //          column j = (r S + s) Cg + c of group g (g LD + j) of row (n, p, q) is
 //          x[n, p sh + r dh - ph, q sw + s dw - pw, g Cg + c], zero outside the image
 //          and in the pad columns j >= Cg R S (LD rounds a group's width up so that
@@ -30,6 +31,7 @@ struct Params {
 
 const MODE: u32 = {{MODE}}u;
 const W: u32 = {{W}}u;
+const RB: u32 = 8u;   // rows a thread of MODE 0 writes
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -41,23 +43,44 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let per = cg * rs;
     let cols = p.groups * p.ld;
     if MODE == 0u {
-        let row = e / cols;
-        let col = e % cols;
+        // Thread t writes vector v of RB consecutive rows from row0: its column's tap
+        // and channel are worked out once, the rows' pixels by stepping along q (integer
+        // division per element made this pass ALU-bound on the H100).
+        let v = t % (cols / W);
+        let row0 = (t / (cols / W)) * RB;
+        let col = v * W;
         let g = col / p.ld;
         let j = col % p.ld;
         let ci = j % cg;
         let rr = (j / cg) / p.s;
         let ss = (j / cg) % p.s;
-        let q = row % p.q;
-        let pp = (row / p.q) % p.p;
-        let n = row / (p.p * p.q);
-        let hh = i32(pp * p.sh + rr * p.dh) - i32(p.ph);
-        let ww = i32(q * p.sw + ss * p.dw) - i32(p.pw);
-        var v = {{VD}}();
-        if j < per && hh >= 0 && hh < i32(p.h) && ww >= 0 && ww < i32(p.w) {
-            v = {{VD}}(src[(p.src_off + ((n * p.h + u32(hh)) * p.w + u32(ww)) * p.c + g * cg + ci) / W]);
+        let rows = p.n * p.p * p.q;
+        var q = row0 % p.q;
+        var pp = (row0 / p.q) % p.p;
+        var n = row0 / (p.p * p.q);
+        let live = j < per;
+        let dy = i32(rr * p.dh) - i32(p.ph);
+        let dx = i32(ss * p.dw) - i32(p.pw);
+        for (var i = 0u; i < RB; i++) {
+            let row = row0 + i;
+            if row >= rows { break; }
+            let hh = i32(pp * p.sh) + dy;
+            let ww = i32(q * p.sw) + dx;
+            var x = {{VD}}();
+            if live && hh >= 0 && hh < i32(p.h) && ww >= 0 && ww < i32(p.w) {
+                x = {{VD}}(src[(p.src_off + ((n * p.h + u32(hh)) * p.w + u32(ww)) * p.c + g * cg + ci) / W]);
+            }
+            dst[(p.dst_off + row * cols + col) / W] = x;
+            q += 1u;
+            if q == p.q {
+                q = 0u;
+                pp += 1u;
+                if pp == p.p {
+                    pp = 0u;
+                    n += 1u;
+                }
+            }
         }
-        dst[(p.dst_off + e) / W] = v;
     } else if MODE == 1u {
         let ch = e % p.c;
         let x = (e / p.c) % p.w;
@@ -68,13 +91,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         var acc = {{VD}}();
         for (var r = 0u; r < p.r; r++) {
             let ty = i32(y + p.ph) - i32(r * p.dh);
-            if ty < 0 || u32(ty) % p.sh != 0u { continue; }
-            let pp = u32(ty) / p.sh;
+            if ty < 0 { continue; }
+            // Stride 1 (most layers) needs no division.
+            var pp = u32(ty);
+            if p.sh != 1u {
+                if pp % p.sh != 0u { continue; }
+                pp /= p.sh;
+            }
             if pp >= p.p { continue; }
             for (var s = 0u; s < p.s; s++) {
                 let tx = i32(x + p.pw) - i32(s * p.dw);
-                if tx < 0 || u32(tx) % p.sw != 0u { continue; }
-                let q = u32(tx) / p.sw;
+                if tx < 0 { continue; }
+                var q = u32(tx);
+                if p.sw != 1u {
+                    if q % p.sw != 0u { continue; }
+                    q /= p.sw;
+                }
                 if q >= p.q { continue; }
                 acc += {{VD}}(src[(p.src_off + ((n * p.p + pp) * p.q + q) * cols + col0 + (r * p.s + s) * cg) / W]);
             }

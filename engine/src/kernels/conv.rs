@@ -222,6 +222,9 @@ impl ConvShape {
     }
 }
 
+/// Rows one im2col thread writes (RB in shaders/conv.wgsl).
+const ROWS_A_THREAD: usize = 8;
+
 fn gather(rt: &Runtime, mode: u32, shape: &ConvShape, src: &Tensor, dst: &Tensor) -> Result<(), Error> {
     let (ts, td) = (src.dtype(), dst.dtype());
     check_tensor("convolution gather source", src, ts)?;
@@ -250,7 +253,13 @@ fn gather(rt: &Runtime, mode: u32, shape: &ConvShape, src: &Tensor, dst: &Tensor
         },
         || render("conv", SOURCE, &variant(mode, ts, td, w)),
     )?;
-    let threads = dst.numel() / w as usize;
+    // im2col's threads each write one vector of ROWS_A_THREAD rows.
+    let threads = if mode == 0 {
+        let cols = shape.groups * shape.ld();
+        (dst.numel() / cols).div_ceil(ROWS_A_THREAD) * (cols / w as usize)
+    } else {
+        dst.numel() / w as usize
+    };
     let params = shape.params(threads, src.offset(), dst.offset());
     rt.launch(
         &kernel,
