@@ -2,8 +2,8 @@
 // written, as PyTorch computes it:
 //   MODE 0 max forward: y[n, p, q, c] = the window's largest (NaN wins; padding never).
 //   MODE 1 max backward: dx[n, h, w, c] sums dy over the windows whose first largest
-//          element is (h, w), each window's argmax found again from x (nothing saved
-//          beyond x).
+//          element is (h, w), each window's argmax found again from x; with the forward's
+//          output kept (p.kept), only where x equals the window's largest.
 //   MODE 2 average forward, MODE 3 average backward: the window's mean; the divisor
 //          counts padding when p.include_pad (PyTorch's count_include_pad) and not past
 //          the padded edge. With p.adaptive, output i covers
@@ -15,13 +15,15 @@ struct Params {
     n: u32, h: u32, w: u32, c: u32,
     p: u32, q: u32, kh: u32, kw: u32,
     sh: u32, sw: u32, ph: u32, pw: u32,
-    adaptive: u32, include_pad: u32, total: u32, _a: u32,
+    adaptive: u32, include_pad: u32, total: u32, kept: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
 @group(0) @binding(2) var<storage, read_write> src: array<{{TS}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<{{TD}}>;
+// MODE 1 with p.kept: the forward's output (else x again, unread).
+@group(0) @binding(4) var<storage, read_write> ymax: array<{{TX}}>;
 
 const MODE: u32 = {{MODE}}u;
 
@@ -118,6 +120,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             if i32(yy) < win.y0 || i32(yy) >= win.y1 || i32(xx) < win.x0 || i32(xx) >= win.x1 { continue; }
             let g = f32(src[((n * p.p + i) * p.q + j) * p.c + c]);
             if MODE == 1u {
+                // Where the window's largest is kept, only an element equal to it (or a
+                // NaN where it is NaN) can be its first largest: ties are searched.
+                if p.kept != 0u {
+                    let top = f32(ymax[((n * p.p + i) * p.q + j) * p.c + c]);
+                    let v = f32(x[e]);
+                    if v != top && !(v != v && top != top) { continue; }
+                }
                 if argmax(n, i, j, c) == e { acc += g; }
             } else {
                 acc += g / win.div;

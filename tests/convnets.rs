@@ -381,8 +381,17 @@ fn pools_match_pytorch_windows_forward_and_backward() {
         let y = p.forward(&rt, &xt, DType::F32, "y").unwrap();
         assert_close_within(&rt, &format!("pool {p:?}"), &y, &y_want, (1e-6, 1e-5));
         let dyt = upload(&rt, &dy, &[n, oh, ow, c], DType::F32);
-        let dx = p.backward(&rt, &xt, &dyt, Category::Other).unwrap();
-        assert_close_within(&rt, &format!("pool backward {p:?}"), &dx, &dx_want, (1e-6, 1e-5));
+        // Without the forward's output, and (a max pool) with it: the same gradient.
+        for kept in [None, Some(&y)] {
+            let dx = p.backward(&rt, &xt, kept, &dyt, Category::Other).unwrap();
+            assert_close_within(
+                &rt,
+                &format!("pool backward {p:?}, kept {}", kept.is_some()),
+                &dx,
+                &dx_want,
+                (1e-6, 1e-5),
+            );
+        }
     }
     let bad = pool(PoolKind::Max, 2, 2, 2).out_hw(8, 8).unwrap_err().to_string();
     assert!(bad.contains("half the kernel"), "{bad}");

@@ -61,7 +61,8 @@ struct Params {
     adaptive: u32,
     include_pad: u32,
     total: u32,
-    pad: u32,
+    /// 1 where a max pool's backward binds the forward's output.
+    kept: u32,
 }
 
 /// The template values of one variant (mode 0 max, 1 max backward, 2 average, 3
@@ -119,7 +120,7 @@ impl Pool {
             adaptive: u32::from(self.kind == PoolKind::AdaptiveAvg),
             include_pad: u32::from(matches!(self.kind, PoolKind::Avg { include_pad: true })),
             total: total as u32,
-            pad: 0,
+            kept: 0,
         }
     }
 
@@ -128,13 +129,16 @@ impl Pool {
         base + u32::from(backward)
     }
 
-    fn run(&self, rt: &Runtime, backward: bool, x: &Tensor, src: &Tensor, dst: &Tensor) -> Result<(), Error> {
+    /// One launch; `y` is a max pool's output for its backward, if kept.
+    fn run(&self, rt: &Runtime, backward: bool, x: &Tensor, y: Option<&Tensor>, [src, dst]: [&Tensor; 2]) -> Result<(), Error> {
+        let kept = u32::from(y.is_some());
+        let y = y.unwrap_or(x);
         let mode = self.mode(backward);
         let (tx, ts, td) = (x.dtype(), src.dtype(), dst.dtype());
         require_f16(rt, &[tx, ts, td])?;
         let kernel = rt.kernel(
             KernelKey::new("pool", &[mode, tx as u32, ts as u32, td as u32]),
-            3,
+            4,
             || {
                 format!(
                     "pool {} {}->{}",
@@ -150,18 +154,21 @@ impl Pool {
             .try_into()
             .map_err(|_| Error::shape("pool input", "NHWC", format!("{:?}", x.shape())))?;
         let out = self.out_hw(h, w)?;
-        if [x, src, dst].iter().any(|t| t.offset() != 0 || !t.is_contiguous()) {
+        if [x, y, src, dst].iter().any(|t| t.offset() != 0 || !t.is_contiguous()) {
             return Err(Error::invalid("pool", "whole contiguous tensors (offset 0)"));
         }
         let total = dst.numel();
         if total > u32::MAX as usize || x.numel() > u32::MAX as usize {
             return Err(Error::shape("pool", "fewer than 2^32 elements", total.max(x.numel())));
         }
-        let params = self.params([n, h, w, c], out, total);
+        let params = Params {
+            kept,
+            ..self.params([n, h, w, c], out, total)
+        };
         rt.launch(
             &kernel,
             bytemuck::bytes_of(&params),
-            &[x, src, dst],
+            &[x, src, dst, y],
             grid(total.div_ceil(256) as u32),
         )
     }
@@ -178,12 +185,15 @@ impl Pool {
         check_contiguous("pool input", x, &[n, h, w, c])?;
         let (p, q) = self.out_hw(h, w)?;
         let y = Tensor::empty(rt, &[n, p, q, c], out, Category::Activation, label)?;
-        self.run(rt, false, x, x, &y)?;
+        self.run(rt, false, x, None, [x, &y])?;
         Ok(y)
     }
 
-    /// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, C] and the forward's input x.
-    pub fn backward(&self, rt: &Runtime, x: &Tensor, dy: &Tensor, category: Category) -> Result<Tensor, Error> {
+    /// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, C] and the forward's input x;
+    /// a max pool also takes the forward's output `y` (in x's dtype) where it has it: a
+    /// window is then searched for its first largest element only where an element
+    /// equals the window's largest.
+    pub fn backward(&self, rt: &Runtime, x: &Tensor, y: Option<&Tensor>, dy: &Tensor, category: Category) -> Result<Tensor, Error> {
         let [n, h, w, c]: [usize; 4] = x
             .shape()
             .try_into()
@@ -191,8 +201,18 @@ impl Pool {
         let (p, q) = self.out_hw(h, w)?;
         check_contiguous("pool gradient", dy, &[n, p, q, c])?;
         check_tensor("pool gradient", dy, dy.dtype())?;
+        let y = match y {
+            Some(y) if self.kind == PoolKind::Max => {
+                check_contiguous("pool output", y, &[n, p, q, c])?;
+                if y.dtype() != x.dtype() {
+                    return Err(Error::invalid("max pool backward", "the forward's output in its input's dtype"));
+                }
+                Some(y)
+            }
+            _ => None,
+        };
         let dx = Tensor::empty(rt, x.shape(), DType::F32, category, "dx")?;
-        self.run(rt, true, x, dy, &dx)?;
+        self.run(rt, true, x, y, [dy, &dx])?;
         Ok(dx)
     }
 }

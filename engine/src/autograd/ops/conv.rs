@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::batchnorm::{self, Stats};
 use crate::kernels::conv::{self, ConvShape};
-use crate::kernels::pool::Pool;
+use crate::kernels::pool::{Pool, PoolKind};
 use crate::kernels::reduce::sum_rows;
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -184,17 +184,20 @@ pub fn batch_norm(
     ))
 }
 
-/// A max, average or adaptive average pool over x [N, H, W, C]; backward keeps x.
+/// A max, average or adaptive average pool over x [N, H, W, C]; backward keeps x (and a
+/// max pool its output, which the next layer keeps anyway: most windows then need no
+/// search for their argmax).
 pub fn pool2d(tape: &mut Tape, rt: &Runtime, x: &Var, pool: Pool, label: &str) -> Result<Var, Error> {
     nhwc(&x.value, label)?;
     let xs = whole(rt, &x.value)?;
     let y = pool.forward(rt, &xs, xs.dtype(), label)?;
+    let kept = (pool.kind == PoolKind::Max).then(|| y.clone());
     Ok(tape.record(
         y,
         &[x],
         Box::new(move |rt, dy, cats| {
             let dy = whole(rt, dy)?;
-            Ok(vec![Some(pool.backward(rt, &xs, &dy, cats[0])?)])
+            Ok(vec![Some(pool.backward(rt, &xs, kept.as_ref(), &dy, cats[0])?)])
         }),
     ))
 }
