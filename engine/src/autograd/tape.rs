@@ -12,7 +12,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::memory::Category;
 use crate::runtime::Runtime;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Identifies a value on the tape.
 pub type VarId = usize;
@@ -220,11 +220,24 @@ impl Default for Tape {
 }
 
 /// Adds `g` into `slot` (taking `g` on first use). In place only when nobody else holds
-/// the slot's block (an op may hand one gradient to several inputs).
+/// the slot's block (an op may hand one gradient to several inputs). An f16 gradient
+/// meeting an f32 one is summed in f32.
 fn accumulate(rt: &Runtime, slot: &mut Option<Tensor>, g: Tensor, category: Category, label: &str) -> Result<(), Error> {
     match slot.take() {
         None => *slot = Some(g),
         Some(existing) => {
+            let wide = |t: Tensor| -> Result<Tensor, Error> {
+                if t.dtype() == DType::F16 {
+                    t.cast(rt, DType::F32, category, label)
+                } else {
+                    Ok(t)
+                }
+            };
+            let (existing, g) = if existing.dtype() != g.dtype() {
+                (wide(existing)?, wide(g)?)
+            } else {
+                (existing, g)
+            };
             if g.shape() != existing.shape() {
                 return Err(Error::shape(
                     "gradient accumulation",

@@ -155,6 +155,7 @@ fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Para
                 dts[0] as u32,
                 dts[1] as u32,
                 dts[2] as u32,
+                dts[3] as u32,
                 u32::from(ep.relu) | u32::from(ep.residual) << 1 | w << 2,
             ],
         ),
@@ -378,8 +379,8 @@ pub fn grad_finalize(
     Ok([gcoef, dgamma, dbeta])
 }
 
-/// dx (f32, `cats[0]`) and, with `residual`, the residual's gradient (`cats[1]`); the
-/// ReLU's mask from `relu_out` when given.
+/// dx (in `out`, `cats[0]`) and, with `residual`, the residual's gradient (`cats[1]`,
+/// in `out` too); the ReLU's mask from `relu_out` when given.
 #[allow(clippy::too_many_arguments)]
 pub fn grad_apply(
     rt: &Runtime,
@@ -389,13 +390,12 @@ pub fn grad_apply(
     coef: &Tensor,
     gcoef: &Tensor,
     residual: bool,
-    cats: [Category; 2],
+    (out, cats): (DType, [Category; 2]),
 ) -> Result<(Tensor, Option<Tensor>), Error> {
     let (m, c) = rows_channels(x);
-    let dx = Tensor::empty(rt, x.shape(), DType::F32, cats[0], "dx")?;
-    let dres = residual
-        .then(|| Tensor::empty(rt, x.shape(), DType::F32, cats[1], "dres"))
-        .transpose()?;
+    require_f16(rt, &[out])?;
+    let dx = Tensor::empty(rt, x.shape(), out, cats[0], "dx")?;
+    let dres = residual.then(|| Tensor::empty(rt, x.shape(), out, cats[1], "dres")).transpose()?;
     let ep = Epilogue {
         relu: relu_out.is_some(),
         residual,
@@ -404,7 +404,7 @@ pub fn grad_apply(
     launch(
         rt,
         Pass::GradApply,
-        [x.dtype(), y.dtype(), dy.dtype(), DType::F32],
+        [x.dtype(), y.dtype(), dy.dtype(), out],
         ep,
         &base(m, c),
         &[x, y, dy, coef, gcoef, &dx, dres.as_ref().unwrap_or(&dx)],

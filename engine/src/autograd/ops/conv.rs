@@ -4,7 +4,8 @@
 //!
 //! Under fp16-mixed a convolution reads f16 input and weight (autocast's conv) and
 //! writes f16; BatchNorm reads that f16 and computes in f32 with f32 statistics and
-//! parameters, writing f16; gradients stay f32.
+//! parameters, writing f16; its input's gradient is f16 (what the convolution before
+//! reads), other gradients f32.
 //!
 //! May call: `autograd::{ops, tape}`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
@@ -156,6 +157,14 @@ pub fn batch_norm(
     // and needs no residual.
     let relu_out = opts.relu.then(|| y.clone());
     let has_residual = residual.is_some();
+    // Under fp16-mixed an f16 input's gradient is f16, as autocast's is (the convolution
+    // before reads it as its products' operand: no cast), except where the residual's
+    // gradient, written alongside, meets an f32 one.
+    let dx_dtype = if tape.half_matmuls() && xs.dtype() == DType::F16 && !has_residual {
+        DType::F16
+    } else {
+        DType::F32
+    };
     drop(res);
     Ok(tape.record(
         y,
@@ -174,7 +183,16 @@ pub fn batch_norm(
                 [gcoef, _, _] = batchnorm::grad_finalize(rt, &all, &coef, total, !training, cat)?;
             }
             let res_cat = cats.get(3).copied().unwrap_or(Category::Temporary);
-            let (dx, dres) = batchnorm::grad_apply(rt, &xs, relu_out.as_ref(), &dy, &coef, &gcoef, has_residual, [cats[0], res_cat])?;
+            let (dx, dres) = batchnorm::grad_apply(
+                rt,
+                &xs,
+                relu_out.as_ref(),
+                &dy,
+                &coef,
+                &gcoef,
+                has_residual,
+                (dx_dtype, [cats[0], res_cat]),
+            )?;
             let mut out = vec![Some(dx), Some(dgamma), Some(dbeta)];
             if let Some(d) = dres {
                 out.push(Some(d));
