@@ -1,8 +1,9 @@
 //! Screenshots of every dashboard view of a finished run at 1400 and 800 px, for the
 //! docs: `cargo run --release --example dashboard_screenshots -- RUNS_DIR RUN OUT_DIR
-//! [COMPARED_RUN...]` (RUNS_DIR holds RUN.jsonl and RUN.memory.json from `wgtrain
-//! train --log`, and the compared runs' logs; Debian's chromium must be installed).
-//! Writes OUT_DIR/dashboard-VIEW-WIDTH.png for each view, and the whole page.
+//! [COMPARED_RUN...] [--budget=SIZE]` (RUNS_DIR holds RUN.jsonl and RUN.memory.json
+//! from `wgtrain train --log`, and the compared runs' logs; Debian's chromium must be
+//! installed). Writes OUT_DIR/dashboard-VIEW-WIDTH.png for each view, and the whole
+//! page; with a budget, typed into the what-if panel's "Will it fit in" first.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,9 +15,10 @@ use wgtrain_web::{Dashboard, Options};
 const VIEWS: [&str; 6] = ["memory", "peak-panel", "whatif", "timeline", "allocator", "training"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (budget, args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--budget="));
+    let budget = budget.last().map(|b| b["--budget=".len()..].to_string());
     let [runs, run, out, compared @ ..] = args.as_slice() else {
-        return Err("usage: dashboard_screenshots RUNS_DIR RUN OUT_DIR [COMPARED_RUN...]".into());
+        return Err("usage: dashboard_screenshots RUNS_DIR RUN OUT_DIR [COMPARED_RUN...] [--budget=SIZE]".into());
     };
     let d = Dashboard::start(Options {
         addr: "127.0.0.1:0".parse()?,
@@ -48,6 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tab.wait_for_element("#whatif-table")?;
         if !compared.is_empty() {
             tab.wait_for_element("#config-diff")?;
+        }
+        if let Some(b) = &budget {
+            tab.find_element("#whatif-budget")?.click()?;
+            tab.type_str(b)?;
         }
         std::thread::sleep(Duration::from_millis(500));
         for view in VIEWS {

@@ -517,11 +517,9 @@ fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(S
             });
         }
     }
-    let micro = config
-        .train
-        .micro_batch_size
-        .unwrap_or(config.train.batch_size)
-        .min(config.train.batch_size);
+    // Micro-batches split each device's share of the batch.
+    let share = config.train.batch_size.div_ceil(config.parallel.world().max(1));
+    let micro = config.train.micro_batch_size.unwrap_or(share).min(share);
     if micro >= 2 {
         with(format!("train.micro_batch_size = {}", micro / 2), &|c| {
             c.train.micro_batch_size = Some(micro / 2);
