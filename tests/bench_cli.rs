@@ -152,3 +152,27 @@ fn resnet_convolution_rows_check_out_for_every_pass() {
         assert!(r["gflops"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+/// The whole quick run (every row at small shapes: a smoke check of each kernel) checks
+/// out and says each row on standard error as it is measured; a flagged row says what
+/// varied.
+#[test]
+fn the_quick_run_checks_every_row_and_reports_as_it_goes() {
+    let dir = scratch("bench-quick");
+    let json = dir.join("rows.json");
+    let out = wgtrain(&["bench", "--quick", "--json", json.to_str().unwrap()], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // Kernel rows (allocator rows have no reference and report nothing as they go).
+    let checked: Vec<&serde_json::Value> = rows.iter().filter(|r| r["max_abs_err"].is_number()).collect();
+    assert!(checked.len() > 60, "{} rows", checked.len());
+    for r in &checked {
+        let line = format!("  {} {} ", r["kernel"].as_str().unwrap(), r["dtype"].as_str().unwrap());
+        assert!(err.contains(&line), "no progress line '{line}' in\n{err}");
+        assert_eq!(r["ok"], true, "{r}");
+        if let Some(flag) = r["flag"].as_str().filter(|f| f.contains("spread")) {
+            assert!(flag.contains("p10") && flag.contains("p90"), "{flag}");
+        }
+    }
+}

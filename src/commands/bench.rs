@@ -131,6 +131,17 @@ pub fn run(args: BenchArgs) -> CliResult {
             );
         }
         bench::measure::set_launches(args.launches as usize);
+        bench::measure::set_quick(args.quick);
+        // Each row as it is measured, so a long run is never silent.
+        bench::measure::on_row(|r| {
+            eprintln!(
+                "  {} {} {:.1} us{}",
+                r.kernel,
+                r.dtype,
+                r.median_us,
+                if r.ok { "" } else { " (does not check out)" }
+            )
+        });
         bench::measure::set_splits(args.splits.map(|n| n as usize));
         if !args.matmul.is_empty() {
             for &shape in &args.matmul {

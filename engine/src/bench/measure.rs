@@ -3,7 +3,9 @@
 //! at least 300 ms: an idle GPU needs time to raise its clocks, a fixed count is not
 //! enough), then timed over enough repeats (at least 15 and 200 ms) and reported as the
 //! median with its spread, (p90 - p10) / median; a spread over 10%, or clocks that did
-//! not settle within 5 s of warm-up, flags the row with the reason. Also the inputs
+//! not settle within 5 s of warm-up, flags the row with the reason and the repeats'
+//! range. A quick run (`--quick`) warms and times each row for a third to a fifth of
+//! that and does not re-settle the clock. Also the inputs
 //! (a seeded generator) and the check against the f64 reference every case makes.
 //! Before a full run, [`settle`] brings an idle device to its working speed; a row whose
 //! first call spent long building pipelines (the device idling meanwhile) is settled
@@ -45,6 +47,28 @@ pub const SAMPLES: usize = 48;
 /// from an idle device, as the PyTorch peers' script times theirs; more time calls
 /// back to back, as a training step runs them, and report the time of one.
 static LAUNCHES: AtomicUsize = AtomicUsize::new(1);
+
+/// Quick runs (`wgtrain bench --quick`, a smoke check of every row): shorter warm-up and
+/// timing, and no re-settling of the clock after a row's pipelines were built (on a CPU
+/// adapter the settling load alone took seconds a row).
+static QUICK: AtomicUsize = AtomicUsize::new(0);
+
+/// Times the rows after it as a quick run (see [`QUICK`]) or a full one.
+pub fn set_quick(quick: bool) {
+    QUICK.store(usize::from(quick), Ordering::Relaxed);
+}
+
+fn quick() -> bool {
+    QUICK.load(Ordering::Relaxed) != 0
+}
+
+/// Called with each row as it is recorded (the CLI prints progress through it).
+static PROGRESS: std::sync::OnceLock<fn(&BenchRecord)> = std::sync::OnceLock::new();
+
+/// Sets the function told of each row as it is recorded (once per process).
+pub fn on_row(f: fn(&BenchRecord)) {
+    let _ = PROGRESS.set(f);
+}
 
 /// Sets the launches per timed sample (at least 1) for the rows timed after it.
 pub fn set_launches(n: usize) {
@@ -188,9 +212,15 @@ pub fn time(rt: &Runtime, mut one: impl FnMut() -> Result<(), Error>) -> Result<
     };
     let first = Instant::now();
     rt.time(&mut f)?;
-    if first.elapsed() >= COMPILED {
+    let quick = quick();
+    if first.elapsed() >= COMPILED && !quick {
         settle_clock(rt, RESETTLE_MIN, RESETTLE_QUIET)?;
     }
+    let (min_warmup, max_warmup, min_timed) = if quick {
+        (MIN_WARMUP / 3, MAX_WARMUP / 5, MIN_TIMED / 4)
+    } else {
+        (MIN_WARMUP, MAX_WARMUP, MIN_TIMED)
+    };
     let start = Instant::now();
     let mut last: Option<f64> = None;
     let mut unsettled = false;
@@ -201,10 +231,10 @@ pub fn time(rt: &Runtime, mut one: impl FnMut() -> Result<(), Error>) -> Result<
         }
         let m = median(&mut window);
         let stable = last.is_some_and(|l| (m - l).abs() <= STABLE * l.max(1e-12));
-        if stable && start.elapsed() >= MIN_WARMUP {
+        if stable && start.elapsed() >= min_warmup {
             break;
         }
-        if start.elapsed() >= MAX_WARMUP {
+        if start.elapsed() >= max_warmup {
             unsettled = true;
             break;
         }
@@ -212,7 +242,7 @@ pub fn time(rt: &Runtime, mut one: impl FnMut() -> Result<(), Error>) -> Result<
     }
     let timed = Instant::now();
     let mut samples = Vec::new();
-    while samples.len() < MAX_REPEATS && (samples.len() < MIN_REPEATS || timed.elapsed() < MIN_TIMED) {
+    while samples.len() < MAX_REPEATS && (samples.len() < MIN_REPEATS || timed.elapsed() < min_timed) {
         samples.push(rt.time(&mut f)? * 1e6 / launches as f64);
     }
     let median_us = median(&mut samples);
@@ -220,12 +250,23 @@ pub fn time(rt: &Runtime, mut one: impl FnMut() -> Result<(), Error>) -> Result<
     let mut reasons = Vec::new();
     if unsettled {
         reasons.push(format!(
-            "time not stable within {STABLE:.0e} after {} s of warm-up",
-            MAX_WARMUP.as_secs()
+            "time not stable within {STABLE:.0e} after {:.1} s of warm-up",
+            max_warmup.as_secs_f64()
         ));
     }
     if spread > MAX_SPREAD {
-        reasons.push(format!("spread {:.0}% over {} repeats", 100.0 * spread, samples.len()));
+        // What varied: the repeats' range, and why on a CPU adapter.
+        let (lo, hi) = (percentile(&samples, 0.1), percentile(&samples, 0.9));
+        reasons.push(format!(
+            "spread {:.0}% over {} repeats: p10 {lo:.1} us, p90 {hi:.1} us{}",
+            100.0 * spread,
+            samples.len(),
+            if rt.gpu.report.device_type == "cpu" {
+                " (a CPU adapter shares its cores with the host's other work)"
+            } else {
+                ""
+            }
+        ));
     }
     Ok(Timing {
         median_us,
@@ -254,7 +295,7 @@ pub struct Row<'a> {
 pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<'_>) -> BenchRecord {
     let (abs, rel, ok) = compare(row.got, row.want, row.tol.0, row.tol.1);
     let us = t.median_us;
-    BenchRecord {
+    let r = BenchRecord {
         kernel: kernel.into(),
         dtype: dtype.wgsl().into(),
         shape: shape.iter().map(|&d| d as u64).collect(),
@@ -272,7 +313,11 @@ pub fn record(kernel: &str, dtype: DType, shape: &[usize], t: &Timing, row: Row<
         } else {
             serde_json::Value::Null
         },
+    };
+    if let Some(progress) = PROGRESS.get() {
+        progress(&r);
     }
+    r
 }
 
 /// How long [`settle`] ran, and whether the device's speed plateaued.
