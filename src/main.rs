@@ -34,7 +34,7 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Train a model from a TOML config.
     Train(commands::train::TrainArgs),
-    /// Serve the dashboard over finished runs.
+    /// Serve the dashboard over a folder of runs, finished or still being written.
     Dashboard(commands::dashboard::DashboardArgs),
     /// Predict a training step's peak memory by category without running it.
     Estimate(commands::estimate::EstimateArgs),

@@ -423,3 +423,24 @@ fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
     assert_eq!(number(&shown.get_attribute_value("data-host-bytes").unwrap().unwrap()) as u64, host);
     save_view(&tab, "devices");
 }
+
+#[test]
+fn an_empty_runs_folder_says_so_in_every_panel() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-browser-empty-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let browser = launch(2000);
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(120));
+    tab.navigate_to(&d.url()).unwrap();
+    let whatif = tab.wait_for_element("#whatif p.empty").unwrap();
+    // Not "estimating..." forever: there is nothing to estimate.
+    let said = whatif.get_inner_text().unwrap();
+    assert_eq!(said, "no run selected");
+}

@@ -150,6 +150,7 @@ pub fn WhatIfPanel(ctx: Ctx) -> impl IntoView {
         });
     });
     let body = move || match view_.get() {
+        None if ctx.run_name.with(Option::is_none) => view! { <p class="empty">"no run selected"</p> }.into_any(),
         None => view! { <p class="empty">"estimating..."</p> }.into_any(),
         Some(Err(e)) => view! { <p class="empty">{e}</p> }.into_any(),
         Some(Ok(w)) if w.options.is_empty() => {
