@@ -145,6 +145,13 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     assert_eq!(sizes.iter().sum::<u64>(), top);
     let by_cat: u64 = p["by_category"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(by_cat, top);
+    // One source of truth: the peak panel's categories are the log's at the peak (the
+    // allocator's), not another moment's with the same total.
+    let top_line = steps.iter().find(|l| l["step"] == top_step).unwrap();
+    for (cat, bytes) in top_line["mem"]["at_peak"].as_object().unwrap() {
+        let shown = p["by_category"].get(cat).and_then(Value::as_u64).unwrap_or(0);
+        assert_eq!(shown, bytes.as_u64().unwrap(), "{cat}: panel {shown}, log {bytes}");
+    }
     assert!(p["blocks"][0]["label"].as_str().is_some_and(|l| !l.is_empty()));
     let (status, p3) = json(d.addr, "/api/runs/mlp/peak?step=3");
     assert_eq!((status, p3["peak_bytes"].as_u64()), (200, Some(peak)));
@@ -860,4 +867,50 @@ fn running_out_of_file_descriptors_backs_off_and_recovers() {
     let out = child.wait_with_output().unwrap();
     let warnings = String::from_utf8_lossy(&out.stderr).matches("accept failed").count();
     assert!(warnings < 20, "{warnings} accept warnings");
+}
+
+/// A char GPT's peak has two moments with the same total (its categories differ):
+/// the peak endpoint (what the peak panel shows) gives the log's make-up, the
+/// allocator's, at every step.
+#[test]
+fn a_gpt_peaks_categories_are_the_logs() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-api-gpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("gpt.jsonl");
+    let config = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/configs/char_gpt.toml")).unwrap();
+    let mut sets: Vec<String> = ["model.n_layer=2", "train.steps=4", "train.eval_every=1000"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    sets.push(format!("checkpoint.dir=\"{}\"", dir.join("ck").display()));
+    Trainer::new(Config::parse(&config, &sets).unwrap(), None)
+        .unwrap()
+        .run(&RunOptions {
+            log: Some(log.clone()),
+            observer: Some(Recorder::new("gpt", Some(record_path(&log)))),
+            ..Default::default()
+        })
+        .unwrap();
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &Value| v.get("mem").is_some())
+        .collect();
+    for line in &lines {
+        let step = line["step"].as_u64().unwrap();
+        let (status, p) = json(d.addr, &format!("/api/runs/gpt/peak?step={step}"));
+        assert_eq!(status, 200, "{p}");
+        for (cat, bytes) in line["mem"]["at_peak"].as_object().unwrap() {
+            let shown = p["by_category"].get(cat).and_then(Value::as_u64).unwrap_or(0);
+            assert_eq!(shown, bytes.as_u64().unwrap(), "step {step}, {cat}: panel {shown}, log {bytes}");
+        }
+    }
 }

@@ -308,8 +308,9 @@ pub struct PeakBlock {
 }
 
 impl StepMemory {
-    /// The blocks alive at the step's peak: the first event after which the live bytes
-    /// are largest (a band is alive from its allocation's event to before its free's).
+    /// The blocks alive at the step's peak: the last event after which the live bytes
+    /// are largest, as the allocator's `at_peak` counts it (a band is alive from its
+    /// allocation's event to before its free's).
     pub fn peak(&self) -> PeakView {
         let mut deltas: Vec<(u64, i128)> = Vec::with_capacity(2 * self.bands.len());
         for b in &self.bands {
@@ -325,7 +326,9 @@ impl StepMemory {
                 live += deltas[i].1;
                 i += 1;
             }
-            if live > best {
+            // The last moment at the largest total, as the allocator's `at_peak` is (a
+            // later moment with the same total can hold other categories).
+            if live >= best {
                 (best, at) = (live, seq);
             }
         }
@@ -358,5 +361,51 @@ impl StepMemory {
             by_category,
             blocks,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn band(label: &str, category: Category, size: u64, (start_seq, end_seq): (u64, u64)) -> Band {
+        Band {
+            label: label.into(),
+            category,
+            size,
+            requested: size,
+            start_us: start_seq,
+            end_us: end_seq,
+            start_seq,
+            end_seq,
+            phase: "forward".into(),
+            page: None,
+            offset: 0,
+        }
+    }
+
+    /// Two moments with the same total: the later one is the peak, as the allocator's
+    /// `at_peak` (updated whenever allocated bytes equal their peak) has it.
+    #[test]
+    fn the_peak_is_the_last_moment_at_the_largest_total() {
+        let t = StepMemory {
+            step: 1,
+            duration_us: 10,
+            events: 6,
+            bands: vec![
+                band("a", Category::Activation, 16, (1, 3)),
+                band("b", Category::Temporary, 4, (2, 6)),
+                band("c", Category::Activation, 14, (4, 6)),
+                band("d", Category::Temporary, 2, (5, 6)),
+            ],
+            ooms: Vec::new(),
+            events_dropped: 0,
+            pages: Vec::new(),
+            phases: Vec::new(),
+        };
+        let p = t.peak();
+        assert_eq!((p.peak_bytes, p.event), (20, 5));
+        assert_eq!(p.by_category["activation"], 14);
+        assert_eq!(p.by_category["temporary"], 6);
     }
 }
