@@ -51,6 +51,24 @@ fn numeric_settings_out_of_range_are_named() {
         let err = refused(&train_with(&dir, &[set]));
         assert!(err.contains(says), "{set}: {err}");
     }
+    // Values of the wrong type name the key and what it takes, in the config's words.
+    for (set, says) in [
+        (
+            "train.batch_size=\"abc\"",
+            "train.batch_size takes a whole number (0 or more), not the string \"abc\"",
+        ),
+        ("train.batch_size=-3", "train.batch_size takes a whole number (0 or more), not -3"),
+        ("train.lr=[1]", "train.lr takes a number, not a list"),
+        ("parallel.devices=3", "parallel.devices takes a list (like [1, 2]), not 3"),
+        (
+            "memory.optimizer_in_backward=3",
+            "memory.optimizer_in_backward takes true or false, not 3",
+        ),
+    ] {
+        let err = refused(&train_with(&dir, &[set]));
+        assert!(err.contains(says), "{set}: {err}");
+        assert!(!err.contains("usize") && !err.contains("sequence"), "serde's words: {err}");
+    }
     // A huge epoch count is refused, not wrapped into zero steps.
     let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.epochs=100000000000"]);
     args.retain(|a| a != "train.steps=2");

@@ -449,9 +449,10 @@ impl Config {
             set_key(&mut root, o)?;
         }
         check_names(&mut root)?;
-        let config: Config = toml::Value::Table(root)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid(type_message(&key, &e.into_inner().to_string()))
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -596,4 +597,42 @@ pub(super) fn int(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError
     } else {
         Ok(())
     }
+}
+
+/// A value of the wrong type for `key`, said in a config's words: serde's "invalid type:
+/// string \"abc\", expected usize" becomes "train.batch_size takes a whole number (0 or
+/// more), not the string \"abc\"".
+fn type_message(key: &str, serde: &str) -> String {
+    // toml adds "in `key`" on a line of its own; the key leads here instead.
+    let serde = serde.lines().next().unwrap_or_default();
+    let typed = serde.starts_with("invalid type: ") || serde.starts_with("invalid value: ");
+    let Some((got, expected)) = serde.split_once(", expected ").filter(|_| typed) else {
+        return if key.is_empty() || key == "." {
+            serde.to_string()
+        } else {
+            format!("{key}: {serde}")
+        };
+    };
+    let got = got
+        .trim_start_matches("invalid type: ")
+        .trim_start_matches("invalid value: ")
+        .replace("integer `", "")
+        .replace("floating point `", "")
+        .replace('`', "");
+    let got = match got.as_str() {
+        "sequence" => "a list".to_string(),
+        "map" => "a table".to_string(),
+        g if g.starts_with("string ") => format!("the {g}"),
+        g => g.to_string(),
+    };
+    let wants = match expected.trim() {
+        "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number (0 or more)",
+        "i64" | "i32" => "a whole number",
+        "f32" | "f64" => "a number",
+        "a boolean" => "true or false",
+        "a sequence" => "a list (like [1, 2])",
+        "a string" => "a string in quotes",
+        other => other,
+    };
+    format!("{key} takes {wants}, not {got}")
 }
