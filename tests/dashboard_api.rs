@@ -158,6 +158,26 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=x", None).0, 400);
     assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=99", None).0, 404);
 
+    // The curves as CSV: a row per log line, the log's values in their columns.
+    let (status, head, body) = get(d.addr, "/api/runs/mlp/curves.csv", None);
+    assert_eq!(status, 200);
+    assert!(head.contains("text/csv") && head.contains("mlp.curves.csv"), "{head}");
+    let csv = String::from_utf8(body).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
+    assert_eq!(rows.len(), log_lines.len() + 1, "a header and a row per line");
+    for (row, line) in rows[1..].iter().zip(&log_lines) {
+        assert_eq!(row[col("step")], line["step"].to_string());
+        if let Some(loss) = line["loss"].as_f64() {
+            assert_eq!(row[col("loss")].parse::<f64>().unwrap(), loss);
+            assert_eq!(row[col("peak_bytes")], line["mem"]["peak"].to_string());
+        }
+        if let Some(eval) = line["eval"]["loss"].as_f64() {
+            assert_eq!(row[col("eval_loss")].parse::<f64>().unwrap(), eval);
+        }
+    }
+    assert!(log_lines.iter().any(|l| l.get("eval").is_some()), "the run evaluates");
+
     // Exports.
     let (status, head, body) = get(d.addr, "/api/runs/mlp/snapshot.json", None);
     assert_eq!(status, 200);

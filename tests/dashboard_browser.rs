@@ -265,6 +265,15 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert!(rows.contains(&expected.blocks[1].label), "{rows}");
     assert!(rows.contains("backward") || rows.contains("forward"), "{rows}");
 
+    // The curves' CSV export is linked from the training panel.
+    let csv = tab2
+        .find_element("#curves-csv")
+        .unwrap()
+        .get_attribute_value("href")
+        .unwrap()
+        .unwrap();
+    assert!(csv.contains("/api/runs/browser/curves.csv"), "{csv}");
+
     // What-if: the run as configured (its estimate is the log's peak) and other policies.
     tab2.wait_for_element("#whatif-table").unwrap();
     let whatif = rec.with(|r| r.info.clone().unwrap().whatif);

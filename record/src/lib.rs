@@ -7,6 +7,7 @@
 
 pub mod bytes;
 pub mod category;
+pub mod csv;
 pub mod device;
 pub mod log;
 pub mod memory;
@@ -14,6 +15,7 @@ pub mod run;
 
 pub use bytes::{format_bytes, parse_bytes, short_bytes};
 pub use category::{Category, PoolKind};
+pub use csv::{CSV_COLUMNS, curves_csv};
 pub use device::{AdapterReport, CoopMatrixConfig, LimitsReport};
 pub use log::{EvalLog, KernelRow, MemLog, StepLog};
 pub use memory::{AllocId, Band, BlockView, Event, EventKind, PageId, PageView, PeakBlock, PeakView, PhaseSpan, StepMemory};

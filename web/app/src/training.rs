@@ -270,6 +270,9 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
                 <label><input type="checkbox" id="log-scale" on:change=move |ev| log_y.set(event_target_checked(&ev)) />" log scale (loss)"</label>
                 {move || zoom.get().map(|_| view! { <button id="training-unzoom" on:click=move |_| zoom.set(None)>"reset zoom"</button> })}
                 <span class="small">"drag across a chart to zoom"</span>
+                {move || ctx.run_name.get().map(|n| view! {
+                    <a id="curves-csv" href=api(&n, "/curves.csv") download>"download the curves (CSV)"</a>
+                })}
             </div>
             <div class="controls" id="compare">"compare with: " {compare_list}</div>
             {charts}

@@ -16,6 +16,8 @@
 //! * `/api/runs/{name}/stream`: server-sent events, one JSON frame per step (live runs).
 //! * `/api/runs/{name}/snapshot.json[?step=N]`, `/api/runs/{name}/snapshot.pickle[?step=N]`:
 //!   memory_viz exports of one step (default: the peak step), named after it.
+//! * `/api/runs/{name}/curves.csv`: every line of the log as a CSV row (the training
+//!   curves, memory and evaluations), for spreadsheets and pandas.
 //!
 //! May call: `recorder`, `viz`, `assets`, `wgtrain_record`. Called by: `lib`.
 
@@ -385,6 +387,31 @@ async fn snapshot_json(
     Ok(resp)
 }
 
+async fn curves_csv(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let lines = match find_run(&s, &name).await? {
+        Run::Live(r) => r.with(|r| r.lines.clone()),
+        Run::Finished(_, log) => {
+            blocking(move || {
+                let mut lines = Vec::new();
+                read_log(&log, |line| {
+                    lines.push(serde_json::from_str(line).map_err(|e| e.to_string())?);
+                    Ok(())
+                })?;
+                Ok(lines)
+            })
+            .await?
+        }
+    };
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
+            (header::CONTENT_DISPOSITION, download_name(&name, ".curves.csv")),
+        ],
+        wgtrain_record::curves_csv(&lines),
+    )
+        .into_response())
+}
+
 async fn snapshot_pickle(
     State(s): State<Shared>,
     Path(name): Path<String>,
@@ -485,6 +512,7 @@ pub fn router(served: Served) -> Router {
         .route("/api/runs/{name}/stream", get(stream))
         .route("/api/runs/{name}/snapshot.json", get(snapshot_json))
         .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))
+        .route("/api/runs/{name}/curves.csv", get(curves_csv))
         .fallback(static_file)
         .layer(middleware::from_fn_with_state(shared.clone(), check_token))
         .layer(middleware::from_fn_with_state(shared.clone(), check_host))
