@@ -443,3 +443,51 @@ fn a_fresh_run_never_appends_to_another_runs_log() {
     let steps: Vec<u64> = losses(&log).iter().map(|l| l.0).collect();
     assert_eq!(steps, [1, 2]);
 }
+
+/// `--dashboard` keeps serving the finished run, terminal or not (stdin here is not
+/// one), until Ctrl-C, which then ends it as a finished run (0); `--exit-when-done` ends
+/// with training.
+#[test]
+fn the_dashboard_outlives_training_until_ctrl_c_unless_asked_not_to() {
+    use std::io::{BufRead, Read, Write};
+    let dir = scratch("dashboard-stays");
+    let mut args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=3"]);
+    args.extend(["--dashboard".into(), "127.0.0.1:0".into()]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut url = None;
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 {
+        if let Some(u) = line.trim().strip_prefix("training finished; the dashboard stays at ") {
+            url = Some(u.trim_end_matches(" until Ctrl-C").to_string());
+            break;
+        }
+        line.clear();
+    }
+    let url = url.expect("the dashboard is said to stay");
+    // Still answering after training.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let host = url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    let mut s = std::net::TcpStream::connect(&host).unwrap();
+    write!(s, "GET /api/health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"ok\":true"), "{reply}");
+    assert!(child.try_wait().unwrap().is_none(), "still serving");
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0), "a finished run ends well");
+
+    // Asked not to: it ends with training.
+    args.push("--exit-when-done".into());
+    args.push("--overwrite".into());
+    let out = wgtrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("stays at"));
+}

@@ -5,7 +5,6 @@
 //!
 //! May call: `wgtrain_engine::train`, `wgtrain_web`, `commands::dashboard`, `commands`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -42,9 +41,13 @@ pub struct TrainArgs {
     #[arg(long)]
     quiet: bool,
     /// Serve the live dashboard at ADDR (default 127.0.0.1:8787; a non-loopback address
-    /// gets a token, printed once).
+    /// gets a token, printed once). After training it keeps serving the finished run
+    /// until Ctrl-C (or SIGTERM), unless --exit-when-done.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8787")]
     dashboard: Option<std::net::SocketAddr>,
+    /// With --dashboard: exit when training ends instead of serving the finished run.
+    #[arg(long, requires = "dashboard")]
+    exit_when_done: bool,
     /// The dashboard's token (generated for non-loopback addresses when not given).
     #[arg(long, requires = "dashboard")]
     token: Option<String>,
@@ -176,9 +179,10 @@ pub fn run(args: TrainArgs) -> CliResult {
             .unwrap_or_default()
     );
     say!("{}", trainer.rt.alloc.summary());
-    // A person watching keeps the finished run on screen until they are done.
+    // Whoever asked for the dashboard keeps the finished run on screen until they are
+    // done, on a terminal or not (a log's reader, a notebook, a remote shell).
     if let Some(d) = &_dashboard
-        && std::io::stdin().is_terminal()
+        && !args.exit_when_done
         && !stop_serving.load(Ordering::SeqCst)
     {
         eprintln!("training finished; the dashboard stays at {} until Ctrl-C", d.url());
