@@ -491,3 +491,22 @@ fn the_dashboard_outlives_training_until_ctrl_c_unless_asked_not_to() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("stays at"));
 }
+
+/// Off a terminal (a pipe, the quick start's log), progress is plain lines: why the
+/// first step is slow before it, then the steps and every evaluation.
+#[test]
+fn progress_off_a_terminal_says_why_step_one_is_slow_and_every_evaluation() {
+    let dir = scratch("progress-lines");
+    let mut args = small_args(
+        dir.join("ckpt").to_str().unwrap(),
+        &["--set", "train.steps=6", "--set", "train.eval_every=3"],
+    );
+    args.retain(|a| a != "--quiet");
+    let out = wgtrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("TERM", "dumb")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let compile = err.find("step 1 also compiles the GPU kernels").expect("the compile line");
+    let first = err.find("step 1/6").expect("step 1's line");
+    assert!(compile < first, "{err}");
+    assert_eq!(err.matches(": eval loss ").count(), 2, "{err}");
+}

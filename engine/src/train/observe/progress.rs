@@ -3,7 +3,7 @@
 //! position, loss, the step's peak memory, throughput (tokens/s for token models),
 //! time left, time taken, reserved memory. Not on a terminal (a pipe, a log file): one
 //! plain line every N steps, as Lightning logs. Evaluations and out-of-memory events
-//! get a line of their own either way.
+//! get a line of their own either way, and so does the first step's kernel compilation.
 //!
 //! May call: `memory`, `wgtrain_record`, `train::{error, observe}`.
 
@@ -104,11 +104,19 @@ impl ProgressBar {
                 started: Instant::now(),
             }
         };
-        ProgressBar {
+        let bar = ProgressBar {
             sink,
             total,
             styled: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        };
+        // The first step of a process builds every kernel it runs: say why it is slow.
+        if done < total {
+            bar.say(format!(
+                "step {} also compiles the GPU kernels it runs (seconds on a CPU adapter; drivers keep them for later runs)",
+                done + 1
+            ));
         }
+        bar
     }
 
     fn say(&self, text: String) {
