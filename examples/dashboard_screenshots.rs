@@ -12,7 +12,7 @@ use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions};
 use wgtrain_web::{Dashboard, Options};
 
-const VIEWS: [&str; 6] = ["memory", "peak-panel", "whatif", "timeline", "allocator", "training"];
+const VIEWS: [&str; 7] = ["memory", "peak-panel", "whatif", "timeline", "allocator", "training", "runs-table"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (budget, args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--budget="));

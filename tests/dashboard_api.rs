@@ -158,6 +158,20 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
     assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=x", None).0, 400);
     assert_eq!(get(d.addr, "/api/runs/mlp/peak?step=99", None).0, 404);
 
+    // The runs table's row: the steps, the last loss and the config as run.
+    let (status, table) = json(d.addr, "/api/hparams");
+    assert_eq!(status, 200);
+    let row = table
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "mlp")
+        .expect("the run's row");
+    let step_lines: Vec<&Value> = log_lines.iter().filter(|l| l.get("mem").is_some()).collect();
+    assert_eq!(row["steps"].as_u64(), Some(step_lines.len() as u64));
+    assert_eq!(row["loss"], step_lines.last().unwrap()["loss"]);
+    assert_eq!(row["config"]["model.hidden"], "[32]", "{row}");
+
     // The curves as CSV: a row per log line, the log's values in their columns.
     let (status, head, body) = get(d.addr, "/api/runs/mlp/curves.csv", None);
     assert_eq!(status, 200);

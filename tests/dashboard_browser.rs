@@ -356,6 +356,25 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         "{diff}"
     );
     assert!(tab2.get_url().contains("compare=other"), "{}", tab2.get_url());
+
+    // The runs table: both runs, where they ended, and the keys they differ in.
+    tab2.wait_for_element("#hparams-table tr[data-run=\"other\"]").unwrap();
+    let text = tab2.find_element("#hparams-table").unwrap().get_inner_text().unwrap();
+    assert!(
+        text.contains("train.lr") && text.contains("model.hidden") && !text.contains("train.batch_size"),
+        "{text}"
+    );
+    let row = tab2
+        .find_element("#hparams-table tr[data-run=\"browser\"]")
+        .unwrap()
+        .get_inner_text()
+        .unwrap();
+    let last = steps.last().unwrap();
+    assert!(row.contains(&STEPS.to_string()), "{row}");
+    assert!(
+        row.contains(&format!("{:.4}", last["loss"].as_f64().unwrap())),
+        "{row} against {last}"
+    );
 }
 
 /// Trains the default MLP with `sets` on top, logging to `log`, with the dashboard's

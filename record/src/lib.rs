@@ -19,4 +19,4 @@ pub use csv::{CSV_COLUMNS, curves_csv};
 pub use device::{AdapterReport, CoopMatrixConfig, LimitsReport};
 pub use log::{EvalLog, KernelRow, MemLog, StepLog};
 pub use memory::{AllocId, Band, BlockView, Event, EventKind, PageId, PageView, PeakBlock, PeakView, PhaseSpan, StepMemory};
-pub use run::{BenchRecord, Frame, Health, RunEntry, RunInfo, RunRecord, RunView, WhatIf, WhatIfView};
+pub use run::{BenchRecord, Frame, Health, HparamsRow, RunEntry, RunInfo, RunRecord, RunView, WhatIf, WhatIfView, flat_config};

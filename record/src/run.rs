@@ -112,6 +112,66 @@ pub struct RunEntry {
     pub steps: Option<u64>,
 }
 
+/// One run of `GET /api/hparams` (the runs table): its config flattened to dotted keys
+/// and where it ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HparamsRow {
+    /// The run's name.
+    pub name: String,
+    /// Whether it is training in this process.
+    pub live: bool,
+    /// Training steps logged.
+    pub steps: u64,
+    /// The config as run, `section.key` to its value as JSON text.
+    pub config: BTreeMap<String, String>,
+    /// The last step's training loss.
+    pub loss: Option<f64>,
+    /// The last evaluation's loss and accuracy.
+    pub eval_loss: Option<f64>,
+    /// The last evaluation's accuracy (classifiers).
+    pub eval_accuracy: Option<f64>,
+    /// The largest step peak (allocated bytes).
+    pub peak_bytes: Option<u64>,
+}
+
+impl HparamsRow {
+    /// The row of run `name` from its facts and log lines.
+    pub fn of(name: &str, live: bool, info: Option<&RunInfo>, lines: &[StepLog]) -> HparamsRow {
+        let steps: Vec<&StepLog> = lines.iter().filter(|l| l.is_step()).collect();
+        let last_eval = lines.iter().rev().find_map(|l| l.eval.as_ref());
+        HparamsRow {
+            name: name.to_string(),
+            live,
+            steps: steps.len() as u64,
+            config: info.map(|i| flat_config(&i.config)).unwrap_or_default(),
+            loss: steps.last().and_then(|l| l.loss),
+            eval_loss: last_eval.map(|e| e.loss),
+            eval_accuracy: last_eval.and_then(|e| e.accuracy),
+            peak_bytes: steps.iter().filter_map(|l| l.mem.as_ref().map(|m| m.peak)).max(),
+        }
+    }
+}
+
+/// A config's tables as `section.key` to the value's JSON text.
+pub fn flat_config(config: &serde_json::Value) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", config, &mut out);
+    out
+}
+
 /// `GET /api/health`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Health {

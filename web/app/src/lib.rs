@@ -17,6 +17,7 @@ mod devices;
 mod kernels;
 mod memory;
 mod peak;
+mod runs_table;
 mod state;
 mod timeline;
 mod training;
@@ -209,6 +210,7 @@ fn App() -> impl IntoView {
             <timeline::TimelineView ctx=ctx />
             <timeline::AllocatorView ctx=ctx />
             <training::TrainingView ctx=ctx />
+            <runs_table::RunsTable ctx=ctx />
         </main>
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use leptos::prelude::*;
-use wgtrain_record::{RunView, StepLog, format_bytes};
+use wgtrain_record::{RunView, StepLog, flat_config, format_bytes};
 
 use crate::charts::{ChartOptions, Series, XAxis, line_chart, number, smooth};
 use crate::kernels;
@@ -19,26 +19,8 @@ use crate::state::{Ctx, api, get_json, steps};
 const OTHERS: [&str; 6] = ["#f28e2b", "#76b7b2", "#b07aa1", "#9c755f", "#edc948", "#59a14f"];
 
 /// `config` flattened to `section.key` -> value text.
-fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                flatten(&key, v, out);
-            }
-        }
-        other => {
-            out.insert(prefix.to_string(), other.to_string());
-        }
-    }
-}
-
 fn config_of(r: &RunView) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    if let Some(i) = &r.info {
-        flatten("", &i.config, &mut out);
-    }
-    out
+    r.info.as_ref().map(|i| flat_config(&i.config)).unwrap_or_default()
 }
 
 /// The training view (see the module).

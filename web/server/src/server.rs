@@ -18,6 +18,7 @@
 //!   memory_viz exports of one step (default: the peak step), named after it.
 //! * `/api/runs/{name}/curves.csv`: every line of the log as a CSV row (the training
 //!   curves, memory and evaluations), for spreadsheets and pandas.
+//! * `/api/hparams`: the runs table, each run's flattened config and where it ended.
 //!
 //! May call: `recorder`, `viz`, `assets`, `wgtrain_record`. Called by: `lib`.
 
@@ -387,10 +388,12 @@ async fn snapshot_json(
     Ok(resp)
 }
 
-async fn curves_csv(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let lines = match find_run(&s, &name).await? {
-        Run::Live(r) => r.with(|r| r.lines.clone()),
+/// A run's log lines: the live run's from memory, a finished run's parsed from its log.
+async fn lines_of(run: &Run) -> Result<Vec<wgtrain_record::StepLog>, ApiError> {
+    match run {
+        Run::Live(r) => Ok(r.with(|r| r.lines.clone())),
         Run::Finished(_, log) => {
+            let log = log.clone();
             blocking(move || {
                 let mut lines = Vec::new();
                 read_log(&log, |line| {
@@ -399,9 +402,32 @@ async fn curves_csv(State(s): State<Shared>, Path(name): Path<String>) -> Result
                 })?;
                 Ok(lines)
             })
-            .await?
+            .await
         }
-    };
+    }
+}
+
+/// The runs table: every run's config and where it ended (a run whose log cannot be
+/// read is left out, and said in the server's log).
+async fn hparams(State(s): State<Shared>) -> impl IntoResponse {
+    let mut rows = Vec::new();
+    for entry in list_runs(&s) {
+        let row = async {
+            let run = find_run(&s, &entry.name).await?;
+            let lines = lines_of(&run).await?;
+            let info = run.with(|r| r.info.clone());
+            Ok::<_, ApiError>(wgtrain_record::HparamsRow::of(&entry.name, entry.live, info.as_ref(), &lines))
+        };
+        match row.await {
+            Ok(r) => rows.push(r),
+            Err(ApiError(_, e)) => tracing::warn!("runs table: {}: {e}", entry.name),
+        }
+    }
+    axum::Json(rows)
+}
+
+async fn curves_csv(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let lines = lines_of(&find_run(&s, &name).await?).await?;
     Ok((
         [
             (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
@@ -513,6 +539,7 @@ pub fn router(served: Served) -> Router {
         .route("/api/runs/{name}/snapshot.json", get(snapshot_json))
         .route("/api/runs/{name}/snapshot.pickle", get(snapshot_pickle))
         .route("/api/runs/{name}/curves.csv", get(curves_csv))
+        .route("/api/hparams", get(hparams))
         .fallback(static_file)
         .layer(middleware::from_fn_with_state(shared.clone(), check_token))
         .layer(middleware::from_fn_with_state(shared.clone(), check_host))
