@@ -483,6 +483,9 @@ fn the_dashboard_outlives_training_until_ctrl_c_unless_asked_not_to() {
     let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
     assert_eq!(child.wait().unwrap().code(), Some(0), "a finished run ends well");
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("Ctrl-C: training is done; closing the dashboard"), "{rest}");
 
     // Asked not to: it ends with training.
     args.push("--exit-when-done".into());

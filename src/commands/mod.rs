@@ -53,7 +53,7 @@ pub fn write_line(args: std::fmt::Arguments<'_>) {
 pub fn watch_signals(
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     received: std::sync::Arc<std::sync::atomic::AtomicI32>,
-    message: &'static str,
+    message: impl Fn() -> &'static str + Send + 'static,
 ) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     use std::sync::atomic::Ordering;
@@ -70,7 +70,7 @@ pub fn watch_signals(
                 std::process::exit(128 + signal);
             }
             received.store(signal, Ordering::SeqCst);
-            eprintln!("\n{name}: {message}");
+            eprintln!("\n{name}: {}", message());
         }
     });
     Ok(())

@@ -83,11 +83,17 @@ pub fn run(args: TrainArgs) -> CliResult {
     let stop = Arc::new(AtomicBool::new(false));
     let stop_serving = stop.clone();
     let received = Arc::new(AtomicI32::new(0));
-    watch_signals(
-        stop.clone(),
-        received.clone(),
-        "stopping (during training: after this step, saving a checkpoint if configured); again to quit now without one",
-    )?;
+    // What a signal does depends on when it comes: during training it stops after the
+    // step; after it, it only ends the dashboard's serving.
+    let trained = Arc::new(AtomicBool::new(false));
+    let trained_said = trained.clone();
+    watch_signals(stop.clone(), received.clone(), move || {
+        if trained_said.load(Ordering::SeqCst) {
+            "training is done; closing the dashboard"
+        } else {
+            "stopping after this step (saving a checkpoint if configured); again to quit now without one"
+        }
+    })?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
     for note in &trainer.notes {
         eprintln!("{note}");
@@ -146,6 +152,7 @@ pub fn run(args: TrainArgs) -> CliResult {
     };
     let resume_with = resume_command(options.log.as_deref());
     let result = trainer.run(&options);
+    trained.store(true, Ordering::SeqCst);
     if result.is_err()
         && let Some(r) = &recorder
     {
