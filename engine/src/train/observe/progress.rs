@@ -82,6 +82,11 @@ pub fn fit(fields: &[String], width: usize) -> String {
     out
 }
 
+/// Whether a bar at `position` of `length` steps ended the run (else it was stopped).
+fn completed(position: u64, length: Option<u64>) -> bool {
+    length.is_none_or(|l| position >= l)
+}
+
 /// The bar's width in a terminal of `columns`: none below 70 columns.
 fn bar_width(columns: usize) -> usize {
     match columns {
@@ -172,7 +177,12 @@ impl Observer for ProgressBar {
 
     fn finish(&self) {
         if let Sink::Bar(bar) = &self.sink {
-            bar.finish();
+            // An interrupted run's bar stays where it stopped (finish() drew it full).
+            if completed(bar.position(), bar.length()) {
+                bar.finish();
+            } else {
+                bar.abandon();
+            }
         }
     }
 }
@@ -180,6 +190,16 @@ impl Observer for ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_bar_is_not_drawn_full() {
+        assert!(completed(100, Some(100)));
+        assert!(!completed(37, Some(100)));
+        let bar = indicatif::ProgressBar::hidden();
+        bar.set_length(100);
+        bar.set_position(37);
+        assert!(!completed(bar.position(), bar.length()));
+    }
 
     #[test]
     fn fields_are_dropped_before_the_line_wraps() {
