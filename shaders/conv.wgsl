@@ -37,7 +37,7 @@ const RB: u32 = 8u;   // rows a thread of MODE 0 writes
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = gid.x + gid.y * nwg.x * 256u;
     if t >= p.total { return; }
-    let e = t * W;               // the first element this thread writes
+    let e = t * W;               // modes 1-3: the first element this thread writes
     let cg = p.c / p.groups;
     let rs = p.r * p.s;
     let per = cg * rs;
