@@ -262,6 +262,7 @@ fn what_if_on_several_devices_offers_sharding_and_the_two_activation_savers_toge
     let offload = find("parallel.zero = 3, parallel.offload = optimizer+parameters");
     let both = find("memory.precision = fp16-mixed, memory.checkpoint = every-layer");
     // Micro-batches split each device's share (8 of the 16): half of it saves memory.
+    assert_eq!(run["policy"]["micro_batch_size"], 8, "each device's share: {run}");
     let half = find("train.micro_batch_size = 4");
     assert!(peak(half) < peak(run), "{half} vs {run}");
     // Sharding moves state off each device; offloading moves the rest of it to the host;

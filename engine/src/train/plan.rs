@@ -466,11 +466,7 @@ pub fn plan(mut config: Config, gpu: &Arc<Gpu>, data: &Loaded) -> Result<(Config
 
 /// The memory settings of `config` as the what-if view shows them.
 fn policy_of(config: &Config, segments: usize) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
-    let micro = config
-        .train
-        .micro_batch_size
-        .unwrap_or(config.train.batch_size)
-        .min(config.train.batch_size);
+    let micro = device_micro_batch(config);
     let mut p = BTreeMap::new();
     p.insert("precision".into(), config.memory.precision.name().into());
     if segments > 0 {
@@ -483,6 +479,13 @@ fn policy_of(config: &Config, segments: usize) -> Result<BTreeMap<String, serde_
         p.insert("offload".into(), config.parallel.offload.name().into());
     }
     Ok(p)
+}
+
+/// The examples of one forward pass on a device: micro-batches split each device's
+/// share of the batch.
+fn device_micro_batch(config: &Config) -> usize {
+    let share = config.train.batch_size.div_ceil(config.parallel.world().max(1));
+    config.train.micro_batch_size.unwrap_or(share).min(share)
 }
 
 /// The run's config with one memory setting changed at a time (precision, checkpointing,
@@ -517,9 +520,7 @@ fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(S
             });
         }
     }
-    // Micro-batches split each device's share of the batch.
-    let share = config.train.batch_size.div_ceil(config.parallel.world().max(1));
-    let micro = config.train.micro_batch_size.unwrap_or(share).min(share);
+    let micro = device_micro_batch(config);
     if micro >= 2 {
         with(format!("train.micro_batch_size = {}", micro / 2), &|c| {
             c.train.micro_batch_size = Some(micro / 2);
