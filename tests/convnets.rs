@@ -252,31 +252,14 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
         let relu_out = relu.then_some(&y);
         let gp = batchnorm::grad_stats(&rt, &xt, relu_out, &dyt, &coef).unwrap();
         let [gcoef, dgamma, dbeta] = batchnorm::grad_finalize(&rt, &gp, &coef, m, false, [Category::Other; 2]).unwrap();
-        let (dx, dres) = batchnorm::grad_apply(
-            &rt,
-            &xt,
-            relu_out,
-            &dyt,
-            &coef,
-            &gcoef,
-            residual,
-            (DType::F32, [Category::Other; 2]),
-        )
-        .unwrap();
+        // Backward's dx written in `out` (f32, or f16 as fp16-mixed writes it).
+        let gapply =
+            |out: DType| batchnorm::grad_apply(&rt, &xt, relu_out, &dyt, &coef, &gcoef, residual, (out, [Category::Other; 2])).unwrap();
+        let (dx, dres) = gapply(DType::F32);
         assert_close_within(&rt, &format!("bn dx {what}"), &dx, &dx_want, (1e-4, 1e-3));
         // The same dx in f16 (fp16-mixed's, for an f16 input): rounded once.
         if dt == DType::F16 {
-            let (dx16, _) = batchnorm::grad_apply(
-                &rt,
-                &xt,
-                relu_out,
-                &dyt,
-                &coef,
-                &gcoef,
-                residual,
-                (DType::F16, [Category::Other; 2]),
-            )
-            .unwrap();
+            let (dx16, _) = gapply(DType::F16);
             assert_eq!(dx16.dtype(), DType::F16);
             assert_close_within(&rt, &format!("bn dx f16 {what}"), &dx16, &dx_want, (2e-3, 2e-3));
         }

@@ -54,6 +54,15 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A JSONL log's lines.
+fn read_lines(log: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn json(addr: SocketAddr, path: &str) -> (u16, Value) {
     let (status, _, body) = get(addr, path, None);
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
@@ -102,11 +111,7 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
 
     let (status, run) = json(d.addr, "/api/runs/mlp");
     assert_eq!(status, 200);
-    let log_lines: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let log_lines = read_lines(&log);
     assert_eq!(run["lines"].as_array().unwrap(), &log_lines, "the record shows the log's lines");
     assert_eq!(run["timeline_steps"], serde_json::json!([1, 2, 3, 4, 5]));
     assert_eq!(run["info"]["parameters"].as_u64(), Some((784 * 32 + 32 + 32 * 10 + 10) as u64));
@@ -664,11 +669,7 @@ fn a_run_killed_mid_training_keeps_its_timelines() {
     }
     trainer.0.kill().unwrap();
     trainer.0.wait().unwrap();
-    let logged: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let logged = read_lines(&log);
 
     // `wgtrain dashboard --runs` over the folder shows the killed run's timelines.
     let mut dash = Child(
@@ -932,12 +933,7 @@ fn a_gpt_peaks_categories_are_the_logs() {
         ..Default::default()
     })
     .unwrap();
-    let lines: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &Value| v.get("mem").is_some())
-        .collect();
+    let lines: Vec<Value> = read_lines(&log).into_iter().filter(|v| v.get("mem").is_some()).collect();
     for line in &lines {
         let step = line["step"].as_u64().unwrap();
         let (status, p) = json(d.addr, &format!("/api/runs/gpt/peak?step={step}"));

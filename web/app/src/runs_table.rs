@@ -16,9 +16,10 @@ use crate::state::{Ctx, encode, get_json, token_query};
 pub fn RunsTable(ctx: Ctx) -> impl IntoView {
     let rows = RwSignal::new(None::<Result<Vec<HparamsRow>, String>>);
     Effect::new(move |_| {
-        // Again when the runs listed change (a run appears, or finishes).
+        // Again when the runs listed change or the shown run finishes (not at every live
+        // step: each fetch reads every run's log).
         let _ = ctx.runs.get();
-        let _ = ctx.run.with(|r| r.lines.len());
+        let _ = ctx.run.with(|r| r.finished);
         leptos::task::spawn_local(async move {
             rows.set(Some(get_json::<Vec<HparamsRow>>(&format!("/api/hparams{}", token_query(true))).await));
         });
