@@ -14,7 +14,8 @@
 //          order, zero in the pad columns (dst), from src in any float type.
 //   MODE 3 unpack: the weight gradient [K, Cg, R, S] (dst) from the products' [K, LD].
 // Template: ENABLE, TS (source), TD (destination), MODE, W (1 or 4), VS and VD (the
-// element types as stored: TS / TD, or vec4 of them).
+// element types as stored: TS / TD, or vec4 of them), VA (f32 or vec4<f32>: col2im
+// sums in f32 whatever it reads and writes).
 {{ENABLE}}
 
 struct Params {
@@ -88,7 +89,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let n = e / (p.c * p.w * p.h);
         let g = ch / cg;
         let col0 = g * p.ld + ch % cg;
-        var acc = {{VD}}();
+        var acc = {{VA}}();
         for (var r = 0u; r < p.r; r++) {
             let ty = i32(y + p.ph) - i32(r * p.dh);
             if ty < 0 { continue; }
@@ -108,10 +109,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                     q /= p.sw;
                 }
                 if q >= p.q { continue; }
-                acc += {{VD}}(src[(p.src_off + ((n * p.p + pp) * p.q + q) * cols + col0 + (r * p.s + s) * cg) / W]);
+                acc += {{VA}}(src[(p.src_off + ((n * p.p + pp) * p.q + q) * cols + col0 + (r * p.s + s) * cg) / W]);
             }
         }
-        dst[(p.dst_off + e) / W] = acc;
+        dst[(p.dst_off + e) / W] = {{VD}}(acc);
     } else if MODE == 2u {
         // W is 1 here: one weight element a thread.
         let k = e / p.ld;

@@ -3,7 +3,8 @@
 //   MODE 0 max forward: y[n, p, q, c] = the window's largest (NaN wins; padding never).
 //   MODE 1 max backward: dx[n, h, w, c] sums dy over the windows whose first largest
 //          element is (h, w), each window's argmax found again from x; with the forward's
-//          output kept (p.kept), only where x equals the window's largest.
+//          output kept (p.kept), only where x equals the window's largest, by looking for
+//          a tie before it.
 //   MODE 2 average forward, MODE 3 average backward: the window's mean; the divisor
 //          counts padding when p.include_pad (PyTorch's count_include_pad) and not past
 //          the padded edge. With p.adaptive, output i covers
@@ -73,6 +74,22 @@ fn argmax(n: u32, i: u32, j: u32, c: u32) -> u32 {
     return best;
 }
 
+// Whether x[e], equal to window (i, j)'s largest `top` (NaN where the window holds a
+// NaN), is its first largest: no element before it in the window equals top. Scans
+// only up to e and stops at the first tie (a window of ReLU zeros costs one load).
+fn first_top(n: u32, i: u32, j: u32, c: u32, e: u32, top: f32) -> bool {
+    let win = window(i, j);
+    for (var yy = win.y0; yy < win.y1; yy++) {
+        for (var xx = win.x0; xx < win.x1; xx++) {
+            let at = ((n * p.h + u32(yy)) * p.w + u32(xx)) * p.c + c;
+            if at == e { return true; }
+            let v = f32(x[at]);
+            if v == top || (v != v && top != top) { return false; }
+        }
+    }
+    return false;
+}
+
 // The outputs along one axis whose windows may hold input index `at` (len in, out out).
 fn reach(at: u32, len: u32, out: u32, k: u32, s: u32, pad: u32) -> vec2<u32> {
     if p.adaptive != 0u {
@@ -126,8 +143,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                     let top = f32(ymax[((n * p.p + i) * p.q + j) * p.c + c]);
                     let v = f32(x[e]);
                     if v != top && !(v != v && top != top) { continue; }
+                    if first_top(n, i, j, c, e, top) { acc += g; }
+                } else if argmax(n, i, j, c) == e {
+                    acc += g;
                 }
-                if argmax(n, i, j, c) == e { acc += g; }
             } else {
                 acc += g / win.div;
             }

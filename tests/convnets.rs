@@ -132,7 +132,7 @@ fn convolution_forward_and_both_gradients_match_f64() {
             let what = format!("{s:?} {dt:?}");
             assert_close(&rt, &format!("conv forward {what}"), &y, &want, s.per_group());
             let (dx_want, dw_want) = conv_grads_ref(&xr, &wr, &dyr, &s);
-            let dx = conv::backward_input(&rt, &dyt, &wp, &s, Category::Other).unwrap();
+            let dx = conv::backward_input(&rt, &dyt, &wp, &s, (dt, Category::Other)).unwrap();
             assert_close(&rt, &format!("conv dgrad {what}"), &dx, &dx_want, s.k * s.r * s.s);
             let dw = conv::backward_weight(&rt, &xt, &dyt, &s, Category::Other).unwrap();
             assert_close(&rt, &format!("conv wgrad {what}"), &dw, &dw_want, s.n * p * q);

@@ -1,5 +1,5 @@
-//! `wgtrain step --hf-dir DIR --batch FILE.safetensors [--dump-grads OUT] [--json]`:
-//! one f32 forward and backward of a transformers checkpoint (GPT-2, Llama, BERT or
+//! `wgtrain step --hf-dir DIR --batch FILE.safetensors [--dump-grads OUT] [--json]
+//! [--precision fp16-mixed]`: one f32 (or fp16-mixed) forward and backward of a transformers checkpoint (GPT-2, Llama, BERT or
 //! ResNet, by config.json's model_type), to check the engine against PyTorch.
 //!
 //! May call: `wgtrain_engine` (runtime, hf::step, nn), `commands`.
@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::CliResult;
 use wgtrain_engine::Runtime;
-use wgtrain_engine::hf::{hf_step, write_grads};
+use wgtrain_engine::hf::{hf_step_as, write_grads};
 
 /// Arguments of `wgtrain step`.
 #[derive(Args)]
@@ -37,12 +37,16 @@ pub struct StepArgs {
     /// model.safetensors) to this folder.
     #[arg(long)]
     save_hf: Option<PathBuf>,
+    /// fp32 (PyTorch's f32 step) or fp16-mixed (the training policy: f16 products and
+    /// activations, the loss scaled for backward and the gradients unscaled).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16-mixed"])]
+    precision: String,
 }
 
 /// Runs the step.
 pub fn run(args: StepArgs) -> CliResult {
     let rt = Runtime::open(args.adapter.as_deref())?;
-    let step = hf_step(&rt, &args.hf_dir, &args.batch)?;
+    let step = hf_step_as(&rt, &args.hf_dir, &args.batch, args.precision == "fp16-mixed")?;
     if let Some(out) = &args.save_hf {
         wgtrain_engine::hf::resave(&rt, &args.hf_dir, out)?;
     }

@@ -97,7 +97,7 @@ fn row(rt: &Runtime, name: &str, sh: ConvShape, dtype: DType, pass: Pass) -> Res
     let timing = time(rt, || {
         last = Some(match pass {
             Pass::Forward => conv::forward(rt, &x, &packed, None, &sh, dtype, "bench.y")?,
-            Pass::Dgrad => conv::backward_input(rt, &dy, &packed, &sh, Category::Temporary)?,
+            Pass::Dgrad => conv::backward_input(rt, &dy, &packed, &sh, (dtype, Category::Temporary))?,
             Pass::Wgrad => conv::backward_weight(rt, &x, &dy, &sh, Category::Temporary)?,
         });
         Ok(())

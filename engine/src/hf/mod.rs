@@ -6,4 +6,4 @@
 
 pub mod step;
 
-pub use step::{HfStep, hf_step, resave, write_grads};
+pub use step::{HfStep, MIXED_LOSS_SCALE, hf_step, hf_step_as, resave, write_grads};

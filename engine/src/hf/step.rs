@@ -1,7 +1,7 @@
 //! One forward and backward of a Hugging Face checkpoint (GPT2LMHeadModel,
 //! LlamaForCausalLM, BertForMaskedLM or ResNetForImageClassification, by config.json's
-//! `model_type`) on a batch, in
-//! f32: the loss exactly as the model class's `(input_ids, labels=labels, ...).loss`
+//! `model_type`) on a batch, in f32 (or under fp16-mixed, to see how far it lands
+//! from PyTorch's f32): the loss exactly as the model class's `(input_ids, labels=labels, ...).loss`
 //! defines it (BERT's also reads token_type_ids and attention_mask when the batch has
 //! them; ResNet's batch is pixel_values and labels, in training mode), and every
 //! parameter's gradient under its transformers name (a tied embedding's gradient
@@ -9,7 +9,7 @@
 //! running statistics).
 //! `wgtrain step` prints and dumps these to compare with PyTorch.
 //!
-//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`,
+//! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn`, `scaler`,
 //! `runtime`, `tensor`.
 
 use std::path::Path;
@@ -154,13 +154,24 @@ pub fn resave(rt: &Runtime, hf_dir: &Path, out: &Path) -> Result<(), Error> {
 
 /// Runs the step on the model in `hf_dir` and the batch in `batch_file`.
 pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep, Error> {
+    hf_step_as(rt, hf_dir, batch_file, false)
+}
+
+/// The loss scale of an fp16-mixed step (GradScaler's first scale); its gradients are
+/// divided by it again before they are returned.
+pub const MIXED_LOSS_SCALE: f32 = crate::scaler::INIT_SCALE;
+
+/// [`hf_step`], under fp16-mixed when `mixed` (the training policy: f16 products and
+/// activations, f32 master weights and gradients, the loss scaled by
+/// [`MIXED_LOSS_SCALE`] for backward): how far fp16-mixed lands from PyTorch's f32.
+pub fn hf_step_as(rt: &Runtime, hf_dir: &Path, batch_file: &Path, mixed: bool) -> Result<HfStep, Error> {
     let mut params = Params::default();
     let model = HfModel::load(rt, hf_dir, &mut params)?;
     // A batch of token ids: bounded well above any batch a step could take.
     let bytes = crate::files::read_bounded(batch_file, 1 << 30).map_err(|e| Error::io(batch_file, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(batch_file, e))?;
     if let HfModel::ResNet(m) = &model {
-        return image_step(rt, m, params, &st, batch_file);
+        return image_step(rt, m, params, &st, batch_file, mixed);
     }
     let (ids, shape) = read_ids(&st, "input_ids", batch_file)?;
     let (labels, lshape) = read_ids(&st, "labels", batch_file)?;
@@ -212,7 +223,7 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
         token_types: types_t.as_ref(),
         attention_mask: mask.as_deref(),
     };
-    let mut tape = Tape::new();
+    let mut tape = Tape::new().with_half_matmuls(mixed);
     let loss = model.loss(&mut tape, rt, &params, &inputs, (&tg_t, n_valid))?;
     // Every label ignored: PyTorch's mean over no targets is 0/0, a NaN loss whose
     // gradients are NaN too; say so rather than report 0.
@@ -222,20 +233,28 @@ pub fn hf_step(rt: &Runtime, hf_dir: &Path, batch_file: &Path) -> Result<HfStep,
     } else {
         loss.value.to_f32_vec(rt)?[0] as f64
     };
-    tape.backward(rt, &loss, &mut params)?;
+    backward(rt, tape, &loss, &mut params, mixed)?;
     Ok(HfStep {
         loss: value,
-        grads: dump(rt, &params, none_valid)?,
+        grads: dump(rt, &params, none_valid, mixed)?,
     })
 }
 
-/// Every gradient (NaN where no target counted), then every buffer.
-fn dump(rt: &Runtime, params: &Params, none_valid: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, Error> {
+/// Backward from `loss`, seeded with [`MIXED_LOSS_SCALE`] under fp16-mixed.
+fn backward(rt: &Runtime, tape: Tape, loss: &crate::autograd::Var, params: &mut Params, mixed: bool) -> Result<(), Error> {
+    let seed = if mixed { MIXED_LOSS_SCALE } else { 1.0 };
+    tape.backward_with(rt, loss, seed, params)
+}
+
+/// Every gradient (NaN where no target counted; unscaled after a `mixed` step), then
+/// every buffer.
+fn dump(rt: &Runtime, params: &Params, none_valid: bool, mixed: bool) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, Error> {
+    let unscale = if mixed { 1.0 / MIXED_LOSS_SCALE } else { 1.0 };
     let mut grads = Vec::new();
     for p in &params.list {
         let data = match &p.grad {
             _ if none_valid => vec![f32::NAN; p.value.numel()],
-            Some(g) => g.to_f32_vec(rt)?,
+            Some(g) => g.to_f32_vec(rt)?.into_iter().map(|v| v * unscale).collect(),
             None => vec![0.0; p.value.numel()],
         };
         grads.push((p.name.clone(), p.value.shape().to_vec(), data));
@@ -248,7 +267,14 @@ fn dump(rt: &Runtime, params: &Params, none_valid: bool) -> Result<Vec<(String, 
 
 /// An image classifier's step on `pixel_values` (F32 [N, C, H, W]) and `labels` (I64
 /// or I32 [N]): the mean cross-entropy, training mode.
-fn image_step(rt: &Runtime, model: &ResNet, mut params: Params, st: &safetensors::SafeTensors<'_>, file: &Path) -> Result<HfStep, Error> {
+fn image_step(
+    rt: &Runtime,
+    model: &ResNet,
+    mut params: Params,
+    st: &safetensors::SafeTensors<'_>,
+    file: &Path,
+    mixed: bool,
+) -> Result<HfStep, Error> {
     let bad = |m: String| Error::format(file, m);
     let view = st.tensor("pixel_values").map_err(|_| bad("no tensor 'pixel_values'".into()))?;
     if view.dtype() != Dtype::F32 {
@@ -279,14 +305,14 @@ fn image_step(rt: &Runtime, model: &ResNet, mut params: Params, st: &safetensors
     }
     let targets: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
     let y = Tensor::from_i32(rt, &targets, &[targets.len()], Category::Input, "labels")?;
-    let mut tape = Tape::new();
+    let mut tape = Tape::new().with_half_matmuls(mixed);
     let logits = model.forward(&mut tape, rt, &params, &pixels, nchw)?;
     let loss = crate::autograd::ops::cross_entropy_mean(&mut tape, rt, &logits, &y, targets.len(), HEAD_ROW_CHUNK, "loss")?;
     let value = loss.value.to_f32_vec(rt)?[0] as f64;
-    tape.backward(rt, &loss, &mut params)?;
+    backward(rt, tape, &loss, &mut params, mixed)?;
     Ok(HfStep {
         loss: value,
-        grads: dump(rt, &params, false)?,
+        grads: dump(rt, &params, false, mixed)?,
     })
 }
 

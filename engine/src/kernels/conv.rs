@@ -101,6 +101,7 @@ pub fn variant(mode: u32, ts: DType, td: DType, w: u32) -> Vec<(&'static str, St
         ("TD", td.wgsl().into()),
         ("VS", v(ts)),
         ("VD", v(td)),
+        ("VA", v(DType::F32)),
         ("MODE", mode.to_string()),
         ("W", w.to_string()),
     ]
@@ -383,13 +384,21 @@ pub fn forward(
     Ok(y)
 }
 
-/// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, K] and the packed weight, both in
-/// the products' dtype.
-pub fn backward_input(rt: &Runtime, dy: &Tensor, w: &Tensor, shape: &ConvShape, category: Category) -> Result<Tensor, Error> {
+/// dx [N, H, W, C] (in `out`, f32 or f16, `category`) from dy [N, P, Q, K] and the
+/// packed weight, both in the products' dtype. The products accumulate in f32; an f16
+/// dx has f16 columns too (half the bytes written and read again), which col2im sums
+/// in f32, as autocast's f16 input gradient.
+pub fn backward_input(
+    rt: &Runtime,
+    dy: &Tensor,
+    w: &Tensor,
+    shape: &ConvShape,
+    (out, category): (DType, Category),
+) -> Result<Tensor, Error> {
     shape.check("convolution")?;
     let (p, q) = shape.out_hw();
     let (k, ld, g, c) = (shape.k, shape.ld(), shape.groups, shape.c);
-    let dx = Tensor::empty(rt, &[shape.n, shape.h, shape.w, c], DType::F32, category, "dx")?;
+    let dx = Tensor::empty(rt, &[shape.n, shape.h, shape.w, c], out, category, "dx")?;
     let wm = w.clone();
     let kg = k / g;
     let opts = MatmulOptions::default();
@@ -403,7 +412,7 @@ pub fn backward_input(rt: &Runtime, dy: &Tensor, w: &Tensor, shape: &ConvShape, 
             let out = dx.slice(0, n0, nb)?.reshape(&[rows, c])?;
             grouped(rt, &a, &wm, &out, g, b_of, &opts)?;
         } else {
-            let dcols = Tensor::empty(rt, &[rows, g * ld], DType::F32, Category::Temporary, "conv.dcols")?;
+            let dcols = Tensor::empty(rt, &[rows, g * ld], out, Category::Temporary, "conv.dcols")?;
             grouped(rt, &a, &wm, &dcols, g, b_of, &opts)?;
             let sub = ConvShape { n: nb, ..*shape };
             gather(rt, 1, &sub, &dcols, &dx.slice(0, n0, nb)?)?;

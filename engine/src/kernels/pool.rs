@@ -189,7 +189,7 @@ impl Pool {
         Ok(y)
     }
 
-    /// dx [N, H, W, C] (f32, `category`) from dy [N, P, Q, C] and the forward's input x;
+    /// dx [N, H, W, C] (in dy's dtype, `category`) from dy [N, P, Q, C] and the forward's input x;
     /// a max pool also takes the forward's output `y` (in x's dtype) where it has it: a
     /// window is then searched for its first largest element only where an element
     /// equals the window's largest.
@@ -211,7 +211,8 @@ impl Pool {
             }
             _ => None,
         };
-        let dx = Tensor::empty(rt, x.shape(), DType::F32, category, "dx")?;
+        // The gradient keeps dy's dtype (f16 under fp16-mixed, as autocast's).
+        let dx = Tensor::empty(rt, x.shape(), dy.dtype(), category, "dx")?;
         self.run(rt, true, x, y, [dy, &dx])?;
         Ok(dx)
     }

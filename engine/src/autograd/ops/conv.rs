@@ -54,6 +54,13 @@ pub fn conv2d(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, 
     let out = dt;
     // Images (a model's input) need no gradient: backward skips their product.
     let wants_dx = !tape.is_input(x);
+    // Under fp16-mixed an f16 activation's gradient is f16, as autocast's is: the layer
+    // before (BatchNorm, a pool, a residual sum) reads and adds f16.
+    let dx_dtype = if mixed && x.value.dtype() == DType::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
     let y = conv::forward(rt, &xs, &ws, b.map(|b| &b.value), &shape, out, label)?;
     let inputs: Vec<&Var> = std::iter::once(x).chain(std::iter::once(w)).chain(b).collect();
     let has_bias = b.is_some();
@@ -75,7 +82,7 @@ pub fn conv2d(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, 
                 None
             };
             let dx = wants_dx
-                .then(|| conv::backward_input(rt, &dy_mm, &ws, &shape, cats[0]))
+                .then(|| conv::backward_input(rt, &dy_mm, &ws, &shape, (dx_dtype, cats[0])))
                 .transpose()?;
             let mut out = vec![dx, Some(dw)];
             out.extend(db.map(Some));
@@ -158,9 +165,9 @@ pub fn batch_norm(
     let relu_out = opts.relu.then(|| y.clone());
     let has_residual = residual.is_some();
     // Under fp16-mixed an f16 input's gradient is f16, as autocast's is (the convolution
-    // before reads it as its products' operand: no cast), except where the residual's
-    // gradient, written alongside, meets an f32 one.
-    let dx_dtype = if tape.half_matmuls() && xs.dtype() == DType::F16 && !has_residual {
+    // before reads it as its products' operand: no cast); so is the residual's, written
+    // alongside, which meets the f16 gradient of the block's first convolution.
+    let dx_dtype = if tape.half_matmuls() && xs.dtype() == DType::F16 {
         DType::F16
     } else {
         DType::F32
