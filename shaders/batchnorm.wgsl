@@ -7,7 +7,8 @@
 // formula, so a channel's variance is never E[x^2] - mean^2. Partials are [chunk][3][C]
 // (forward) and [chunk][2][C] (backward); SyncBatchNorm concatenates every device's
 // partials before the merge.
-//   STATS:  x -> part (count, mean, M2); grid (C / 64, chunks), 64 channels x 4 lanes.
+//   STATS:  x -> part (count, mean, M2); grid (C / 64, chunks), 64 channels x 4 lanes
+//           (with VEC: 16 lanes of 4 channels x 16 lanes down the rows).
 //   FINAL:  part, gamma, beta, running mean/var -> coef [4][C] = scale, shift, mean,
 //           invstd; in training the running statistics move by p.momentum (the
 //           unbiased variance, as PyTorch) and num_batches_tracked counts the batch;
@@ -22,7 +23,7 @@
 // Template: ENABLE, TX (x, residual), TY (the output, read by backward), TG (dy), TD
 // (y, dx), STATS, FINAL, APPLY, GSTATS, GFINAL, GAPPLY, RELU, RES; APPLY and GAPPLY take
 // W elements a thread (4 where the channels are a multiple of 4: VEC, and VX, VY, VG,
-// VD, VF the vec4 types; else the scalars).
+// VD, VF the vec4 types; else the scalars); so does STATS's x.
 {{ENABLE}}
 
 struct Params {
@@ -70,9 +71,56 @@ fn chunk(lid: u32, wid: vec3<u32>) -> Chunk {
 }
 
 //#if STATS
-@group(0) @binding(1) var<storage, read_write> x: array<{{TX}}>;
+@group(0) @binding(1) var<storage, read_write> x: array<{{VX}}>;
 @group(0) @binding(2) var<storage, read_write> part: array<f32>;
 
+//#if VEC
+// Channels a multiple of 4: a thread reads 4 channels of a row (one vector), 16 lanes
+// across the workgroup's 64 channels and 16 down the rows.
+var<workgroup> redv: array<vec4<f32>, 256>;
+
+// The 16 row lanes' vectors of channel lane lid % 16 summed; every thread calls it.
+fn sum16(lid: u32, v: vec4<f32>) -> vec4<f32> {
+    workgroupBarrier();
+    redv[lid] = v;
+    workgroupBarrier();
+    var s = vec4<f32>(0.0);
+    for (var k = 0u; k < 16u; k++) { s += redv[k * 16u + lid % 16u]; }
+    return s;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let ch = wid.x * 64u + (lid % 16u) * 4u;
+    let sub = lid / 16u;
+    let r0 = wid.y * p.rows;
+    let r1 = min(p.m, r0 + p.rows);
+    let live = ch < p.c;
+    var s = vec4<f32>(0.0);
+    if live {
+        for (var r = r0 + sub; r < r1; r += 16u) { s += vec4<f32>(x[(r * p.c + ch) / 4u]); }
+    }
+    let n = f32(r1 - r0);
+    let mean = sum16(lid, s) / n;
+    var q = vec4<f32>(0.0);
+    if live {
+        for (var r = r0 + sub; r < r1; r += 16u) {
+            let d = vec4<f32>(x[(r * p.c + ch) / 4u]) - mean;
+            q += d * d;
+        }
+    }
+    let m2 = sum16(lid, q);
+    if live && sub == 0u {
+        for (var l = 0u; l < 4u; l++) {
+            let at = wid.y * 3u * p.c + ch + l;
+            part[at] = n;
+            part[at + p.c] = mean[l];
+            part[at + 2u * p.c] = m2[l];
+        }
+    }
+}
+//#else
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -100,6 +148,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         part[at + 2u * p.c] = m2;
     }
 }
+//#endif
 //#endif
 
 //#if FINAL

@@ -187,6 +187,8 @@ fn batch_norm_train_and_eval_with_running_statistics_and_fused_relu_add() {
         (640, 12, true, true, DType::F16),
         (515, 8, true, false, DType::F32),
         (300, 16, false, false, DType::F32),
+        // Past one workgroup's 64 channels, in fours (statistics read vec4s too).
+        (1100, 68, false, false, DType::F16),
     ] {
         // An offset mean: the merge must not lose the variance to cancellation.
         let x: Vec<f32> = rng
@@ -358,6 +360,9 @@ fn pools_match_pytorch_windows_forward_and_backward() {
     let cases = [
         ([2, 9, 7, 3], pool(PoolKind::Max, 3, 2, 1)),
         ([1, 8, 8, 5], pool(PoolKind::Max, 2, 2, 0)),
+        // Channels in fours: a vector of 4 a thread.
+        ([2, 9, 7, 8], pool(PoolKind::Max, 3, 2, 1)),
+        ([1, 8, 8, 4], pool(PoolKind::Max, 2, 2, 0)),
         ([2, 7, 9, 4], pool(PoolKind::Avg { include_pad: true }, 3, 2, 1)),
         ([1, 6, 5, 2], pool(PoolKind::Avg { include_pad: false }, 3, 1, 1)),
         (

@@ -129,14 +129,14 @@ pub fn variant(pass: Pass, [tx, ty, tg, td]: [DType; 4], ep: Epilogue, w: u32) -
 }
 
 fn launch(rt: &Runtime, pass: Pass, dts: [DType; 4], ep: Epilogue, params: &Params, ts: &[&Tensor], groups: [u32; 3]) -> Result<(), Error> {
-    let w = if matches!(pass, Pass::Apply | Pass::GradApply) && params.c % 4 == 0 {
+    let w = if matches!(pass, Pass::Apply | Pass::GradApply | Pass::Stats) && params.c % 4 == 0 {
         4
     } else {
         1
     };
     let mut params = *params;
     let mut groups = groups;
-    if w == 4 {
+    if w == 4 && pass != Pass::Stats {
         params.total /= 4;
         groups = grid(params.total.div_ceil(256));
     }

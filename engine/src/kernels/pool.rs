@@ -67,13 +67,14 @@ struct Params {
 
 /// The template values of one variant (mode 0 max, 1 max backward, 2 average, 3
 /// average backward).
-pub fn variant(mode: u32, tx: DType, ts: DType, td: DType) -> Vec<(&'static str, String)> {
+pub fn variant(mode: u32, tx: DType, ts: DType, td: DType, vec: bool) -> Vec<(&'static str, String)> {
     vec![
         ("ENABLE", enables(&[tx, ts, td])),
         ("TX", tx.wgsl().into()),
         ("TS", ts.wgsl().into()),
         ("TD", td.wgsl().into()),
         ("MODE", mode.to_string()),
+        ("VEC", vec.to_string()),
     ]
 }
 
@@ -136,23 +137,27 @@ impl Pool {
         let mode = self.mode(backward);
         let (tx, ts, td) = (x.dtype(), src.dtype(), dst.dtype());
         require_f16(rt, &[tx, ts, td])?;
-        let kernel = rt.kernel(
-            KernelKey::new("pool", &[mode, tx as u32, ts as u32, td as u32]),
-            4,
-            || {
-                format!(
-                    "pool {} {}->{}",
-                    ["max", "max backward", "avg", "avg backward"][mode as usize],
-                    ts.wgsl(),
-                    td.wgsl()
-                )
-            },
-            || render("pool", SOURCE, &variant(mode, tx, ts, td)),
-        )?;
         let [n, h, w, c]: [usize; 4] = x
             .shape()
             .try_into()
             .map_err(|_| Error::shape("pool input", "NHWC", format!("{:?}", x.shape())))?;
+        // A max pool over channels in fours takes a vector of 4 a thread (its backward
+        // where the forward's output is kept).
+        let vec = c % 4 == 0 && (mode == 0 || (mode == 1 && kept == 1));
+        let kernel = rt.kernel(
+            KernelKey::new("pool", &[mode, tx as u32, ts as u32, td as u32, u32::from(vec)]),
+            4,
+            || {
+                format!(
+                    "pool {} {}->{}{}",
+                    ["max", "max backward", "avg", "avg backward"][mode as usize],
+                    ts.wgsl(),
+                    td.wgsl(),
+                    if vec { " vec4" } else { "" }
+                )
+            },
+            || render("pool", SOURCE, &variant(mode, tx, ts, td, vec)),
+        )?;
         let out = self.out_hw(h, w)?;
         if [x, y, src, dst].iter().any(|t| t.offset() != 0 || !t.is_contiguous()) {
             return Err(Error::invalid("pool", "whole contiguous tensors (offset 0)"));
@@ -161,15 +166,16 @@ impl Pool {
         if total > u32::MAX as usize || x.numel() > u32::MAX as usize {
             return Err(Error::shape("pool", "fewer than 2^32 elements", total.max(x.numel())));
         }
+        let threads = if vec { total / 4 } else { total };
         let params = Params {
             kept,
-            ..self.params([n, h, w, c], out, total)
+            ..self.params([n, h, w, c], out, threads)
         };
         rt.launch(
             &kernel,
             bytemuck::bytes_of(&params),
             &[x, src, dst, y],
-            grid(total.div_ceil(256) as u32),
+            grid(threads.div_ceil(256) as u32),
         )
     }
 

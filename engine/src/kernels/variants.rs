@@ -336,8 +336,10 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
             }
             for mode in 0..4 {
                 let source = include_str!("../../../shaders/pool.wgsl");
-                push(out, "pool", source, super::pool::variant(mode, ts, ts, td))?;
-                push(out, "pool", source, super::pool::variant(mode, ts, DType::F32, td))?;
+                for vec in [false, mode < 2] {
+                    push(out, "pool", source, super::pool::variant(mode, ts, ts, td, vec))?;
+                    push(out, "pool", source, super::pool::variant(mode, ts, DType::F32, td, vec))?;
+                }
             }
             for pass in Pass::ALL {
                 for (relu, residual) in [(false, false), (true, false), (true, true)] {
