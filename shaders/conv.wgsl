@@ -2,7 +2,8 @@
 // NHWC activations, one thread per W elements written (W = 4 where a group's channels
 // are a multiple of 4: vec4 loads and stores along the channels).
 //   MODE 0 im2col: the columns of images [rows = n P Q, cols = G LD] from x [N, H, W, C]
-//          (a thread writes one vector of RB consecutive rows):
+//          (a thread writes one vector of RB consecutive rows, a vector of W columns
+//          each):
 //          column j = (r S + s) Cg + c of group g (g LD + j) of row (n, p, q) is
 //          x[n, p sh + r dh - ph, q sw + s dw - pw, g Cg + c], zero outside the image
 //          and in the pad columns j >= Cg R S (LD rounds a group's width up so that
@@ -15,7 +16,8 @@
 //   MODE 3 unpack: the weight gradient [K, Cg, R, S] (dst) from the products' [K, LD].
 // Template: ENABLE, TS (source), TD (destination), MODE, W (1 or 4), VS and VD (the
 // element types as stored: TS / TD, or vec4 of them), VA (f32 or vec4<f32>: col2im
-// sums in f32 whatever it reads and writes).
+// sums in f32 whatever it reads and writes), SPLIT (im2col only: W = 4 columns
+// written, each read on its own, for channels not in fours).
 {{ENABLE}}
 
 struct Params {
@@ -62,6 +64,44 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let live = j < per;
         let dy = i32(rr * p.dh) - i32(p.ph);
         let dx = i32(ss * p.dw) - i32(p.pw);
+//#if SPLIT
+        // Few channels (the stem's 3): the 4 columns of the vector written are each
+        // their own tap and channel, read one element at a time.
+        var lv: array<bool, 4>;
+        var oy: array<i32, 4>;
+        var ox: array<i32, 4>;
+        var ch: array<u32, 4>;
+        for (var l = 0u; l < 4u; l++) {
+            let jl = j + l;
+            let tap = jl / cg;
+            lv[l] = jl < per;
+            oy[l] = i32((tap / p.s) * p.dh) - i32(p.ph);
+            ox[l] = i32((tap % p.s) * p.dw) - i32(p.pw);
+            ch[l] = g * cg + jl % cg;
+        }
+        for (var i = 0u; i < RB; i++) {
+            let row = row0 + i;
+            if row >= rows { break; }
+            var v = array<{{TD}}, 4>();
+            for (var l = 0u; l < 4u; l++) {
+                let hh = i32(pp * p.sh) + oy[l];
+                let ww = i32(q * p.sw) + ox[l];
+                if lv[l] && hh >= 0 && hh < i32(p.h) && ww >= 0 && ww < i32(p.w) {
+                    v[l] = {{TD}}(src[p.src_off + ((n * p.h + u32(hh)) * p.w + u32(ww)) * p.c + ch[l]]);
+                }
+            }
+            dst[(p.dst_off + row * cols + col) / W] = {{VD}}(v[0], v[1], v[2], v[3]);
+            q += 1u;
+            if q == p.q {
+                q = 0u;
+                pp += 1u;
+                if pp == p.p {
+                    pp = 0u;
+                    n += 1u;
+                }
+            }
+        }
+//#else
         for (var i = 0u; i < RB; i++) {
             let row = row0 + i;
             if row >= rows { break; }
@@ -82,7 +122,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
         }
-    } else if MODE == 1u {
+//#endif
+    }
+//#if SPLIT
+//#else
+    else if MODE == 1u {
         let ch = e % p.c;
         let x = (e / p.c) % p.w;
         let y = (e / (p.c * p.w)) % p.h;
@@ -133,4 +177,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let ss = i % p.s;
         dst[p.dst_off + e] = {{VD}}(src[p.src_off + k * p.ld + (rr * p.s + ss) * cg + ci]);
     }
+//#endif
 }

@@ -88,6 +88,12 @@ struct Params {
 /// The template values of one variant (mode 0 im2col, 1 col2im, 2 pack the weight, 3
 /// unpack its gradient), `w` elements a thread (1 or 4).
 pub fn variant(mode: u32, ts: DType, td: DType, w: u32) -> Vec<(&'static str, String)> {
+    variant_split(mode, ts, td, w, false)
+}
+
+/// [`variant`]; `split`: an im2col writing 4 columns a vector whose source channels are
+/// not in fours (each column read on its own).
+pub fn variant_split(mode: u32, ts: DType, td: DType, w: u32, split: bool) -> Vec<(&'static str, String)> {
     let v = |t: DType| {
         if w == 4 {
             format!("vec4<{}>", t.wgsl())
@@ -99,7 +105,8 @@ pub fn variant(mode: u32, ts: DType, td: DType, w: u32) -> Vec<(&'static str, St
         ("ENABLE", enables(&[ts, td])),
         ("TS", ts.wgsl().into()),
         ("TD", td.wgsl().into()),
-        ("VS", v(ts)),
+        ("SPLIT", split.to_string()),
+        ("VS", if split { ts.wgsl().to_string() } else { v(ts) }),
         ("VD", v(td)),
         ("VA", v(DType::F32)),
         ("MODE", mode.to_string()),
@@ -234,14 +241,15 @@ fn gather(rt: &Runtime, mode: u32, shape: &ConvShape, src: &Tensor, dst: &Tensor
         return Err(Error::invalid("convolution gather", "contiguous tensors"));
     }
     require_f16(rt, &[ts, td])?;
-    // The weight passes go one element a thread; the gathers 4 where the offsets allow.
-    let w = if mode < 2 && shape.width() == 4 && src.offset() % 4 == 0 && dst.offset() % 4 == 0 {
-        4
-    } else {
-        1
-    };
+    // The weight passes go one element a thread; the gathers 4 where the offsets allow,
+    // and im2col writes 4 columns a vector wherever the rows are in fours (reading
+    // them one by one where the channels are not: the stem's 3).
+    let aligned = src.offset() % 4 == 0 && dst.offset() % 4 == 0;
+    let w = if mode < 2 && shape.width() == 4 && aligned { 4 } else { 1 };
+    let split = mode == 0 && w == 1 && shape.groups == 1 && shape.ld() % 4 == 0 && dst.offset() % 4 == 0;
+    let w = if split { 4 } else { w };
     let kernel = rt.kernel(
-        KernelKey::new("conv", &[mode, ts as u32, td as u32, w]),
+        KernelKey::new("conv", &[mode, ts as u32, td as u32, w, u32::from(split)]),
         2,
         || {
             format!(
@@ -249,10 +257,16 @@ fn gather(rt: &Runtime, mode: u32, shape: &ConvShape, src: &Tensor, dst: &Tensor
                 ["im2col", "col2im", "pack", "unpack"][mode as usize],
                 ts.wgsl(),
                 td.wgsl(),
-                if w == 4 { " vec4" } else { "" }
+                if split {
+                    " split4"
+                } else if w == 4 {
+                    " vec4"
+                } else {
+                    ""
+                }
             )
         },
-        || render("conv", SOURCE, &variant(mode, ts, td, w)),
+        || render("conv", SOURCE, &variant_split(mode, ts, td, w, split)),
     )?;
     // im2col's threads each write one vector of ROWS_A_THREAD rows.
     let threads = if mode == 0 {

@@ -333,6 +333,10 @@ fn conv_net_variants(out: &mut Vec<Variant>) -> Result<(), Error> {
                     include_str!("../../../shaders/conv.wgsl"),
                     super::conv::variant(mode, ts, td, 4),
                 )?;
+                if mode == 0 {
+                    let split = super::conv::variant_split(0, ts, td, 4, true);
+                    push(out, "conv", include_str!("../../../shaders/conv.wgsl"), split)?;
+                }
             }
             for mode in 0..4 {
                 let source = include_str!("../../../shaders/pool.wgsl");
