@@ -81,7 +81,6 @@ pub fn run(args: TrainArgs) -> CliResult {
         _ => Config::load(args.config.as_deref(), &args.set)?,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let stop_serving = stop.clone();
     let received = Arc::new(AtomicI32::new(0));
     // What a signal does depends on when it comes: during training it stops after the
     // step; after it, it only ends the dashboard's serving.
@@ -94,12 +93,129 @@ pub fn run(args: TrainArgs) -> CliResult {
             "stopping after this step (saving a checkpoint if configured); again to quit now without one"
         }
     })?;
-    let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
+    let ranks = Ranks::start(&config)?;
+    let result = ranks.train(config, &args, stop, received, trained);
+    // Over MPI a rank that fails ends every rank: the others would wait for it.
+    if let Err(e) = &result
+        && !e.is::<Interrupted>()
+    {
+        ranks.fail(&e.to_string());
+    }
+    result
+}
+
+/// This process's place in the run: the only one, or (`parallel.backend = "mpi"`) one
+/// rank of several processes, where rank 0 alone prints, logs and serves.
+struct Ranks {
+    #[cfg(feature = "mpi")]
+    mpi: Option<wgtrain_engine::parallel::mpi::MpiWorld>,
+}
+
+impl Ranks {
+    /// Starts MPI when the config asks for it.
+    fn start(config: &Config) -> Result<Ranks, Box<dyn std::error::Error>> {
+        let over_mpi = config.parallel.backend == wgtrain_engine::train::config::Backend::Mpi;
+        #[cfg(feature = "mpi")]
+        {
+            let mpi = over_mpi
+                .then(wgtrain_engine::parallel::mpi::MpiWorld::init)
+                .transpose()
+                .map_err(|e| format!("parallel.backend = \"mpi\": {e}"))?;
+            Ok(Ranks { mpi })
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = over_mpi;
+            Ok(Ranks {})
+        }
+    }
+
+    /// This process's rank (0 alone).
+    fn rank(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.rank;
+        }
+        0
+    }
+
+    /// The trainer of this process's rank.
+    fn open(&self, config: Config, adapter: Option<&str>) -> Result<Trainer, Box<dyn std::error::Error>> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return Ok(Trainer::over_mpi(config, adapter, m)?);
+        }
+        Ok(Trainer::new(config, adapter)?)
+    }
+
+    /// The signal every rank exits with: the one any rank received (over MPI, each
+    /// rank's is exchanged; the first rank's that has one wins).
+    fn agreed_signal(&self, mine: i32) -> i32 {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            use wgtrain_engine::parallel::Collective;
+            if let Ok(all) = m.comm().all_gather_vecs(vec![mine as f32]) {
+                return all.iter().map(|v| v[0] as i32).find(|&s| s != 0).unwrap_or(mine);
+            }
+        }
+        mine
+    }
+
+    /// Over MPI: says why on standard error and ends every rank (MPI_Abort).
+    fn fail(&self, why: &str) {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            use wgtrain_engine::parallel::Collective;
+            m.comm().abort(why);
+        }
+        let _ = why;
+    }
+
+    fn train(
+        &self,
+        config: Config,
+        args: &TrainArgs,
+        stop: Arc<AtomicBool>,
+        received: Arc<AtomicI32>,
+        trained: Arc<AtomicBool>,
+    ) -> CliResult {
+        let rank = self.rank();
+        let mut trainer = self.open(config, args.adapter.as_deref())?;
+        if rank > 0 {
+            // Rank 0 prints, logs and serves; the others train beside it quietly.
+            let summary = trainer.run(&RunOptions {
+                stop: Some(stop),
+                resume: args.resume.clone(),
+                ..Default::default()
+            })?;
+            trained.store(true, Ordering::SeqCst);
+            if summary.interrupted {
+                let signal = self.agreed_signal(received.load(Ordering::SeqCst));
+                return Err(Box::new(Interrupted { signal }));
+            }
+            return Ok(());
+        }
+        train_rank0(self, trainer, args, stop, received, trained)
+    }
+}
+
+/// Rank 0's (the only rank's) run: the notes, the log, the dashboard, the summary.
+fn train_rank0(
+    ranks: &Ranks,
+    mut trainer: Trainer,
+    args: &TrainArgs,
+    stop: Arc<AtomicBool>,
+    received: Arc<AtomicI32>,
+    trained: Arc<AtomicBool>,
+) -> CliResult {
+    let stop_serving = stop.clone();
     for note in &trainer.notes {
         eprintln!("{note}");
     }
     let p = &trainer.config.parallel;
-    let devices = if p.enabled() {
+    let devices = if p.backend == wgtrain_engine::train::config::Backend::Mpi {
+        format!(" as rank 0 of {} MPI processes: ZeRO stage {}", trainer.world_size(), p.zero)
+    } else if p.enabled() {
         let offload = if p.offload == wgtrain_engine::train::config::Offload::None {
             String::new()
         } else {
@@ -142,7 +258,7 @@ pub fn run(args: TrainArgs) -> CliResult {
         None => None,
     };
     let options = RunOptions {
-        log: args.log,
+        log: args.log.clone(),
         resume: args.resume.clone(),
         progress: !args.quiet,
         overwrite: args.overwrite,
@@ -204,7 +320,7 @@ pub fn run(args: TrainArgs) -> CliResult {
     }
     if summary.interrupted {
         return Err(Box::new(Interrupted {
-            signal: received.load(Ordering::SeqCst),
+            signal: ranks.agreed_signal(received.load(Ordering::SeqCst)),
         }));
     }
     Ok(())

@@ -1,12 +1,15 @@
 //! What a run over several devices shares between them: the collectives (`collective`:
-//! the trait each rank calls and its one-process implementation over host memory) and
-//! the partition of parameters into shards (`shard`).
+//! the trait each rank calls and its one-process implementation over host memory;
+//! `mpi`: across processes, feature `mpi`) and the partition of parameters into shards
+//! (`shard`).
 //!
 //! May call: nothing of the engine below the train layer but itself. Called by:
 //! `train::parallel`.
 
 pub mod collective;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod shard;
 
-pub use collective::{Collective, CollectiveError, HostComm, HostGroup};
+pub use collective::{Collective, CollectiveError, Comm, HostComm, HostGroup};
 pub use shard::{Shards, shard_range};

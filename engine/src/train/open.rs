@@ -59,7 +59,43 @@ impl Trainer {
         Trainer::open(config, data, adapter)
     }
 
+    /// This process's rank of a run over MPI (`parallel.backend = "mpi"`, under mpirun
+    /// or srun): loads the data, opens the device its local rank picks from
+    /// `parallel.devices` (cycling; `adapter` when none is listed) and builds the run
+    /// as one device of `mpi.size`, every rank from the same seed.
+    #[cfg(feature = "mpi")]
+    pub fn over_mpi(mut config: Config, adapter: Option<&str>, mpi: &crate::parallel::mpi::MpiWorld) -> Result<Trainer, TrainError> {
+        config.parallel.ranks = Some(mpi.size);
+        config.validate()?;
+        let data = load_data(&config)?;
+        let selector = config.parallel.rank_device(mpi.local_rank, adapter);
+        let gpu = Arc::new(Gpu::open(selector.as_deref()).map_err(Error::from)?);
+        let (config, mut notes) = resolve_precision(config, &gpu)?;
+        let (config, fit_notes) = plan(config, &gpu, &data)?;
+        notes.extend(fit_notes);
+        let cap = cap_of(&config)?;
+        let rt = Arc::new(Runtime::new(
+            gpu,
+            AllocatorOptions {
+                debug: Some(config.memory.debug),
+                cap,
+                dry: false,
+            },
+        )?);
+        let mut trainer = Trainer::assemble(config, rt, data)?;
+        trainer.join_mpi(mpi)?;
+        trainer.notes = notes;
+        Ok(trainer)
+    }
+
     fn open(config: Config, data: Loaded, adapter: Option<&str>) -> Result<Trainer, TrainError> {
+        if config.parallel.backend == crate::train::config::Backend::Mpi {
+            return Err(Error::invalid(
+                "parallel.backend",
+                "\"mpi\" runs one rank per process: start it under mpirun or srun (`mpirun -n 2 wgtrain train CONFIG`), with a wgtrain built with the `mpi` feature",
+            )
+            .into());
+        }
         if config.parallel.enabled() {
             let mut rts = Vec::new();
             let cap = cap_of(&config)?;

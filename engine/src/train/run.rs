@@ -111,8 +111,10 @@ impl Trainer {
         // The folder is checked, mended and locked before anything is trained. A resume
         // writes into the folder it resumes from; another folder is met as a fresh run
         // meets it (its checkpoints are another run's).
+        // Over MPI rank 0 alone holds the folder (and writes the log); the others only
+        // take part in each save's exchanges.
         let held = match &self.config.checkpoint.dir {
-            Some(dir) => {
+            Some(dir) if self.writes() => {
                 let own = options
                     .resume
                     .as_deref()
@@ -130,7 +132,7 @@ impl Trainer {
                     (_, e) => e,
                 })?)
             }
-            None => None,
+            _ => None,
         };
         if let Some(path) = &options.resume {
             self.restore(path)?;
@@ -199,7 +201,11 @@ impl Trainer {
             // The first step's timeline starts from an empty trace.
             self.rt.alloc.take_events();
         }
-        let ckpt_dir = held.as_ref().map(|h| h.root().to_path_buf());
+        let ckpt_dir = match &held {
+            Some(h) => Some(h.root().to_path_buf()),
+            None if !self.writes() => self.config.checkpoint.dir.as_ref().map(PathBuf::from),
+            None => None,
+        };
         let mut summary = RunSummary {
             steps: self.step,
             losses: Vec::new(),
@@ -259,7 +265,8 @@ impl Trainer {
         let (flops_per_example, tokens_per_example) = (self.model_flops_per_example(), self.tokens_per_example());
         let peak = self.known_peak_tflops();
         while self.step < total {
-            if options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+            // Over MPI every rank stops at the same step when any was asked to.
+            if self.stop_agreed(options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)))? {
                 summary.interrupted = true;
                 break;
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::autograd::Params;
 use crate::optim::{HostOptimizer, Optimizer};
-use crate::parallel::{HostComm, HostGroup, Shards};
+use crate::parallel::{Comm, HostGroup, Shards};
 use crate::runtime::Runtime;
 use crate::scaler::GradScaler;
 use crate::train::model::Trainable;
@@ -25,22 +25,29 @@ pub struct Peer {
 
 /// The devices beyond the first and what joins them.
 pub struct World {
-    pub(super) group: HostGroup,
-    pub(super) comms: Vec<HostComm>,
+    /// The one-process group (none over MPI).
+    pub(super) group: Option<HostGroup>,
+    /// This process's ranks' handles, in rank order.
+    pub(super) comms: Vec<Comm>,
     /// SyncBatchNorm's own group (`parallel.sync_batch_norm`): its exchanges happen
     /// inside forward and backward, while the gradient buckets use `comms`.
-    pub(super) bn: Option<(HostGroup, Vec<HostComm>)>,
-    /// Ranks 1.. (rank 0 is the trainer's own).
+    pub(super) bn: Option<(Option<HostGroup>, Vec<Comm>)>,
+    /// The trainer's own rank: 0 in one process; over MPI, this process's.
+    pub(super) base_rank: usize,
+    /// Ranks in the run, this process's and (over MPI) every other process's.
+    pub(super) size: usize,
+    /// This process's ranks after the trainer's own (ranks base_rank + 1..; none over
+    /// MPI).
     pub peers: Vec<Peer>,
     pub(super) shards: Shards,
     pub(super) zero: u8,
     pub(super) bucket_bytes: usize,
-    /// Each rank's host optimizer (`offload = "optimizer"`), in rank order.
+    /// This process's ranks' host optimizers (`offload = "optimizer"`), in rank order.
     pub(super) offload: Vec<HostOptimizer>,
     /// Stage 3: the parameters' whole shapes and names, in the model's order.
     pub(super) shapes: Arc<Vec<(Vec<usize>, String)>>,
-    /// Stage 3 with `offload = "optimizer+parameters"`: each rank's shards on the host
-    /// (its host optimizer's weights), in rank order; empty otherwise.
+    /// Stage 3 with `offload = "optimizer+parameters"`: this process's ranks' shards on
+    /// the host (their host optimizers' weights), in rank order; empty otherwise.
     pub(super) host_shards: Vec<Arc<Vec<Vec<f32>>>>,
     /// Stage 3: every parameter whole on the host, made from the ranks' shards after
     /// each step (in one process every rank's shards are at hand: across processes this
@@ -69,11 +76,11 @@ pub(super) struct StepPlan<'a> {
     pub(super) started: std::time::Instant,
     /// Each rank's SyncBatchNorm handle (in rank order), when batch statistics are
     /// shared.
-    pub(super) bn: Option<&'a [HostComm]>,
+    pub(super) bn: Option<&'a [Comm]>,
 }
 
 /// A rank's [`SyncStats`](crate::autograd::SyncStats) over its SyncBatchNorm group.
-pub(super) struct BnSync(pub(super) HostComm);
+pub(super) struct BnSync(pub(super) Comm);
 
 impl crate::autograd::SyncStats for BnSync {
     fn all_gather(&self, mine: Vec<f32>) -> Result<Vec<f32>, crate::error::Error> {

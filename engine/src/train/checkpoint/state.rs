@@ -78,6 +78,10 @@ impl Trainer {
     /// Saves a checkpoint of the current state into `dir`.
     pub fn save(&self, dir: &Path) -> Result<PathBuf, TrainError> {
         let data = self.checkpoint_data()?;
+        if !self.writes() {
+            // Over MPI the other ranks gathered their shards into rank 0's data; it writes.
+            return Ok(dir.join(checkpoint::step_dir_name(self.step)));
+        }
         Ok(checkpoint::save(dir, self.step, &data)?)
     }
 

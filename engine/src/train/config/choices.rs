@@ -123,6 +123,22 @@ impl Choice for Schedule {
     const ALL: &'static [Self] = &[Schedule::Cosine, Schedule::Constant];
 }
 
+/// `parallel.backend`: how the ranks of a run talk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Backend {
+    /// Every device in this process (`parallel.devices`), exchanging through host memory.
+    #[default]
+    #[serde(rename = "in-process")]
+    InProcess,
+    /// One rank per process under mpirun or srun, over MPI.
+    #[serde(rename = "mpi")]
+    Mpi,
+}
+
+impl Choice for Backend {
+    const ALL: &'static [Self] = &[Backend::InProcess, Backend::Mpi];
+}
+
 /// `parallel.offload`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Offload {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 mod choices;
 mod model;
 
-pub use choices::{Checkpointing, Choice, DataKind, Offload, OptimizerKind, Precision, Schedule, TokenDtype};
+pub use choices::{Backend, Checkpointing, Choice, DataKind, Offload, OptimizerKind, Precision, Schedule, TokenDtype};
 pub use model::{BertSpec, CnnSpec, GptSpec, LlamaSpec, MlpSpec, ModelConfig, ResNetSpec};
 
 /// Everything a run needs.
@@ -226,6 +226,13 @@ pub struct ParallelConfig {
     /// BatchNorm over every device's batch (PyTorch's SyncBatchNorm) instead of each
     /// device's own share.
     pub sync_batch_norm: bool,
+    /// How the ranks talk: "in-process" (the devices above, in this process) or "mpi"
+    /// (one rank per process under mpirun or srun; each opens the device its local rank
+    /// picks from `devices`, cycling, else `--adapter`'s).
+    pub backend: Backend,
+    /// Over MPI: the processes in the run (set when the run starts; not a setting).
+    #[serde(skip)]
+    pub ranks: Option<usize>,
 }
 
 impl Default for ParallelConfig {
@@ -236,6 +243,8 @@ impl Default for ParallelConfig {
             offload: Offload::None,
             bucket_mb: 25.0,
             sync_batch_norm: false,
+            backend: Backend::InProcess,
+            ranks: None,
         }
     }
 }
@@ -243,12 +252,22 @@ impl Default for ParallelConfig {
 impl ParallelConfig {
     /// Devices of the run (1 when `devices` is empty).
     pub fn world(&self) -> usize {
-        self.devices.len().max(1)
+        self.ranks.unwrap_or(self.devices.len()).max(1)
     }
 
-    /// Whether the run goes through the multi-device step (any `devices` given).
+    /// Whether the run goes through the multi-device step (any `devices` given, or
+    /// ranks over MPI).
     pub fn enabled(&self) -> bool {
-        !self.devices.is_empty()
+        !self.devices.is_empty() || self.backend == Backend::Mpi
+    }
+
+    /// This process's device over MPI: entry `local_rank` of `devices` (cycling), or
+    /// `adapter` when none is listed.
+    pub fn rank_device(&self, local_rank: usize, adapter: Option<&str>) -> Option<String> {
+        match self.devices.len() {
+            0 => adapter.map(str::to_string),
+            n => Some(self.devices[local_rank % n].clone()),
+        }
     }
 
     /// The bucket size in bytes.
@@ -291,6 +310,10 @@ impl ParallelConfig {
             return Ok(());
         }
         let n = self.world();
+        if self.backend == Backend::Mpi && self.ranks.is_none() {
+            // The ranks are known once MPI has started: checked again then.
+            return Ok(());
+        }
         if !config.train.batch_size.is_multiple_of(n) {
             return bad(format!(
                 "train.batch_size {} does not split evenly over the {n} devices of parallel.devices",

@@ -40,7 +40,7 @@ use crate::device::staging::{concat_into, give_f32, scale_all, square_sum, take_
 use crate::error::Error;
 use crate::memory::{Category, MemoryStats};
 use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_grads};
-use crate::parallel::{Collective, HostComm, HostGroup, Shards};
+use crate::parallel::{Collective, Comm, HostGroup, Shards};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 use crate::train::build::{build_model, optimizer_rule};
@@ -88,7 +88,35 @@ impl Trainer {
             });
         }
         let (group, comms) = HostGroup::new(peers.len() + 1);
-        let bn = self.config.parallel.sync_batch_norm.then(|| HostGroup::new(peers.len() + 1));
+        let comms = comms.into_iter().map(Comm::Host).collect();
+        let bn = self.config.parallel.sync_batch_norm.then(|| {
+            let (g, c) = HostGroup::new(peers.len() + 1);
+            (Some(g), c.into_iter().map(Comm::Host).collect())
+        });
+        self.join_world(Some(group), comms, bn, peers, 0)
+    }
+
+    /// Makes this trainer this process's rank of a run over MPI: no peers in this
+    /// process, a communicator of its own for the gradients and one for SyncBatchNorm.
+    #[cfg(feature = "mpi")]
+    pub fn join_mpi(&mut self, mpi: &crate::parallel::mpi::MpiWorld) -> Result<(), TrainError> {
+        let comm = |_| Comm::Mpi(Arc::new(mpi.comm()));
+        let bn = self.config.parallel.sync_batch_norm.then(|| (None, vec![comm(())]));
+        self.join_world(None, vec![comm(())], bn, Vec::new(), mpi.rank)
+    }
+
+    /// Makes this trainer rank `base_rank` of a run whose other ranks are `peers` (in
+    /// this process, after it) and whatever `comms` reach beyond this process.
+    fn join_world(
+        &mut self,
+        group: Option<HostGroup>,
+        comms: Vec<Comm>,
+        bn: Option<(Option<HostGroup>, Vec<Comm>)>,
+        peers: Vec<Peer>,
+        base_rank: usize,
+    ) -> Result<(), TrainError> {
+        let size = comms.first().map_or(1, |c| c.world());
+        let local = peers.len() + 1;
         let shapes: Vec<_> = self
             .params
             .list
@@ -100,6 +128,8 @@ impl Trainer {
             group,
             comms,
             bn,
+            base_rank,
+            size,
             peers,
             shards: Shards {
                 world: self.config.parallel.world(),
@@ -110,7 +140,7 @@ impl Trainer {
             offload: if self.config.parallel.offload == crate::train::config::Offload::None {
                 Vec::new()
             } else {
-                (0..self.config.parallel.world()).map(|_| HostOptimizer::default()).collect()
+                (0..local).map(|_| HostOptimizer::default()).collect()
             },
             shapes: Arc::new(shapes),
             host_shards: Vec::new(),
@@ -123,9 +153,24 @@ impl Trainer {
         Ok(())
     }
 
+    /// Whether this process writes the run's files: always, except over MPI where rank
+    /// 0 does (the others take part in the exchanges only).
+    pub fn writes(&self) -> bool {
+        self.world.as_ref().is_none_or(|w| w.base_rank == 0)
+    }
+
+    /// Whether the run stops now: `mine`, or over MPI whether any rank was asked to
+    /// (every rank asks between the same steps, so all stop after the same one).
+    pub(in crate::train) fn stop_agreed(&self, mine: bool) -> Result<bool, Error> {
+        match self.world.as_ref().filter(|w| w.comms.len() < w.size) {
+            Some(w) => w.comms[0].any(mine).map_err(|e| Error::invalid("stopping", e.to_string())),
+            None => Ok(mine),
+        }
+    }
+
     /// Devices in the run.
     pub fn world_size(&self) -> usize {
-        self.world.as_ref().map_or(1, |w| w.peers.len() + 1)
+        self.world.as_ref().map_or(1, |w| w.size)
     }
 
     /// Every device's memory statistics, in rank order.
@@ -176,7 +221,8 @@ impl Trainer {
         } = self;
         let started = std::time::Instant::now();
         let world = world.as_mut().expect("a parallel step has a world");
-        let n = world.comms.len();
+        // Every rank's share of the batch; this process steps its own ranks' shares.
+        let n = world.size;
         let per = batch.examples.div_ceil(n).max(1);
         let mut parts = split_batch(batch, per);
         parts.resize_with(n, || {
@@ -185,6 +231,7 @@ impl Trainer {
                 ..HostBatch::default()
             })
         });
+        let parts = &parts[world.base_rank..world.base_rank + world.comms.len()];
         if world.bn.is_some() {
             // SyncBatchNorm exchanges inside every micro-batch's forward and backward:
             // every rank must run as many.
@@ -256,16 +303,17 @@ impl Trainer {
         let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .into_iter()
-                .zip(&parts)
+                .zip(parts)
                 .zip(&world.comms)
-                .map(|((rank, part), comm)| {
+                .enumerate()
+                .map(|(local, ((rank, part), comm))| {
                     let plan = &plan;
                     s.spawn(move || {
                         let out = rank_step(rank, part, comm, plan);
                         if let Err(e) = &out {
                             comm.abort(&e.to_string());
                             if let Some(bn) = plan.bn {
-                                bn[comm.rank()].abort(&e.to_string());
+                                bn[local].abort(&e.to_string());
                             }
                         }
                         out
@@ -280,7 +328,7 @@ impl Trainer {
                 })
                 .collect()
         });
-        let mut loss = 0.0;
+        let mut loss = 0.0f64;
         let mut skipped = false;
         let mut first_error = None;
         let mut shards = Vec::new();
@@ -297,8 +345,10 @@ impl Trainer {
             }
         }
         if let Some(e) = first_error {
-            world.group.reset();
-            if let Some((g, _)) = &world.bn {
+            if let Some(g) = &world.group {
+                g.reset();
+            }
+            if let Some((Some(g), _)) = &world.bn {
                 g.reset();
             }
             self.params.zero_grad();
@@ -307,8 +357,15 @@ impl Trainer {
             }
             return Err(e.into());
         }
-        if shards.len() == n {
-            refresh_host_weights(world, shards);
+        if world.comms.len() < n {
+            // Over MPI: the batch's loss is every process's ranks' losses, summed in
+            // rank order.
+            loss = world.comms[0]
+                .sum_f64(loss)
+                .map_err(|e| Error::invalid("parallel step", e.to_string()))?;
+        }
+        if !shards.is_empty() {
+            refresh_host_weights(world, shards)?;
         }
         if timing() {
             eprintln!("{{\"step_done_ms\": {:.1}}}", started.elapsed().as_secs_f64() * 1e3);
@@ -328,7 +385,7 @@ fn is_abort(e: Option<&Error>) -> bool {
 
 /// One rank's step: forward and backward over its part in micro-batches, the buckets
 /// reduced as backward finishes them, then the update of what this rank owns.
-fn rank_step(rank: Rank, part: &HostBatch, comm: &HostComm, plan: &StepPlan) -> Result<RankOutcome, Error> {
+fn rank_step(rank: Rank, part: &HostBatch, comm: &Comm, plan: &StepPlan) -> Result<RankOutcome, Error> {
     let Rank {
         rt,
         model,
@@ -461,7 +518,7 @@ fn forward_backward(
 
 /// Unscale and check, clip and update `params` (the whole model at stage 0, this rank's
 /// shards above); returns whether any rank found an inf or NaN.
-fn update(rt: &Runtime, params: &Params, opt: &mut Optimizer, comm: &HostComm, plan: &StepPlan) -> Result<bool, Error> {
+fn update(rt: &Runtime, params: &Params, opt: &mut Optimizer, comm: &Comm, plan: &StepPlan) -> Result<bool, Error> {
     let found = match plan.scaler {
         Some(sc) => sc.unscale(rt, params)?,
         None => false,
@@ -522,7 +579,7 @@ fn update_on_host(
     host: &mut HostOptimizer,
     mut grads: Vec<Option<Vec<f32>>>,
     host_weights: Option<Arc<Shards3>>,
-    comm: &HostComm,
+    comm: &Comm,
     plan: &StepPlan,
 ) -> Result<(bool, Option<Vec<f32>>), Error> {
     let rank = comm.rank();
@@ -587,7 +644,7 @@ fn update_on_host(
 /// own too when they come from the host). The shards read back land in pinned memory of
 /// this rank's device, which the other ranks read where it lies, and the others' are
 /// laid end to end in another, which the device copies from (`device::host_vec`).
-fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &HostComm, mine: Option<Vec<f32>>) -> Result<(), Error> {
+fn gather_params(rt: &Runtime, params: &Params, shards: &Shards, comm: &Comm, mine: Option<Vec<f32>>) -> Result<(), Error> {
     let rank = comm.rank();
     let from_host = mine.is_some();
     let mine = match mine {

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::parallel::collective::sum_range;
-use crate::parallel::{Collective, HostComm};
+use crate::parallel::{Collective, Comm};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 use crate::train::world::StepPlan;
@@ -49,7 +49,7 @@ pub(in crate::train) type HostGrads = Vec<Option<Vec<f32>>>;
 /// the host under offload.
 pub(in crate::train) fn transfer(
     jobs: Receiver<Job>,
-    comm: &HostComm,
+    comm: &Comm,
     gpu: Option<Arc<Gpu>>,
     plan: &StepPlan,
     n_params: usize,

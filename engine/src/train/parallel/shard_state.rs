@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::optim::{Optimizer, Rule};
+use crate::parallel::Collective;
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 use crate::train::trainer::Trainer;
@@ -22,6 +23,31 @@ impl Trainer {
     /// shards above stage 0): (first moment or momentum, second moment for AdamW).
     pub(in crate::train) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
         let adam = matches!(self.opt.rule, Rule::AdamW(_));
+        let state = self.local_optimizer_state(i, adam)?;
+        // Over MPI, every process's ranks' pieces (every rank makes this call), each
+        // rank's shard in rank order; a rank without the state sends nothing.
+        let Some(w) = self
+            .world
+            .as_ref()
+            .filter(|w| w.comms.len() < w.size && (w.zero > 0 || !w.offload.is_empty()))
+        else {
+            return Ok(state);
+        };
+        let comm = &w.comms[0];
+        let gather = |mine: Vec<f32>| -> Result<Vec<f32>, Error> {
+            let all = comm
+                .all_gather(mine)
+                .map_err(|e| Error::invalid("checkpoint all-gather", e.to_string()))?;
+            Ok(all.iter().flat_map(|v| v.iter().copied()).collect())
+        };
+        let (m, v) = state.map_or((Vec::new(), None), |(m, v)| (m, v));
+        let m_all = gather(m)?;
+        let v_all = if adam { Some(gather(v.unwrap_or_default())?) } else { None };
+        Ok((!m_all.is_empty()).then_some((m_all, v_all)))
+    }
+
+    /// [`Trainer::optimizer_state_host`] over this process's ranks only.
+    fn local_optimizer_state(&self, i: usize, adam: bool) -> Result<Option<HostState>, Error> {
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
             let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
             for host in &w.offload {
@@ -59,8 +85,8 @@ impl Trainer {
         let zero = self.world.as_ref().map_or(0, |w| w.zero);
         let world = self.world_size();
         if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
-            for (rank, host) in w.offload.iter_mut().enumerate() {
-                let r = crate::parallel::shard_range(m.len(), rank, world);
+            for (k, host) in w.offload.iter_mut().enumerate() {
+                let r = crate::parallel::shard_range(m.len(), w.base_rank + k, world);
                 if host.state.len() <= i {
                     host.state.resize_with(i + 1, || None);
                 }
@@ -69,10 +95,12 @@ impl Trainer {
             return Ok(());
         }
         let mut targets: Vec<(&Runtime, &mut Optimizer)> = vec![(&self.rt, &mut self.opt)];
+        let base = self.world.as_ref().map_or(0, |w| w.base_rank);
         if let Some(w) = &mut self.world {
             targets.extend(w.peers.iter_mut().map(|p| (&*p.rt, &mut p.opt)));
         }
-        for (rank, (rt, opt)) in targets.into_iter().enumerate() {
+        for (k, (rt, opt)) in targets.into_iter().enumerate() {
+            let rank = base + k;
             let (range, shape) = if zero == 0 {
                 (0..m.len(), shape.clone())
             } else {

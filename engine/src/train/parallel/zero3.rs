@@ -18,7 +18,7 @@ use crate::device::staging::{concat_into, give_f32};
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::parallel::Shards;
+use crate::parallel::{Collective, Shards};
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 use crate::train::trainer::Trainer;
@@ -103,8 +103,16 @@ fn shard_ranges(shards: &Shards, rank: usize) -> Vec<std::ops::Range<usize>> {
 /// optimizer's weights), written in place when no one holds them any more (the step's
 /// gathers are done), so a step makes no new host memory (fresh pages cost more than
 /// the copy).
-pub(in crate::train) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f32>>) {
+pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<Vec<f32>>) -> Result<(), Error> {
     use rayon::prelude::*;
+    if flats.len() < world.size {
+        // Over MPI: every process's ranks' shards, gathered.
+        let mine = flats.pop().ok_or_else(|| Error::invalid("stage 3", "no shards to gather"))?;
+        let all = world.comms[0]
+            .all_gather(mine)
+            .map_err(|e| Error::invalid("stage 3 all-gather", e.to_string()))?;
+        flats = Arc::try_unwrap(all).unwrap_or_else(|all| (*all).clone());
+    }
     let ranges: Vec<_> = (0..flats.len()).map(|r| shard_ranges(&world.shards, r)).collect();
     let fill = |i: usize, whole: &mut [f32]| {
         let pieces: Vec<&[f32]> = flats.iter().zip(&ranges).map(|(f, r)| &f[r[i].clone()]).collect();
@@ -129,25 +137,28 @@ pub(in crate::train) fn refresh_host_weights(world: &mut World, flats: Vec<Vec<f
             world.host_whole = Arc::new(whole);
         }
     }
+    let local = world.base_rank..world.base_rank + world.comms.len();
     for (rank, (flat, ranges)) in flats.into_iter().zip(ranges).enumerate() {
-        if !world.offload_params {
+        if !world.offload_params || !local.contains(&rank) {
             give_f32(flat);
             continue;
         }
-        match world.host_shards.get_mut(rank).and_then(Arc::get_mut) {
+        let slot = rank - world.base_rank;
+        match world.host_shards.get_mut(slot).and_then(Arc::get_mut) {
             Some(mine) if mine.iter().map(Vec::len).eq(ranges.iter().map(|r| r.len())) => {
                 mine.par_iter_mut().zip(ranges).for_each(|(m, r)| m.copy_from_slice(&flat[r]));
                 give_f32(flat);
             }
             _ => {
                 let split = Arc::new(split_shards(flat, &world.shards, rank));
-                match world.host_shards.get_mut(rank) {
+                match world.host_shards.get_mut(slot) {
                     Some(slot) => *slot = split,
                     None => world.host_shards.push(split),
                 }
             }
         }
     }
+    Ok(())
 }
 
 impl Trainer {
@@ -162,13 +173,21 @@ impl Trainer {
             .collect::<Result<_, _>>()?;
         let Some(w) = self.world.as_mut() else { return Ok(()) };
         let on_host = w.offload_params;
-        let mut host = vec![Arc::new(shard_in_place(&self.rt, &mut self.params, &w.shards, 0, &whole, on_host)?)];
+        let base = w.base_rank;
+        let mut host = vec![Arc::new(shard_in_place(
+            &self.rt,
+            &mut self.params,
+            &w.shards,
+            base,
+            &whole,
+            on_host,
+        )?)];
         for (k, peer) in w.peers.iter_mut().enumerate() {
             host.push(Arc::new(shard_in_place(
                 &peer.rt,
                 &mut peer.params,
                 &w.shards,
-                k + 1,
+                base + k + 1,
                 &whole,
                 on_host,
             )?));
