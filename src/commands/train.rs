@@ -139,6 +139,15 @@ impl Ranks {
         0
     }
 
+    /// Processes in the run over MPI (none in one process).
+    fn mpi_size(&self) -> Option<usize> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return Some(m.size);
+        }
+        None
+    }
+
     /// The trainer of this process's rank.
     fn open(&self, config: Config, adapter: Option<&str>) -> Result<Trainer, Box<dyn std::error::Error>> {
         #[cfg(feature = "mpi")]
@@ -266,7 +275,7 @@ fn train_rank0(
         observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
         profile_every: args.profile_every,
     };
-    let resume_with = resume_command(options.log.as_deref());
+    let resume_with = resume_command(options.log.as_deref(), ranks.mpi_size());
     let result = trainer.run(&options);
     trained.store(true, Ordering::SeqCst);
     if result.is_err()
@@ -328,9 +337,10 @@ fn train_rank0(
 
 /// The command that resumes this run (`--resume` and the folder follow): the
 /// checkpoint holds the resolved config, so only the log needs naming again.
-fn resume_command(log: Option<&std::path::Path>) -> String {
+fn resume_command(log: Option<&std::path::Path>, mpi: Option<usize>) -> String {
+    let launch = mpi.map(|n| format!("mpirun -n {n} ")).unwrap_or_default();
     match log {
-        Some(log) => format!("wgtrain train --log {}", log.display()),
-        None => "wgtrain train".to_string(),
+        Some(log) => format!("{launch}wgtrain train --log {}", log.display()),
+        None => format!("{launch}wgtrain train"),
     }
 }

@@ -1,0 +1,262 @@
+//! Training across processes over MPI (`parallel.backend = "mpi"`), with real `mpirun`
+//! processes as root (as CI runs them), each rank a device of its own on lavapipe: every
+//! step's loss equals the one-process run's over as many devices, bit for bit, for ZeRO
+//! stages 0-3 and both offloads on two and three ranks; a two-rank checkpoint resumes on
+//! three ranks and in one process; SIGTERM to one rank stops every rank after the same
+//! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
+//! within 30 s, naming the lost rank.
+
+mod cli;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cli::{losses, run_ok, scratch, write_sentences};
+
+/// `mpirun -n N` as CI runs it: as root, more ranks than cores, no shared-memory single
+/// copy (refused in containers).
+fn mpirun(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &n.to_string(), "--oversubscribe"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    cmd
+}
+
+/// The `train` arguments of a 2-layer character GPT (batch 12), with `sets` on top.
+fn gpt(dir: &Path, sets: &[String]) -> Vec<String> {
+    let text = dir.join("corpus.txt");
+    if !text.exists() {
+        let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"];
+        write_sentences(&text, [&words, &words, &words], 1500, 11);
+    }
+    let mut all = vec![
+        "model.kind=\"gpt\"".to_string(),
+        "data.kind=\"chars\"".into(),
+        format!("data.path=\"{}\"", text.display()),
+        "model.n_layer=2".into(),
+        "model.n_head=2".into(),
+        "model.n_embd=40".into(),
+        "model.block_size=24".into(),
+        "train.batch_size=12".into(),
+        "train.eval_every=0".into(),
+        "train.lr=3e-3".into(),
+        "train.schedule=\"constant\"".into(),
+        "train.grad_clip=1.0".into(),
+    ];
+    all.extend(sets.iter().cloned());
+    let mut args = vec!["train".to_string(), "--quiet".into()];
+    for s in all {
+        args.extend(["--set".into(), s]);
+    }
+    args
+}
+
+/// Runs `args` on `n` MPI ranks; returns the output (insisting on success).
+fn mpi_ok(n: usize, args: &[String]) -> String {
+    let out = mpirun(n)
+        .arg(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(args)
+        .output()
+        .expect("mpirun runs (the quick start installs openmpi-bin)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mpirun -n {n} wgtrain {args:?} failed:\n{text}");
+    text
+}
+
+fn with_log(mut args: Vec<String>, log: &Path) -> Vec<String> {
+    args.extend(["--log".into(), log.display().to_string()]);
+    args
+}
+
+#[test]
+fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
+    let dir = scratch("mpi-equal");
+    for (ranks, zero, offload) in [
+        (2, 0, "none"),
+        (2, 1, "none"),
+        (2, 2, "none"),
+        (2, 3, "none"),
+        (2, 1, "optimizer"),
+        (2, 3, "optimizer+parameters"),
+        (3, 0, "none"),
+        (3, 2, "none"),
+        (3, 3, "optimizer+parameters"),
+        (3, 1, "optimizer"),
+    ] {
+        let name = format!("n{ranks}z{zero}{}", offload.replace('+', "-"));
+        let sets = [
+            "train.steps=3".to_string(),
+            format!("parallel.zero={zero}"),
+            format!("parallel.offload=\"{offload}\""),
+        ];
+        let mut mpi = sets.to_vec();
+        mpi.push("parallel.backend=\"mpi\"".into());
+        let mpi_log = dir.join(format!("{name}.mpi.jsonl"));
+        mpi_ok(ranks, &with_log(gpt(&dir, &mpi), &mpi_log));
+        let mut one = sets.to_vec();
+        one.push(format!("parallel.devices=[{}]", vec!["\"0\""; ranks].join(",")));
+        let one_log = dir.join(format!("{name}.jsonl"));
+        run_ok(&with_log(gpt(&dir, &one), &one_log), &[]);
+        let (a, b) = (losses(&mpi_log), losses(&one_log));
+        assert_eq!(a.len(), 3, "{name}: three steps logged by rank 0 alone");
+        assert_eq!(a, b, "{name}: MPI ranks against one process");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_two_rank_checkpoint_resumes_on_three_ranks_and_in_one_process() {
+    let dir = scratch("mpi-resume");
+    let ckpt = dir.join("ckpt");
+    let sets = |steps: u32| {
+        vec![
+            format!("train.steps={steps}"),
+            "parallel.zero=2".to_string(),
+            format!("checkpoint.dir=\"{}\"", ckpt.display()),
+        ]
+    };
+    let log = dir.join("run.jsonl");
+    let mut two = sets(3);
+    two.push("parallel.backend=\"mpi\"".into());
+    mpi_ok(2, &with_log(gpt(&dir, &two), &log));
+    let mut three = sets(5);
+    three.push("parallel.backend=\"mpi\"".into());
+    let mut args = with_log(gpt(&dir, &three), &log);
+    args.extend(["--resume".into(), ckpt.display().to_string()]);
+    mpi_ok(3, &args);
+    let steps: Vec<u64> = losses(&log).iter().map(|s| s.0).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5], "one log, continued by rank 0 of the three");
+    // The same folder, on to step 7 in one process (stage 0, one device).
+    let mut one = sets(7);
+    one[1] = "parallel.zero=0".into();
+    let mut args = with_log(gpt(&dir, &one), &log);
+    args.extend(["--resume".into(), ckpt.display().to_string()]);
+    run_ok(&args, &[]);
+    let all = losses(&log);
+    assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6, 7]);
+    assert!(all.iter().all(|s| s.1.is_finite() && s.1 < all[0].1 + 0.5), "{all:?}");
+    assert!(ckpt.join("step-000000007").is_dir());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pids of the `wgtrain` processes `mpirun` (pid `parent`) started.
+fn ranks_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let after = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+        let ppid: u32 = after.split(' ').nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == parent && stat.contains("(wgtrain)") {
+            out.push(pid);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Starts a long run on `n` ranks logging to `log`; returns mpirun and the ranks' pids
+/// once rank 0 has logged `after` steps.
+fn start_long(dir: &Path, n: usize, log: &Path, extra: &[String], after: usize) -> (std::process::Child, Vec<u32>) {
+    let mut sets = vec![
+        "train.steps=100000".to_string(),
+        "parallel.zero=1".into(),
+        "parallel.backend=\"mpi\"".into(),
+    ];
+    sets.extend(extra.iter().cloned());
+    let child = mpirun(n)
+        .arg(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(with_log(gpt(dir, &sets), log))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let done = std::fs::read_to_string(log)
+            .map(|t| t.lines().filter(|l| l.contains("\"loss\"")).count())
+            .unwrap_or(0);
+        let pids = ranks_of(child.id());
+        if done >= after && pids.len() == n {
+            return (child, pids);
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the run did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `child` at most `limit`; returns its exit code and output.
+fn wait_for(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            return (status.code(), text, start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("mpirun still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sigterm_to_one_rank_saves_once_and_every_rank_exits_143() {
+    let dir = scratch("mpi-sigterm");
+    let ckpt: PathBuf = dir.join("ckpt");
+    let log = dir.join("run.jsonl");
+    let extra = [format!("checkpoint.dir=\"{}\"", ckpt.display())];
+    let (child, pids) = start_long(&dir, 2, &log, &extra, 3);
+    // The signal goes to rank 1 only, as Slurm's to one task would.
+    let status = Command::new("kill").args(["-TERM", &pids[1].to_string()]).status().unwrap();
+    assert!(status.success());
+    let (code, text, _) = wait_for(child, Duration::from_secs(60));
+    assert_eq!(code, Some(143), "{text}");
+    assert_eq!(text.matches("interrupted by SIGTERM").count(), 2, "both ranks exit on it:\n{text}");
+    let last = losses(&log).last().unwrap().0;
+    let saved: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(saved, [format!("step-{last:09}")], "one checkpoint, of the last logged step");
+    assert!(
+        text.contains(&format!("--resume {}", ckpt.join(format!("step-{last:09}")).display())),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_rank_ends_the_run_within_30_seconds_naming_it() {
+    let dir = scratch("mpi-sigkill");
+    let log = dir.join("run.jsonl");
+    let (child, pids) = start_long(&dir, 3, &log, &[], 2);
+    let status = Command::new("kill").args(["-KILL", &pids[2].to_string()]).status().unwrap();
+    assert!(status.success());
+    let (code, text, took) = wait_for(child, Duration::from_secs(30));
+    assert_ne!(code, Some(0), "{text}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    assert!(
+        text.contains("noticed that process rank") && text.contains("exited on signal 9"),
+        "the lost rank is named:\n{text}"
+    );
+    // No rank is left running (a killed one may stay a zombie until it is reaped).
+    for pid in pids {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = state.rsplit_once(") ").map_or("", |x| x.1);
+        assert!(state.is_empty() || state.starts_with('Z'), "rank pid {pid} still runs: {state}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
