@@ -45,6 +45,18 @@ ensure_toolchain() {
     fi
 }
 
+# Training across processes (parallel.backend = "mpi", on by default): Open MPI, and
+# libclang for the binding's generated declarations; mpirun for the tests.
+ensure_mpi() {
+    local missing=()
+    command -v mpirun >/dev/null || missing+=(openmpi-bin)
+    command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
+    if command -v dpkg >/dev/null; then
+        dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
+    fi
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+}
+
 # The dashboard's browser test drives Debian's Chromium.
 ensure_browser() {
     command -v chromium >/dev/null || apt_install chromium chromium-driver
@@ -75,14 +87,14 @@ build() {
 
 case "${1:-}" in
     main)
-        ensure_toolchain; build; ensure_adapter; ensure_datasets
+        ensure_toolchain; ensure_mpi; build; ensure_adapter; ensure_datasets
         shift
         ./target/release/wgtrain devices
         mkdir -p runs
         exec ./target/release/wgtrain train examples/configs/fashion_mlp.toml --log runs/fashion_mlp.jsonl --overwrite --dashboard "$@"
         ;;
     test)
-        ensure_toolchain; build; ensure_adapter; ensure_datasets; ensure_browser
+        ensure_toolchain; ensure_mpi; build; ensure_adapter; ensure_datasets; ensure_browser
         shift
         say "running every test"
         exec cargo test --release --locked --workspace "$@"

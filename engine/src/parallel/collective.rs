@@ -18,51 +18,6 @@ use std::sync::{Arc, Condvar, Mutex};
 pub trait Part: Deref<Target = [f32]> + From<Vec<f32>> + Send + Sync + 'static {}
 impl<T: Deref<Target = [f32]> + From<Vec<f32>> + Send + Sync + 'static> Part for T {}
 
-/// A rank's handle of either kind: the one-process group's or (feature `mpi`) a
-/// process's communicator over MPI.
-#[derive(Clone)]
-pub enum Comm {
-    /// A rank of a group in this process.
-    Host(HostComm),
-    /// This process's rank over MPI.
-    #[cfg(feature = "mpi")]
-    Mpi(Arc<super::mpi::MpiComm>),
-}
-
-impl Collective for Comm {
-    fn rank(&self) -> usize {
-        match self {
-            Comm::Host(c) => c.rank(),
-            #[cfg(feature = "mpi")]
-            Comm::Mpi(c) => c.rank(),
-        }
-    }
-
-    fn world(&self) -> usize {
-        match self {
-            Comm::Host(c) => c.world(),
-            #[cfg(feature = "mpi")]
-            Comm::Mpi(c) => c.world(),
-        }
-    }
-
-    fn all_gather<T: Part>(&self, mine: T) -> Result<Arc<Vec<T>>, CollectiveError> {
-        match self {
-            Comm::Host(c) => c.all_gather(mine),
-            #[cfg(feature = "mpi")]
-            Comm::Mpi(c) => c.all_gather(mine),
-        }
-    }
-
-    fn abort(&self, why: &str) {
-        match self {
-            Comm::Host(c) => c.abort(why),
-            #[cfg(feature = "mpi")]
-            Comm::Mpi(c) => c.abort(why),
-        }
-    }
-}
-
 /// Why a collective did not complete.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum CollectiveError {

@@ -7,9 +7,11 @@
 //! `train::parallel`.
 
 pub mod collective;
+pub mod comm;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod shard;
 
-pub use collective::{Collective, CollectiveError, Comm, HostComm, HostGroup};
+pub use collective::{Collective, CollectiveError, HostComm, HostGroup};
+pub use comm::Comm;
 pub use shard::{Shards, shard_range};

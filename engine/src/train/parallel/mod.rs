@@ -27,6 +27,7 @@
 //! `parallel`, `runtime`, `scaler`, `tensor`, `train::{build, config, error, model,
 //! step, trainer, world}`. Called by: `train::{open, plan, run, state, step}`.
 
+pub mod join;
 pub mod reducer;
 pub mod shard_state;
 pub mod zero3;
@@ -38,19 +39,17 @@ use crate::data::HostBatch;
 use crate::device::host_vec::HostVec;
 use crate::device::staging::{concat_into, give_f32, scale_all, square_sum, take_f32};
 use crate::error::Error;
-use crate::memory::{Category, MemoryStats};
 use crate::optim::{HostOptimizer, Optimizer, clip_coef, grad_square_sum, scale_grads};
-use crate::parallel::{Collective, Comm, HostGroup, Shards};
+use crate::parallel::{Collective, Comm, Shards};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
-use crate::train::build::{build_model, optimizer_rule};
 use crate::train::error::TrainError;
 use crate::train::model::Trainable;
 use crate::train::parallel::reducer::{Reducer, timing, transfer};
 use crate::train::parallel::zero3::{ShardGather, refresh_host_weights};
 use crate::train::step::{read_losses, split_batch};
 use crate::train::trainer::Trainer;
-use crate::train::world::{BnSync, Peer, StepPlan, World};
+use crate::train::world::{BnSync, StepPlan};
 
 /// A rank's host shards of every parameter (stage 3), one vector per parameter.
 type Shards3 = Vec<Vec<f32>>;
@@ -73,138 +72,6 @@ struct Rank<'a> {
 }
 
 impl Trainer {
-    /// Joins the devices `rts` (ranks 1..) to this run: each gets the model built from
-    /// the same seed (the same initial weights) and an optimizer of the same rule.
-    pub fn join(&mut self, rts: Vec<Arc<Runtime>>) -> Result<(), TrainError> {
-        let mut peers = Vec::new();
-        for rt in rts {
-            let mut params = Params::default();
-            let model = build_model(&self.config, &rt, self.build.as_ref(), &mut params)?;
-            peers.push(Peer {
-                rt,
-                params,
-                model,
-                opt: Optimizer::new(optimizer_rule(&self.config)),
-            });
-        }
-        let (group, comms) = HostGroup::new(peers.len() + 1);
-        let comms = comms.into_iter().map(Comm::Host).collect();
-        let bn = self.config.parallel.sync_batch_norm.then(|| {
-            let (g, c) = HostGroup::new(peers.len() + 1);
-            (Some(g), c.into_iter().map(Comm::Host).collect())
-        });
-        self.join_world(Some(group), comms, bn, peers, 0)
-    }
-
-    /// Makes this trainer this process's rank of a run over MPI: no peers in this
-    /// process, a communicator of its own for the gradients and one for SyncBatchNorm.
-    #[cfg(feature = "mpi")]
-    pub fn join_mpi(&mut self, mpi: &crate::parallel::mpi::MpiWorld) -> Result<(), TrainError> {
-        let comm = |_| Comm::Mpi(Arc::new(mpi.comm()));
-        let bn = self.config.parallel.sync_batch_norm.then(|| (None, vec![comm(())]));
-        self.join_world(None, vec![comm(())], bn, Vec::new(), mpi.rank)
-    }
-
-    /// Makes this trainer rank `base_rank` of a run whose other ranks are `peers` (in
-    /// this process, after it) and whatever `comms` reach beyond this process.
-    fn join_world(
-        &mut self,
-        group: Option<HostGroup>,
-        comms: Vec<Comm>,
-        bn: Option<(Option<HostGroup>, Vec<Comm>)>,
-        peers: Vec<Peer>,
-        base_rank: usize,
-    ) -> Result<(), TrainError> {
-        let size = comms.first().map_or(1, |c| c.world());
-        let local = peers.len() + 1;
-        let shapes: Vec<_> = self
-            .params
-            .list
-            .iter()
-            .map(|p| (p.value.shape().to_vec(), p.name.clone()))
-            .collect();
-        self.step_kind = crate::train::trainer::StepKind::Parallel;
-        self.world = Some(World {
-            group,
-            comms,
-            bn,
-            base_rank,
-            size,
-            peers,
-            shards: Shards {
-                world: self.config.parallel.world(),
-                numels: self.params.list.iter().map(|p| p.value.numel()).collect(),
-            },
-            zero: self.config.parallel.zero,
-            bucket_bytes: self.config.parallel.bucket_bytes().max(4),
-            offload: if self.config.parallel.offload == crate::train::config::Offload::None {
-                Vec::new()
-            } else {
-                (0..local).map(|_| HostOptimizer::default()).collect()
-            },
-            shapes: Arc::new(shapes),
-            host_shards: Vec::new(),
-            host_whole: Arc::default(),
-            offload_params: self.config.parallel.offload == crate::train::config::Offload::OptimizerParameters,
-        });
-        if self.config.parallel.zero >= 3 {
-            self.shard_weights()?;
-        }
-        Ok(())
-    }
-
-    /// Whether this process writes the run's files: always, except over MPI where rank
-    /// 0 does (the others take part in the exchanges only).
-    pub fn writes(&self) -> bool {
-        self.world.as_ref().is_none_or(|w| w.base_rank == 0)
-    }
-
-    /// Whether the run stops now: `mine`, or over MPI whether any rank was asked to
-    /// (every rank asks between the same steps, so all stop after the same one).
-    pub(in crate::train) fn stop_agreed(&self, mine: bool) -> Result<bool, Error> {
-        match self.world.as_ref().filter(|w| w.comms.len() < w.size) {
-            Some(w) => w.comms[0].any(mine).map_err(|e| Error::invalid("stopping", e.to_string())),
-            None => Ok(mine),
-        }
-    }
-
-    /// Devices in the run.
-    pub fn world_size(&self) -> usize {
-        self.world.as_ref().map_or(1, |w| w.size)
-    }
-
-    /// Every device's memory statistics, in rank order.
-    pub fn device_stats(&self) -> Vec<MemoryStats> {
-        let mut out = vec![self.rt.alloc.stats()];
-        if let Some(w) = &self.world {
-            out.extend(w.peers.iter().map(|p| p.rt.alloc.stats()));
-        }
-        out
-    }
-
-    /// Host memory of the run by category (the offloaded optimizer state), if any.
-    pub fn host_bytes(&self) -> std::collections::BTreeMap<String, u64> {
-        let state: u64 = self.world.iter().flat_map(|w| &w.offload).map(HostOptimizer::bytes).sum();
-        let mut out = std::collections::BTreeMap::new();
-        if self.world.as_ref().is_some_and(|w| !w.offload.is_empty()) {
-            out.insert(Category::OptimizerState.name().to_string(), state);
-        }
-        if let Some(w) = self.world.as_ref().filter(|w| w.offload_params) {
-            let weights: usize = w.host_shards.iter().flat_map(|s| s.iter()).map(Vec::len).sum();
-            out.insert(Category::Parameter.name().to_string(), 4 * weights as u64);
-        }
-        out
-    }
-
-    /// Every device's runtime, in rank order.
-    pub fn runtimes(&self) -> Vec<Arc<Runtime>> {
-        let mut out = vec![self.rt.clone()];
-        if let Some(w) = &self.world {
-            out.extend(w.peers.iter().map(|p| p.rt.clone()));
-        }
-        out
-    }
-
     /// One step over every device: returns the batch's mean loss and whether the update
     /// was skipped (fp16-mixed, an inf or NaN gradient on any device).
     pub(in crate::train) fn parallel_step(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
