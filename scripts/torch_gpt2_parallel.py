@@ -10,6 +10,7 @@ Prints a JSON line per run: median step (steps 4-10), samples/s, each rank's pea
 allocated memory.
     python3 scripts/torch_gpt2_parallel.py                         # one device
     torchrun --standalone --nproc_per_node=2 scripts/torch_gpt2_parallel.py
+    BACKEND=gloo MODES=ddp torchrun --standalone --nproc_per_node=2 scripts/torch_gpt2_parallel.py
 """
 import json, os, time
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -97,7 +98,7 @@ def run(mode, rank, world):
         peaks = [None] * world
         dist.all_gather_object(peaks, peak)
     if rank == 0:
-        print(json.dumps({"peer": "torch " + torch.__version__, "run": mode, "devices": world, "median_step_ms": round(ms, 1),
+        print(json.dumps({"peer": "torch " + torch.__version__, "run": mode, "backend": os.environ.get("BACKEND", "nccl"), "devices": world, "median_step_ms": round(ms, 1),
                           "samples_per_s": round(B * world / ms * 1e3, 1), "peak_MiB": peaks}), flush=True)
     del m, opt
 
@@ -106,11 +107,16 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     torch.cuda.set_device(rank)
+    # BACKEND: nccl (default) or gloo (through host memory, as MPI runs); MODES: which
+    # runs, comma-separated.
+    backend = os.environ.get("BACKEND", "nccl")
     if world > 1:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+        dist.init_process_group(backend, device_id=torch.device("cuda", rank) if backend == "nccl" else None)
         modes = ["ddp", "fsdp", "fsdp-offload", "fsdp-offload-ckpt", "ddp-ckpt"]
     else:
         modes = ["single", "single-ckpt"]
+    if os.environ.get("MODES"):
+        modes = os.environ["MODES"].split(",")
     for mode in modes:
         run(mode, rank, world)
     if world > 1:
