@@ -34,12 +34,6 @@ enum Store {
     Plain(Vec<f32>),
 }
 
-impl From<Vec<f32>> for HostVec {
-    fn from(v: Vec<f32>) -> HostVec {
-        HostVec::plain(v)
-    }
-}
-
 impl HostVec {
     /// A plain vector as a host vector (transfers go through staging).
     pub fn plain(v: Vec<f32>) -> HostVec {

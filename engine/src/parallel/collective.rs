@@ -14,9 +14,23 @@ use std::ops::{Deref, Range};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// A rank's buffer in an exchange: f32 values in host memory, handed over by value
-/// (and made from a vector where another process's values arrive: MPI).
-pub trait Part: Deref<Target = [f32]> + From<Vec<f32>> + Send + Sync + 'static {}
-impl<T: Deref<Target = [f32]> + From<Vec<f32>> + Send + Sync + 'static> Part for T {}
+/// (and made from the values where another process's arrive: MPI).
+pub trait Part: Deref<Target = [f32]> + Received + Send + Sync + 'static {}
+impl<T: Deref<Target = [f32]> + Received + Send + Sync + 'static> Part for T {}
+
+/// A buffer made from values another process sent (a copy: the receive buffer is
+/// reused). A kind of buffer that keeps a pool makes it from the pool, whose pages are
+/// already mapped: fresh pages cost a fault each, five times the copy.
+pub trait Received {
+    /// A buffer holding `values`.
+    fn received(values: &[f32]) -> Self;
+}
+
+impl Received for Vec<f32> {
+    fn received(values: &[f32]) -> Self {
+        values.to_vec()
+    }
+}
 
 /// Why a collective did not complete.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]

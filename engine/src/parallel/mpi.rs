@@ -71,6 +71,7 @@ impl MpiWorld {
         let world = self.universe.world();
         MpiComm {
             comm: Mutex::new(Handle(world.duplicate())),
+            recv: Mutex::new(Vec::new()),
             rank: self.rank,
             size: self.size,
         }
@@ -88,6 +89,8 @@ unsafe impl Send for Handle {}
 /// One rank's communicator over every process of the run.
 pub struct MpiComm {
     comm: Mutex<Handle>,
+    /// Where every rank's values land (kept between calls).
+    recv: Mutex<Vec<f32>>,
     rank: usize,
     size: usize,
 }
@@ -124,9 +127,14 @@ impl Collective for MpiComm {
                 Some(d)
             })
             .collect();
-        let mut buf = vec![0f32; total as usize];
+        // One receive buffer, kept and grown: its pages are mapped once (a fresh one
+        // each call ran the exchange at a fifth of the speed).
+        let mut buf = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.len() < total as usize {
+            buf.resize(total as usize, 0.0);
+        }
         {
-            let mut part = PartitionMut::new(&mut buf[..], &counts[..], &displs[..]);
+            let mut part = PartitionMut::new(&mut buf[..total as usize], &counts[..], &displs[..]);
             comm.all_gather_varcount_into(&mine[..], &mut part);
         }
         drop(guard);
@@ -136,7 +144,7 @@ impl Collective for MpiComm {
                 Some(m) => m,
                 None => {
                     let at = displs[r] as usize;
-                    T::from(buf[at..at + counts[r] as usize].to_vec())
+                    T::received(&buf[at..at + counts[r] as usize])
                 }
             })
             .collect();

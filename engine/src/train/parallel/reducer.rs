@@ -30,6 +30,16 @@ use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 use crate::train::world::StepPlan;
 
+/// Another process's values (MPI) in a plain vector from the staging pool, whose pages
+/// are mapped already.
+impl crate::parallel::collective::Received for HostVec {
+    fn received(values: &[f32]) -> HostVec {
+        let mut v = take_f32(values.len());
+        v.copy_from_slice(values);
+        HostVec::plain(v)
+    }
+}
+
 /// A bucket on its way: the copy of its gradients, and where each sum goes.
 pub(in crate::train) struct Job {
     download: HostDownload,
