@@ -15,7 +15,7 @@ python3 "$here/make_token_data.py" "$out/data"
 idx=($(grep -E '^\[[0-9]+\].*NVIDIA.*vulkan' "$out/devices.txt" | sed -E 's/^\[([0-9]+)\].*/\1/'))
 [ ${#idx[@]} -ge 2 ] || { echo "two NVIDIA Vulkan adapters needed; found: ${idx[*]}"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader PMIX_MCA_gds=hash
 base=(--set model.kind='"gpt"' --set data.kind='"tokens"' --set data.path="\"$out/data/gpt2\"" --set model.vocab_size=50257
       --set model.n_layer=12 --set model.n_head=12 --set model.n_embd=768 --set model.block_size=1024
       --set train.steps=${STEPS:-9} --set train.eval_every=100000 --set data.eval_limit=8 --set memory.precision='"fp32"'
