@@ -63,6 +63,12 @@ pub trait Collective: Send + Sync {
     /// Tells the other ranks to stop waiting: this rank will not make its next call.
     fn abort(&self, why: &str);
 
+    /// Whether the ranks are other processes (each exchange copies), not threads that
+    /// read each other's buffers where they lie.
+    fn across_processes(&self) -> bool {
+        false
+    }
+
     /// [`Collective::all_gather`] of vectors.
     fn all_gather_vecs(&self, mine: Vec<f32>) -> Result<Arc<Vec<Vec<f32>>>, CollectiveError> {
         self.all_gather(mine)
@@ -84,6 +90,25 @@ pub trait Collective: Send + Sync {
         let mut out = vec![0.0; mine.len()];
         sum_range(&all, mine, &mut out);
         Ok(out)
+    }
+
+    /// The sum over ranks of the parts of `buf` this rank owns, end to end in `out`:
+    /// `owned(r)` gives rank r's ranges of `buf` (the same on every rank), each
+    /// element summed in rank order.
+    fn reduce_scatter_ranges(
+        &self,
+        buf: &[f32],
+        owned: &dyn Fn(usize) -> Vec<Range<usize>>,
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        let all = self.all_gather_vecs(buf.to_vec())?;
+        check_lengths(&all)?;
+        let mut at = 0;
+        for r in owned(self.rank()) {
+            sum_range(&all, r.clone(), &mut out[at..at + r.len()]);
+            at += r.len();
+        }
+        Ok(())
     }
 
     /// Rank `root`'s buffer on every rank.

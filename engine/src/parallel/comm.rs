@@ -51,4 +51,33 @@ impl Collective for Comm {
             Comm::Mpi(c) => c.abort(why),
         }
     }
+
+    fn across_processes(&self) -> bool {
+        match self {
+            Comm::Host(c) => c.across_processes(),
+            #[cfg(feature = "mpi")]
+            Comm::Mpi(c) => c.across_processes(),
+        }
+    }
+
+    fn reduce_scatter_ranges(
+        &self,
+        buf: &[f32],
+        owned: &dyn Fn(usize) -> Vec<std::ops::Range<usize>>,
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        match self {
+            Comm::Host(c) => c.reduce_scatter_ranges(buf, owned, out),
+            #[cfg(feature = "mpi")]
+            Comm::Mpi(c) => c.reduce_scatter_ranges(buf, owned, out),
+        }
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        match self {
+            Comm::Host(c) => c.all_reduce_sum(buf),
+            #[cfg(feature = "mpi")]
+            Comm::Mpi(c) => c.all_reduce_sum(buf),
+        }
+    }
 }

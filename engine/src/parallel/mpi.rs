@@ -151,9 +151,122 @@ impl Collective for MpiComm {
         Ok(Arc::new(out))
     }
 
+    fn across_processes(&self) -> bool {
+        true
+    }
+
+    /// The sum over ranks in place, each element summed in rank order as the
+    /// one-process group sums it: rank r receives every rank's r-th part of `buf`
+    /// (`MPI_Alltoallv`), sums it, and every rank gathers the summed parts into `buf`
+    /// (`MPI_Allgatherv`). Each rank moves 2 (N - 1) / N of the buffer (a ring's
+    /// volume), sums a part of it, and nothing is copied out of a receive buffer.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        let (n, len) = (self.size, buf.len());
+        if len > i32::MAX as usize {
+            return Err(CollectiveError::Aborted(format!(
+                "a sum of {len} values is more than MPI's {} a call",
+                i32::MAX
+            )));
+        }
+        let starts: Vec<usize> = (0..=n).map(|r| r * len / n).collect();
+        let counts: Vec<mpi::Count> = (0..n).map(|r| (starts[r + 1] - starts[r]) as mpi::Count).collect();
+        let displs: Vec<mpi::Count> = starts[..n].iter().map(|&s| s as mpi::Count).collect();
+        let part = counts[self.rank] as usize;
+        let guard = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        let comm = &guard.0;
+        let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+        if recv.len() < n * part + part {
+            recv.resize(n * part + part, 0.0);
+        }
+        let (pieces, sum) = recv.split_at_mut(n * part);
+        {
+            let send = mpi::datatype::Partition::new(&buf[..], &counts[..], &displs[..]);
+            let rcounts = vec![part as mpi::Count; n];
+            let rdispls: Vec<mpi::Count> = (0..n).map(|r| (r * part) as mpi::Count).collect();
+            let mut into = PartitionMut::new(&mut pieces[..], &rcounts[..], &rdispls[..]);
+            comm.all_to_all_varcount_into(&send, &mut into);
+        }
+        sum_in_rank_order(pieces, n, &mut sum[..part]);
+        {
+            let mut into = PartitionMut::new(&mut buf[..], &counts[..], &displs[..]);
+            comm.all_gather_varcount_into(&sum[..part], &mut into);
+        }
+        Ok(())
+    }
+
+    /// Each rank sends every other rank the parts it owns (packed end to end,
+    /// `MPI_Alltoallv`) and sums what it receives in rank order: (N - 1) / N of the
+    /// buffer a rank, and no rank receives what it does not sum.
+    fn reduce_scatter_ranges(
+        &self,
+        buf: &[f32],
+        owned: &dyn Fn(usize) -> Vec<std::ops::Range<usize>>,
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        let n = self.size;
+        let ranges: Vec<Vec<std::ops::Range<usize>>> = (0..n).map(owned).collect();
+        let lens: Vec<usize> = ranges.iter().map(|rs| rs.iter().map(|r| r.len()).sum()).collect();
+        let total: usize = lens.iter().sum();
+        let part = lens[self.rank];
+        if total > i32::MAX as usize || n * part > i32::MAX as usize || out.len() < part {
+            return Err(CollectiveError::Aborted(format!(
+                "a reduce-scatter of {total} values does not fit one MPI call"
+            )));
+        }
+        // What each rank owns, packed in rank order.
+        let mut send = Vec::with_capacity(total);
+        for rs in &ranges {
+            for r in rs {
+                send.extend_from_slice(&buf[r.clone()]);
+            }
+        }
+        let counts: Vec<mpi::Count> = lens.iter().map(|&l| l as mpi::Count).collect();
+        let displs: Vec<mpi::Count> = lens
+            .iter()
+            .scan(0, |at, &l| {
+                let d = *at;
+                *at += l;
+                Some(d as mpi::Count)
+            })
+            .collect();
+        let guard = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+        if recv.len() < n * part {
+            recv.resize(n * part, 0.0);
+        }
+        {
+            let from = mpi::datatype::Partition::new(&send[..], &counts[..], &displs[..]);
+            let rcounts = vec![part as mpi::Count; n];
+            let rdispls: Vec<mpi::Count> = (0..n).map(|r| (r * part) as mpi::Count).collect();
+            let mut into = PartitionMut::new(&mut recv[..n * part], &rcounts[..], &rdispls[..]);
+            guard.0.all_to_all_varcount_into(&from, &mut into);
+        }
+        drop(guard);
+        sum_in_rank_order(&recv[..n * part], n, &mut out[..part]);
+        Ok(())
+    }
+
     fn abort(&self, why: &str) {
         eprintln!("error: rank {} of {} failed: {why}; ending every rank", self.rank, self.size);
         let guard = self.comm.lock().unwrap_or_else(|e| e.into_inner());
         guard.0.abort(1);
     }
+}
+
+/// `out[k]` = the sum over r in order 0, 1, ..., n - 1 of `pieces[r * out.len() + k]`
+/// (rank r's piece), as the one-process group adds them.
+fn sum_in_rank_order(pieces: &[f32], n: usize, out: &mut [f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let part = out.len();
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        let at = c * CHUNK;
+        dst.copy_from_slice(&pieces[at..at + dst.len()]);
+        for r in 1..n {
+            let src = &pieces[r * part + at..r * part + at + dst.len()];
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d += *s;
+            }
+        }
+    });
 }

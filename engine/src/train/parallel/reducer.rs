@@ -97,6 +97,52 @@ pub(in crate::train) fn transfer(
             }
             flat
         };
+        if plan.zero == 0 && comm.across_processes() {
+            // Over MPI: the sum lands in this rank's own vector, which its device copies
+            // from (in rank order, the one-process group's bits).
+            let mut flat = flat;
+            comm.all_reduce_sum(&mut flat)?;
+            lap(1, &mut times);
+            if let Some(gpu) = &gpu {
+                let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+                gpu.upload_host(&ranges, flat)?;
+            }
+            lap(2, &mut times);
+            continue;
+        }
+        if plan.zero > 0 && comm.across_processes() {
+            // Over MPI: each rank receives only the parts it owns, and sums them.
+            let owned = |rank: usize| -> Vec<Range<usize>> {
+                let mut start = 0;
+                job.entries
+                    .iter()
+                    .map(|&(i, numel, _, _)| {
+                        let r = plan.shards.range(i, rank);
+                        start += numel;
+                        start - numel + r.start..start - numel + r.end
+                    })
+                    .collect()
+            };
+            let mut sums = host_vec(job.entries.iter().map(|e| e.3.len()).sum());
+            comm.reduce_scatter_ranges(&flat, &owned, &mut sums)?;
+            drop(flat);
+            lap(1, &mut times);
+            let mut at = 0;
+            for (i, _, _, r) in &job.entries {
+                if offload && !r.is_empty() {
+                    let mut kept = take_f32(r.len());
+                    kept.copy_from_slice(&sums[at..at + r.len()]);
+                    host[*i] = Some(kept);
+                }
+                at += r.len();
+            }
+            if let Some(gpu) = gpu.as_ref().filter(|_| !offload) {
+                let ranges: Vec<_> = job.targets.iter().map(|(b, o, l)| (b, *o, *l)).collect();
+                gpu.upload_host(&ranges, sums)?;
+            }
+            lap(2, &mut times);
+            continue;
+        }
         // The other ranks read this rank's vector where it lies (pinned memory too).
         let all = comm.all_gather(flat)?;
         lap(1, &mut times);
