@@ -32,6 +32,12 @@ impl Received for Vec<f32> {
     }
 }
 
+impl Received for Box<[f32]> {
+    fn received(values: &[f32]) -> Self {
+        values.into()
+    }
+}
+
 /// Why a collective did not complete.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum CollectiveError {
