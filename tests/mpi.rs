@@ -1,7 +1,8 @@
 //! Training across processes over MPI (`parallel.backend = "mpi"`), with real `mpirun`
 //! processes as root (as CI runs them), each rank a device of its own on lavapipe: every
 //! step's loss equals the one-process run's over as many devices, bit for bit, for ZeRO
-//! stages 0-3 and both offloads on two and three ranks; a two-rank checkpoint resumes on
+//! stages 0-3 and both offloads on two and three ranks, rank 0's log carrying every
+//! rank's memory with its rank and machine; a two-rank checkpoint resumes on
 //! three ranks and in one process; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
 //! within 30 s, naming the lost rank.
@@ -103,6 +104,16 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
         let (a, b) = (losses(&mpi_log), losses(&one_log));
         assert_eq!(a.len(), 3, "{name}: three steps logged by rank 0 alone");
         assert_eq!(a, b, "{name}: MPI ranks against one process");
+        // Rank 0's lines carry every rank's memory, each with its rank and machine.
+        let text = std::fs::read_to_string(&mpi_log).unwrap();
+        let last: serde_json::Value = serde_json::from_str(text.lines().rev().find(|l| l.contains("\"mem\"")).unwrap()).unwrap();
+        let devices = last["mem"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), ranks, "{name}: one memory record per rank");
+        for (r, d) in devices.iter().enumerate() {
+            assert_eq!(d["rank"], r, "{name}");
+            assert!(d["node"].as_str().is_some_and(|n| !n.is_empty()), "{name}: {d}");
+            assert!(d["peak"].as_u64().unwrap() > 0, "{name}: {d}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

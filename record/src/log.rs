@@ -40,6 +40,12 @@ pub struct MemLog {
     /// Bytes held in host memory by category (offloaded state), when any is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host: BTreeMap<String, u64>,
+    /// A run over MPI: the rank whose device this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// A run over MPI: the machine the rank runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One kernel's row of a step's profile, as torch.profiler's `key_averages()` gives it.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
-use wgtrain_record::{EvalLog, MemLog, RunInfo, StepLog, StepMemory};
+use wgtrain_record::{EvalLog, RunInfo, StepLog, StepMemory};
 
 use crate::data::batches_per_epoch;
 use crate::error::Error;
@@ -22,7 +22,7 @@ use crate::train::checkpoint;
 use crate::train::checkpoint::dir::{CheckpointDir, Start};
 use crate::train::error::TrainError;
 use crate::train::observe::Observer;
-use crate::train::observe::log::{LogWriter, mem_log_devices, repair_log};
+use crate::train::observe::log::{LogWriter, repair_log};
 use crate::train::observe::profile::kernel_rows;
 use crate::train::observe::progress::ProgressBar;
 use crate::train::trainer::Trainer;
@@ -332,10 +332,7 @@ impl Trainer {
                 tokens_per_s: tokens_per_example.map(|t| t as f64 * samples_per_s),
                 model_tflops: Some(model_tflops),
                 mfu: peak.map(|p| model_tflops / p),
-                mem: Some(MemLog {
-                    host: self.host_bytes(),
-                    ..mem_log_devices(&self.device_stats())
-                }),
+                mem: Some(self.step_memory()?),
                 gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6),
                 kernels: kernels.map(|(rows, _)| rows),
                 scale,

@@ -36,6 +36,8 @@ pub struct World {
     pub(super) base_rank: usize,
     /// Ranks in the run, this process's and (over MPI) every other process's.
     pub(super) size: usize,
+    /// Over MPI: the machine this process runs on.
+    pub(super) node: Option<String>,
     /// This process's ranks after the trainer's own (ranks base_rank + 1..; none over
     /// MPI).
     pub peers: Vec<Peer>,

@@ -32,6 +32,8 @@ pub fn mem_log(s: &MemoryStats) -> MemLog {
         num_alloc_retries: s.num_alloc_retries,
         devices: Vec::new(),
         host: Default::default(),
+        rank: None,
+        node: None,
     }
 }
 

@@ -4,7 +4,8 @@
 //! whether to stop).
 //!
 //! May call: `autograd`, `error`, `memory`, `optim`, `parallel`, `runtime`,
-//! `train::{build, error, trainer, world}`. Called by: `train::{open, parallel, run}`.
+//! `train::{build, error, observe, trainer, world}`, `wgtrain_record`. Called by:
+//! `train::{open, parallel, run}`.
 
 use std::sync::Arc;
 
@@ -49,7 +50,11 @@ impl Trainer {
     pub fn join_mpi(&mut self, mpi: &crate::parallel::mpi::MpiWorld) -> Result<(), TrainError> {
         let comm = |_| Comm::Mpi(Arc::new(mpi.comm()));
         let bn = self.config.parallel.sync_batch_norm.then(|| (None, vec![comm(())]));
-        self.join_world(None, vec![comm(())], bn, Vec::new(), mpi.rank)
+        self.join_world(None, vec![comm(())], bn, Vec::new(), mpi.rank)?;
+        if let Some(w) = &mut self.world {
+            w.node = Some(mpi.host.clone());
+        }
+        Ok(())
     }
 
     /// Makes this trainer rank `base_rank` of a run whose other ranks are `peers` (in
@@ -77,6 +82,7 @@ impl Trainer {
             bn,
             base_rank,
             size,
+            node: None,
             peers,
             shards: Shards {
                 world: self.config.parallel.world(),
@@ -113,6 +119,39 @@ impl Trainer {
             Some(w) => w.comms[0].any(mine).map_err(|e| Error::invalid("stopping", e.to_string())),
             None => Ok(mine),
         }
+    }
+
+    /// A step line's memory: this process's devices; over MPI every rank's, each with
+    /// its rank and machine (every rank calls this after each step: an exchange).
+    pub(in crate::train) fn step_memory(&self) -> Result<wgtrain_record::MemLog, Error> {
+        let mem = wgtrain_record::MemLog {
+            host: self.host_bytes(),
+            ..crate::train::observe::log::mem_log_devices(&self.device_stats())
+        };
+        let Some(w) = self.world.as_ref().filter(|w| w.comms.len() < w.size) else {
+            return Ok(mem);
+        };
+        let mine = wgtrain_record::MemLog {
+            rank: Some(w.base_rank as u32),
+            node: w.node.clone(),
+            ..mem
+        };
+        // The line as JSON, a byte a value (exact in f32).
+        let bytes = serde_json::to_vec(&mine).map_err(|e| Error::invalid("memory log", e.to_string()))?;
+        let all = w.comms[0]
+            .all_gather_vecs(bytes.iter().map(|&b| f32::from(b)).collect())
+            .map_err(|e| Error::invalid("memory log", e.to_string()))?;
+        let devices = all
+            .iter()
+            .map(|v| {
+                let bytes: Vec<u8> = v.iter().map(|&f| f as u8).collect();
+                serde_json::from_slice::<wgtrain_record::MemLog>(&bytes).map_err(|e| Error::invalid("memory log", e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(wgtrain_record::MemLog {
+            devices: devices.clone(),
+            ..devices[w.base_rank].clone()
+        })
     }
 
     /// Devices in the run.
