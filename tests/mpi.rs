@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cli::{losses, run_ok, scratch, write_sentences};
+use cli::{char_gpt_sets, losses, run_ok, scratch};
 
 /// `mpirun -n N` as CI runs it: as root, more ranks than cores, no shared-memory single
 /// copy (refused in containers).
@@ -26,30 +26,10 @@ fn mpirun(n: usize) -> Command {
     cmd
 }
 
-/// The `train` arguments of a 2-layer character GPT (batch 12), with `sets` on top.
+/// The `train` arguments of the small character GPT (batch 12), with `sets` on top.
 fn gpt(dir: &Path, sets: &[String]) -> Vec<String> {
-    let text = dir.join("corpus.txt");
-    if !text.exists() {
-        let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"];
-        write_sentences(&text, [&words, &words, &words], 1500, 11);
-    }
-    let mut all = vec![
-        "model.kind=\"gpt\"".to_string(),
-        "data.kind=\"chars\"".into(),
-        format!("data.path=\"{}\"", text.display()),
-        "model.n_layer=2".into(),
-        "model.n_head=2".into(),
-        "model.n_embd=40".into(),
-        "model.block_size=24".into(),
-        "train.batch_size=12".into(),
-        "train.eval_every=0".into(),
-        "train.lr=3e-3".into(),
-        "train.schedule=\"constant\"".into(),
-        "train.grad_clip=1.0".into(),
-    ];
-    all.extend(sets.iter().cloned());
     let mut args = vec!["train".to_string(), "--quiet".into()];
-    for s in all {
+    for s in char_gpt_sets(dir).into_iter().chain(sets.iter().cloned()) {
         args.extend(["--set".into(), s]);
     }
     args

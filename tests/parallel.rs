@@ -10,7 +10,7 @@ mod cli;
 
 use std::path::{Path, PathBuf};
 
-use cli::{losses, run_ok, scratch, wgtrain, write_sentences};
+use cli::{char_gpt_sets, losses, run_ok, scratch, wgtrain, write_sentences};
 
 fn corpus(dir: &Path) -> PathBuf {
     let path = dir.join("corpus.txt");
@@ -22,21 +22,7 @@ fn corpus(dir: &Path) -> PathBuf {
 /// `wgtrain COMMAND` on a 2-layer char GPT over `devices` devices (none: one device,
 /// the single-device path), with `sets` as further `--set`s.
 fn gpt_args(command: &str, dir: &Path, devices: usize, sets: &[String]) -> Vec<String> {
-    let text = corpus(dir);
-    let mut all = vec![
-        "model.kind=\"gpt\"".to_string(),
-        "data.kind=\"chars\"".into(),
-        format!("data.path=\"{}\"", text.display()),
-        "model.n_layer=2".into(),
-        "model.n_head=2".into(),
-        "model.n_embd=40".into(),
-        "model.block_size=24".into(),
-        "train.batch_size=12".into(),
-        "train.eval_every=0".into(),
-        "train.lr=3e-3".into(),
-        "train.schedule=\"constant\"".into(),
-        "train.grad_clip=1.0".into(),
-    ];
+    let mut all = char_gpt_sets(dir);
     if devices > 0 {
         all.push(format!("parallel.devices=[{}]", vec!["\"0\""; devices].join(",")));
     }

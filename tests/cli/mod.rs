@@ -99,3 +99,27 @@ pub fn write_sentences(path: &Path, words: [&[&str]; 3], lines: usize, seed: u64
     }
     std::fs::write(path, text).unwrap();
 }
+
+/// The `--set` values of the small character GPT the multi-device tests train (2
+/// layers, 40 wide, batch 12) on a text of sentences it writes into `dir` once.
+pub fn char_gpt_sets(dir: &Path) -> Vec<String> {
+    let text = dir.join("corpus.txt");
+    if !text.exists() {
+        let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"];
+        write_sentences(&text, [&words, &words, &words], 1500, 11);
+    }
+    vec![
+        "model.kind=\"gpt\"".to_string(),
+        "data.kind=\"chars\"".into(),
+        format!("data.path=\"{}\"", text.display()),
+        "model.n_layer=2".into(),
+        "model.n_head=2".into(),
+        "model.n_embd=40".into(),
+        "model.block_size=24".into(),
+        "train.batch_size=12".into(),
+        "train.eval_every=0".into(),
+        "train.lr=3e-3".into(),
+        "train.schedule=\"constant\"".into(),
+        "train.grad_clip=1.0".into(),
+    ]
+}

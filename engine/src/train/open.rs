@@ -69,22 +69,8 @@ impl Trainer {
         config.validate()?;
         let data = load_data(&config)?;
         let selector = config.parallel.rank_device(mpi.local_rank, adapter);
-        let gpu = Arc::new(Gpu::open(selector.as_deref()).map_err(Error::from)?);
-        let (config, mut notes) = resolve_precision(config, &gpu)?;
-        let (config, fit_notes) = plan(config, &gpu, &data)?;
-        notes.extend(fit_notes);
-        let cap = cap_of(&config)?;
-        let rt = Arc::new(Runtime::new(
-            gpu,
-            AllocatorOptions {
-                debug: Some(config.memory.debug),
-                cap,
-                dry: false,
-            },
-        )?);
-        let mut trainer = Trainer::assemble(config, rt, data)?;
+        let mut trainer = Trainer::on_one_device(config, data, selector.as_deref())?;
         trainer.join_mpi(mpi)?;
-        trainer.notes = notes;
         Ok(trainer)
     }
 
@@ -118,7 +104,13 @@ impl Trainer {
             }
             return Ok(trainer);
         }
-        let gpu = Arc::new(Gpu::open(adapter).map_err(Error::from)?);
+        Trainer::on_one_device(config, data, adapter)
+    }
+
+    /// The run on the one device `selector` names: the precision rule, the plan, then
+    /// the runtime with the plan's cap.
+    fn on_one_device(config: Config, data: Loaded, selector: Option<&str>) -> Result<Trainer, TrainError> {
+        let gpu = Arc::new(Gpu::open(selector).map_err(Error::from)?);
         let (config, mut notes) = resolve_precision(config, &gpu)?;
         let (config, fit_notes) = plan(config, &gpu, &data)?;
         notes.extend(fit_notes);
