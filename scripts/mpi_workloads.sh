@@ -4,8 +4,11 @@
 # (parallel.devices) and over two MPI ranks (parallel.backend = "mpi", one process per
 # device), for data parallel and for ZeRO 3 with both offloads and checkpointing; each
 # run's log, its stderr with each rank's exchange timings (WGTRAIN_PARALLEL_TIMES=1),
-# and a summary line per run. Then PyTorch DDP over NCCL and over gloo at the same
+# and a summary line per run. The MPI runs use `mpirun --bind-to none` (Open MPI binds
+# each of two ranks to one core by default), then again through MPI's messages instead
+# of the host's shared window, and bound to a core. Then PyTorch DDP over NCCL and over gloo at the same
 # shapes (scripts/torch_gpt2_parallel.py).
+# With ALLREDUCE=path/to/examples/mpi_allreduce, the exchange alone after them.
 #   scripts/mpi_workloads.sh WGTRAIN_BINARY OUT_DIR
 set -uo pipefail
 bin=$1; out=$2; mkdir -p "$out/data"
@@ -33,7 +36,7 @@ PY
 run() { # tag, mpi (0/1), sets...
     local tag=$1 mpi=$2; shift 2
     if [ "$mpi" = 1 ]; then
-        WGTRAIN_PARALLEL_TIMES=1 timeout 240 mpirun -n 2 "$bin" train --quiet --log "$out/$tag.jsonl" "${base[@]}" --set parallel.backend='"mpi"' "$@" > "$out/$tag.txt" 2>&1
+        WGTRAIN_PARALLEL_TIMES=1 timeout 240 mpirun -n 2 ${BIND:---bind-to none} "$bin" train --quiet --log "$out/$tag.jsonl" "${base[@]}" --set parallel.backend='"mpi"' "$@" > "$out/$tag.txt" 2>&1
     else
         WGTRAIN_PARALLEL_TIMES=1 timeout 240 "$bin" train --quiet --log "$out/$tag.jsonl" "${base[@]}" "$@" > "$out/$tag.txt" 2>&1
     fi
@@ -41,8 +44,17 @@ run() { # tag, mpi (0/1), sets...
 }
 run z0 0 --set parallel.zero=0
 run z0-mpi 1 --set parallel.zero=0
+WGTRAIN_MPI_SHARED_MEMORY=0 run z0-mpi-messages 1 --set parallel.zero=0
+BIND="--bind-to core" run z0-mpi-bound 1 --set parallel.zero=0
 run z3offp-ckpt 0 --set parallel.zero=3 --set parallel.offload='"optimizer+parameters"' --set memory.checkpoint='"every-layer"'
 run z3offp-ckpt-mpi 1 --set parallel.zero=3 --set parallel.offload='"optimizer+parameters"' --set memory.checkpoint='"every-layer"'
 MODES=ddp timeout 200 torchrun --standalone --nproc_per_node=2 "$here/torch_gpt2_parallel.py" 2>"$out/torch-nccl.err" | grep peer
 BACKEND=gloo MODES=ddp timeout 200 torchrun --standalone --nproc_per_node=2 "$here/torch_gpt2_parallel.py" 2>"$out/torch-gloo.err" | grep peer
+# The exchange alone: all-reduce bandwidth per rank against the ring bound through host
+# memory (examples/mpi_allreduce), through the shared window and through messages.
+if [ -x "${ALLREDUCE:-}" ]; then
+    mpirun -n 2 --bind-to none "$ALLREDUCE" 4 25 100 400 > "$out/allreduce.jsonl" 2>&1
+    WGTRAIN_MPI_SHARED_MEMORY=0 mpirun -n 2 --bind-to none "$ALLREDUCE" 4 25 100 400 >> "$out/allreduce.jsonl" 2>&1
+    cat "$out/allreduce.jsonl"
+fi
 rm -rf "$out/data"

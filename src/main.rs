@@ -79,8 +79,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.is::<commands::Interrupted>() => {
-            let signal = err.downcast_ref::<commands::Interrupted>().map_or(2, |i| i.signal);
-            eprintln!("{err}");
+            let i = err.downcast_ref::<commands::Interrupted>();
+            if !i.is_some_and(|i| i.said) {
+                eprintln!("{err}");
+            }
+            let signal = i.map_or(2, |i| i.signal);
             ExitCode::from((128 + signal) as u8)
         }
         Err(err) => {

@@ -1,7 +1,8 @@
 //! Training across processes over MPI (`parallel.backend = "mpi"`), with real `mpirun`
 //! processes as root (as CI runs them), each rank a device of its own on lavapipe: every
 //! step's loss equals the one-process run's over as many devices, bit for bit, for ZeRO
-//! stages 0-3 and both offloads on two and three ranks, rank 0's log carrying every
+//! stages 0-3 and both offloads on two and three ranks (summing through the host's
+//! shared-memory window, and through MPI's messages as between hosts), rank 0's log carrying every
 //! rank's memory with its rank and machine; a two-rank checkpoint resumes on
 //! three ranks and in one process; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
@@ -37,7 +38,13 @@ fn gpt(dir: &Path, sets: &[String]) -> Vec<String> {
 
 /// Runs `args` on `n` MPI ranks; returns the output (insisting on success).
 fn mpi_ok(n: usize, args: &[String]) -> String {
+    mpi_ok_env(n, args, true)
+}
+
+/// [`mpi_ok`], the ranks summing through the host's shared window or not.
+fn mpi_ok_env(n: usize, args: &[String], shared_memory: bool) -> String {
     let out = mpirun(n)
+        .env("WGTRAIN_MPI_SHARED_MEMORY", if shared_memory { "1" } else { "0" })
         .arg(env!("CARGO_BIN_EXE_wgtrain"))
         .args(args)
         .output()
@@ -55,19 +62,28 @@ fn with_log(mut args: Vec<String>, log: &Path) -> Vec<String> {
 #[test]
 fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
     let dir = scratch("mpi-equal");
-    for (ranks, zero, offload) in [
-        (2, 0, "none"),
-        (2, 1, "none"),
-        (2, 2, "none"),
-        (2, 3, "none"),
-        (2, 1, "optimizer"),
-        (2, 3, "optimizer+parameters"),
-        (3, 0, "none"),
-        (3, 2, "none"),
-        (3, 3, "optimizer+parameters"),
-        (3, 1, "optimizer"),
+    // The last field: whether the ranks sum through the host's shared window (else
+    // through MPI's messages, as between hosts).
+    for (ranks, zero, offload, shared) in [
+        (2, 0, "none", true),
+        (2, 0, "none", false),
+        (2, 1, "none", true),
+        (2, 2, "none", true),
+        (2, 3, "none", true),
+        (2, 1, "optimizer", true),
+        (2, 3, "optimizer+parameters", true),
+        (3, 0, "none", true),
+        (3, 0, "none", false),
+        (3, 2, "none", true),
+        (3, 2, "none", false),
+        (3, 3, "optimizer+parameters", true),
+        (3, 1, "optimizer", true),
     ] {
-        let name = format!("n{ranks}z{zero}{}", offload.replace('+', "-"));
+        let name = format!(
+            "n{ranks}z{zero}{}{}",
+            offload.replace('+', "-"),
+            if shared { "" } else { "-messages" }
+        );
         let sets = [
             "train.steps=3".to_string(),
             format!("parallel.zero={zero}"),
@@ -76,7 +92,9 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
         let mut mpi = sets.to_vec();
         mpi.push("parallel.backend=\"mpi\"".into());
         let mpi_log = dir.join(format!("{name}.mpi.jsonl"));
-        mpi_ok(ranks, &with_log(gpt(&dir, &mpi), &mpi_log));
+        let text = mpi_ok_env(ranks, &with_log(gpt(&dir, &mpi), &mpi_log), shared);
+        let how = if shared { "shared memory" } else { "MPI messages" };
+        assert!(text.contains(&format!("on one host, summing through {how}")), "{name}:\n{text}");
         let mut one = sets.to_vec();
         one.push(format!("parallel.devices=[{}]", vec!["\"0\""; ranks].join(",")));
         let one_log = dir.join(format!("{name}.jsonl"));

@@ -21,6 +21,9 @@ pub use wgtrain_engine::files::write_atomically;
 pub struct Interrupted {
     /// The signal's number.
     pub signal: i32,
+    /// Whether the message was printed already (over MPI, before the ranks part: once
+    /// a rank exits non-zero, mpirun ends the others).
+    pub said: bool,
 }
 
 impl std::fmt::Display for Interrupted {

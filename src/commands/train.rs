@@ -94,13 +94,23 @@ pub fn run(args: TrainArgs) -> CliResult {
         }
     })?;
     let ranks = Ranks::start(&config)?;
-    let result = ranks.train(config, &args, stop, received, trained);
+    let mut result = ranks.train(config, &args, stop, received, trained);
     // Over MPI a rank that fails ends every rank: the others would wait for it.
     if let Err(e) = &result
         && !e.is::<Interrupted>()
     {
         ranks.fail(&e.to_string());
     }
+    // Over MPI every rank says it was interrupted before the ranks part (MPI_Finalize
+    // waits for all): the first rank to exit 143 makes mpirun end the rest.
+    if ranks.mpi_size().is_some()
+        && let Err(e) = &mut result
+        && let Some(i) = e.downcast_mut::<Interrupted>()
+    {
+        eprintln!("{i}");
+        i.said = true;
+    }
+    drop(ranks);
     result
 }
 
@@ -137,6 +147,28 @@ impl Ranks {
             return m.rank;
         }
         0
+    }
+
+    /// Over MPI: the hosts the ranks run on, and how they sum.
+    fn spread(&self) -> String {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return match (m.hosts, m.shared_memory) {
+                (1, true) => " on one host, summing through shared memory".into(),
+                (1, false) => " on one host, summing through MPI messages".into(),
+                (h, _) => format!(" on {h} hosts"),
+            };
+        }
+        String::new()
+    }
+
+    /// Over MPI: what rank 0 says about how the ranks were placed.
+    fn notes(&self) -> Vec<String> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.binding_note().into_iter().collect();
+        }
+        Vec::new()
     }
 
     /// Processes in the run over MPI (none in one process).
@@ -200,7 +232,7 @@ impl Ranks {
             trained.store(true, Ordering::SeqCst);
             if summary.interrupted {
                 let signal = self.agreed_signal(received.load(Ordering::SeqCst));
-                return Err(Box::new(Interrupted { signal }));
+                return Err(Box::new(Interrupted { signal, said: false }));
             }
             return Ok(());
         }
@@ -218,12 +250,14 @@ fn train_rank0(
     trained: Arc<AtomicBool>,
 ) -> CliResult {
     let stop_serving = stop.clone();
-    for note in &trainer.notes {
+    for note in trainer.notes.iter().chain(&ranks.notes()) {
         eprintln!("{note}");
     }
     let p = &trainer.config.parallel;
     let devices = if p.backend == wgtrain_engine::train::config::Backend::Mpi {
-        format!(" as rank 0 of {} MPI processes: ZeRO stage {}", trainer.world_size(), p.zero)
+        let n = trainer.world_size();
+        let plural = if n == 1 { "" } else { "es" };
+        format!(" as rank 0 of {n} MPI process{plural}{}: ZeRO stage {}", ranks.spread(), p.zero)
     } else if p.enabled() {
         let offload = if p.offload == wgtrain_engine::train::config::Offload::None {
             String::new()
@@ -330,6 +364,7 @@ fn train_rank0(
     if summary.interrupted {
         return Err(Box::new(Interrupted {
             signal: ranks.agreed_signal(received.load(Ordering::SeqCst)),
+            said: false,
         }));
     }
     Ok(())

@@ -11,6 +11,8 @@ pub mod comm;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod shard;
+#[cfg(feature = "mpi")]
+mod shm;
 
 pub use collective::{Collective, CollectiveError, HostComm, HostGroup};
 pub use comm::Comm;

@@ -22,7 +22,8 @@ use mpi::environment::Universe;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::collective::{Collective, CollectiveError, Part};
+use super::collective::{Collective, CollectiveError, Part, sum_range};
+use super::shm::NodeWindow;
 
 /// MPI for this process: initialised once, finalised on drop (keep it alive until the
 /// run's communicators are gone).
@@ -36,6 +37,17 @@ pub struct MpiWorld {
     pub local_rank: usize,
     /// The host's name, as MPI gives it.
     pub host: String,
+    /// Hosts the processes run on.
+    pub hosts: usize,
+    /// Processes on this host.
+    pub local_size: usize,
+    /// CPU cores this process may run on (mpirun may bind it to fewer than the host's).
+    pub cores: usize,
+    /// CPU cores the host has online.
+    pub host_cores: usize,
+    /// Whether the ranks sum through a shared-memory window (every rank on one host),
+    /// not through MPI's messages.
+    pub shared_memory: bool,
 }
 
 impl MpiWorld {
@@ -56,21 +68,33 @@ impl MpiWorld {
         let shared = world.split_shared(rank as i32);
         let local_rank = shared.rank() as usize;
         let host = mpi::environment::processor_name().unwrap_or_else(|_| "?".into());
+        let mut hosts = 0i32;
+        world.all_reduce_into(&((local_rank == 0) as i32), &mut hosts, mpi::collective::SystemOperation::sum());
+        let hosts = hosts as usize;
         Ok(MpiWorld {
             universe,
             rank,
             size,
             local_rank,
             host,
+            hosts,
+            local_size: shared.size() as usize,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            host_cores: online_cpus().unwrap_or(1),
+            shared_memory: hosts == 1 && size > 1 && shared_memory_allowed(),
         })
     }
 
     /// A communicator of every rank of its own (a duplicate of `MPI_COMM_WORLD`): each
     /// thread that exchanges uses its own.
     pub fn comm(&self) -> MpiComm {
-        let world = self.universe.world();
+        let world = self.universe.world().duplicate();
+        // Ranks that all share this host's memory sum through a shared window.
+        let node = world.split_shared(self.rank as i32);
+        let shm = self.shared_memory.then(|| Mutex::new(NodeWindow::new(node)));
         MpiComm {
-            comm: Mutex::new(Handle(world.duplicate())),
+            comm: Mutex::new(Handle(world)),
+            shm,
             recv: Mutex::new(Vec::new()),
             rank: self.rank,
             size: self.size,
@@ -91,6 +115,8 @@ pub struct MpiComm {
     comm: Mutex<Handle>,
     /// Where every rank's values land (kept between calls).
     recv: Mutex<Vec<f32>>,
+    /// When every rank is on this host: the window the sums go through.
+    shm: Option<Mutex<NodeWindow>>,
     rank: usize,
     size: usize,
 }
@@ -161,6 +187,9 @@ impl Collective for MpiComm {
     /// (`MPI_Allgatherv`). Each rank moves 2 (N - 1) / N of the buffer (a ring's
     /// volume), sums a part of it, and nothing is copied out of a receive buffer.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        if let Some(shm) = &self.shm {
+            return shm.lock().unwrap_or_else(|e| e.into_inner()).all_reduce_sum(buf);
+        }
         let (n, len) = (self.size, buf.len());
         if len > i32::MAX as usize {
             return Err(CollectiveError::Aborted(format!(
@@ -203,6 +232,10 @@ impl Collective for MpiComm {
         owned: &dyn Fn(usize) -> Vec<std::ops::Range<usize>>,
         out: &mut [f32],
     ) -> Result<(), CollectiveError> {
+        if let Some(shm) = &self.shm {
+            let mine = owned(self.rank);
+            return shm.lock().unwrap_or_else(|e| e.into_inner()).reduce_scatter_ranges(buf, &mine, out);
+        }
         let n = self.size;
         let ranges: Vec<Vec<std::ops::Range<usize>>> = (0..n).map(owned).collect();
         let lens: Vec<usize> = ranges.iter().map(|rs| rs.iter().map(|r| r.len()).sum()).collect();
@@ -256,17 +289,37 @@ impl Collective for MpiComm {
 /// `out[k]` = the sum over r in order 0, 1, ..., n - 1 of `pieces[r * out.len() + k]`
 /// (rank r's piece), as the one-process group adds them.
 fn sum_in_rank_order(pieces: &[f32], n: usize, out: &mut [f32]) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
     let part = out.len();
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
-        let at = c * CHUNK;
-        dst.copy_from_slice(&pieces[at..at + dst.len()]);
-        for r in 1..n {
-            let src = &pieces[r * part + at..r * part + at + dst.len()];
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d += *s;
-            }
-        }
-    });
+    let each: Vec<&[f32]> = (0..n).map(|r| &pieces[r * part..(r + 1) * part]).collect();
+    sum_range(&each, 0..part, out);
+}
+
+/// CPUs online on this host (Linux: `/sys/devices/system/cpu/online`, as "0-31,64-95").
+fn online_cpus() -> Option<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    text.trim().split(',').try_fold(0, |n, part| {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        Some(n + b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?)
+    })
+}
+
+impl MpiWorld {
+    /// A note when mpirun bound this process to fewer cores than its share of the
+    /// host's (Open MPI binds each rank to one core by default with two ranks): the
+    /// host's sums and the device driver's threads then share them.
+    pub fn binding_note(&self) -> Option<String> {
+        let share = self.host_cores / self.local_size.max(1);
+        (self.cores < share).then(|| {
+            format!(
+                "note: rank {} may use {} of this host's {} CPU cores (mpirun binds ranks to cores by default); `mpirun --bind-to none` (or `--map-by slot:PE={share}`) gives each rank its share, which the exchanges use",
+                self.rank, self.cores, self.host_cores
+            )
+        })
+    }
+}
+
+/// Whether the host's ranks may sum through a shared window (`WGTRAIN_MPI_SHARED_MEMORY=0`
+/// sends every value through MPI's messages instead, as between hosts).
+fn shared_memory_allowed() -> bool {
+    std::env::var("WGTRAIN_MPI_SHARED_MEMORY").map_or(true, |v| v != "0")
 }
