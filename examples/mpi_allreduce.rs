@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 use wgtrain_engine::parallel::Collective;
+use wgtrain_engine::parallel::collective::copy_parallel;
 use wgtrain_engine::parallel::mpi::MpiWorld;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -58,9 +59,7 @@ fn main() -> Result<(), String> {
             let mut t = Vec::new();
             for _ in 0..5 {
                 let s = Instant::now();
-                dst.par_chunks_mut(1 << 18)
-                    .zip(src.par_chunks(1 << 18))
-                    .for_each(|(d, s)| d.copy_from_slice(s));
+                copy_parallel(&src, &mut dst);
                 t.push(s.elapsed().as_secs_f64());
             }
             median(t)

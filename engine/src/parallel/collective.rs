@@ -28,7 +28,10 @@ pub trait Received {
 
 impl Received for Vec<f32> {
     fn received(values: &[f32]) -> Self {
-        values.to_vec()
+        // Fresh pages fault as they are first written: on every core at once.
+        let mut v = vec![0.0; values.len()];
+        copy_parallel(values, &mut v);
+        v
     }
 }
 
@@ -163,6 +166,16 @@ pub fn sum_range<T: Deref<Target = [f32]> + Sync>(all: &[T], range: Range<usize>
             }
         }
     });
+}
+
+/// `dst.copy_from_slice(src)` on every core: one thread copies at a fraction of the
+/// host's memory bandwidth.
+pub fn copy_parallel(src: &[f32], dst: &mut [f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 18;
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 struct Round {

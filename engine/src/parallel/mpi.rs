@@ -136,6 +136,12 @@ impl Collective for MpiComm {
         let len = mine.len() as u64;
         let mut lens = vec![0u64; self.size];
         comm.all_gather_into(&len, &mut lens[..]);
+        if let Some(shm) = &self.shm {
+            drop(guard);
+            let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
+            let all = shm.lock().unwrap_or_else(|e| e.into_inner()).all_gather(mine, &lens)?;
+            return Ok(Arc::new(all));
+        }
         let total: u64 = lens.iter().sum();
         // MPI counts elements in C ints.
         if total > i32::MAX as u64 {

@@ -22,7 +22,7 @@ use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
-use super::collective::{CollectiveError, sum_range};
+use super::collective::{CollectiveError, Part, copy_parallel, sum_range};
 
 /// A window over the host's ranks, grown (collectively) to the largest buffer yet.
 pub(super) struct NodeWindow {
@@ -211,12 +211,29 @@ impl NodeWindow {
     }
 }
 
-/// `dst.copy_from_slice(src)` on every core: one thread copies at a fraction of the
-/// host's memory bandwidth.
-fn copy_parallel(src: &[f32], dst: &mut [f32]) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 18;
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+impl NodeWindow {
+    /// Every rank's buffer, indexed by rank: `mine` is this rank's, `lens` every
+    /// rank's length (exchanged before). Each other rank's is copied out of its segment
+    /// into a buffer of `mine`'s kind.
+    pub(super) fn all_gather<T: Part>(&mut self, mine: T, lens: &[usize]) -> Result<Vec<T>, CollectiveError> {
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        self.ensure(longest)?;
+        {
+            // SAFETY: this rank's own input segment, which no rank reads in this phase.
+            let seg = unsafe { std::slice::from_raw_parts_mut(self.bases[self.rank] as *mut f32, mine.len()) };
+            copy_parallel(&mine, seg);
+        }
+        self.phase()?;
+        let mut mine = Some(mine);
+        let out = (0..self.size)
+            .map(|r| match mine.take_if(|_| r == self.rank) {
+                Some(m) => m,
+                // SAFETY: inputs are only read in this phase.
+                None => T::received(unsafe { self.input(r, lens[r]) }),
+            })
+            .collect();
+        // No rank writes its next input before every rank has copied this one.
+        self.phase()?;
+        Ok(out)
+    }
 }

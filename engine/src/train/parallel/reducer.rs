@@ -35,7 +35,7 @@ use crate::train::world::StepPlan;
 impl crate::parallel::collective::Received for HostVec {
     fn received(values: &[f32]) -> HostVec {
         let mut v = take_f32(values.len());
-        v.copy_from_slice(values);
+        crate::parallel::collective::copy_parallel(values, &mut v);
         HostVec::plain(v)
     }
 }
