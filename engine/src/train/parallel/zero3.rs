@@ -105,6 +105,8 @@ fn shard_ranges(shards: &Shards, rank: usize) -> Vec<std::ops::Range<usize>> {
 /// the copy).
 pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<Vec<f32>>) -> Result<(), Error> {
     use rayon::prelude::*;
+    let clock = std::time::Instant::now();
+    let mut reused = [true; 2];
     if flats.len() < world.size {
         // Over MPI: every process's ranks' shards, gathered.
         let mine = flats.pop().ok_or_else(|| Error::invalid("stage 3", "no shards to gather"))?;
@@ -113,6 +115,7 @@ pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<V
             .map_err(|e| Error::invalid("stage 3 all-gather", e.to_string()))?;
         flats = Arc::try_unwrap(all).unwrap_or_else(|all| (*all).clone());
     }
+    let gathered = clock.elapsed();
     let ranges: Vec<_> = (0..flats.len()).map(|r| shard_ranges(&world.shards, r)).collect();
     let fill = |i: usize, whole: &mut [f32]| {
         let pieces: Vec<&[f32]> = flats.iter().zip(&ranges).map(|(f, r)| &f[r[i].clone()]).collect();
@@ -124,6 +127,7 @@ pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<V
             whole.par_iter_mut().enumerate().for_each(|(i, w)| fill(i, w));
         }
         _ => {
+            reused[0] = false;
             // Drop the old whole weights first: the new ones take their place.
             world.host_whole = Arc::default();
             let whole = (0..numels.len())
@@ -150,6 +154,7 @@ pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<V
                 give_f32(flat);
             }
             _ => {
+                reused[1] = false;
                 let split = Arc::new(split_shards(flat, &world.shards, rank));
                 match world.host_shards.get_mut(slot) {
                     Some(slot) => *slot = split,
@@ -157,6 +162,15 @@ pub(in crate::train) fn refresh_host_weights(world: &mut World, mut flats: Vec<V
                 }
             }
         }
+    }
+    if super::reducer::timing() {
+        eprintln!(
+            "{{\"refresh_ms\": {:.1}, \"gathered_ms\": {:.1}, \"whole_reused\": {}, \"shards_reused\": {}}}",
+            clock.elapsed().as_secs_f64() * 1e3,
+            gathered.as_secs_f64() * 1e3,
+            reused[0],
+            reused[1]
+        );
     }
     Ok(())
 }
