@@ -1,6 +1,6 @@
 //! What a run over several devices shares between them: the collectives (`collective`:
 //! the trait each rank calls and its one-process implementation over host memory;
-//! `mpi`: across processes, feature `mpi`) and the partition of parameters into shards
+//! `mpi`: across processes, feature `mpi`, with `shm` for the ranks of one host) and the partition of parameters into shards
 //! (`shard`).
 //!
 //! May call: nothing of the engine below the train layer but itself. Called by:

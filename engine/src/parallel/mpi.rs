@@ -2,17 +2,19 @@
 //! process under mpirun or srun), through rsmpi. [`MpiWorld`] initialises MPI with
 //! `MPI_THREAD_MULTIPLE` (a rank's transfer thread and its step thread each drive their
 //! own communicator) and finalises it when dropped; [`MpiComm`] is one duplicate of
-//! `MPI_COMM_WORLD` and implements [`Collective`] with `MPI_Allgatherv`: every rank
-//! receives every rank's buffer and the trait's reductions sum them in rank order 0,
-//! 1, ..., N-1 on each rank. MPI's own reductions promise no order (an implementation
-//! may pick its algorithm by size and process count), so they are not used: every rank
-//! holds the same bits, equal to the one-process group's (`HostGroup`).
+//! `MPI_COMM_WORLD` and implements [`Collective`]. When every rank is on one host, sums
+//! and gathers go through a shared-memory window (`shm`); otherwise through messages
+//! (`MPI_Alltoallv` of each rank's part, `MPI_Allgatherv`). Either way every element is
+//! summed in rank order 0, 1, ..., N-1 by the rank that owns it: MPI's own reductions
+//! promise no order (an implementation may pick its algorithm by size and process
+//! count), so they are not used, and every rank holds the same bits, equal to the
+//! one-process group's (`HostGroup`).
 //!
 //! A rank that fails cannot tell the others to stop waiting inside MPI: `abort` says
 //! why on standard error and calls `MPI_Abort`, which ends every rank (mpirun then
 //! exits non-zero and names the rank).
 //!
-//! May call: `parallel::collective` (and the `mpi` crate). Called by: `train::open`,
+//! May call: `parallel::{collective, shm}` (and the `mpi` crate). Called by: `train::open`,
 //! `train::parallel`.
 
 use std::sync::{Arc, Mutex};
