@@ -1,7 +1,7 @@
 //! What a run over several devices shares between them: the collectives (`collective`:
 //! the trait each rank calls and its one-process implementation over host memory;
-//! `mpi`: across processes, feature `mpi`, with `shm` for the ranks of one host) and the partition of parameters into shards
-//! (`shard`).
+//! `mpi`: across processes, feature `mpi`, with `shm` for the ranks of one host) and
+//! the partition of parameters into shards (`shard`).
 //!
 //! May call: nothing of the engine below the train layer but itself. Called by:
 //! `train::parallel`.
