@@ -3,7 +3,8 @@
 //! live, and must show the run's real numbers (the peak equals the log's, the step
 //! count, the last loss, the pages, a profiled step's kernel table); from a runs folder
 //! it opens on the peak (the largest block's name without any interaction), shows the
-//! what-if estimates, opens a step clicked in the memory chart, and compares two runs.
+//! what-if estimates, opens a step clicked in the memory chart, and compares two runs;
+//! an MPI run (real `mpirun` ranks) names each rank and its machine.
 //! Screenshots of each view are saved under
 //! target/dashboard-screenshots (and WGTRAIN_SCREENSHOT_DIR when set, e.g. docs/).
 
@@ -450,6 +451,63 @@ fn a_multi_device_run_shows_each_devices_memory_and_the_hosts() {
     let shown = tab.find_element("#host-memory").unwrap();
     assert_eq!(number(&shown.get_attribute_value("data-host-bytes").unwrap().unwrap()) as u64, host);
     save_view(&tab, "devices");
+}
+
+#[test]
+fn an_mpi_run_names_each_rank_and_its_machine() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-browser-mpi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("ranks.jsonl");
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["-n", "2", "--oversubscribe"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .arg(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["train", "--quiet", "--log"])
+        .arg(&log);
+    for set in [
+        "data.train_limit=256",
+        "data.eval_limit=64",
+        "train.batch_size=64",
+        "train.steps=3",
+        "model.hidden=[32]",
+        "parallel.backend=\"mpi\"",
+        "parallel.zero=1",
+    ] {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().expect("mpirun runs (the quick start installs openmpi-bin)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The machine each rank's line names, from the log.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last: Value = serde_json::from_str(text.lines().rev().find(|l| l.contains("\"mem\"")).unwrap()).unwrap();
+    let nodes: Vec<String> = (0..2)
+        .map(|r| last["mem"]["devices"][r]["node"].as_str().unwrap().to_string())
+        .collect();
+
+    let d = Dashboard::start(Options {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        runs_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let browser = launch(3000);
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(120));
+    tab.navigate_to(&format!("{}?run=ranks", d.url())).unwrap();
+    tab.wait_for_element("#devices-chart[data-devices=\"2\"]").unwrap();
+    let heading = tab.find_element("#devices h2").unwrap().get_inner_text().unwrap();
+    assert!(heading.contains("2 MPI ranks"), "{heading}");
+    let names: Vec<String> = tab
+        .find_elements("#devices-table .device-row .device-name")
+        .unwrap()
+        .iter()
+        .map(|e| e.get_inner_text().unwrap().trim().to_string())
+        .collect();
+    assert_eq!(names, [format!("rank 0 on {}", nodes[0]), format!("rank 1 on {}", nodes[1])]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

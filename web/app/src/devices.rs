@@ -1,7 +1,7 @@
 //! A multi-device run's memory per device: each device's peak per step as a line, a
 //! table of each device's peak, reserved bytes and categories at its peak, and what
 //! the host holds (offloaded optimizer state). Shown only when the run's lines carry
-//! `mem.devices`.
+//! `mem.devices`; over MPI each row names its rank and machine.
 //!
 //! May call: `charts`, `state`, `wgtrain_record`, leptos. Called by: the app.
 
@@ -32,6 +32,11 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
             })
             .collect();
         let devices = per_step.last().map_or(0, |(_, d)| d.len());
+        let what = if per_step.last().is_some_and(|(_, d)| d.iter().any(|m| m.rank.is_some())) {
+            "MPI ranks"
+        } else {
+            "devices"
+        };
         if devices == 0 {
             return None;
         }
@@ -71,6 +76,12 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
                     .max_by_key(|(_, m)| m.peak)
                     .unwrap_or_default();
                 let (step, m) = best;
+                // Over MPI each device is a rank's, on a named machine.
+                let label = match (m.rank, &m.node) {
+                    (Some(r), Some(node)) => format!(" rank {r} on {node}"),
+                    (Some(r), None) => format!(" rank {r}"),
+                    _ => format!(" device {d}"),
+                };
                 let cats: String = Category::ALL
                     .iter()
                     .filter_map(|c| {
@@ -83,7 +94,7 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
                     .join(", ");
                 view! {
                     <tr class="device-row" data-device=d.to_string() data-peak-bytes=m.peak.to_string()>
-                        <td><span class="swatch" style=format!("background:{}", COLOURS[d % 8])></span>{format!(" device {d}")}</td>
+                        <td class="device-name"><span class="swatch" style=format!("background:{}", COLOURS[d % 8])></span>{label}</td>
                         <td>{format_bytes(m.peak)}</td>
                         <td>{step.to_string()}</td>
                         <td>{format_bytes(m.peak_reserved)}</td>
@@ -109,13 +120,13 @@ pub fn DevicesView(ctx: Ctx) -> impl IntoView {
         });
         Some(view! {
             <section class="wide" id="devices">
-                <h2>{format!("Memory per device ({devices} devices: each one's peak per step)")}</h2>
+                <h2>{format!("Memory per device ({devices} {what}: each one's peak per step)")}</h2>
                 <svg id="devices-chart" class="chart" viewBox=format!("0 0 {W} {H}") data-devices=devices.to_string()>
                     {axes(x, y, short_bytes, ticks, "step".into())}
                     {lines}
                 </svg>
                 <table id="devices-table">
-                    <thead><tr><th>"device"</th><th>"peak"</th><th>"at step"</th><th>"reserved"</th><th>"at its peak"</th></tr></thead>
+                    <thead><tr><th>{if what == "devices" { "device" } else { "rank" }}</th><th>"peak"</th><th>"at step"</th><th>"reserved"</th><th>"at its peak"</th></tr></thead>
                     <tbody>{rows}</tbody>
                 </table>
                 {host_line}

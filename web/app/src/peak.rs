@@ -30,7 +30,7 @@ fn advice(p: &PeakView) -> Option<&'static str> {
         "temporary" => "backward's temporaries lead: a smaller micro-batch or checkpointing shrink them (see what-if)",
         "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's; on several devices ZeRO 1-3 shard it and parallel.offload moves it to the host (see what-if)",
         "gradient" => "gradients lead: optimizer-in-backward frees each as soon as it is applied (see what-if)",
-        "parameter" => "parameters lead: a smaller model (sharding parameters across devices is not built yet)",
+        "parameter" => "parameters lead: on several devices ZeRO 3 shards them and parallel.offload = \"optimizer+parameters\" keeps them on the host; or a smaller model",
         _ => return None,
     })
 }
