@@ -6,7 +6,7 @@
 //! rank's memory with its rank and machine; a two-rank checkpoint resumes on
 //! three ranks and in one process; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
-//! within 30 s, naming the lost rank.
+//! within 30 s, naming the lost rank; `estimate --ranks N` equals rank 0's measured peak.
 
 mod cli;
 
@@ -112,6 +112,35 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
             assert!(d["node"].as_str().is_some_and(|n| !n.is_empty()), "{name}: {d}");
             assert!(d["peak"].as_u64().unwrap() > 0, "{name}: {d}");
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_estimate_for_n_ranks_equals_rank_0s_measured_peak() {
+    let dir = scratch("mpi-estimate");
+    for (ranks, zero, offload) in [(2, 3, "optimizer"), (3, 1, "none")] {
+        let sets = vec![
+            "train.steps=2".to_string(),
+            format!("parallel.zero={zero}"),
+            format!("parallel.offload=\"{offload}\""),
+            "parallel.backend=\"mpi\"".into(),
+        ];
+        let log = dir.join(format!("n{ranks}z{zero}.jsonl"));
+        mpi_ok(ranks, &with_log(gpt(&dir, &sets), &log));
+        let measured = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter_map(|v| v["mem"]["devices"][0]["peak"].as_u64())
+            .max()
+            .unwrap();
+        let mut args = vec!["estimate".to_string(), "--json".into(), "--ranks".into(), ranks.to_string()];
+        for s in char_gpt_sets(&dir).into_iter().chain(sets) {
+            args.extend(["--set".into(), s]);
+        }
+        let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
+        assert_eq!(est["peak_bytes"].as_u64(), Some(measured), "{ranks} ranks, zero {zero}: {est}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

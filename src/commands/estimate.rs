@@ -1,5 +1,5 @@
 //! `wgtrain estimate [CONFIG.toml] [--set section.key=value]... [--json] [--described FILE]
-//! [--memory SIZE]`:
+//! [--memory SIZE] [--ranks N]`:
 //! the peak memory of a training step by category, from a dry run that allocates nothing,
 //! on this machine's adapter or on one that a `wgtrain devices --json` file describes.
 //!
@@ -42,11 +42,46 @@ pub struct EstimateArgs {
     /// the memory settings fits when it does not.
     #[arg(long, value_name = "SIZE")]
     memory: Option<String>,
+    /// With parallel.backend = "mpi": the ranks the run will have, each its own device
+    /// (default: the launcher's count when run under mpirun or srun, else 1). Estimates
+    /// rank 0's device, whose shards are the largest.
+    #[arg(long, value_name = "N")]
+    ranks: Option<usize>,
+}
+
+/// The ranks a run over MPI will have: `--ranks`, else the launcher's environment
+/// (Open MPI's, MPICH's or Slurm's), else none.
+fn mpi_ranks(config: &mut Config, asked: Option<usize>) -> CliResult {
+    use wgtrain_engine::train::config::Backend;
+    if config.parallel.backend != Backend::Mpi {
+        if asked.is_some() {
+            return Err("--ranks is for parallel.backend = \"mpi\"; in one process, parallel.devices lists the devices".into());
+        }
+        return Ok(());
+    }
+    let from_env = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok());
+    let n = match asked.or(from_env) {
+        Some(0) => return Err("--ranks must be at least 1".into()),
+        Some(n) => n,
+        None => {
+            eprintln!("parallel.backend = \"mpi\": estimating one rank; --ranks N gives the run's count");
+            1
+        }
+    };
+    config.parallel.ranks = Some(n);
+    config.validate()?;
+    if n > 1 {
+        eprintln!("estimating rank 0 of {n} MPI ranks, each its own device");
+    }
+    Ok(())
 }
 
 /// Estimates.
 pub fn run(args: EstimateArgs) -> CliResult {
-    let config = Config::load(args.config.as_deref(), &args.set)?;
+    let mut config = Config::load(args.config.as_deref(), &args.set)?;
+    mpi_ranks(&mut config, args.ranks)?;
     if let Some(size) = &args.memory {
         return will_it_fit(&args, config, size);
     }

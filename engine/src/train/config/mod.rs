@@ -492,7 +492,9 @@ impl Config {
         Config::parse(&text, overrides)
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks every setting and how they combine (done on load; again after a change
+    /// made in code, such as the MPI ranks being known).
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         self.check_ranges()?;
         if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
