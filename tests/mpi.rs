@@ -3,8 +3,9 @@
 //! step's loss equals the one-process run's over as many devices, bit for bit, for ZeRO
 //! stages 0-3 and both offloads on two and three ranks (summing through the host's
 //! shared-memory window, and through MPI's messages as between hosts), rank 0's log carrying every
-//! rank's memory with its rank and machine; a two-rank checkpoint resumes on
-//! three ranks and in one process; SIGTERM to one rank stops every rank after the same
+//! rank's memory with its rank and machine; a two-rank checkpoint (each rank's shard of
+//! the optimizer's state in a file of its own) resumes on three ranks and in one
+//! process, and one with a shard missing or a manifest naming a stranger is refused; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
 //! within 30 s, naming the lost rank; `estimate --ranks N` equals rank 0's measured peak.
 
@@ -160,6 +161,61 @@ fn a_two_rank_checkpoint_resumes_on_three_ranks_and_in_one_process() {
     let mut two = sets(3);
     two.push("parallel.backend=\"mpi\"".into());
     mpi_ok(2, &with_log(gpt(&dir, &two), &log));
+    // Each rank wrote its own shard of the optimizer's state; no file holds it whole.
+    let files = |step: u32| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(ckpt.join(format!("step-{step:09}")))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        files(3),
+        [
+            "manifest.json",
+            "model.safetensors",
+            "optimizer-00000-of-00002.safetensors",
+            "optimizer-00001-of-00002.safetensors",
+            "trainer.safetensors"
+        ]
+    );
+    // A missing shard, or a manifest naming a file no checkpoint has, is refused by name.
+    let step3 = ckpt.join("step-000000003");
+    let copy = dir.join("copy");
+    std::fs::create_dir_all(copy.join("step-000000003")).unwrap();
+    for f in files(3) {
+        std::fs::copy(step3.join(&f), copy.join("step-000000003").join(&f)).unwrap();
+    }
+    let resume_copy = |what: &str| {
+        let one = [
+            "train.steps=4".to_string(),
+            "parallel.zero=0".into(),
+            "parallel.backend=\"in-process\"".into(),
+            format!("checkpoint.dir=\"{}\"", copy.display()),
+        ];
+        let mut args = gpt(&dir, &one);
+        args.extend(["--resume".into(), copy.display().to_string()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = cli::wgtrain(&refs, &[]);
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what}: resumed");
+        text
+    };
+    std::fs::remove_file(copy.join("step-000000003/optimizer-00001-of-00002.safetensors")).unwrap();
+    let text = resume_copy("a shard missing");
+    assert!(text.contains("optimizer-00001-of-00002.safetensors"), "{text}");
+    let manifest = copy.join("step-000000003/manifest.json");
+    let edited = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("optimizer-00001-of-00002.safetensors", "../../outside.safetensors");
+    std::fs::write(&manifest, edited).unwrap();
+    let text = resume_copy("a manifest naming another file");
+    assert!(
+        text.contains("'../../outside.safetensors', which is no file of a checkpoint"),
+        "{text}"
+    );
     let mut three = sets(5);
     three.push("parallel.backend=\"mpi\"".into());
     let mut args = with_log(gpt(&dir, &three), &log);
@@ -167,6 +223,11 @@ fn a_two_rank_checkpoint_resumes_on_three_ranks_and_in_one_process() {
     mpi_ok(3, &args);
     let steps: Vec<u64> = losses(&log).iter().map(|s| s.0).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5], "one log, continued by rank 0 of the three");
+    assert!(
+        files(5).contains(&"optimizer-00002-of-00003.safetensors".to_string()),
+        "{:?}",
+        files(5)
+    );
     // The same folder, on to step 7 in one process (stage 0, one device).
     let mut one = sets(7);
     one[1] = "parallel.zero=0".into();
@@ -176,7 +237,10 @@ fn a_two_rank_checkpoint_resumes_on_three_ranks_and_in_one_process() {
     let all = losses(&log);
     assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6, 7]);
     assert!(all.iter().all(|s| s.1.is_finite() && s.1 < all[0].1 + 0.5), "{all:?}");
-    assert!(ckpt.join("step-000000007").is_dir());
+    assert!(
+        files(7).contains(&"optimizer.safetensors".to_string()),
+        "one process writes the state whole"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -80,6 +80,14 @@ pub enum CheckpointError {
         /// Why.
         reason: String,
     },
+    /// Another process of a save over MPI failed (its own error is on its stderr).
+    #[error("checkpoint save failed on rank {rank}: {reason}")]
+    Rank {
+        /// The rank that failed.
+        rank: usize,
+        /// Its error.
+        reason: String,
+    },
     /// The checkpoint does not fit this model.
     #[error("checkpoint {path} does not fit this run: {reason}")]
     Mismatch {

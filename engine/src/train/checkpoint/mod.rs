@@ -1,6 +1,7 @@
 //! Checkpoints: a folder per save holding model.safetensors (parameters by state-dict
-//! name), optimizer.safetensors (its state tensors), trainer.safetensors (step and data
-//! position, in its metadata) and manifest.json with each file's sha256.
+//! name), optimizer.safetensors (its state tensors; or, saved by the ranks of an MPI
+//! run, one shard file a rank: `ranks`), trainer.safetensors (step and data position,
+//! in its metadata) and manifest.json with each file's sha256.
 //!
 //! A save is written under a temporary name (`.step-N.tmp-PID`), every file fsynced, the
 //! folder renamed into place and fsynced, and only then `latest` is replaced (temp,
@@ -16,6 +17,7 @@
 //! May call: `files`.
 
 pub mod dir;
+pub mod ranks;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -134,31 +136,49 @@ pub fn save(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, Ch
 }
 
 fn save_inner(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
+    let tmp = fresh_tmp(root, step)?;
+    let mut trainer_meta = data.trainer.clone();
+    trainer_meta.insert("step".into(), step.to_string());
+    let mut hashes = BTreeMap::new();
+    for (name, bytes) in [
+        ("model.safetensors", to_safetensors(&data.model, None)),
+        ("optimizer.safetensors", to_safetensors(&data.optimizer, None)),
+        ("trainer.safetensors", to_safetensors(&[], Some(trainer_meta))),
+    ] {
+        let hash = write_file(&tmp, name, bytes, step)?;
+        hashes.insert(name.to_string(), hash);
+    }
+    finish(root, step, &tmp, hashes)
+}
+
+/// A new, empty temporary folder for the save of `step` (this process's).
+fn fresh_tmp(root: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(root).map_err(io(root))?;
-    let final_dir = root.join(step_dir_name(step));
     let tmp = root.join(format!(".{}.tmp-{}", step_dir_name(step), std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(io(&tmp))?;
-    let mut trainer_meta = data.trainer.clone();
-    trainer_meta.insert("step".into(), step.to_string());
-    let files = [
-        ("model.safetensors", to_safetensors(&data.model, None)),
-        ("optimizer.safetensors", to_safetensors(&data.optimizer, None)),
-        ("trainer.safetensors", to_safetensors(&[], Some(trainer_meta))),
-    ];
-    let mut hashes = BTreeMap::new();
-    for (name, bytes) in files {
-        let bytes = bytes.map_err(|reason| CheckpointError::Corrupt { path: name.into(), reason })?;
-        hashes.insert(name.to_string(), hex::encode(Sha256::digest(&bytes)));
-        write_synced(&tmp.join(name), &bytes)?;
-        if std::env::var_os("WGTRAIN_TEST_CRASH_IN_SAVE").is_some() {
-            // Test hook: die mid-save, as a power cut or `kill -9` would.
-            std::process::abort();
-        }
-        crash_point("file", step);
+    Ok(tmp)
+}
+
+/// Writes one file of a save into `tmp`, fsynced; returns its sha256.
+fn write_file(tmp: &Path, name: &str, bytes: Result<Vec<u8>, String>, step: u64) -> Result<String, CheckpointError> {
+    let bytes = bytes.map_err(|reason| CheckpointError::Corrupt { path: name.into(), reason })?;
+    let hash = hex::encode(Sha256::digest(&bytes));
+    write_synced(&tmp.join(name), &bytes)?;
+    if std::env::var_os("WGTRAIN_TEST_CRASH_IN_SAVE").is_some() {
+        // Test hook: die mid-save, as a power cut or `kill -9` would.
+        std::process::abort();
     }
+    crash_point("file", step);
+    Ok(hash)
+}
+
+/// The manifest of `hashes` written into `tmp`, the folder renamed into place and
+/// `latest` pointed at it (see the module), older checkpoints pruned.
+fn finish(root: &Path, step: u64, tmp: &Path, hashes: BTreeMap<String, String>) -> Result<PathBuf, CheckpointError> {
+    let final_dir = root.join(step_dir_name(step));
     let manifest = Manifest {
         format: FORMAT.into(),
         step,
@@ -166,7 +186,7 @@ fn save_inner(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, 
     };
     let text = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
     write_synced(&tmp.join("manifest.json"), &text)?;
-    sync_dir(&tmp)?;
+    sync_dir(tmp)?;
     crash_point("written", step);
     // Replace-then-rename: the old folder of this step goes aside, never away, until
     // the new one is in place and `latest` is durable.
@@ -179,7 +199,7 @@ fn save_inner(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, 
         std::fs::rename(&final_dir, &aside).map_err(io(&final_dir))?;
         crash_point("old-aside", step);
     }
-    std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
+    std::fs::rename(tmp, &final_dir).map_err(io(&final_dir))?;
     sync_dir(root)?;
     crash_point("new-in-place", step);
     let latest_tmp = root.join(format!(".latest.tmp-{}", std::process::id()));
@@ -193,6 +213,45 @@ fn save_inner(root: &Path, step: u64, data: &CheckpointData) -> Result<PathBuf, 
     }
     prune(root, step)?;
     Ok(final_dir)
+}
+
+/// The most ranks a checkpoint's shards may come from.
+const MAX_RANKS: usize = 1 << 16;
+
+/// The file rank `rank` of `ranks` writes its optimizer shard to.
+pub fn shard_file(rank: usize, ranks: usize) -> String {
+    format!("optimizer-{rank:05}-of-{ranks:05}.safetensors")
+}
+
+/// (rank, ranks) of a shard file's name.
+fn parse_shard_file(name: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix("optimizer-")?.strip_suffix(".safetensors")?;
+    let (r, n) = rest.split_once("-of-")?;
+    let all_digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(r) || !all_digits(n) {
+        return None;
+    }
+    let (r, n): (usize, usize) = (r.parse().ok()?, n.parse().ok()?);
+    (r < n && n <= MAX_RANKS).then_some((r, n))
+}
+
+/// The optimizer state of a checkpoint saved by ranks: each shard file's tensors
+/// (read and verified by the caller, in rank order) joined into whole, flat tensors.
+fn join_shards(shards: Vec<Vec<HostTensor>>) -> Vec<HostTensor> {
+    let mut whole: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    for shard in shards {
+        for t in shard {
+            whole.entry(t.name).or_default().extend_from_slice(&t.data);
+        }
+    }
+    whole
+        .into_iter()
+        .map(|(name, data)| HostTensor {
+            name,
+            shape: vec![data.len()],
+            data,
+        })
+        .collect()
 }
 
 /// Every point of a save where the fault-injection tests kill the process.
@@ -299,8 +358,9 @@ pub fn aside_of(root: &Path, step_dir: &str) -> Option<PathBuf> {
 
 /// The most bytes `latest` may hold (a step folder's name).
 const LATEST_MAX: u64 = 64;
-/// The most bytes a manifest may hold (a format tag, a step and three hashes).
-const MANIFEST_MAX: u64 = 64 << 10;
+/// The most bytes a manifest may hold (a format tag, a step and a hash a file: three,
+/// or one a rank past two for a save over MPI, up to `MAX_RANKS`).
+const MANIFEST_MAX: u64 = 16 << 20;
 /// The most bytes trainer.safetensors may hold (its metadata: the step, data position,
 /// the scaler and the run's config).
 const TRAINER_MAX: u64 = 16 << 20;
@@ -322,6 +382,7 @@ impl Expect {
         match name {
             "model.safetensors" => 4 * self.parameters + header,
             "optimizer.safetensors" => 8 * self.parameters + header,
+            shard if parse_shard_file(shard).is_some() => 8 * self.parameters + header,
             _ => TRAINER_MAX,
         }
     }
@@ -383,8 +444,31 @@ pub fn load(path: &Path, expect: Expect) -> Result<(u64, CheckpointData), Checkp
             reason: format!("format '{}', expected '{FORMAT}'", manifest.format),
         });
     }
+    // The optimizer's state: one file, or one shard a rank (saved over MPI), every rank
+    // of the run's present; the manifest may name nothing else.
+    let mut names = vec!["model.safetensors".to_string(), "trainer.safetensors".to_string()];
+    let shards: Vec<(usize, usize)> = manifest.files.keys().filter_map(|k| parse_shard_file(k)).collect();
+    let whole = manifest.files.contains_key("optimizer.safetensors");
+    let complete = shards.iter().enumerate().all(|(i, &(r, n))| r == i && n == shards.len());
+    let unknown = manifest
+        .files
+        .keys()
+        .find(|k| !names.contains(k) && k.as_str() != "optimizer.safetensors" && parse_shard_file(k).is_none());
+    if let Some(k) = unknown {
+        return Err(CheckpointError::Corrupt {
+            path: manifest_path.display().to_string(),
+            reason: format!("it lists '{k}', which is no file of a checkpoint"),
+        });
+    }
+    if whole == !shards.is_empty() || !complete {
+        return Err(CheckpointError::Corrupt {
+            path: manifest_path.display().to_string(),
+            reason: "it lists neither optimizer.safetensors nor one optimizer shard for every rank".into(),
+        });
+    }
+    names.extend(manifest.files.keys().filter(|k| k.starts_with("optimizer")).cloned());
     let mut read = BTreeMap::new();
-    for name in ["model.safetensors", "optimizer.safetensors", "trainer.safetensors"] {
+    for name in names.iter().map(String::as_str) {
         let path = dir.join(name);
         let bytes = crate::files::read_bounded(&path, expect.max_bytes(name)).map_err(io(&path))?;
         let want = manifest.files.get(name).ok_or_else(|| CheckpointError::Corrupt {
@@ -401,7 +485,17 @@ pub fn load(path: &Path, expect: Expect) -> Result<(u64, CheckpointData), Checkp
         read.insert(name, (path, bytes));
     }
     let (model, _) = from_safetensors(&read["model.safetensors"].1, &read["model.safetensors"].0)?;
-    let (optimizer, _) = from_safetensors(&read["optimizer.safetensors"].1, &read["optimizer.safetensors"].0)?;
+    let optimizer = if whole {
+        from_safetensors(&read["optimizer.safetensors"].1, &read["optimizer.safetensors"].0)?.0
+    } else {
+        // In rank order: the manifest's names sort by rank.
+        let parts = read
+            .iter()
+            .filter(|(k, _)| parse_shard_file(k).is_some())
+            .map(|(_, (path, bytes))| from_safetensors(bytes, path).map(|(t, _)| t))
+            .collect::<Result<Vec<_>, _>>()?;
+        join_shards(parts)
+    };
     let (_, trainer) = from_safetensors(&read["trainer.safetensors"].1, &read["trainer.safetensors"].0)?;
     // The manifest is not hashed itself: its step must agree with the hashed trainer
     // state and with the folder's name, or an edited manifest would steer the resume.

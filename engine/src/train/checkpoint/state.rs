@@ -19,6 +19,12 @@ use crate::train::trainer::Trainer;
 impl Trainer {
     /// Everything a checkpoint holds, on the host.
     pub(in crate::train) fn checkpoint_data(&self) -> Result<CheckpointData, TrainError> {
+        self.checkpoint_data_with(true)
+    }
+
+    /// [`Trainer::checkpoint_data`], with the optimizer's state gathered whole or not
+    /// at all (`whole_optimizer`: each MPI rank then writes its own shard).
+    fn checkpoint_data_with(&self, whole_optimizer: bool) -> Result<CheckpointData, TrainError> {
         let mut model = Vec::new();
         let mut optimizer = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {
@@ -28,6 +34,9 @@ impl Trainer {
                 shape: self.param_shape(i),
                 data: self.param_host(i)?,
             });
+            if !whole_optimizer {
+                continue;
+            }
             // Whole, as one device's: gathered from the shards of a ZeRO run.
             if let Some((m, v)) = self.optimizer_state_host(i)? {
                 let names = self.opt.state_names(&p.name);
@@ -77,6 +86,12 @@ impl Trainer {
 
     /// Saves a checkpoint of the current state into `dir`.
     pub fn save(&self, dir: &Path) -> Result<PathBuf, TrainError> {
+        if let Some(ranks) = self.save_ranks() {
+            // Over MPI with the optimizer's state sharded: each rank writes its own.
+            let data = self.checkpoint_data_with(false)?;
+            let shard = self.optimizer_shard()?;
+            return Ok(checkpoint::ranks::save_ranks(dir, self.step, &data, &shard, &ranks)?);
+        }
         let data = self.checkpoint_data()?;
         if !self.writes() {
             // Over MPI the other ranks gathered their shards into rank 0's data; it writes.

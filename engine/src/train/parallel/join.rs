@@ -136,17 +136,11 @@ impl Trainer {
             node: w.node.clone(),
             ..mem
         };
-        // The line as JSON, a byte a value (exact in f32).
         let bytes = serde_json::to_vec(&mine).map_err(|e| Error::invalid("memory log", e.to_string()))?;
-        let all = w.comms[0]
-            .all_gather_vecs(bytes.iter().map(|&b| f32::from(b)).collect())
-            .map_err(|e| Error::invalid("memory log", e.to_string()))?;
+        let all = gather_bytes(&w.comms[0], &bytes).map_err(|e| Error::invalid("memory log", e.to_string()))?;
         let devices = all
             .iter()
-            .map(|v| {
-                let bytes: Vec<u8> = v.iter().map(|&f| f as u8).collect();
-                serde_json::from_slice::<wgtrain_record::MemLog>(&bytes).map_err(|e| Error::invalid("memory log", e.to_string()))
-            })
+            .map(|bytes| serde_json::from_slice::<wgtrain_record::MemLog>(bytes).map_err(|e| Error::invalid("memory log", e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(wgtrain_record::MemLog {
             devices: devices.clone(),
@@ -190,4 +184,10 @@ impl Trainer {
         }
         out
     }
+}
+
+/// Every rank's `bytes`, in rank order (a byte a value: exact in f32).
+pub(in crate::train) fn gather_bytes(comm: &Comm, bytes: &[u8]) -> Result<Vec<Vec<u8>>, crate::parallel::CollectiveError> {
+    let all = comm.all_gather_vecs(bytes.iter().map(|&b| f32::from(b)).collect())?;
+    Ok(all.iter().map(|v| v.iter().map(|&f| f as u8).collect()).collect())
 }

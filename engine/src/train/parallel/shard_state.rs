@@ -1,18 +1,41 @@
 //! A multi-device run's state seen whole: the optimizer state gathered from the
-//! ranks' shards for a checkpoint, a checkpoint's state placed back on any number of
-//! ranks, and rank 0's weights shared with the others after a restore.
+//! ranks' shards for a checkpoint (or, over MPI, each rank's own shard for it to write),
+//! a checkpoint's state placed back on any number of ranks, and rank 0's weights shared
+//! with the others after a restore.
 //!
 //! May call: `error`, `kernels`, `memory`, `optim`, `parallel`, `runtime`, `tensor`,
-//! `train::{trainer, world, zero3}`. Called by: `train::state`.
+//! `train::{checkpoint, parallel::join, trainer, world, zero3}`. Called by:
+//! `train::state`.
 
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
 use crate::optim::{Optimizer, Rule};
-use crate::parallel::Collective;
+use crate::parallel::{Collective, Comm};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
+use crate::train::checkpoint::HostTensor;
+use crate::train::checkpoint::ranks::SaveRanks;
+use crate::train::parallel::join::gather_bytes;
 use crate::train::trainer::Trainer;
+
+/// The ranks of a save over MPI, exchanging through the run's communicator.
+pub(in crate::train) struct CommRanks<'a>(&'a Comm);
+
+impl SaveRanks for CommRanks<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.world()
+    }
+
+    fn gather(&self, mine: &str) -> Result<Vec<String>, String> {
+        let all = gather_bytes(self.0, mine.as_bytes()).map_err(|e| e.to_string())?;
+        Ok(all.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect())
+    }
+}
 
 /// One parameter's optimizer state on the host: (first moment or momentum, second
 /// moment for AdamW).
@@ -44,6 +67,38 @@ impl Trainer {
         let m_all = gather(m)?;
         let v_all = if adam { Some(gather(v.unwrap_or_default())?) } else { None };
         Ok((!m_all.is_empty()).then_some((m_all, v_all)))
+    }
+
+    /// Over MPI with the optimizer's state sharded (ZeRO 1-3 or offloaded): the ranks
+    /// a checkpoint is saved by, each writing its own shard.
+    pub(in crate::train) fn save_ranks(&self) -> Option<CommRanks<'_>> {
+        self.world
+            .as_ref()
+            .filter(|w| w.comms.len() < w.size && (w.zero > 0 || !w.offload.is_empty()))
+            .map(|w| CommRanks(&w.comms[0]))
+    }
+
+    /// This process's shard of the optimizer's state, flat tensors by state name (a
+    /// parameter this rank owns nothing of is left out).
+    pub(in crate::train) fn optimizer_shard(&self) -> Result<Vec<HostTensor>, Error> {
+        let adam = matches!(self.opt.rule, Rule::AdamW(_));
+        let mut out = Vec::new();
+        for (i, p) in self.params.list.iter().enumerate() {
+            let Some((m, v)) = self.local_optimizer_state(i, adam)? else {
+                continue;
+            };
+            let names = self.opt.state_names(&p.name);
+            for (name, data) in std::iter::once((&names[0], m)).chain(v.map(|v| (&names[1], v))) {
+                if !data.is_empty() {
+                    out.push(HostTensor {
+                        name: name.clone(),
+                        shape: vec![data.len()],
+                        data,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// [`Trainer::optimizer_state_host`] over this process's ranks only.
