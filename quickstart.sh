@@ -4,7 +4,7 @@
 # every test. Both install what a fresh Debian machine lacks first: a C linker, a Rust
 # toolchain with the wasm32 target (the dashboard's app is built from source), Mesa's
 # software Vulkan driver when wgpu finds no GPU, the datasets' Debian packages, and for
-# the tests Chromium (the dashboard's browser test).
+# the tests Chromium (the dashboard's browser test) and TensorBoard (its event files).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -62,6 +62,21 @@ ensure_browser() {
     command -v chromium >/dev/null || apt_install chromium chromium-driver
 }
 
+# TensorBoard's own reader checks the event files `train --tensorboard` writes: a Python
+# virtual environment under target/ with the tensorboard package from PyPI.
+ensure_tensorboard() {
+    local venv=target/tensorboard-venv
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import tensorboard" 2>/dev/null; then return; fi
+    command -v python3 >/dev/null || apt_install python3
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" 2>/dev/null; then
+        apt_install python3-venv
+        rm -rf "$venv"; python3 -m venv "$venv"
+    fi
+    say "installing TensorBoard into $venv (its reader checks wgtrain's event files)"
+    "$venv/bin/pip" install -q tensorboard >&2
+}
+
 # wgpu needs a native adapter (Vulkan, Metal or DX12); without a GPU, Mesa's lavapipe.
 ensure_adapter() {
     local json
@@ -95,6 +110,7 @@ case "${1:-}" in
         ;;
     test)
         ensure_toolchain; ensure_mpi; build; ensure_adapter; ensure_datasets; ensure_browser
+        ensure_tensorboard
         shift
         say "running every test"
         exec cargo test --release --locked --workspace "$@"

@@ -1,7 +1,8 @@
 //! `wgtrain train` end to end on Fashion-MNIST subsets: the JSONL log, resume equal to
 //! an uninterrupted run step for step, a corrupted checkpoint refused, a save killed
 //! mid-way leaving the previous checkpoint loadable, config errors that say what is
-//! wrong, and a fresh run refusing another run's log.
+//! wrong, a fresh run refusing another run's log, and `--tensorboard` event files read
+//! back by TensorBoard's own reader equal to the log.
 
 mod cli;
 
@@ -512,4 +513,77 @@ fn progress_off_a_terminal_says_why_step_one_is_slow_and_every_evaluation() {
     let first = err.find("step 1/6").expect("step 1's line");
     assert!(compile < first, "{err}");
     assert_eq!(err.matches(": eval loss ").count(), 2, "{err}");
+}
+
+/// The Python with TensorBoard that `./quickstart.sh test` makes (target/tensorboard-venv),
+/// or `WGTRAIN_TENSORBOARD_PYTHON`.
+fn tensorboard_python() -> std::path::PathBuf {
+    let path = std::env::var_os("WGTRAIN_TENSORBOARD_PYTHON").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tensorboard-venv/bin/python"),
+        std::path::PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "{} is missing: ./quickstart.sh test installs TensorBoard there (or set WGTRAIN_TENSORBOARD_PYTHON)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn tensorboards_own_reader_reads_every_step_and_evaluation() {
+    let dir = scratch("tensorboard");
+    let log = dir.join("run.jsonl");
+    let tb = dir.join("tb");
+    let mut args = small_args(
+        dir.join("ckpt").to_str().unwrap(),
+        &["--set", "train.steps=12", "--set", "train.eval_every=6"],
+    );
+    args.extend([
+        "--log".into(),
+        log.display().to_string(),
+        "--tensorboard".into(),
+        tb.display().to_string(),
+    ]);
+    run_ok(&args, &[]);
+    // TensorBoard's EventAccumulator checks each record's CRC-32C and drops a bad one.
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+ea = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+ea.Reload()
+print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}))
+"#;
+    let out = Command::new(tensorboard_python()).args(["-c", script]).arg(&tb).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let series = |tag: &str| -> Vec<(u64, f32)> {
+        read[tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {tag} in {read}"))
+            .iter()
+            .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap() as f32))
+            .collect()
+    };
+    let from_log = |get: &dyn Fn(&serde_json::Value) -> Option<f64>| -> Vec<(u64, f32)> {
+        lines
+            .iter()
+            .filter_map(|v| get(v).map(|x| (v["step"].as_u64().unwrap(), x as f32)))
+            .collect()
+    };
+    let loss = from_log(&|v| v.get("loss").and_then(|l| l.as_f64()));
+    assert_eq!(loss.len(), 12);
+    assert_eq!(series("train/loss"), loss);
+    assert_eq!(series("train/lr"), from_log(&|v| v.get("lr").and_then(|l| l.as_f64())));
+    let acc = from_log(&|v| v.pointer("/eval/accuracy").and_then(|l| l.as_f64()));
+    assert_eq!(acc.len(), 2);
+    assert_eq!(series("eval/accuracy"), acc);
+    let peak = from_log(&|v| v.pointer("/mem/peak").and_then(|b| b.as_u64()).map(|b| b as f64 / 1048576.0));
+    assert_eq!(series("memory/peak_mib"), peak);
+    let _ = std::fs::remove_dir_all(&dir);
 }

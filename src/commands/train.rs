@@ -1,5 +1,6 @@
 //! `wgtrain train [CONFIG.toml] [--set section.key=value]... [--log FILE.jsonl]
-//! [--adapter N] [--resume DIR] [--dashboard [ADDR]] [--profile-every N]`: trains as the config says;
+//! [--adapter N] [--resume DIR] [--dashboard [ADDR]] [--profile-every N] [--tensorboard DIR]`:
+//! trains as the config says;
 //! Ctrl-C saves and exits. With a log, the run's memory record is saved beside it
 //! (FILE.memory.json) for `wgtrain dashboard`; with --dashboard it is served live.
 //!
@@ -12,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use clap::Args;
 
 use super::{CliResult, Interrupted, watch_signals};
+use wgtrain_engine::train::observe::tensorboard::TensorBoard;
+use wgtrain_engine::train::observe::{Observer, Observers};
 use wgtrain_engine::train::{Config, RunOptions, Trainer};
 use wgtrain_web::recorder::{Recorder, record_path};
 use wgtrain_web::{Dashboard, Options as DashboardOptions};
@@ -63,6 +66,10 @@ pub struct TrainArgs {
     /// Keep no memory record with the log (no timelines, no FILE.memory.json).
     #[arg(long, conflicts_with = "dashboard")]
     no_record: bool,
+    /// Also write TensorBoard event files into DIR (`tensorboard --logdir DIR`): the
+    /// loss, learning rate, speed, memory and evaluations of every step, as they come.
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
     /// Time every launch of every N-th step: its log line carries the step's kernel
     /// table (shown by the dashboard beside the step's memory). Needs GPU timestamps.
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -285,6 +292,14 @@ fn train_rank0(
             .unwrap_or_else(|| "live".into());
         Recorder::new(&name, args.log.as_deref().map(record_path))
     });
+    let tensorboard = match &args.tensorboard {
+        Some(dir) => {
+            let tb = TensorBoard::create(dir)?;
+            eprintln!("tensorboard: {} (tensorboard --logdir {})", tb.path().display(), dir.display());
+            Some(Arc::new(tb))
+        }
+        None => None,
+    };
     let _dashboard = match args.dashboard {
         Some(addr) => {
             let bench = args.bench.as_deref().map(super::dashboard::read_bench).transpose()?;
@@ -306,7 +321,7 @@ fn train_rank0(
         progress: !args.quiet,
         overwrite: args.overwrite,
         stop: Some(stop),
-        observer: recorder.clone().map(|r| r as Arc<dyn wgtrain_engine::train::Observer>),
+        observer: observers(recorder.clone(), tensorboard),
         profile_every: args.profile_every,
     };
     let resume_with = resume_command(options.log.as_deref(), ranks.mpi_size());
@@ -377,5 +392,19 @@ fn resume_command(log: Option<&std::path::Path>, mpi: Option<usize>) -> String {
     match log {
         Some(log) => format!("{launch}wgtrain train --log {}", log.display()),
         None => format!("{launch}wgtrain train"),
+    }
+}
+
+/// The run's observers: the dashboard's recorder and the TensorBoard writer, as asked.
+fn observers(recorder: Option<Arc<Recorder>>, tensorboard: Option<Arc<TensorBoard>>) -> Option<Arc<dyn Observer>> {
+    let all: Vec<Arc<dyn Observer>> = recorder
+        .map(|r| r as Arc<dyn Observer>)
+        .into_iter()
+        .chain(tensorboard.map(|t| t as Arc<dyn Observer>))
+        .collect();
+    match all.len() {
+        0 => None,
+        1 => all.into_iter().next(),
+        _ => Some(Arc::new(Observers(all))),
     }
 }
