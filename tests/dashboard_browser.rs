@@ -109,6 +109,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
             "train.batch_size=64".into(),
             format!("train.steps={STEPS}"),
             "train.eval_every=10".into(),
+            "train.grad_clip=1.0".into(),
             "memory.cap=\"512MiB\"".into(),
         ],
     )
@@ -196,6 +197,17 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert!(kernels.contains("matmul_f32"), "{kernels}");
     for chart in ["#loss-chart", "#time-chart", "#throughput-chart"] {
         assert!(tab.find_element(chart).is_ok(), "{chart} missing");
+    }
+    // The gradient norm (clipping computes it) and the process's host memory, per step.
+    for (chart, series) in [
+        ("#grad-norm-chart", "gradient norm before clipping"),
+        ("#host-memory-chart", "host memory of the process (MiB)"),
+    ] {
+        let path = tab
+            .find_element(&format!("{chart} path[data-series=\"{series}\"]"))
+            .unwrap_or_else(|_| panic!("{chart} has no {series} line"));
+        let d = path.get_attribute_value("d").unwrap().unwrap_or_default();
+        assert!(d.matches('L').count() + 1 >= STEPS as usize, "{chart}: one point a step: {d}");
     }
 
     // Screenshots of each view (of the live page, while its tab is in front).

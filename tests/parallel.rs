@@ -4,7 +4,7 @@
 //! an MLP whose parameter counts do not divide by the world size; resume on the same and
 //! on another number of devices; the estimate equals each device's measured peak; a fit
 //! to a budget chooses the stage and offload; out of memory on a device; bad settings
-//! are refused.
+//! are refused; the logged gradient norm is the global one.
 
 mod cli;
 
@@ -198,6 +198,43 @@ fn an_mlp_matches_one_device_at_every_stage_and_offload() {
         let got = run(&format!("z{zero}{offload}"), &[&sets[0], &sets[1], &sets[2]]);
         assert_close(&format!("mlp {devices}, zero {zero}, offload {offload}"), &one, &got, 1e-4);
     }
+}
+
+/// Each step's logged gradient norm (before clipping) and host memory.
+fn grad_norms(log: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            let rss = v["host_rss"].as_u64().unwrap_or(0);
+            assert!(rss > 10 << 20, "the process's host memory: {v}");
+            (v["step"].as_u64().unwrap(), v["grad_norm"].as_f64().unwrap_or(f64::NAN))
+        })
+        .collect()
+}
+
+#[test]
+fn the_logged_gradient_norm_is_the_global_one_on_any_number_of_devices() {
+    let dir = scratch("par-gradnorm");
+    let _ = corpus(&dir);
+    // A clip that bites (the norms are well above it), so the later steps' norms also
+    // depend on the clipping having used the global norm.
+    let clip = ["train.grad_clip=0.5"];
+    let one = grad_norms(&gpt_run(&dir, "one", 0, &clip));
+    assert!(one.iter().all(|&(_, n)| n.is_finite() && n > 0.5), "{one:?}");
+    for (name, devices, sets) in [
+        ("z0", 2, vec!["parallel.zero=0"]),
+        ("z2", 3, vec!["parallel.zero=2"]),
+        ("z1off", 2, vec!["parallel.zero=1", "parallel.offload=\"optimizer\""]),
+    ] {
+        let mut all = clip.to_vec();
+        all.extend(sets);
+        let got = grad_norms(&gpt_run(&dir, name, devices, &all));
+        assert_close(name, &one, &got, 1e-4);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

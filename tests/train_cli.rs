@@ -537,7 +537,14 @@ fn tensorboards_own_reader_reads_every_step_and_evaluation() {
     let tb = dir.join("tb");
     let mut args = small_args(
         dir.join("ckpt").to_str().unwrap(),
-        &["--set", "train.steps=12", "--set", "train.eval_every=6"],
+        &[
+            "--set",
+            "train.steps=12",
+            "--set",
+            "train.eval_every=6",
+            "--set",
+            "train.grad_clip=1.0",
+        ],
     );
     args.extend([
         "--log".into(),
@@ -583,6 +590,9 @@ print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags
     let acc = from_log(&|v| v.pointer("/eval/accuracy").and_then(|l| l.as_f64()));
     assert_eq!(acc.len(), 2);
     assert_eq!(series("eval/accuracy"), acc);
+    let norm = from_log(&|v| v.get("grad_norm").and_then(|l| l.as_f64()));
+    assert_eq!(norm.len(), 12);
+    assert_eq!(series("train/grad_norm"), norm);
     let peak = from_log(&|v| v.pointer("/mem/peak").and_then(|b| b.as_u64()).map(|b| b as f64 / 1048576.0));
     assert_eq!(series("memory/peak_mib"), peak);
     let _ = std::fs::remove_dir_all(&dir);

@@ -6,7 +6,7 @@
 use crate::log::StepLog;
 
 /// The columns, in order.
-pub const CSV_COLUMNS: [&str; 16] = [
+pub const CSV_COLUMNS: [&str; 18] = [
     "step",
     "epoch",
     "time",
@@ -21,6 +21,8 @@ pub const CSV_COLUMNS: [&str; 16] = [
     "skipped",
     "peak_bytes",
     "reserved_bytes",
+    "grad_norm",
+    "host_rss_bytes",
     "eval_loss",
     "eval_accuracy",
 ];
@@ -46,6 +48,8 @@ pub fn curves_csv(lines: &[StepLog]) -> String {
             l.skipped.map_or(String::new(), |s| s.to_string()),
             l.mem.as_ref().map_or(String::new(), |m| m.peak.to_string()),
             l.mem.as_ref().map_or(String::new(), |m| m.peak_reserved.to_string()),
+            num(l.grad_norm),
+            l.host_rss.map_or(String::new(), |b| b.to_string()),
             num(l.eval.as_ref().map(|e| e.loss)),
             num(l.eval.as_ref().and_then(|e| e.accuracy)),
         ];

@@ -133,6 +133,14 @@ pub struct StepLog {
     /// The micro-batch the step ran with, when it accumulated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub micro_batch: Option<usize>,
+    /// The global gradient norm before clipping (where `train.grad_clip` computes it),
+    /// over every device's gradients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// This process's resident host memory after the step, bytes (where the system
+    /// says: Linux).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_rss: Option<u64>,
     /// Something that happened during the step (an out-of-memory retry).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,

@@ -338,6 +338,8 @@ impl Trainer {
                 scale,
                 skipped: self.scaler.as_ref().map(|_| outcome.skipped),
                 micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
+                grad_norm: self.grad_norm.take(),
+                host_rss: resident_bytes(),
                 event: outcome.event,
                 eval: None,
             };
@@ -461,4 +463,19 @@ fn unix_seconds() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// This process's resident memory in bytes (Linux: `VmRSS` of `/proc/self/status`), or
+/// none where the system does not say.
+fn resident_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }

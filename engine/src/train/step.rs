@@ -98,6 +98,7 @@ impl Trainer {
         }
         let loss = self.compute_gradients(batch)?;
         self.rt.phase("optimizer");
+        self.grad_norm = None;
         let mut skipped = false;
         if let Some(scaler) = &self.scaler {
             skipped = scaler.unscale(&self.rt, &self.params)?;
@@ -106,7 +107,7 @@ impl Trainer {
         }
         if !skipped {
             if self.config.train.grad_clip > 0.0 {
-                clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)?;
+                self.grad_norm = Some(clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)? as f64);
             }
             self.opt.step(&self.rt, &self.params, lr)?;
         }

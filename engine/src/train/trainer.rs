@@ -53,6 +53,9 @@ pub struct Trainer {
     pub(super) log_first: Option<Option<LogLine>>,
     /// False while a step runs: an error then may leave the weights half updated.
     pub(super) consistent: bool,
+    /// The last step's global gradient norm before clipping, where clipping computed
+    /// it (for the log).
+    pub(super) grad_norm: Option<f64>,
     /// The other devices of a multi-device run (`train::parallel`).
     pub(super) world: Option<crate::train::world::World>,
     /// How each step runs, chosen when the run opens (and when devices join).
@@ -118,6 +121,7 @@ impl Trainer {
             index: 0,
             log_first: Some(None),
             consistent: true,
+            grad_norm: None,
             world: None,
             step_kind,
         })

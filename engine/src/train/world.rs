@@ -79,6 +79,9 @@ pub(super) struct StepPlan<'a> {
     /// Each rank's SyncBatchNorm handle (in rank order), when batch statistics are
     /// shared.
     pub(super) bn: Option<&'a [Comm]>,
+    /// The global gradient norm before clipping, set by the ranks that clip (they
+    /// agree on it).
+    pub(super) grad_norm: std::sync::Mutex<Option<f64>>,
 }
 
 /// A rank's [`SyncStats`](crate::autograd::SyncStats) over its SyncBatchNorm group.

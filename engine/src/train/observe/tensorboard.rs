@@ -80,6 +80,8 @@ pub fn scalars(line: &StepLog) -> Vec<(String, f64)> {
     put("train/loss", line.loss);
     put("train/lr", line.lr);
     put("train/loss_scale", line.scale);
+    put("train/grad_norm", line.grad_norm);
+    put("system/host_rss_mib", line.host_rss.map(|b| b as f64 / 1048576.0));
     put("speed/step_ms", line.step_ms);
     put("speed/samples_per_s", line.samples_per_s);
     put("speed/tokens_per_s", line.tokens_per_s);

@@ -127,6 +127,7 @@ impl Trainer {
             half: config.memory.precision == crate::train::config::Precision::Fp16Mixed,
             started,
             bn: world.bn.as_ref().map(|(_, c)| c.as_slice()),
+            grad_norm: std::sync::Mutex::new(None),
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
@@ -195,6 +196,7 @@ impl Trainer {
                 })
                 .collect()
         });
+        self.grad_norm = plan.grad_norm.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut loss = 0.0f64;
         let mut skipped = false;
         let mut first_error = None;
@@ -397,6 +399,7 @@ fn update(rt: &Runtime, params: &Params, opt: &mut Optimizer, comm: &Comm, plan:
         let local = grad_square_sum(rt, params)?;
         // Stage 0: every rank holds the whole sum, so the local norm is the global one.
         let total = if plan.zero == 0 { local } else { comm.sum_f64(local)? };
+        *plan.grad_norm.lock().unwrap_or_else(|e| e.into_inner()) = Some(total.sqrt());
         scale_grads(rt, params, clip_coef(total.sqrt() as f32, plan.grad_clip))?;
     }
     opt.step(rt, params, plan.lr)?;
@@ -460,7 +463,9 @@ fn update_on_host(
     }
     if plan.grad_clip > 0.0 {
         let local = square_sum(grads.iter().flatten().map(|g| &g[..]));
-        let coef = clip_coef(comm.sum_f64(local)?.sqrt() as f32, plan.grad_clip);
+        let norm = comm.sum_f64(local)?.sqrt();
+        *plan.grad_norm.lock().unwrap_or_else(|e| e.into_inner()) = Some(norm);
+        let coef = clip_coef(norm as f32, plan.grad_clip);
         if coef < 1.0 {
             scale_all(grads.iter_mut().flatten(), coef);
         }
