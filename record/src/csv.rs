@@ -87,6 +87,6 @@ mod tests {
         assert_eq!(rows.len(), 3);
         assert!(rows.iter().all(|r| r.len() == CSV_COLUMNS.len()));
         assert_eq!(rows[1][..5], ["1", "0", "", "2.5", "0.001"]);
-        assert_eq!(rows[2][14..], ["2.25", "0.5"]);
+        assert_eq!(rows[2][16..], ["2.25", "0.5"]);
     }
 }
