@@ -74,7 +74,8 @@ ensure_tensorboard() {
         rm -rf "$venv"; python3 -m venv "$venv"
     fi
     say "installing TensorBoard into $venv (its reader checks wgtrain's event files)"
-    "$venv/bin/pip" install -q tensorboard >&2
+    "$venv/bin/pip" install -q tensorboard >&2 ||
+        say "could not install TensorBoard from PyPI: the event-file test will say so and fail"
 }
 
 # wgpu needs a native adapter (Vulkan, Metal or DX12); without a GPU, Mesa's lavapipe.
