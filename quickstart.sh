@@ -97,7 +97,11 @@ ensure_datasets() {
 }
 
 build() {
-    say "building wgtrain (release)"
+    if [ -x target/release/wgtrain ]; then
+        say "building wgtrain (release; only what changed)"
+    else
+        say "building wgtrain (release): a first build takes about 9 minutes on 2 cores, the last of them the dashboard's wasm app (wgtrain-web's build script)"
+    fi
     cargo build --release --locked
 }
 
