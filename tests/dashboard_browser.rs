@@ -277,6 +277,35 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let rows = tab2.find_element("#peak-blocks").unwrap().get_inner_text().unwrap();
     assert!(rows.contains(&expected.blocks[1].label), "{rows}");
     assert!(rows.contains("backward") || rows.contains("forward"), "{rows}");
+    // Searching the blocks: every block whose label holds the typed text, and no other.
+    let query = "layers.1";
+    let want: Vec<&str> = expected
+        .blocks
+        .iter()
+        .map(|b| b.label.as_str())
+        .filter(|l| l.contains(query))
+        .collect();
+    assert!(!want.is_empty() && want.len() < expected.blocks.len(), "{want:?}");
+    tab2.find_element("#peak-search")
+        .unwrap()
+        .click()
+        .unwrap()
+        .type_into(query)
+        .unwrap();
+    let start = std::time::Instant::now();
+    let shown = loop {
+        let shown: Vec<String> = tab2
+            .find_elements("#peak-blocks tr.peak-block")
+            .unwrap()
+            .iter()
+            .map(|r| r.get_attribute_value("data-label").unwrap().unwrap_or_default())
+            .collect();
+        if shown.len() == want.len() || start.elapsed() > Duration::from_secs(10) {
+            break shown;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(shown, want, "the rows matching '{query}'");
 
     // The curves' CSV export is linked from the training panel.
     let csv = tab2

@@ -290,7 +290,7 @@ impl Gpt {
     pub fn forward(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
         let (h, wte) = self.trunk(tape, rt, params, ids)?;
         // The head is tied: logits = h wte^T.
-        ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "logits")
+        ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "lm_head")
     }
 
     /// The mean next-token loss against `targets` ([B*T] i32, -100 ignored, and how many
@@ -327,12 +327,12 @@ impl Gpt {
         let p = |tape: &mut Tape, i: usize| tape.param(params, i);
         let wte = p(tape, self.wte)?;
         let wpe = p(tape, self.wpe)?;
-        let tok = ops::embedding(tape, rt, ids, &wte, "wte")?;
+        let tok = ops::embedding(tape, rt, ids, &wte, "transformer.wte")?;
         let positions: Vec<i32> = (0..t as i32).collect();
         let pos_ids = Tensor::from_i32(rt, &positions, &[t], Category::Input, "positions")?;
-        let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "wpe")?;
-        let x = ops::add(tape, rt, &tok, &pos, "embed")?;
-        let mut x = ops::dropout(tape, rt, &x, c.embd_pdrop, "drop")?;
+        let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "transformer.wpe")?;
+        let x = ops::add(tape, rt, &tok, &pos, "transformer.embeddings")?;
+        let mut x = ops::dropout(tape, rt, &x, c.embd_pdrop, "transformer.drop")?;
         for (i, blk) in self.blocks.iter().enumerate() {
             let ids = [blk.ln_1, blk.c_attn, blk.attn_proj, blk.ln_2, blk.c_fc, blk.mlp_proj];
             let mut vars = vec![x.clone()];
@@ -346,7 +346,7 @@ impl Gpt {
             x = ops::segment(tape, rt, i, &vars, segment)?;
         }
         let (w, bb) = (p(tape, self.ln_f.0)?, p(tape, self.ln_f.1)?);
-        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "ln_f")?;
+        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "transformer.ln_f")?;
         debug_assert_eq!(h.value.shape(), &[b, t, c.n_embd]);
         Ok((h, wte))
     }
@@ -355,22 +355,22 @@ impl Gpt {
 /// One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). `v` holds x and the
 /// block's 12 parameters in state-dict order.
 fn block(tape: &mut Tape, rt: &Runtime, i: usize, (eps, nh, drop): (f32, usize, f32), v: &[Var]) -> Result<Var, Error> {
-    let l = |n: &str| format!("h.{i}.{n}");
+    let l = |n: &str| format!("transformer.h.{i}.{n}");
     let x = &v[0];
     // Under fp16-mixed the projections feeding attention and GELU write f16.
     let act = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
     let h = ops::layernorm(tape, rt, x, &v[1], &v[2], eps, &l("ln_1"))?;
-    let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("qkv"))?;
-    let y = ops::attention(tape, rt, &qkv, nh, &l("atty"))?;
-    let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attproj"))?;
+    let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("attn.c_attn"))?;
+    let y = ops::attention(tape, rt, &qkv, nh, &l("attn"))?;
+    let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attn.c_proj"))?;
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
-    let x2 = ops::add(tape, rt, x, &a, &l("residual2"))?;
+    let x2 = ops::add(tape, rt, x, &a, &l("attn.residual"))?;
     let h = ops::layernorm(tape, rt, &x2, &v[7], &v[8], eps, &l("ln_2"))?;
-    let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("fch"))?;
-    let g = ops::gelu(tape, rt, &f, &l("fch_gelu"))?;
-    let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("fcproj"))?;
+    let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
+    let g = ops::gelu(tape, rt, &f, &l("mlp.act"))?;
+    let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("mlp.c_proj"))?;
     let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
-    ops::add(tape, rt, &x2, &m, &l("residual3"))
+    ops::add(tape, rt, &x2, &m, &l("mlp.residual"))
 }
 
 /// Targets for GPT2LMHeadModel's loss: labels shifted left by one, the last position

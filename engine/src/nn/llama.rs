@@ -304,7 +304,7 @@ impl Llama {
             ));
         }
         let embed = tape.param(params, self.embed.0)?;
-        let mut x = ops::embedding(tape, rt, ids, &embed, "embed_tokens")?;
+        let mut x = ops::embedding(tape, rt, ids, &embed, "model.embed_tokens")?;
         let (cos, sin) = c.rope_tables(t);
         let half = c.head_dim() / 2;
         let cos = Tensor::from_f32(rt, &cos, &[t, half], Category::Input, "rope.cos")?;
@@ -328,7 +328,7 @@ impl Llama {
             x = ops::segment(tape, rt, i, &vars, layer)?;
         }
         let w = tape.param(params, self.norm.0)?;
-        let h = ops::rmsnorm(tape, rt, &x, &w, eps, "norm")?;
+        let h = ops::rmsnorm(tape, rt, &x, &w, eps, "model.norm")?;
         let head = if self.head == self.embed {
             embed
         } else {
@@ -348,7 +348,7 @@ fn decoder_layer(
     (eps, hs, rope): (f32, Heads, (&Tensor, &Tensor)),
     v: &[Var],
 ) -> Result<Var, Error> {
-    let l = |n: &str| format!("layers.{i}.{n}");
+    let l = |n: &str| format!("model.layers.{i}.{n}");
     let x = &v[0];
     // Under fp16-mixed the projections feeding attention and SiLU write f16.
     let act = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
@@ -356,18 +356,18 @@ fn decoder_layer(
         ops::linear_as(tape, rt, x, w, None, WeightLayout::OutIn, out, &l(name))
     };
     let h = ops::rmsnorm(tape, rt, x, &v[8], eps, &l("input_layernorm"))?;
-    let q = lin(tape, &h, &v[1], act, "q")?;
-    let k = lin(tape, &h, &v[2], act, "k")?;
-    let vv = lin(tape, &h, &v[3], act, "v")?;
-    let qkv = ops::pack_heads(tape, rt, (&q, &k, &vv), Some(rope), hs, &l("qkv"))?;
-    let y = ops::attention(tape, rt, &qkv, hs.h, &l("atty"))?;
-    let a = lin(tape, &y, &v[4], DType::F32, "o")?;
-    let x2 = ops::add(tape, rt, x, &a, &l("residual1"))?;
+    let q = lin(tape, &h, &v[1], act, "self_attn.q_proj")?;
+    let k = lin(tape, &h, &v[2], act, "self_attn.k_proj")?;
+    let vv = lin(tape, &h, &v[3], act, "self_attn.v_proj")?;
+    let qkv = ops::pack_heads(tape, rt, (&q, &k, &vv), Some(rope), hs, &l("self_attn.qkv"))?;
+    let y = ops::attention(tape, rt, &qkv, hs.h, &l("self_attn"))?;
+    let a = lin(tape, &y, &v[4], DType::F32, "self_attn.o_proj")?;
+    let x2 = ops::add(tape, rt, x, &a, &l("self_attn.residual"))?;
     let h2 = ops::rmsnorm(tape, rt, &x2, &v[9], eps, &l("post_attention_layernorm"))?;
-    let g = lin(tape, &h2, &v[5], act, "gate")?;
-    let u = lin(tape, &h2, &v[6], act, "up")?;
-    let s = ops::silu(tape, rt, &g, &l("silu"))?;
-    let m = ops::mul(tape, rt, &s, &u, &l("swiglu"))?;
-    let dn = lin(tape, &m, &v[7], DType::F32, "down")?;
-    ops::add(tape, rt, &x2, &dn, &l("residual2"))
+    let g = lin(tape, &h2, &v[5], act, "mlp.gate_proj")?;
+    let u = lin(tape, &h2, &v[6], act, "mlp.up_proj")?;
+    let s = ops::silu(tape, rt, &g, &l("mlp.act_fn"))?;
+    let m = ops::mul(tape, rt, &s, &u, &l("mlp.act_fn*up_proj"))?;
+    let dn = lin(tape, &m, &v[7], DType::F32, "mlp.down_proj")?;
+    ops::add(tape, rt, &x2, &dn, &l("mlp.residual"))
 }

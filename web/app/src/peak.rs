@@ -45,6 +45,8 @@ fn percent_change(r: f64) -> String {
 #[component]
 pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
     let all = RwSignal::new(false);
+    // The blocks' search: a part of a label, any case (all matches shown).
+    let query = RwSignal::new(String::new());
     let body = move || {
         let Some(t) = ctx.timeline.get() else {
             return view! { <p class="empty">"no step recorded yet"</p> }.into_any();
@@ -80,13 +82,15 @@ pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
         let adv = advice(&p);
         let n = p.blocks.len();
         let rows = move || {
-            let shown = if all.get() { n } else { n.min(SHOWN) };
+            let q = query.get().trim().to_lowercase();
+            let shown = if all.get() || !q.is_empty() { n } else { n.min(SHOWN) };
             p.blocks
                 .iter()
+                .filter(|b| q.is_empty() || b.label.to_lowercase().contains(&q))
                 .take(shown)
                 .map(|b| {
                     view! {
-                        <tr>
+                        <tr class="peak-block" data-label=b.label.clone()>
                             <td><span class="swatch" style=format!("background:{}", b.category.colour())></span>{b.label.clone()}</td>
                             <td>{b.category.name()}</td>
                             <td class="num">{format_bytes(b.size)}</td>
@@ -112,6 +116,8 @@ pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
             <div class="page" id="peak-bar">{bar}</div>
             <p class="small">{shares}</p>
             {adv.map(|a| view! { <p class="advice">{a}</p> })}
+            <input id="peak-search" type="search" placeholder=format!("search the {n} blocks (a layer's name, e.g. mlp.c_fc)")
+                on:input=move |ev| query.set(event_target_value(&ev)) />
             <table id="peak-blocks">
                 <tr><th>"block"</th><th>"category"</th><th class="num">"size"</th><th class="num">"of peak"</th><th>"made in"</th></tr>
                 {rows}
