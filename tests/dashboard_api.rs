@@ -266,10 +266,10 @@ fn api_serves_recorded_runs_and_refuses_bad_requests() {
         .map(|b| b["label"].as_str().unwrap())
         .collect();
     assert!(
-        backward.iter().any(|l| l.starts_with("layers.") && l.ends_with(".dw")),
+        backward.iter().any(|l| l.starts_with("layers.") && l.ends_with(".weight.grad")),
         "{backward:?}"
     );
-    assert!(!backward.iter().any(|l| ["dx", "dw", "dy"].contains(l)), "{backward:?}");
+    assert!(!backward.iter().any(|l| ["dx", "weight.grad", "dy"].contains(l)), "{backward:?}");
     let spans = t["phases"].as_array().unwrap();
     let names: Vec<&str> = spans.iter().map(|s| s["phase"].as_str().unwrap()).collect();
     assert_eq!(&names[..3], &["forward", "backward", "readback"][..], "{names:?}");

@@ -461,7 +461,7 @@ pub fn backward_weight(rt: &Runtime, x: &Tensor, dy: &Tensor, shape: &ConvShape,
             split_product(rt, &a, &b, &out, i > 0)?;
         }
     }
-    let dw = Tensor::empty(rt, &shape.weight_shape(), DType::F32, category, "dw")?;
+    let dw = Tensor::empty(rt, &shape.weight_shape(), DType::F32, category, "weight.grad")?;
     gather(rt, 3, shape, &dwp, &dw)?;
     Ok(dw)
 }

@@ -116,7 +116,7 @@ pub fn PeakPanel(ctx: Ctx) -> impl IntoView {
             <div class="page" id="peak-bar">{bar}</div>
             <p class="small">{shares}</p>
             {adv.map(|a| view! { <p class="advice">{a}</p> })}
-            <input id="peak-search" type="search" placeholder=format!("search the {n} blocks (a layer's name, e.g. mlp.c_fc)")
+            <input id="peak-search" type="search" style="width:min(32em,100%)" placeholder=format!("search the {n} blocks (a layer's name, e.g. mlp.c_fc)")
                 on:input=move |ev| query.set(event_target_value(&ev)) />
             <table id="peak-blocks">
                 <tr><th>"block"</th><th>"category"</th><th class="num">"size"</th><th class="num">"of peak"</th><th>"made in"</th></tr>

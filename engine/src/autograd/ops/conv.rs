@@ -77,7 +77,7 @@ pub fn conv2d(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: Option<&Var>, 
             let dw = conv::backward_weight(rt, &xs, &dy_mm, &shape, cats[1])?;
             let db = if has_bias {
                 let k = shape.k;
-                Some(sum_rows(rt, &dy.reshape(&[dy.numel() / k, k])?, cats[2], "db")?)
+                Some(sum_rows(rt, &dy.reshape(&[dy.numel() / k, k])?, cats[2], "bias.grad")?)
             } else {
                 None
             };

@@ -116,10 +116,10 @@ pub fn linear_as(
                 WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
                 WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
             };
-            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "dw")?;
+            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "weight.grad")?;
             let db = if has_bias {
                 let dy2 = if dy2.is_contiguous() { dy2 } else { dy2.contiguous(rt)? };
-                Some(sum_rows(rt, &dy2, cats[2], "db")?)
+                Some(sum_rows(rt, &dy2, cats[2], "bias.grad")?)
             } else {
                 None
             };
@@ -159,7 +159,7 @@ pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Resu
                 let rows = dy.numel() / b_shape.iter().product::<usize>().max(1);
                 let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
                 let dy2 = dy.reshape(&[rows, dy.numel() / rows.max(1)])?;
-                sum_rows(rt, &dy2, cats[1], "db")?.reshape(&b_shape)?
+                sum_rows(rt, &dy2, cats[1], "bias.grad")?.reshape(&b_shape)?
             };
             Ok(vec![Some(dy.clone()), Some(db)])
         }),
@@ -175,8 +175,8 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
         &[x, w, b],
         Box::new(move |rt, dy, cats| {
             let c = ws.numel();
-            let dw = Tensor::full(rt, &[c], DType::F32, 0.0, cats[1], "dw")?;
-            let db = Tensor::full(rt, &[c], DType::F32, 0.0, cats[2], "db")?;
+            let dw = Tensor::full(rt, &[c], DType::F32, 0.0, cats[1], "weight.grad")?;
+            let db = Tensor::full(rt, &[c], DType::F32, 0.0, cats[2], "bias.grad")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
             let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
@@ -193,7 +193,7 @@ pub fn rmsnorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, eps: f32, label:
         y,
         &[x, w],
         Box::new(move |rt, dy, cats| {
-            let dw = Tensor::full(rt, &[ws.numel()], DType::F32, 0.0, cats[1], "dw")?;
+            let dw = Tensor::full(rt, &[ws.numel()], DType::F32, 0.0, cats[1], "weight.grad")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
             let dx = ln::backward_rms(rt, &xs, &ws, &saved, &dy, &dw, "dx")?;
             Ok(vec![Some(dx), Some(dw)])
