@@ -1,7 +1,8 @@
 //! `wgtrain profile` on the char GPT: the kernel table adds up (kernel times within the
 //! GPU busy time, within the wall time; shares to 100%; calls per step equal to the
 //! launches per step; each kernel's phases add up to its time), and the Chrome trace has
-//! one complete event per launch and the host's phases. `wgtrain train --profile-every`
+//! one complete event per launch and the host's phases; the same time by module and op
+//! names the layers as transformers does. `wgtrain train --profile-every`
 //! puts the kernel table in the profiled steps' log lines only.
 
 mod cli;
@@ -67,6 +68,24 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
         .map(|s| s["gpu_ms"].as_f64().unwrap())
         .sum();
     assert!(kernel_ms <= gpu_ms * (1.0 + 1e-9), "kernels {kernel_ms} ms within GPU {gpu_ms} ms");
+    // The same time by module and op, named as transformers names the layers.
+    let modules = p["modules"].as_array().unwrap();
+    let module_ms: f64 = modules.iter().map(|m| m["total_us"].as_f64().unwrap()).sum::<f64>() / 1e3;
+    assert!(
+        (module_ms - kernel_ms).abs() <= 1e-6 * kernel_ms,
+        "modules {module_ms} ms, kernels {kernel_ms} ms"
+    );
+    let calls_by_module: u64 = modules.iter().map(|m| m["calls"].as_u64().unwrap()).sum();
+    assert_eq!(calls_by_module, launches * steps);
+    let names: Vec<&str> = modules.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for want in [
+        "transformer.h.0.mlp.c_fc: matmul forward",
+        "transformer.h.0.mlp.c_fc: matmul backward",
+        "transformer.h.1.attn: flash_attention forward",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    assert!(table.contains("transformer.h.0.mlp.c_fc: matmul"), "{table}");
     assert!(p["model_tflops"].as_f64().unwrap() > 0.0 && p["tokens_per_s"].as_f64().unwrap() > 0.0);
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let events = t["traceEvents"].as_array().unwrap();

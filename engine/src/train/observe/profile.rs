@@ -62,6 +62,9 @@ pub struct Profile {
     pub peak_tflops: Option<f64>,
     /// Kernels by total time, largest first.
     pub kernels: Vec<KernelRow>,
+    /// The same time by the module (layer) whose tensor each launch wrote and the op
+    /// there, largest first.
+    pub modules: Vec<ModuleRow>,
     /// Each profiled step.
     pub per_step: Vec<StepProfile>,
     /// Every profiled step's launches and host phases (for the trace).
@@ -79,6 +82,83 @@ pub struct ProfiledStep {
     pub wall_ms: f64,
     /// Its launches and host spans.
     pub trace: StepTrace,
+}
+
+/// GPU time of one op of one module (layer) over the profiled steps: the launches that
+/// wrote that module's tensors (its output, or in backward its gradients) in one phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ModuleRow {
+    /// `module: op phase`, e.g. `transformer.h.0.mlp.c_fc: matmul backward`.
+    pub name: String,
+    /// Launches.
+    pub calls: usize,
+    /// GPU time, microseconds.
+    pub total_us: f64,
+    /// Share of the GPU time, percent.
+    pub pct: f64,
+    /// The kernel variants that ran (the kernel table's names).
+    pub kernels: Vec<String>,
+}
+
+/// The module a launch's tensor belongs to: its label without the suffix a
+/// parameter, a gradient or a temporary adds (`.weight`, `.dx`, `.weight.grad`,
+/// `.dy.f16`, `.dqkv`, ...).
+pub fn module_of(label: &str) -> &str {
+    const SUFFIXES: [&str; 13] = [
+        ".weight.grad",
+        ".bias.grad",
+        ".grad",
+        ".weight",
+        ".bias",
+        ".exp_avg_sq",
+        ".exp_avg",
+        ".dqkv",
+        ".dx",
+        ".dy.f16",
+        ".dy",
+        ".da",
+        ".db",
+    ];
+    let mut m = label;
+    while let Some(s) = SUFFIXES.iter().find(|s| m.ends_with(*s)) {
+        m = &m[..m.len() - s.len()];
+    }
+    m
+}
+
+/// The module table of `steps`' launches (see [`ModuleRow`]), largest first.
+pub fn module_rows<'a>(steps: impl IntoIterator<Item = &'a [LaunchRecord]>) -> Vec<ModuleRow> {
+    let mut rows: BTreeMap<String, ModuleRow> = BTreeMap::new();
+    let mut gpu_total = 0.0;
+    for records in steps {
+        let (times, busy) = exclusive_times(records);
+        gpu_total += busy;
+        for (r, ns) in records.iter().zip(times) {
+            let module = r.label.as_deref().map_or("(unnamed)", module_of);
+            let phase = if r.phase.is_empty() { "other" } else { r.phase };
+            let name = format!("{module}: {} {phase}", r.key.family);
+            let row = rows.entry(name).or_default();
+            row.calls += 1;
+            row.total_us += ns * 1e-3;
+            if !row.kernels.iter().any(|k| **k == *r.name) {
+                row.kernels.push(r.name.to_string());
+            }
+        }
+    }
+    let mut out: Vec<ModuleRow> = rows
+        .into_iter()
+        .map(|(name, row)| ModuleRow {
+            name,
+            pct: if gpu_total > 0.0 {
+                100.0 * row.total_us * 1e3 / gpu_total
+            } else {
+                0.0
+            },
+            ..row
+        })
+        .collect();
+    out.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+    out
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -221,6 +301,7 @@ impl Trainer {
         }
         let profiled = per_step.len();
         let (kernels, _) = kernel_rows(traces.iter().map(|s| s.trace.launches.as_slice()));
+        let modules = module_rows(traces.iter().map(|s| s.trace.launches.as_slice()));
         let step_ms = median(per_step.iter().map(|s| s.wall_ms).collect());
         let samples_per_s = median(rates);
         let model_tflops = self.model_flops_per_example() * samples_per_s / 1e12;
@@ -236,6 +317,7 @@ impl Trainer {
             mfu: peak.map(|p| model_tflops / p),
             peak_tflops: peak,
             kernels,
+            modules,
             per_step,
             traces,
         })
@@ -261,6 +343,22 @@ impl Profile {
                 k.gbps.map_or("-".into(), |v| format!("{v:.1}"))
             );
         }
+        // By module: the layers' names, as the checkpoint names their weights.
+        out += &format!(
+            "\n{:<58} {:>7} {:>12} {:>7}  kernels\n",
+            "module: op phase (largest 25)", "calls", "total ms", "% GPU"
+        );
+        for m in self.modules.iter().take(25) {
+            out += &format!(
+                "{:<58} {:>7} {:>12.3} {:>7.2}  {}\n",
+                m.name,
+                m.calls,
+                m.total_us / 1e3,
+                m.pct,
+                m.kernels.join("; ")
+            );
+        }
+        out.push('\n');
         for (i, s) in self.per_step.iter().enumerate() {
             out += &format!(
                 "step {}: wall {:.2} ms, GPU busy {:.2} ms, host {:.2} ms, {} launches\n",
@@ -333,5 +431,20 @@ impl Profile {
         }
         events.push(serde_json::json!({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "wgtrain"}}));
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    }
+}
+
+#[cfg(test)]
+mod module_tests {
+    use super::module_of;
+
+    #[test]
+    fn a_launchs_module_is_its_label_without_a_parameters_or_gradients_suffix() {
+        assert_eq!(module_of("transformer.h.0.mlp.c_fc.weight.grad"), "transformer.h.0.mlp.c_fc");
+        assert_eq!(module_of("transformer.h.0.ln_1.weight"), "transformer.h.0.ln_1");
+        assert_eq!(module_of("transformer.h.1.attn.dqkv"), "transformer.h.1.attn");
+        assert_eq!(module_of("layers.0.weight.exp_avg_sq"), "layers.0");
+        assert_eq!(module_of("transformer.h.0.mlp.act.dx"), "transformer.h.0.mlp.act");
+        assert_eq!(module_of("lm_head"), "lm_head");
     }
 }
