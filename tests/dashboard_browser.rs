@@ -209,6 +209,16 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         let d = path.get_attribute_value("d").unwrap().unwrap_or_default();
         assert!(d.matches('L').count() + 1 >= STEPS as usize, "{chart}: one point a step: {d}");
     }
+    // GPU busy on the profiled steps alone (every 10th).
+    let profiled = lines.iter().filter(|l| l.get("gpu_ms").is_some()).count();
+    assert!(profiled >= 3, "{profiled} profiled steps");
+    let d = tab
+        .find_element("#gpu-busy-chart path[data-series=\"GPU busy, % of the step (profiled steps)\"]")
+        .unwrap()
+        .get_attribute_value("d")
+        .unwrap()
+        .unwrap_or_default();
+    assert_eq!(d.matches('L').count() + 1, profiled, "one point a profiled step: {d}");
 
     // Screenshots of each view (of the live page, while its tab is in front).
     for view in ["memory", "peak-panel", "whatif", "timeline", "allocator", "training"] {

@@ -1,7 +1,7 @@
 //! Training curves as a TensorBoard user reads them: loss (smoothed, raw faint, eval,
 //! log scale) with other runs overlaid, the learning rate, step time, throughput, the
-//! gradient norm (where clipping computes it), the process's host memory and the loss
-//! scale, over steps or wall time, zoomed by dragging; the compared runs'
+//! gradient norm (where clipping computes it), GPU busy (profiled steps), the process's
+//! host memory and the loss scale, over steps or wall time, zoomed by dragging; the compared runs'
 //! config differences; the device, the run's config and kernel timings.
 //!
 //! May call: `charts`, `kernels`, `state`, `wgtrain_record`, leptos. Called
@@ -109,6 +109,8 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
         let lr = pt(&l, |x| x.lr);
         let grad_norm = pt(&l, |x| x.grad_norm);
         let host = pt(&l, |x| x.host_rss.map(|b| b as f64 / 1048576.0));
+        // GPU busy over the step's wall time, on the profiled steps (--profile-every).
+        let busy = pt(&l, |x| Some(100.0 * x.gpu_ms? / x.step_ms?));
         let one = |name: &str, colour: &str, points: Vec<(f64, f64)>| {
             vec![Series {
                 name: name.into(),
@@ -140,6 +142,7 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
                 line_chart("throughput-chart", one("throughput (samples/s)", "#f28e2b", pt(&l, |x| x.samples_per_s)), opts(number, false, Vec::new()), zoom)
             }}
             {(!grad_norm.is_empty()).then(|| line_chart("grad-norm-chart", one("gradient norm before clipping", "#e15759", grad_norm.clone()), opts(number, false, Vec::new()), zoom))}
+            {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step (profiled steps)", "#edc948", busy.clone()), opts(number, false, Vec::new()), zoom))}
             {(!host.is_empty()).then(|| line_chart("host-memory-chart", one("host memory of the process (MiB)", "#76b7b2", host.clone()), opts(number, false, Vec::new()), zoom))}
             {(!scale.is_empty()).then(|| line_chart("scale-chart", one("loss scale (red: skipped steps)", "#b07aa1", scale.clone()), opts(number, true, skipped.clone()), zoom))}
         }

@@ -88,6 +88,7 @@ pub fn scalars(line: &StepLog) -> Vec<(String, f64)> {
     put("speed/model_tflops", line.model_tflops);
     put("speed/mfu", line.mfu);
     put("speed/gpu_ms", line.gpu_ms);
+    put("system/gpu_busy_pct", line.gpu_ms.zip(line.step_ms).map(|(g, s)| 100.0 * g / s));
     if let Some(m) = &line.mem {
         let mib = |b: u64| Some(b as f64 / 1048576.0);
         put("memory/allocated_mib", mib(m.allocated));
