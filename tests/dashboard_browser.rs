@@ -110,6 +110,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
             format!("train.steps={STEPS}"),
             "train.eval_every=10".into(),
             "train.grad_clip=1.0".into(),
+            "train.log_update_ratio=true".into(),
             "memory.cap=\"512MiB\"".into(),
         ],
     )
@@ -208,6 +209,16 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
             .unwrap_or_else(|_| panic!("{chart} has no {series} line"));
         let d = path.get_attribute_value("d").unwrap().unwrap_or_default();
         assert!(d.matches('L').count() + 1 >= STEPS as usize, "{chart}: one point a step: {d}");
+    }
+    // Each layer's update/weight ratio (log10), a line a layer, a point a step.
+    for layer in ["layers.0", "layers.1"] {
+        let d = tab
+            .find_element(&format!("#update-ratio-chart path[data-series=\"{layer}\"]"))
+            .unwrap_or_else(|_| panic!("no update ratio line for {layer}"))
+            .get_attribute_value("d")
+            .unwrap()
+            .unwrap_or_default();
+        assert_eq!(d.matches('L').count() + 1, STEPS as usize, "{layer}: {d}");
     }
     // GPU busy on the profiled steps alone (every 10th).
     let profiled = lines.iter().filter(|l| l.get("gpu_ms").is_some()).count();

@@ -597,3 +597,60 @@ print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags
     assert_eq!(series("memory/peak_mib"), peak);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A checkpoint's model tensors by name (f32).
+fn model_tensors(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| (name, bytemuck::pod_collect_to_vec::<u8, f32>(v.data())))
+        .collect()
+}
+
+#[test]
+fn the_logged_update_ratio_is_each_layers_change_over_its_weights_between_checkpoints() {
+    let dir = scratch("update-ratio");
+    let run = |name: &str, extra: &[&str]| {
+        let log = dir.join(format!("{name}.jsonl"));
+        let ckpt = dir.join(format!("{name}.ckpt"));
+        let mut sets = vec!["--set", "train.steps=3", "--set", "checkpoint.every=1"];
+        sets.extend(extra);
+        let mut args = small_args(ckpt.to_str().unwrap(), &sets);
+        args.extend(["--log".into(), log.display().to_string()]);
+        run_ok(&args, &[]);
+        (log, ckpt)
+    };
+    let (log, ckpt) = run("measured", &["--set", "train.log_update_ratio=true"]);
+    let (plain, _) = run("plain", &[]);
+    assert_eq!(losses(&log), losses(&plain), "measuring changes no step");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect();
+    for step in [2u64, 3] {
+        let before = model_tensors(&ckpt.join(format!("step-{:09}", step - 1)));
+        let after = model_tensors(&ckpt.join(format!("step-{step:09}")));
+        let logged = &lines[step as usize - 1]["update_ratio"];
+        for layer in ["layers.0", "layers.1"] {
+            let (mut du, mut w) = (0.0f64, 0.0f64);
+            for (name, new) in after.iter().filter(|(n, _)| n.starts_with(&format!("{layer}."))) {
+                for (a, b) in new.iter().zip(&before[name]) {
+                    du += (*a as f64 - *b as f64).powi(2);
+                    w += (*a as f64).powi(2);
+                }
+            }
+            let want = (du / w).sqrt();
+            let got = logged[layer]
+                .as_f64()
+                .unwrap_or_else(|| panic!("step {step}: no {layer} in {logged}"));
+            assert!(
+                (got - want).abs() <= 1e-3 * want,
+                "step {step} {layer}: logged {got}, checkpoints {want}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

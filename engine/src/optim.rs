@@ -86,6 +86,52 @@ impl Optimizer {
         Ok(())
     }
 
+    /// [`Optimizer::step`] that also measures each parameter's update: per parameter
+    /// with a gradient, the sum of the squares of its change and of its new values
+    /// (each weight copied to a temporary before its update, one parameter at a time;
+    /// the sums read back together at the end).
+    pub fn step_measured(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<Vec<Option<(f64, f64)>>, Error> {
+        if self.state.len() < params.list.len() {
+            self.state.resize_with(params.list.len(), || None);
+        }
+        for (i, p) in params.list.iter().enumerate() {
+            if p.grad.is_some() {
+                self.ensure_state(rt, i, p)?;
+            }
+        }
+        self.begin_step(rt, params.list.len())?;
+        let mut sums = Vec::new();
+        for (i, p) in params.list.iter().enumerate() {
+            if p.grad.is_none() {
+                sums.push(None);
+                continue;
+            }
+            let shape = p.value.shape();
+            let before = Tensor::empty(rt, shape, DType::F32, Category::Temporary, &format!("{}.before", p.name))?;
+            map_into(rt, MapOp::Scale, Some(&p.value), None, &before, 1.0, 0.0)?;
+            self.update_param_unless(rt, i, p, lr, None)?;
+            let sq = Tensor::empty(rt, shape, DType::F32, Category::Temporary, "update^2")?;
+            map_into(rt, MapOp::Sub, Some(&p.value), Some(&before), &sq, 1.0, 1.0)?;
+            drop(before);
+            map_into(rt, MapOp::Mul, Some(&sq), Some(&sq), &sq, 1.0, 1.0)?;
+            let update = reduce_all(rt, ReduceOp::Sum, &sq, "update norm")?;
+            map_into(rt, MapOp::Mul, Some(&p.value), Some(&p.value), &sq, 1.0, 1.0)?;
+            let weight = reduce_all(rt, ReduceOp::Sum, &sq, "weight norm")?;
+            sums.push(Some((update, weight)));
+        }
+        let ranges: Vec<_> = sums
+            .iter()
+            .flatten()
+            .flat_map(|(u, w)| [(u.block(), 0u64, 4u64), (w.block(), 0u64, 4u64)])
+            .collect();
+        let bytes = rt.download(&ranges)?.finish().map_err(Error::from)?;
+        let mut values = bytemuck::pod_collect_to_vec::<u8, f32>(&bytes).into_iter().map(f64::from);
+        Ok(sums
+            .iter()
+            .map(|s| s.as_ref().and_then(|_| Some((values.next()?, values.next()?))))
+            .collect())
+    }
+
     /// Undoes the bookkeeping of a step whose updates the device skipped: the step
     /// count and the fresh states are as if the step had not been taken (PyTorch's
     /// GradScaler does not call the optimizer's step then).

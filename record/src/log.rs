@@ -137,6 +137,10 @@ pub struct StepLog {
     /// over every device's gradients.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
+    /// ||update|| / ||weight|| of each layer's parameters in the step
+    /// (`train.log_update_ratio`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_ratio: Option<BTreeMap<String, f64>>,
     /// This process's resident host memory after the step, bytes (where the system
     /// says: Linux).
     #[serde(skip_serializing_if = "Option::is_none")]

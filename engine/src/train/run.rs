@@ -339,6 +339,7 @@ impl Trainer {
                 skipped: self.scaler.as_ref().map(|_| outcome.skipped),
                 micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
                 grad_norm: self.grad_norm.take(),
+                update_ratio: self.update_ratio.take(),
                 host_rss: resident_bytes(),
                 event: outcome.event,
                 eval: None,

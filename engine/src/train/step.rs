@@ -109,7 +109,12 @@ impl Trainer {
             if self.config.train.grad_clip > 0.0 {
                 self.grad_norm = Some(clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)? as f64);
             }
-            self.opt.step(&self.rt, &self.params, lr)?;
+            if self.config.train.log_update_ratio {
+                let sums = self.opt.step_measured(&self.rt, &self.params, lr)?;
+                self.update_ratio = Some(update_ratios(&self.params, &sums));
+            } else {
+                self.opt.step(&self.rt, &self.params, lr)?;
+            }
         }
         if let Some(scaler) = &mut self.scaler {
             scaler.update(skipped);
@@ -218,4 +223,23 @@ pub(super) fn read_losses(rt: &Runtime, losses: &[(Tensor, f64)]) -> Result<f64,
         sum += loss.to_f32_vec(rt)?[0] as f64 * weight;
     }
     Ok(sum)
+}
+
+/// ||update|| / ||weight|| by layer (the module a parameter belongs to: its name without
+/// `.weight` or `.bias`), from each parameter's sums of squares.
+fn update_ratios(params: &crate::autograd::Params, sums: &[Option<(f64, f64)>]) -> std::collections::BTreeMap<String, f64> {
+    let mut by: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
+    for (p, s) in params.list.iter().zip(sums) {
+        if let Some((u, w)) = s {
+            let e = by
+                .entry(crate::train::observe::profile::module_of(&p.name).to_string())
+                .or_default();
+            e.0 += u;
+            e.1 += w;
+        }
+    }
+    by.into_iter()
+        .filter(|(_, (_, w))| *w > 0.0)
+        .map(|(k, (u, w))| (k, (u / w).sqrt()))
+        .collect()
 }

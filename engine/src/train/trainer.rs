@@ -56,6 +56,8 @@ pub struct Trainer {
     /// The last step's global gradient norm before clipping, where clipping computed
     /// it (for the log).
     pub(super) grad_norm: Option<f64>,
+    /// The last step's update/weight ratio by layer (`train.log_update_ratio`).
+    pub(super) update_ratio: Option<std::collections::BTreeMap<String, f64>>,
     /// The other devices of a multi-device run (`train::parallel`).
     pub(super) world: Option<crate::train::world::World>,
     /// How each step runs, chosen when the run opens (and when devices join).
@@ -82,7 +84,7 @@ impl StepKind {
         let scaled = config.memory.precision == Precision::Fp16Mixed;
         if config.memory.optimizer_in_backward {
             StepKind::InBackward
-        } else if scaled && config.train.grad_clip <= 0.0 {
+        } else if scaled && config.train.grad_clip <= 0.0 && !config.train.log_update_ratio {
             StepKind::OnDevice
         } else {
             StepKind::Plain
@@ -122,6 +124,7 @@ impl Trainer {
             log_first: Some(None),
             consistent: true,
             grad_norm: None,
+            update_ratio: None,
             world: None,
             step_kind,
         })

@@ -190,6 +190,7 @@ pub fn number(v: f64) -> String {
 }
 
 /// One series of a line chart.
+#[derive(Clone)]
 pub struct Series {
     /// Its legend.
     pub name: String,

@@ -18,6 +18,10 @@ use crate::state::{Ctx, api, get_json, steps};
 
 /// Colours of compared runs, in order.
 const OTHERS: [&str; 6] = ["#f28e2b", "#76b7b2", "#b07aa1", "#9c755f", "#edc948", "#59a14f"];
+/// One colour per layer of the update/weight ratio chart (cycled).
+const COLOURS: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+];
 
 /// `config` flattened to `section.key` -> value text.
 fn config_of(r: &RunView) -> BTreeMap<String, String> {
@@ -109,6 +113,26 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
         let lr = pt(&l, |x| x.lr);
         let grad_norm = pt(&l, |x| x.grad_norm);
         let host = pt(&l, |x| x.host_rss.map(|b| b as f64 / 1048576.0));
+        // Each layer's update/weight ratio, log10 (train.log_update_ratio): one line a
+        // layer, the common ~-3 of a healthy run readable at a glance.
+        let layers: std::collections::BTreeSet<String> =
+            l.iter().flat_map(|x| x.update_ratio.iter().flat_map(|m| m.keys().cloned())).collect();
+        let ratio_series: Vec<Series> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| Series {
+                name: layer.clone(),
+                colour: COLOURS[i % COLOURS.len()].into(),
+                points: l
+                    .iter()
+                    .filter_map(|x| {
+                        let r = *x.update_ratio.as_ref()?.get(layer)?;
+                        (r > 0.0).then(|| Some((ax.of(x, t0)?, r.log10())))?
+                    })
+                    .collect(),
+                faint: false,
+            })
+            .collect();
         // GPU busy over the step's wall time, on the profiled steps (--profile-every).
         let busy = pt(&l, |x| Some(100.0 * x.gpu_ms? / x.step_ms?));
         let one = |name: &str, colour: &str, points: Vec<(f64, f64)>| {
@@ -142,6 +166,7 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
                 line_chart("throughput-chart", one("throughput (samples/s)", "#f28e2b", pt(&l, |x| x.samples_per_s)), opts(number, false, Vec::new()), zoom)
             }}
             {(!grad_norm.is_empty()).then(|| line_chart("grad-norm-chart", one("gradient norm before clipping", "#e15759", grad_norm.clone()), opts(number, false, Vec::new()), zoom))}
+            {(!ratio_series.is_empty()).then(|| line_chart("update-ratio-chart", ratio_series.clone(), opts(number, false, Vec::new()), zoom))}
             {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step (profiled steps)", "#edc948", busy.clone()), opts(number, false, Vec::new()), zoom))}
             {(!host.is_empty()).then(|| line_chart("host-memory-chart", one("host memory of the process (MiB)", "#76b7b2", host.clone()), opts(number, false, Vec::new()), zoom))}
             {(!scale.is_empty()).then(|| line_chart("scale-chart", one("loss scale (red: skipped steps)", "#b07aa1", scale.clone()), opts(number, true, skipped.clone()), zoom))}

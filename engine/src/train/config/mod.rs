@@ -102,6 +102,8 @@ pub struct TrainConfig {
     pub betas: (f32, f32),
     /// Global-norm clipping (0 = off).
     pub grad_clip: f32,
+    /// Log each layer's update/weight ratio every step (one device).
+    pub log_update_ratio: bool,
     /// Seed of initialisation and data order.
     pub seed: u64,
     /// Evaluate every N steps (0 = at the end of each epoch).
@@ -124,6 +126,7 @@ impl Default for TrainConfig {
             momentum: 0.9,
             betas: (0.9, 0.999),
             grad_clip: 0.0,
+            log_update_ratio: false,
             seed: 0,
             eval_every: 0,
         }
@@ -517,6 +520,9 @@ impl Config {
                         .into(),
                 );
             }
+        }
+        if self.train.log_update_ratio && (self.memory.optimizer_in_backward || self.parallel.enabled()) {
+            return bad("train.log_update_ratio works on one device with the optimizer after backward, not with memory.optimizer_in_backward or parallel.devices / backend = \"mpi\" yet".into());
         }
         if self.memory.precision == Precision::Fp16Mixed && self.memory.optimizer_in_backward {
             return bad("memory.optimizer_in_backward cannot be combined with memory.precision = \"fp16-mixed\": a step with an inf or NaN gradient must be skipped before any update".into());

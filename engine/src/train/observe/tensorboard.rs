@@ -81,6 +81,9 @@ pub fn scalars(line: &StepLog) -> Vec<(String, f64)> {
     put("train/lr", line.lr);
     put("train/loss_scale", line.scale);
     put("train/grad_norm", line.grad_norm);
+    for (layer, r) in line.update_ratio.iter().flatten() {
+        put(&format!("update_ratio/{layer}"), Some(*r));
+    }
     put("system/host_rss_mib", line.host_rss.map(|b| b as f64 / 1048576.0));
     put("speed/step_ms", line.step_ms);
     put("speed/samples_per_s", line.samples_per_s);
