@@ -654,3 +654,33 @@ fn the_logged_update_ratio_is_each_layers_change_over_its_weights_between_checkp
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
+    let dir = scratch("pipeline-cache");
+    let cache = dir.join("xdg");
+    let train = |env: &[(&str, &str)]| {
+        let args = small_args(dir.join("ckpt").to_str().unwrap(), &["--set", "train.steps=2", "--overwrite"]);
+        let mut all: Vec<(&str, &str)> = vec![("XDG_CACHE_HOME", cache.to_str().unwrap())];
+        all.extend(env);
+        run_ok(&args, &all);
+    };
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(cache.join("wgtrain"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    train(&[("WGTRAIN_PIPELINE_CACHE", "0")]);
+    assert!(files().is_empty(), "turned off, nothing is written: {:?}", files());
+    train(&[]);
+    let kept = files();
+    assert_eq!(kept.len(), 1, "one file for the adapter: {kept:?}");
+    let name = kept[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("wgpu_pipeline_cache_"), "{name}");
+    // A damaged file (another driver's, a cut write) is refused by the driver, not
+    // trusted: the run goes on and writes a good one.
+    std::fs::write(&kept[0], b"not a pipeline cache").unwrap();
+    train(&[]);
+    assert_ne!(std::fs::read(&kept[0]).unwrap(), b"not a pipeline cache");
+    let _ = std::fs::remove_dir_all(&dir);
+}

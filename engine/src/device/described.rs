@@ -96,6 +96,8 @@ impl Gpu {
         gpu.caps = Capabilities::granted(&described, granted, limits(&described));
         gpu.report = described;
         gpu.stand_in = true;
+        // It compiles nothing: nothing to keep.
+        gpu.pipeline_cache = None;
         Ok(gpu)
     }
 }

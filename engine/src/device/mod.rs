@@ -5,13 +5,14 @@
 //! they made a tiled matmul 15x slower); every launch validates shapes, strides and
 //! ranges on the host instead (see `kernels`).
 //!
-//! May call: wgpu, `report`, `staging`, `pinned`. Called by: the allocator, kernels, the CLI.
+//! May call: wgpu, `report`, `staging`, `pinned`, `pipeline_cache`. Called by: the allocator, kernels, the CLI.
 
 pub mod described;
 mod facts;
 pub mod host_vec;
 #[cfg(not(target_arch = "wasm32"))]
 mod pinned;
+pub mod pipeline_cache;
 pub mod report;
 pub mod staging;
 pub mod transfer;
@@ -193,6 +194,17 @@ pub struct Gpu {
     /// that only keeps books. Kernels are validated but not compiled for it, so only the
     /// estimate's dry runtimes can use it.
     pub stand_in: bool,
+    /// The driver's compiled pipelines kept on disk between runs, where the adapter has
+    /// a pipeline cache (`pipeline_cache`).
+    pub pipeline_cache: Option<pipeline_cache::DiskCache>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if let Some(c) = &self.pipeline_cache {
+            c.save();
+        }
+    }
 }
 
 fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
@@ -317,7 +329,8 @@ impl Gpu {
     /// any named in `WGTRAIN_WITHHOLD_FEATURES`).
     pub fn open_adapter(index: usize, adapter: wgpu::Adapter) -> Result<Gpu, DeviceError> {
         let report = report::adapter_report(index, &adapter);
-        let granted = adapter.features() & report::engine_features() & !withheld_features();
+        // The engine's features, and a pipeline cache where the adapter keeps one.
+        let granted = adapter.features() & (report::engine_features() | wgpu::Features::PIPELINE_CACHE) & !withheld_features();
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgtrain"),
@@ -355,6 +368,7 @@ impl Gpu {
             features = ?report.features,
             "opened GPU device"
         );
+        let pipeline_cache = pipeline_cache::DiskCache::open(&device, &adapter.get_info());
         Ok(Gpu {
             adapter,
             device,
@@ -365,6 +379,7 @@ impl Gpu {
             uncaptured,
             staging: Default::default(),
             stand_in: false,
+            pipeline_cache,
         })
     }
 

@@ -288,7 +288,7 @@ impl PipelineCache {
                     module: &module,
                     entry_point: Some("main"),
                     compilation_options: Default::default(),
-                    cache: None,
+                    cache: gpu.pipeline_cache.as_ref().map(|c| &c.cache),
                 })
             })?)
         };
