@@ -515,6 +515,38 @@ fn progress_off_a_terminal_says_why_step_one_is_slow_and_every_evaluation() {
     assert_eq!(err.matches(": eval loss ").count(), 2, "{err}");
 }
 
+/// On a terminal (a pseudo-terminal from util-linux's `script`, as a user's shell
+/// gives): the progress bar draws, and every evaluation, the compile line and the
+/// checkpoint's path are printed as lines the bar does not swallow.
+#[test]
+fn on_a_terminal_the_bar_draws_and_no_line_is_swallowed() {
+    let dir = scratch("progress-pty");
+    let mut args = small_args(
+        dir.join("ckpt").to_str().unwrap(),
+        &["--set", "train.steps=6", "--set", "train.eval_every=3"],
+    );
+    args.retain(|a| a != "--quiet");
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_wgtrain").to_string())
+        .chain(args)
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let out = Command::new("script")
+        .args(["-qefc", &quoted.join(" "), "/dev/null"])
+        .env("TERM", "xterm-256color")
+        .env("COLUMNS", "120")
+        .output()
+        .expect("script (util-linux) runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    // indicatif redraws the bar in place: carriage returns or cursor moves.
+    assert!(text.contains('\r') || text.contains("\x1b["), "no bar drawn: {text:?}");
+    assert!(text.contains("step 1 also compiles the GPU kernels"), "{text}");
+    for step in [3, 6] {
+        assert_eq!(text.matches(&format!("step {step}: eval loss")).count(), 1, "{text}");
+    }
+    assert!(text.contains("checkpoint ") && text.contains("step-000000006"), "{text}");
+}
+
 /// The Python with TensorBoard that `./quickstart.sh test` makes (target/tensorboard-venv),
 /// or `WGTRAIN_TENSORBOARD_PYTHON`.
 fn tensorboard_python() -> std::path::PathBuf {
