@@ -210,6 +210,23 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         let d = path.get_attribute_value("d").unwrap().unwrap_or_default();
         assert!(d.matches('L').count() + 1 >= STEPS as usize, "{chart}: one point a step: {d}");
     }
+    // Evaluation's own peak, from the log's evaluation lines.
+    let eval_peak = lines
+        .iter()
+        .filter_map(|l| l.pointer("/eval/peak").and_then(|p| p.as_u64()))
+        .max()
+        .expect("evaluation lines carry their peak");
+    assert!(lines.iter().filter(|l| l.get("eval").is_some()).all(|l| {
+        let (p, r) = (l["eval"]["peak"].as_u64().unwrap(), l["eval"]["reserved"].as_u64().unwrap());
+        p > 0 && r >= p
+    }));
+    let shown = tab
+        .find_element("#eval-peak")
+        .unwrap()
+        .get_attribute_value("data-bytes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&shown) as u64, eval_peak);
     // Each layer's update/weight ratio (log10), a line a layer, a point a step.
     for layer in ["layers.0", "layers.1"] {
         let d = tab

@@ -6,7 +6,7 @@
 use crate::log::StepLog;
 
 /// The columns, in order.
-pub const CSV_COLUMNS: [&str; 18] = [
+pub const CSV_COLUMNS: [&str; 19] = [
     "step",
     "epoch",
     "time",
@@ -25,6 +25,7 @@ pub const CSV_COLUMNS: [&str; 18] = [
     "host_rss_bytes",
     "eval_loss",
     "eval_accuracy",
+    "eval_peak_bytes",
 ];
 
 /// `lines` as CSV with a header row; empty cells where a line has no such value.
@@ -52,6 +53,7 @@ pub fn curves_csv(lines: &[StepLog]) -> String {
             l.host_rss.map_or(String::new(), |b| b.to_string()),
             num(l.eval.as_ref().map(|e| e.loss)),
             num(l.eval.as_ref().and_then(|e| e.accuracy)),
+            l.eval.as_ref().and_then(|e| e.peak).map_or(String::new(), |b| b.to_string()),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');
@@ -78,6 +80,7 @@ mod tests {
                 eval: Some(EvalLog {
                     loss: 2.25,
                     accuracy: Some(0.5),
+                    ..Default::default()
                 }),
                 ..Default::default()
             },
@@ -87,6 +90,6 @@ mod tests {
         assert_eq!(rows.len(), 3);
         assert!(rows.iter().all(|r| r.len() == CSV_COLUMNS.len()));
         assert_eq!(rows[1][..5], ["1", "0", "", "2.5", "0.001"]);
-        assert_eq!(rows[2][16..], ["2.25", "0.5"]);
+        assert_eq!(rows[2][16..], ["2.25", "0.5", ""]);
     }
 }

@@ -81,6 +81,12 @@ pub struct EvalLog {
     /// Fraction classified correctly (classifiers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// The most bytes allocated during the evaluation (its batches, no tape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<u64>,
+    /// Bytes reserved after it (the pages its batches needed stay cached).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<u64>,
 }
 
 /// One line of the JSONL log.

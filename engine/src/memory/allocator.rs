@@ -506,6 +506,12 @@ impl Allocator {
         self.shared.pool().reset_peaks();
     }
 
+    /// Raises every peak to at least `earlier`'s: after measuring a part of the run
+    /// alone (a reset before it), the peaks are the run's again.
+    pub fn keep_peaks(&self, earlier: &MemoryStats) {
+        self.shared.pool().keep_peaks(earlier);
+    }
+
     /// A readable table of the counters.
     pub fn summary(&self) -> String {
         self.stats().summary()

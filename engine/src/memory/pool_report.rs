@@ -52,6 +52,11 @@ impl<B: PageBackend> Pool<B> {
         self.stats.reset_peaks();
     }
 
+    /// Raises every peak to at least `earlier`'s (see `MemoryStats::keep_peaks`).
+    pub fn keep_peaks(&mut self, earlier: &MemoryStats) {
+        self.stats.keep_peaks(earlier);
+    }
+
     /// Every page with its blocks, and the event trace.
     pub fn snapshot(&self) -> MemorySnapshot {
         MemorySnapshot {

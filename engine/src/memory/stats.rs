@@ -138,6 +138,29 @@ impl MemoryStats {
         }
     }
 
+    /// Peaks at least `earlier`'s (after a reset that measured a part of the run alone,
+    /// the run's peaks as if there had been none).
+    pub(super) fn keep_peaks(&mut self, earlier: &MemoryStats) {
+        if earlier.allocated.peak > self.allocated.peak {
+            self.at_peak = earlier.at_peak;
+        }
+        for (stat, old) in [
+            (&mut self.allocated, &earlier.allocated),
+            (&mut self.requested, &earlier.requested),
+            (&mut self.reserved, &earlier.reserved),
+            (&mut self.active, &earlier.active),
+            (&mut self.blocks, &earlier.blocks),
+            (&mut self.pages, &earlier.pages),
+        ] {
+            stat.peak = stat.peak.max(old.peak);
+        }
+        for (cat, old) in self.by_category.iter_mut().zip(&earlier.by_category) {
+            cat.allocated.peak = cat.allocated.peak.max(old.allocated.peak);
+            cat.requested.peak = cat.requested.peak.max(old.requested.peak);
+            cat.blocks.peak = cat.blocks.peak.max(old.blocks.peak);
+        }
+    }
+
     pub(super) fn reset_peaks(&mut self) {
         for stat in [
             &mut self.allocated,
@@ -223,5 +246,36 @@ impl MemoryStats {
         );
         let _ = writeln!(out, "{rule}");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_peaks_are_the_larger_of_the_two_spans() {
+        let mut earlier = MemoryStats::default();
+        earlier.allocated = Stat {
+            current: 5,
+            peak: 10,
+            ..Default::default()
+        };
+        earlier.reserved = Stat {
+            current: 20,
+            peak: 20,
+            ..Default::default()
+        };
+        earlier.at_peak[0] = 7;
+        let mut now = earlier.clone();
+        now.reset_peaks();
+        assert_eq!(now.allocated.peak, 5);
+        // A later span that peaks lower in allocated, higher in reserved.
+        now.allocated.peak = 8;
+        now.reserved.peak = 40;
+        now.at_peak[0] = 3;
+        now.keep_peaks(&earlier);
+        assert_eq!((now.allocated.peak, now.reserved.peak), (10, 40));
+        assert_eq!(now.at_peak[0], 7, "the categories at the larger peak");
     }
 }

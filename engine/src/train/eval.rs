@@ -52,6 +52,7 @@ impl Trainer {
         Ok(EvalLog {
             loss: loss_sum / count.max(1) as f64,
             accuracy: self.model.is_classifier().then(|| correct as f64 / count.max(1) as f64),
+            ..Default::default()
         })
     }
 }

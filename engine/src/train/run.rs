@@ -360,7 +360,14 @@ impl Trainer {
                 epoch_end
             } || self.step == total;
             if eval_now {
-                let e = self.evaluate()?;
+                // The evaluation's own peak, measured alone; the run's peaks kept.
+                let before = self.rt.alloc.stats();
+                self.rt.alloc.reset_peaks();
+                let mut e = self.evaluate()?;
+                let after = self.rt.alloc.stats();
+                e.peak = Some(after.allocated.peak);
+                e.reserved = Some(after.reserved.current);
+                self.rt.alloc.keep_peaks(&before);
                 let line = StepLog {
                     step: self.step,
                     epoch: batch.position.0,

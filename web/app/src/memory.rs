@@ -74,6 +74,13 @@ pub fn MemoryView(ctx: Ctx) -> impl IntoView {
             .enumerate()
             .fold((0, 0.0), |a, (i, &v)| if v > a.1 { (i, v) } else { a });
         let peak_step = s[pi].step;
+        // Evaluation's own peak (its batches, no tape), which the steps' chart leaves out.
+        let eval_peak = ctx
+            .lines
+            .get()
+            .iter()
+            .filter_map(|l| Some((l.step, l.eval.as_ref()?.peak?, l.eval.as_ref()?.reserved.unwrap_or(0))))
+            .max_by_key(|e| e.1);
         let steps_at: Vec<u64> = s.iter().map(|l| l.step).collect();
         let index_at = move |ev: &web_sys::MouseEvent| -> Option<usize> {
             let px = Brush::svg_x(ev)?;
@@ -93,6 +100,10 @@ pub fn MemoryView(ctx: Ctx) -> impl IntoView {
             <div class="facts">
                 <span id="peak-value" data-peak-bytes=pv.to_string()>"peak " <b>{bytes(pv)}</b> {format!(" at step {peak_step}")}</span>
                 <span>"reserved now " <b>{bytes(*reserved.last().unwrap_or(&0.0))}</b></span>
+                {eval_peak.map(|(step, p, r)| view! {
+                    <span id="eval-peak" data-bytes=p.to_string()>"evaluation peak " <b>{bytes(p as f64)}</b>
+                        {format!(" at step {step}, reserved after it {}", bytes(r as f64))}</span>
+                })}
                 {cap.map(|c| view! { <span id="cap-value" data-cap-bytes=c.to_string()>"cap " <b>{bytes(c)}</b></span> })}
                 <span class="hint">"click a step to open it; drag to zoom"</span>
                 {move || zoom.get().map(|_| view! { <button id="memory-unzoom" on:click=move |_| zoom.set(None)>"reset zoom"</button> })}

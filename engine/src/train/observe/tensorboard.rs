@@ -75,6 +75,8 @@ pub fn scalars(line: &StepLog) -> Vec<(String, f64)> {
     if let Some(e) = &line.eval {
         put("eval/loss", Some(e.loss));
         put("eval/accuracy", e.accuracy);
+        put("eval/peak_mib", e.peak.map(|b| b as f64 / 1048576.0));
+        put("eval/reserved_mib", e.reserved.map(|b| b as f64 / 1048576.0));
         return out;
     }
     put("train/loss", line.loss);
