@@ -136,6 +136,40 @@ fn bad_descriptions_are_clear_errors() {
 }
 
 #[test]
+fn the_plain_estimate_says_whether_the_adapter_holds_the_peak() {
+    // This machine's adapter, and the same adapter described with 4 MiB of memory.
+    let small = temp("small-adapter").join("devices.json");
+    let text = std::fs::read_to_string(root().join("tests/fixtures/devices-lavapipe.json")).unwrap();
+    std::fs::write(&small, text.replace("\"memory_bytes\": 2147483648", "\"memory_bytes\": 4194304")).unwrap();
+    for (described, fits) in [(None, true), (Some(&small), false)] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgtrain"));
+        cmd.args(["estimate", "--set", "data.train_limit=384"]);
+        if let Some(file) = described {
+            cmd.arg("--described").arg(file);
+        }
+        let table = cmd.output().unwrap();
+        assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+        let text = String::from_utf8_lossy(&table.stdout);
+        let json = cmd.arg("--json").output().unwrap();
+        let e: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let (reserved, memory) = (
+            e["peak_reserved_bytes"].as_u64().unwrap(),
+            e["device_memory_bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(e["fits_device"].as_bool(), Some(fits), "{e}");
+        assert_eq!(reserved <= memory, fits, "{reserved} reserved, {memory} memory");
+        if fits {
+            assert!(text.contains("fits this adapter's 2.00 GiB"), "{text}");
+        } else {
+            assert!(
+                text.contains("does NOT fit this adapter's 4.00 MiB") && text.contains("--memory 4.00MiB"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_cli_estimates_for_a_described_adapter_and_names_what_fills_the_peak() {
     let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
         .args(["estimate", "--json", "--described"])

@@ -78,6 +78,13 @@ pub struct Estimate {
     /// The activation category's own peak per example of a forward pass on device 0:
     /// what forward saves for backward per image or sequence.
     pub activation_per_example: u64,
+    /// The memory of the adapter it was made for, where the backend says (a device's
+    /// whole memory, not what other programs leave free).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_bytes: Option<u64>,
+    /// Whether the peak reserved bytes fit that memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fits_device: Option<bool>,
 }
 
 impl Estimate {
@@ -105,6 +112,22 @@ impl Estimate {
         }
         out += &format!("  {:<16} {:>12}\n", "peak allocated", format_bytes(self.peak_bytes));
         out += &format!("  {:<16} {:>12}\n", "peak reserved", format_bytes(self.peak_reserved_bytes));
+        if let Some(mem) = self.device_memory_bytes {
+            out += &if self.peak_reserved_bytes <= mem {
+                format!(
+                    "  fits this adapter's {} ({} to spare)\n",
+                    format_bytes(mem),
+                    format_bytes(mem - self.peak_reserved_bytes)
+                )
+            } else {
+                format!(
+                    "  does NOT fit this adapter's {}: {} over; `wgtrain estimate --memory {}` says which change fits\n",
+                    format_bytes(mem),
+                    format_bytes(self.peak_reserved_bytes - mem),
+                    format_bytes(mem).replace(' ', "")
+                )
+            };
+        }
         out += &format!(
             "  saved activations: {} an example of a forward pass\n",
             format_bytes(self.activation_per_example)
@@ -244,6 +267,8 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
         host_bytes: host_bytes(config, elements, optimizer_per),
         at_peak: peak_view,
         activation_per_example: own[Category::Activation.index()] / forward_examples.max(1) as u64,
+        device_memory_bytes: rt.gpu.report.memory_bytes,
+        fits_device: rt.gpu.report.memory_bytes.map(|m| reserved <= m),
     };
     drop(trainer);
     rt.alloc.empty_cache();
