@@ -430,6 +430,15 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     tab2.find_element("#compare input[data-run=\"other\"]").unwrap().click().unwrap();
     tab2.wait_for_element("#loss-chart path[data-series=\"other train loss\"]")
         .expect("the compared run's loss");
+    // And on every other curve it has.
+    for (chart, series) in [
+        ("#lr-chart", "other: learning rate"),
+        ("#time-chart", "other: step time (ms)"),
+        ("#throughput-chart", "other: throughput (samples/s)"),
+    ] {
+        tab2.find_element(&format!("{chart} path[data-series=\"{series}\"]"))
+            .unwrap_or_else(|_| panic!("{chart} lacks {series}"));
+    }
     let diff = tab2.wait_for_element("#config-diff").unwrap().get_inner_text().unwrap();
     assert!(
         diff.contains("train.lr") && diff.contains("model.hidden") && !diff.contains("train.batch_size"),

@@ -135,13 +135,27 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
             .collect();
         // GPU busy over the step's wall time, on the profiled steps (--profile-every).
         let busy = pt(&l, |x| Some(100.0 * x.gpu_ms? / x.step_ms?));
-        let one = |name: &str, colour: &str, points: Vec<(f64, f64)>| {
-            vec![Series {
+        // A curve of this run, and the same curve of every compared run beside it.
+        let compared = others.get();
+        let one = |name: &str, colour: &str, points: Vec<(f64, f64)>, value: fn(&StepLog) -> Option<f64>| {
+            let mut all = vec![Series {
                 name: name.into(),
                 colour: colour.into(),
                 points,
                 faint: false,
-            }]
+            }];
+            for (i, o) in compared.iter().enumerate() {
+                let points = pt(&o.lines, value);
+                if !points.is_empty() {
+                    all.push(Series {
+                        name: format!("{}: {name}", o.name),
+                        colour: OTHERS[i % OTHERS.len()].into(),
+                        points,
+                        faint: false,
+                    });
+                }
+            }
+            all
         };
         view! {
             <div class="facts">
@@ -158,18 +172,18 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
                 {last.scale.map(|v| view! { <span>"loss scale " <b>{format!("{v}")}</b>{format!(" · skipped steps {}", skipped.len())}</span> })}
             </div>
             {line_chart("loss-chart", loss_series, opts(number, log_y.get(), skipped.clone()), zoom)}
-            {line_chart("lr-chart", one("learning rate", "#9c755f", lr), opts(|v| format!("{v:.1e}"), false, Vec::new()), zoom)}
-            {line_chart("time-chart", one("step time (ms)", "#59a14f", pt(&l, |x| x.step_ms)), opts(number, false, Vec::new()), zoom)}
+            {line_chart("lr-chart", one("learning rate", "#9c755f", lr, |x| x.lr), opts(|v| format!("{v:.1e}"), false, Vec::new()), zoom)}
+            {line_chart("time-chart", one("step time (ms)", "#59a14f", pt(&l, |x| x.step_ms), |x| x.step_ms), opts(number, false, Vec::new()), zoom)}
             {if tokens {
-                line_chart("throughput-chart", one("throughput (tokens/s)", "#f28e2b", pt(&l, |x| x.tokens_per_s)), opts(number, false, Vec::new()), zoom)
+                line_chart("throughput-chart", one("throughput (tokens/s)", "#f28e2b", pt(&l, |x| x.tokens_per_s), |x| x.tokens_per_s), opts(number, false, Vec::new()), zoom)
             } else {
-                line_chart("throughput-chart", one("throughput (samples/s)", "#f28e2b", pt(&l, |x| x.samples_per_s)), opts(number, false, Vec::new()), zoom)
+                line_chart("throughput-chart", one("throughput (samples/s)", "#f28e2b", pt(&l, |x| x.samples_per_s), |x| x.samples_per_s), opts(number, false, Vec::new()), zoom)
             }}
-            {(!grad_norm.is_empty()).then(|| line_chart("grad-norm-chart", one("gradient norm before clipping", "#e15759", grad_norm.clone()), opts(number, false, Vec::new()), zoom))}
+            {(!grad_norm.is_empty()).then(|| line_chart("grad-norm-chart", one("gradient norm before clipping", "#e15759", grad_norm.clone(), |x| x.grad_norm), opts(number, false, Vec::new()), zoom))}
             {(!ratio_series.is_empty()).then(|| line_chart("update-ratio-chart", ratio_series.clone(), opts(number, false, Vec::new()), zoom))}
-            {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step (profiled steps)", "#edc948", busy.clone()), opts(number, false, Vec::new()), zoom))}
-            {(!host.is_empty()).then(|| line_chart("host-memory-chart", one("host memory of the process (MiB)", "#76b7b2", host.clone()), opts(number, false, Vec::new()), zoom))}
-            {(!scale.is_empty()).then(|| line_chart("scale-chart", one("loss scale (red: skipped steps)", "#b07aa1", scale.clone()), opts(number, true, skipped.clone()), zoom))}
+            {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step (profiled steps)", "#edc948", busy.clone(), |x| Some(100.0 * x.gpu_ms? / x.step_ms?)), opts(number, false, Vec::new()), zoom))}
+            {(!host.is_empty()).then(|| line_chart("host-memory-chart", one("host memory of the process (MiB)", "#76b7b2", host.clone(), |x| x.host_rss.map(|b| b as f64 / 1048576.0)), opts(number, false, Vec::new()), zoom))}
+            {(!scale.is_empty()).then(|| line_chart("scale-chart", one("loss scale (red: skipped steps)", "#b07aa1", scale.clone(), |x| x.scale), opts(number, true, skipped.clone()), zoom))}
         }
     };
     let compare_list = move || {
