@@ -17,6 +17,14 @@ use std::time::{Duration, Instant};
 
 use cli::{char_gpt_sets, losses, run_ok, scratch};
 
+/// One MPI job at a time: the tests' jobs, each of two or three ranks with their own
+/// lavapipe devices, would otherwise share two cores five ways, and a rank's first step
+/// (which compiles every kernel) could take minutes.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JOBS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `mpirun -n N` as CI runs it: as root, more ranks than cores, no shared-memory single
 /// copy (refused in containers).
 fn mpirun(n: usize) -> Command {
@@ -62,6 +70,7 @@ fn with_log(mut args: Vec<String>, log: &Path) -> Vec<String> {
 
 #[test]
 fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
+    let _one = one_at_a_time();
     let dir = scratch("mpi-equal");
     // The last field: whether the ranks sum through the host's shared window (else
     // through MPI's messages, as between hosts).
@@ -119,6 +128,7 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
 
 #[test]
 fn the_estimate_for_n_ranks_equals_rank_0s_measured_peak() {
+    let _one = one_at_a_time();
     let dir = scratch("mpi-estimate");
     for (ranks, zero, offload) in [(2, 3, "optimizer"), (3, 1, "none")] {
         let sets = vec![
@@ -148,6 +158,7 @@ fn the_estimate_for_n_ranks_equals_rank_0s_measured_peak() {
 
 #[test]
 fn a_two_rank_checkpoint_resumes_on_three_ranks_and_in_one_process() {
+    let _one = one_at_a_time();
     let dir = scratch("mpi-resume");
     let ckpt = dir.join("ckpt");
     let sets = |steps: u32| {
@@ -290,7 +301,7 @@ fn start_long(dir: &Path, n: usize, log: &Path, extra: &[String], after: usize) 
         if done >= after && pids.len() == n {
             return (child, pids);
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "the run did not start");
+        assert!(start.elapsed() < Duration::from_secs(240), "the run did not start");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -314,6 +325,7 @@ fn wait_for(mut child: std::process::Child, limit: Duration) -> (Option<i32>, St
 
 #[test]
 fn sigterm_to_one_rank_saves_once_and_every_rank_exits_143() {
+    let _one = one_at_a_time();
     let dir = scratch("mpi-sigterm");
     let ckpt: PathBuf = dir.join("ckpt");
     let log = dir.join("run.jsonl");
@@ -342,6 +354,7 @@ fn sigterm_to_one_rank_saves_once_and_every_rank_exits_143() {
 
 #[test]
 fn a_killed_rank_ends_the_run_within_30_seconds_naming_it() {
+    let _one = one_at_a_time();
     let dir = scratch("mpi-sigkill");
     let log = dir.join("run.jsonl");
     let (child, pids) = start_long(&dir, 3, &log, &[], 2);
