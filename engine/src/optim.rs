@@ -71,6 +71,16 @@ impl Optimizer {
     /// the device, GradScaler's inf/NaN check) is non-zero: nothing waits for the flag.
     /// A caller that then reads a set flag calls [`Optimizer::undo_skipped_step`].
     pub fn step_unless(&mut self, rt: &Runtime, params: &Params, lr: f32, found: Option<&Tensor>) -> Result<(), Error> {
+        self.start_step(rt, params)?;
+        for (i, p) in params.list.iter().enumerate() {
+            self.update_param_unless(rt, i, p, lr, found)?;
+        }
+        Ok(())
+    }
+
+    /// A step's start over `params`: every parameter with a gradient has its state
+    /// (zeros when new), then [`Optimizer::begin_step`].
+    fn start_step(&mut self, rt: &Runtime, params: &Params) -> Result<(), Error> {
         if self.state.len() < params.list.len() {
             self.state.resize_with(params.list.len(), || None);
         }
@@ -79,11 +89,7 @@ impl Optimizer {
                 self.ensure_state(rt, i, p)?;
             }
         }
-        self.begin_step(rt, params.list.len())?;
-        for (i, p) in params.list.iter().enumerate() {
-            self.update_param_unless(rt, i, p, lr, found)?;
-        }
-        Ok(())
+        self.begin_step(rt, params.list.len())
     }
 
     /// [`Optimizer::step`] that also measures each parameter's update: per parameter
@@ -91,15 +97,7 @@ impl Optimizer {
     /// (each weight copied to a temporary before its update, one parameter at a time;
     /// the sums read back together at the end).
     pub fn step_measured(&mut self, rt: &Runtime, params: &Params, lr: f32) -> Result<Vec<Option<(f64, f64)>>, Error> {
-        if self.state.len() < params.list.len() {
-            self.state.resize_with(params.list.len(), || None);
-        }
-        for (i, p) in params.list.iter().enumerate() {
-            if p.grad.is_some() {
-                self.ensure_state(rt, i, p)?;
-            }
-        }
-        self.begin_step(rt, params.list.len())?;
+        self.start_step(rt, params)?;
         let mut sums = Vec::new();
         for (i, p) in params.list.iter().enumerate() {
             if p.grad.is_none() {
