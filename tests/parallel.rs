@@ -215,15 +215,41 @@ fn grad_norms(log: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// Each step's logged update/weight ratio of every layer, in the layers' order, with
+/// the layers' names.
+fn update_ratios(log: &Path) -> (Vec<(u64, f64)>, Vec<String>) {
+    let mut names = Vec::new();
+    let mut out = Vec::new();
+    for v in std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+    {
+        let by = v["update_ratio"].as_object().unwrap_or_else(|| panic!("no update_ratio: {v}"));
+        let mut layers: Vec<_> = by.iter().collect();
+        layers.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, r) in layers {
+            names.push(name.clone());
+            out.push((v["step"].as_u64().unwrap(), r.as_f64().unwrap()));
+        }
+    }
+    (out, names)
+}
+
 #[test]
-fn the_logged_gradient_norm_is_the_global_one_on_any_number_of_devices() {
+fn the_logged_gradient_norm_and_update_ratios_are_the_global_ones_on_any_number_of_devices() {
     let dir = scratch("par-gradnorm");
     let _ = corpus(&dir);
     // A clip that bites (the norms are well above it), so the later steps' norms also
     // depend on the clipping having used the global norm.
-    let clip = ["train.grad_clip=0.5"];
-    let one = grad_norms(&gpt_run(&dir, "one", 0, &clip));
+    let clip = ["train.grad_clip=0.5", "train.log_update_ratio=true"];
+    let one_log = gpt_run(&dir, "one", 0, &clip);
+    let one = grad_norms(&one_log);
     assert!(one.iter().all(|&(_, n)| n.is_finite() && n > 0.5), "{one:?}");
+    let (one_ratios, layers) = update_ratios(&one_log);
+    assert!(layers.iter().any(|l| l.ends_with("mlp.c_fc")), "{layers:?}");
+    assert!(one_ratios.iter().all(|&(_, r)| r > 0.0 && r < 1.0), "{one_ratios:?}");
     for (name, devices, sets) in [
         ("z0", 2, vec!["parallel.zero=0"]),
         ("z2", 3, vec!["parallel.zero=2"]),
@@ -231,8 +257,12 @@ fn the_logged_gradient_norm_is_the_global_one_on_any_number_of_devices() {
     ] {
         let mut all = clip.to_vec();
         all.extend(sets);
-        let got = grad_norms(&gpt_run(&dir, name, devices, &all));
-        assert_close(name, &one, &got, 1e-4);
+        let log = gpt_run(&dir, name, devices, &all);
+        assert_close(name, &one, &grad_norms(&log), 1e-4);
+        // Each device updates its shard: the ratios sum every shard's squares.
+        let (ratios, names) = update_ratios(&log);
+        assert_eq!(names, layers, "{name}");
+        assert_close(&format!("{name} update ratios"), &one_ratios, &ratios, 1e-3);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -653,9 +653,23 @@ fn the_logged_update_ratio_is_each_layers_change_over_its_weights_between_checkp
         run_ok(&args, &[]);
         (log, ckpt)
     };
-    let (log, ckpt) = run("measured", &["--set", "train.log_update_ratio=true"]);
+    let (log, ckpt) = run(
+        "measured",
+        &["--set", "train.log_update_ratio=true", "--set", "train.log_gpu_busy=false"],
+    );
     let (plain, _) = run("plain", &[]);
     assert_eq!(losses(&log), losses(&plain), "measuring changes no step");
+    // GPU busy on every step by default (lavapipe has timestamps), none when off.
+    for line in std::fs::read_to_string(&plain).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v.get("loss").is_none() {
+            continue;
+        }
+        let (gpu, wall) = (v["gpu_ms"].as_f64(), v["step_ms"].as_f64().unwrap());
+        let gpu = gpu.unwrap_or_else(|| panic!("no gpu_ms: {v}"));
+        assert!(gpu > 0.0 && gpu <= wall * 1.05, "GPU busy {gpu} ms of a {wall} ms step");
+    }
+    assert!(!std::fs::read_to_string(&log).unwrap().contains("gpu_ms"));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()

@@ -124,7 +124,8 @@ pub struct StepLog {
     /// Memory after the step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemLog>,
-    /// GPU busy time of the step, milliseconds (profiled steps: `--profile-every`).
+    /// GPU busy time of the step, milliseconds: every step while `train.log_gpu_busy`
+    /// (the union of its compute passes), or a profiled step's launches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_ms: Option<f64>,
     /// The step's kernels by GPU time, largest first (profiled steps).

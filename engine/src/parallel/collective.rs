@@ -136,11 +136,25 @@ pub trait Collective: Send + Sync {
 
     /// The sum over ranks of one number, in rank order.
     fn sum_f64(&self, value: f64) -> Result<f64, CollectiveError> {
+        Ok(self.sum_f64s(&[value])?[0])
+    }
+
+    /// The sums over ranks of each of `values` (the same count on every rank), in rank
+    /// order.
+    fn sum_f64s(&self, values: &[f64]) -> Result<Vec<f64>, CollectiveError> {
         // Two f32 halves carry an f64 exactly enough for a norm (hi + lo).
-        let hi = value as f32;
-        let lo = (value - hi as f64) as f32;
-        let all = self.all_gather_vecs(vec![hi, lo])?;
-        Ok(all.iter().map(|v| v[0] as f64 + v[1] as f64).sum())
+        let halves = values
+            .iter()
+            .flat_map(|&v| {
+                let hi = v as f32;
+                [hi, (v - hi as f64) as f32]
+            })
+            .collect();
+        let all = self.all_gather_vecs(halves)?;
+        check_lengths(&all)?;
+        Ok((0..values.len())
+            .map(|i| all.iter().map(|v| v[2 * i] as f64 + v[2 * i + 1] as f64).sum())
+            .collect())
     }
 }
 

@@ -336,6 +336,20 @@ impl Runtime {
         self.recorder().stop_profiling();
     }
 
+    /// Starts metering how long the GPU is busy with the launches recorded from now on
+    /// (a begin and an end timestamp per compute pass, which untimed launches share);
+    /// false where the adapter has no timestamps or nothing runs.
+    pub fn start_meter(&self) -> bool {
+        self.recorder().start_meter()
+    }
+
+    /// Submits, waits, and returns the seconds the GPU was busy since
+    /// [`Runtime::start_meter`] (the union of the passes' spans; none when not metering
+    /// or when a step opened more passes than the meter holds); stops metering.
+    pub fn take_meter(&self) -> Result<Option<f64>, Error> {
+        self.recorder().take_meter()
+    }
+
     /// Whether GPU timestamps are available for [`Runtime::time`].
     pub fn has_timestamps(&self) -> bool {
         self.timestamps

@@ -83,10 +83,143 @@ struct Pending {
     work: Work,
 }
 
+/// A set of [`wgpu::QUERY_SET_MAX_QUERIES`] timestamps with its resolve and read buffers.
 struct QuerySet {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
+}
+
+impl QuerySet {
+    fn new(gpu: &Gpu, label: &'static str) -> QuerySet {
+        let bytes = u64::from(wgpu::QUERY_SET_MAX_QUERIES) * 8;
+        let buffer = |usage| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        QuerySet {
+            set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some(label),
+                ty: wgpu::QueryType::Timestamp,
+                count: wgpu::QUERY_SET_MAX_QUERIES,
+            }),
+            resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+            read: buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+        }
+    }
+
+    /// Records the resolve of the first `n` queries and their copy to the read buffer.
+    fn resolve(&self, encoder: &mut wgpu::CommandEncoder, n: u32) {
+        encoder.resolve_query_set(&self.set, 0..n, &self.resolve, 0);
+        encoder.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, u64::from(n) * 8);
+    }
+}
+
+/// Maps the first `bytes` of `read` (after what was submitted ran), returns them as
+/// timestamps and unmaps.
+pub(super) fn read_ticks(gpu: &Gpu, read: &wgpu::Buffer, bytes: u64) -> Result<Vec<u64>, Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    read.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    gpu.wait()?;
+    rx.recv()
+        .map_err(|e| DeviceError::Readback(e.to_string()))?
+        .map_err(|e| DeviceError::Readback(e.to_string()))?;
+    let ticks = {
+        let view = read
+            .slice(..bytes)
+            .get_mapped_range()
+            .map_err(|e| DeviceError::Readback(e.to_string()))?;
+        bytemuck::cast_slice::<u8, u64>(&view).to_vec()
+    };
+    read.unmap();
+    Ok(ticks)
+}
+
+/// How long the GPU was busy over a step, from a begin and an end timestamp per
+/// compute pass (the untimed launches of a step share a pass per submission): the
+/// union of the passes' spans. Costs two queries per pass, resolved and read once at
+/// [`BusyMeter::take`].
+pub struct BusyMeter {
+    set: QuerySet,
+    used: u32,
+    overflow: bool,
+}
+
+impl BusyMeter {
+    /// A meter with its query set.
+    pub fn new(gpu: &Gpu) -> BusyMeter {
+        BusyMeter {
+            set: QuerySet::new(gpu, "wgtrain busy meter"),
+            used: 0,
+            overflow: false,
+        }
+    }
+
+    /// Forgets what was metered (a step that failed before its take).
+    pub fn clear(&mut self) {
+        self.used = 0;
+        self.overflow = false;
+    }
+
+    /// The timestamp writes of the next pass opened, or none when the set is full (the
+    /// step then reports no busy time rather than a wrong one).
+    pub fn next(&mut self) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        if self.used + 2 > wgpu::QUERY_SET_MAX_QUERIES {
+            self.overflow = true;
+            return None;
+        }
+        let i = self.used;
+        self.used += 2;
+        Some(wgpu::ComputePassTimestampWrites {
+            query_set: &self.set.set,
+            beginning_of_pass_write_index: Some(i),
+            end_of_pass_write_index: Some(i + 1),
+        })
+    }
+
+    /// Records the resolve of the passes metered (the caller submits it).
+    pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        if self.used > 0 {
+            self.set.resolve(encoder, self.used);
+        }
+    }
+
+    /// After the resolve ran: the union of the passes' spans in seconds (none when the
+    /// set overflowed), and the meter emptied.
+    pub fn take(&mut self, gpu: &Gpu) -> Result<Option<f64>, Error> {
+        let (used, overflow) = (std::mem::take(&mut self.used), std::mem::take(&mut self.overflow));
+        if overflow {
+            return Ok(None);
+        }
+        if used == 0 {
+            return Ok(Some(0.0));
+        }
+        let ticks = read_ticks(gpu, &self.set.read, u64::from(used) * 8)?;
+        let mut spans: Vec<(u64, u64)> = ticks.chunks_exact(2).map(|t| (t[0], t[1].max(t[0]))).collect();
+        let period = f64::from(gpu.queue.get_timestamp_period());
+        Ok(Some(union_length(&mut spans) as f64 * period * 1e-9))
+    }
+}
+
+/// The length of the union of the spans `[start, end)`.
+fn union_length(spans: &mut [(u64, u64)]) -> u64 {
+    spans.sort_unstable();
+    let mut total = 0;
+    let mut reach = 0;
+    for &(s, e) in spans.iter() {
+        let s = s.max(reach);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
 }
 
 /// The query sets and the launches recorded since the last collect.
@@ -140,26 +273,7 @@ impl Profiler {
         let i = self.pending.len() as u32;
         let set = (i / LAUNCHES_PER_SET) as usize;
         while self.sets.len() <= set {
-            let bytes = u64::from(wgpu::QUERY_SET_MAX_QUERIES) * 8;
-            self.sets.push(QuerySet {
-                set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("wgtrain profile"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: wgpu::QUERY_SET_MAX_QUERIES,
-                }),
-                resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgtrain profile resolve"),
-                    size: bytes,
-                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: false,
-                }),
-                read: gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgtrain profile read"),
-                    size: bytes,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                }),
-            });
+            self.sets.push(QuerySet::new(gpu, "wgtrain profile"));
         }
         let phase = self.phase();
         self.pending.push(Pending {
@@ -192,8 +306,7 @@ impl Profiler {
             if used == 0 {
                 break;
             }
-            encoder.resolve_query_set(&set.set, 0..used * 2, &set.resolve, 0);
-            encoder.copy_buffer_to_buffer(&set.resolve, 0, &set.read, 0, u64::from(used) * 16);
+            set.resolve(encoder, used * 2);
         }
     }
 
@@ -209,24 +322,7 @@ impl Profiler {
             if used == 0 {
                 break;
             }
-            let bytes = u64::from(used) * 16;
-            let (tx, rx) = std::sync::mpsc::channel();
-            set.read.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            gpu.wait()?;
-            rx.recv()
-                .map_err(|e| DeviceError::Readback(e.to_string()))?
-                .map_err(|e| DeviceError::Readback(e.to_string()))?;
-            {
-                let view = set
-                    .read
-                    .slice(..bytes)
-                    .get_mapped_range()
-                    .map_err(|e| DeviceError::Readback(e.to_string()))?;
-                ticks.extend_from_slice(bytemuck::cast_slice::<u8, u64>(&view));
-            }
-            set.read.unmap();
+            ticks.extend(read_ticks(gpu, &set.read, u64::from(used) * 16)?);
         }
         let launches = std::mem::take(&mut self.pending)
             .into_iter()

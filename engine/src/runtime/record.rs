@@ -18,7 +18,9 @@
 //! ones do (so a span of launches is timed as a step runs it), and each pass opened for
 //! them writes the shared query set: the first its beginning, every one its end (a pass
 //! ends early at a submission or another use of the encoder). While profiling, each
-//! launch has a pass of its own with both timestamps.
+//! launch has a pass of its own with both timestamps. While the busy meter is on
+//! (`profile::BusyMeter`), each pass the untimed launches open writes a begin and an end
+//! timestamp of its own.
 //!
 //! May call: `device`, `error`, `runtime::cache`.
 
@@ -26,8 +28,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::cache::{Kernel, MAX_STORAGE_BINDINGS, PARAM_SLOT};
-use super::profile::{Profiler, StepTrace, Work};
-use crate::device::{DeviceError, Gpu};
+use super::profile::{BusyMeter, Profiler, StepTrace, Work, read_ticks};
+use crate::device::Gpu;
 use crate::error::Error;
 
 /// Launches recorded before the ring is reused (the encoder is submitted then too).
@@ -72,6 +74,17 @@ pub trait Recorder: Send {
     fn mark(&mut self, _name: &'static str) {}
     /// Stops timing launches.
     fn stop_profiling(&mut self) {}
+    /// Starts metering how long the GPU is busy (a begin and an end timestamp per
+    /// compute pass); false where it cannot (no timestamps, or the dry run).
+    fn start_meter(&mut self) -> bool {
+        false
+    }
+    /// Submits, waits, and returns the seconds the GPU was busy with the passes
+    /// recorded since [`Recorder::start_meter`] (none when not metering or when the
+    /// passes overflowed the meter), and stops metering.
+    fn take_meter(&mut self) -> Result<Option<f64>, Error> {
+        Ok(None)
+    }
     /// Submits what has been recorded.
     fn submit(&mut self);
     /// Waits for the device to finish what was submitted.
@@ -99,6 +112,9 @@ pub struct DeviceRecorder {
     queries: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
     timing: Option<bool>,
     profiler: Option<Profiler>,
+    /// The busy meter (made at its first use) and whether it is on.
+    meter: Option<BusyMeter>,
+    metering: bool,
 }
 
 impl DeviceRecorder {
@@ -141,6 +157,8 @@ impl DeviceRecorder {
             queries,
             timing: None,
             profiler: None,
+            meter: None,
+            metering: false,
         }
     }
 
@@ -198,6 +216,7 @@ impl Recorder for DeviceRecorder {
                 beginning_of_pass_write_index: std::mem::replace(first, false).then_some(0),
                 end_of_pass_write_index: Some(1),
             }),
+            (None, _, None, _) if !open && self.metering => self.meter.as_mut().and_then(BusyMeter::next),
             _ => None,
         };
         // The query set is borrowed by the pass descriptor; take the encoder apart from self.
@@ -232,8 +251,8 @@ impl Recorder for DeviceRecorder {
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind, &offset);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            // A timed span's pass stays open for its next launches; a profiled launch's
-            // pass is its own.
+            // A timed or metered span's pass stays open for its next launches; a
+            // profiled launch's pass is its own.
             if self.profiler.is_none() {
                 self.pass = Some(pass);
             }
@@ -279,23 +298,7 @@ impl Recorder for DeviceRecorder {
         encoder.resolve_query_set(&set, 0..2, &resolve, 0);
         encoder.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
         self.submit();
-        let (tx, rx) = std::sync::mpsc::channel();
-        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu.wait()?;
-        rx.recv()
-            .map_err(|e| DeviceError::Readback(e.to_string()))?
-            .map_err(|e| DeviceError::Readback(e.to_string()))?;
-        let ticks: [u64; 2] = {
-            let view = read
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| DeviceError::Readback(e.to_string()))?;
-            let v: &[u64] = bytemuck::cast_slice(&view);
-            [v[0], v[1]]
-        };
-        read.unmap();
+        let ticks = read_ticks(&self.gpu, &read, 16)?;
         let period = self.gpu.queue.get_timestamp_period() as f64;
         Ok(Elapsed::Gpu(ticks[1].saturating_sub(ticks[0]) as f64 * period * 1e-9))
     }
@@ -338,6 +341,30 @@ impl Recorder for DeviceRecorder {
 
     fn stop_profiling(&mut self) {
         self.profiler = None;
+    }
+
+    fn start_meter(&mut self) -> bool {
+        if self.queries.is_none() {
+            return false;
+        }
+        // Launches recorded before are not metered: their pass ends here.
+        self.pass = None;
+        let gpu = &self.gpu;
+        self.meter.get_or_insert_with(|| BusyMeter::new(gpu)).clear();
+        self.metering = true;
+        true
+    }
+
+    fn take_meter(&mut self) -> Result<Option<f64>, Error> {
+        if !std::mem::take(&mut self.metering) {
+            return Ok(None);
+        }
+        self.submit();
+        let Some(meter) = self.meter.as_mut() else { return Ok(None) };
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        meter.resolve(&mut encoder);
+        self.gpu.queue.submit([encoder.finish()]);
+        meter.take(&self.gpu)
     }
 }
 

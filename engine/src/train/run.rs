@@ -291,6 +291,7 @@ impl Trainer {
                 self.rt.sync()?;
                 self.rt.start_profiling()?;
             }
+            let metered = !profiled && t.log_gpu_busy && self.rt.start_meter();
             self.consistent = false;
             let outcome = self.resilient_step(&batch, lr)?;
             let kernels = if profiled {
@@ -301,6 +302,7 @@ impl Trainer {
             } else {
                 None
             };
+            let busy_s = if metered { self.rt.take_meter()? } else { None };
             let mut guard = self.rt.alloc.end_step();
             for rt in &self.runtimes()[1..] {
                 guard = guard.and(rt.alloc.end_step());
@@ -333,7 +335,7 @@ impl Trainer {
                 model_tflops: Some(model_tflops),
                 mfu: peak.map(|p| model_tflops / p),
                 mem: Some(self.step_memory()?),
-                gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6),
+                gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6).or(busy_s.map(|s| s * 1e3)),
                 kernels: kernels.map(|(rows, _)| rows),
                 scale,
                 skipped: self.scaler.as_ref().map(|_| outcome.skipped),

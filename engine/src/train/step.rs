@@ -227,7 +227,7 @@ pub(super) fn read_losses(rt: &Runtime, losses: &[(Tensor, f64)]) -> Result<f64,
 
 /// ||update|| / ||weight|| by layer (the module a parameter belongs to: its name without
 /// `.weight` or `.bias`), from each parameter's sums of squares.
-fn update_ratios(params: &crate::autograd::Params, sums: &[Option<(f64, f64)>]) -> std::collections::BTreeMap<String, f64> {
+pub(super) fn update_ratios(params: &crate::autograd::Params, sums: &[Option<(f64, f64)>]) -> std::collections::BTreeMap<String, f64> {
     let mut by: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
     for (p, s) in params.list.iter().zip(sums) {
         if let Some((u, w)) = s {

@@ -82,6 +82,9 @@ pub(super) struct StepPlan<'a> {
     /// The global gradient norm before clipping, set by the ranks that clip (they
     /// agree on it).
     pub(super) grad_norm: std::sync::Mutex<Option<f64>>,
+    /// `train.log_update_ratio`: each parameter's sums of squares of its update and of
+    /// its new values over every rank's shard, set by rank 0.
+    pub(super) update_sums: Option<std::sync::Mutex<Option<Vec<Option<(f64, f64)>>>>>,
 }
 
 /// A rank's [`SyncStats`](crate::autograd::SyncStats) over its SyncBatchNorm group.

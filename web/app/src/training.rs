@@ -181,7 +181,7 @@ pub fn TrainingView(ctx: Ctx) -> impl IntoView {
             }}
             {(!grad_norm.is_empty()).then(|| line_chart("grad-norm-chart", one("gradient norm before clipping", "#e15759", grad_norm.clone(), |x| x.grad_norm), opts(number, false, Vec::new()), zoom))}
             {(!ratio_series.is_empty()).then(|| line_chart("update-ratio-chart", ratio_series.clone(), opts(number, false, Vec::new()), zoom))}
-            {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step (profiled steps)", "#edc948", busy.clone(), |x| Some(100.0 * x.gpu_ms? / x.step_ms?)), opts(number, false, Vec::new()), zoom))}
+            {(!busy.is_empty()).then(|| line_chart("gpu-busy-chart", one("GPU busy, % of the step", "#edc948", busy.clone(), |x| Some(100.0 * x.gpu_ms? / x.step_ms?)), opts(number, false, Vec::new()), zoom))}
             {(!host.is_empty()).then(|| line_chart("host-memory-chart", one("host memory of the process (MiB)", "#76b7b2", host.clone(), |x| x.host_rss.map(|b| b as f64 / 1048576.0)), opts(number, false, Vec::new()), zoom))}
             {(!scale.is_empty()).then(|| line_chart("scale-chart", one("loss scale (red: skipped steps)", "#b07aa1", scale.clone(), |x| x.scale), opts(number, true, skipped.clone()), zoom))}
         }

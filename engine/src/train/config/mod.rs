@@ -102,8 +102,11 @@ pub struct TrainConfig {
     pub betas: (f32, f32),
     /// Global-norm clipping (0 = off).
     pub grad_clip: f32,
-    /// Log each layer's update/weight ratio every step (one device).
+    /// Log each layer's update/weight ratio every step.
     pub log_update_ratio: bool,
+    /// Log how long the GPU was busy in each step (GPU timestamps around each
+    /// submission's compute pass, read at the step's end).
+    pub log_gpu_busy: bool,
     /// Seed of initialisation and data order.
     pub seed: u64,
     /// Evaluate every N steps (0 = at the end of each epoch).
@@ -127,6 +130,7 @@ impl Default for TrainConfig {
             betas: (0.9, 0.999),
             grad_clip: 0.0,
             log_update_ratio: false,
+            log_gpu_busy: true,
             seed: 0,
             eval_every: 0,
         }
@@ -521,8 +525,11 @@ impl Config {
                 );
             }
         }
-        if self.train.log_update_ratio && (self.memory.optimizer_in_backward || self.parallel.enabled()) {
-            return bad("train.log_update_ratio works on one device with the optimizer after backward, not with memory.optimizer_in_backward or parallel.devices / backend = \"mpi\" yet".into());
+        if self.train.log_update_ratio && self.memory.optimizer_in_backward {
+            return bad(
+                "train.log_update_ratio measures the optimizer's step after backward, not memory.optimizer_in_backward's updates inside it"
+                    .into(),
+            );
         }
         if self.memory.precision == Precision::Fp16Mixed && self.memory.optimizer_in_backward {
             return bad("memory.optimizer_in_backward cannot be combined with memory.precision = \"fp16-mixed\": a step with an inf or NaN gradient must be skipped before any update".into());

@@ -128,6 +128,7 @@ impl Trainer {
             started,
             bn: world.bn.as_ref().map(|(_, c)| c.as_slice()),
             grad_norm: std::sync::Mutex::new(None),
+            update_sums: config.train.log_update_ratio.then(|| std::sync::Mutex::new(None)),
         };
         let mut hosts = world.offload.iter_mut().map(Some).collect::<Vec<_>>();
         hosts.resize_with(n, || None);
@@ -197,6 +198,11 @@ impl Trainer {
                 .collect()
         });
         self.grad_norm = plan.grad_norm.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let sums = plan
+            .update_sums
+            .as_ref()
+            .and_then(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.update_ratio = sums.map(|s| crate::train::step::update_ratios(&self.params, &s));
         let mut loss = 0.0f64;
         let mut skipped = false;
         let mut first_error = None;
@@ -402,8 +408,32 @@ fn update(rt: &Runtime, params: &Params, opt: &mut Optimizer, comm: &Comm, plan:
         *plan.grad_norm.lock().unwrap_or_else(|e| e.into_inner()) = Some(total.sqrt());
         scale_grads(rt, params, clip_coef(total.sqrt() as f32, plan.grad_clip))?;
     }
-    opt.step(rt, params, plan.lr)?;
+    if plan.update_sums.is_some() {
+        let sums = opt.step_measured(rt, params, plan.lr)?;
+        // Stage 0: every rank updates the whole model, so its sums are the model's.
+        keep_update_sums(sums, plan.zero > 0, comm, plan)?;
+    } else {
+        opt.step(rt, params, plan.lr)?;
+    }
     Ok(false)
+}
+
+/// `train.log_update_ratio`: this rank's per-parameter sums of squares of the update
+/// and of the new weights, summed over the ranks when each holds a shard, kept by rank 0.
+fn keep_update_sums(sums: Vec<Option<(f64, f64)>>, sharded: bool, comm: &Comm, plan: &StepPlan) -> Result<(), Error> {
+    let Some(keep) = &plan.update_sums else { return Ok(()) };
+    let sums = if sharded {
+        // A parameter counts when any rank's shard of it was updated.
+        let flat: Vec<f64> = sums.iter().flat_map(|s| s.map_or([0.0; 3], |(u, w)| [1.0, u, w])).collect();
+        let total = comm.sum_f64s(&flat).map_err(|e| Error::invalid("parallel step", e.to_string()))?;
+        total.chunks_exact(3).map(|t| (t[0] > 0.0).then_some((t[1], t[2]))).collect()
+    } else {
+        sums
+    };
+    if comm.rank() == 0 {
+        *keep.lock().unwrap_or_else(|e| e.into_inner()) = Some(sums);
+    }
+    Ok(())
 }
 
 /// This rank's shard of every parameter: views of its weights, with the reduced shard
@@ -482,15 +512,26 @@ fn update_on_host(
         None => read_shards(rt, params, plan, rank)?,
     };
     let mut at = 0;
+    let mut sums = Vec::with_capacity(grads.len());
     for (i, g) in grads.iter().enumerate() {
         let r = plan.shards.range(i, rank);
         let w = &mut mine[at..at + r.len()];
         at += r.len();
         // The estimate's dry run has no values to update (and must not hold the state).
-        if let Some(g) = g.as_ref().filter(|_| rt.runs_kernels()) {
+        let Some(g) = g.as_ref().filter(|_| rt.runs_kernels()) else {
+            sums.push(None);
+            continue;
+        };
+        if plan.update_sums.is_some() {
+            let before = w.to_vec();
+            host.update(&opt.rule, i, w, g, plan.lr, opt.step);
+            let change = w.iter().zip(&before).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+            sums.push(Some((change, w.iter().map(|a| (*a as f64).powi(2)).sum())));
+        } else {
             host.update(&opt.rule, i, w, g, plan.lr, opt.step);
         }
     }
+    keep_update_sums(sums, true, comm, plan)?;
     grads.into_iter().flatten().for_each(give_f32);
     rt.phase("gather");
     if host_weights.is_some() {
