@@ -309,3 +309,42 @@ fn what_if_on_several_devices_offers_sharding_and_the_two_activation_savers_toge
         assert!(peak(both) < peak(find(alone)), "{both} vs {alone}");
     }
 }
+
+/// `wgtrain estimate --json` of a small token GPT reading `path` (`extra` appended).
+fn token_estimate(path: &Path, extra: &[&str]) -> Result<serde_json::Value, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(["estimate", "--json"])
+        .args(["--set", "model.kind=\"gpt\"", "--set", "data.kind=\"tokens\""])
+        .args(["--set", &format!("data.path=\"{}\"", path.display())])
+        .args(["--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=2"])
+        .args(["--set", "model.block_size=32", "--set", "train.batch_size=4"])
+        .args(extra)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+#[test]
+fn a_token_model_is_estimated_without_its_token_files_as_with_them() {
+    let dir = std::env::temp_dir().join(format!("wgtrain-est-tokens-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Real files: 4,000 u16 ids below the vocabulary of 500.
+    let ids: Vec<u8> = (0..4000u32).flat_map(|i| ((i * 7919 % 500) as u16).to_le_bytes()).collect();
+    std::fs::write(dir.join("train.bin"), &ids).unwrap();
+    std::fs::write(dir.join("val.bin"), &ids).unwrap();
+    let vocab = ["--set", "model.vocab_size=500"];
+    let with = token_estimate(&dir, &vocab).unwrap();
+    let without = token_estimate(&dir.join("absent"), &vocab).unwrap();
+    for key in ["peak_bytes", "peak_reserved_bytes", "by_category"] {
+        assert_eq!(with[key], without[key], "{key}");
+    }
+    assert!(with["peak_bytes"].as_u64().unwrap() > 0);
+    // Without a vocabulary there is nothing to estimate: said, not guessed.
+    let err = token_estimate(&dir.join("absent"), &[]).unwrap_err();
+    assert!(err.contains("needs model.vocab_size"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

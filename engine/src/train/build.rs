@@ -12,7 +12,7 @@ use crate::autograd::Params;
 use crate::data::fashion_mnist::{self, FashionMnist};
 use crate::data::images::{Augment, Augmented, SyntheticImages};
 use crate::data::text::{self, CharCorpus};
-use crate::data::tokens::TokenFile;
+use crate::data::tokens::{TokenFile, ZeroTokens};
 use crate::data::{DataError, Dataset, HostBatch};
 use crate::device::Gpu;
 use crate::error::Error;
@@ -127,6 +127,44 @@ pub fn load_data(config: &Config) -> Result<Loaded, TrainError> {
         }
     }
     Ok(data)
+}
+
+/// [`load_data`] for the memory estimate: where `data.kind = "tokens"` and the token
+/// files are missing, windows of token 0 in their shape stand in (the estimate depends
+/// on shapes only), with a note saying so.
+pub fn load_data_for_estimate(config: &Config) -> Result<(Loaded, Option<String>), TrainError> {
+    match load_data(config) {
+        Err(TrainError::Data(DataError::Missing { path, .. })) if config.data.kind == DataKind::Tokens => {
+            let block = config.model.context().unwrap_or(1);
+            let windows = |limit: usize| if limit == 0 { config.train.batch_size.max(1) * 2 } else { limit };
+            let outputs = config.model.vocab_size().unwrap_or(0);
+            if outputs == 0 {
+                return Err(ConfigError::Invalid("data.kind \"tokens\" needs model.vocab_size".into()).into());
+            }
+            let data = Loaded {
+                model: config.model.builder(outputs, None)?,
+                from_config: true,
+                train: Arc::new(ZeroTokens {
+                    windows: windows(config.data.train_limit),
+                    block,
+                }),
+                eval: Arc::new(ZeroTokens {
+                    windows: windows(config.data.eval_limit),
+                    block,
+                }),
+                outputs,
+                unigram_entropy: None,
+                image: None,
+            };
+            Ok((
+                data,
+                Some(format!(
+                    "no token files at {path}: estimated on windows of {block} tokens, which is all the estimate needs"
+                )),
+            ))
+        }
+        other => Ok((other?, None)),
+    }
 }
 
 /// A builder that builds nothing: `load_data` replaces it with the config's model.

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::nn::{Builder, Init};
 use crate::runtime::Runtime;
-use crate::train::build::{Loaded, load_data, resolve_precision};
+use crate::train::build::{Loaded, load_data_for_estimate, resolve_precision};
 use crate::train::config::{Checkpointing, Choice, Config, ConfigError, Offload, Precision};
 use crate::train::error::TrainError;
 use crate::train::trainer::Trainer;
@@ -300,8 +300,9 @@ pub fn estimate(config: Config, adapter: Option<&str>) -> Result<(Estimate, Vec<
 /// [`estimate`] on `gpu`: an opened adapter, or a stand-in for a described one
 /// (`device::described`).
 pub fn estimate_with(config: Config, gpu: Arc<Gpu>) -> Result<(Estimate, Vec<String>), TrainError> {
-    let data = load_data(&config)?;
+    let (data, stand_in) = load_data_for_estimate(&config)?;
     let (config, mut notes) = resolve_precision(config, &gpu)?;
+    notes.extend(stand_in);
     let (config, fit_notes) = plan(config, &gpu, &data)?;
     notes.extend(fit_notes);
     let rt = dry_runtime(gpu)?;
@@ -312,8 +313,9 @@ pub fn estimate_with(config: Config, gpu: Arc<Gpu>) -> Result<(Estimate, Vec<Str
 /// its estimate, the plan's notes, and every single change of its memory settings with
 /// its estimated peak and whether that fits (the what-if table).
 pub fn fit_report(config: Config, gpu: Arc<Gpu>, limit: u64) -> Result<(Estimate, Vec<String>, Vec<WhatIf>), TrainError> {
-    let data = load_data(&config)?;
+    let (data, stand_in) = load_data_for_estimate(&config)?;
     let (config, mut notes) = resolve_precision(config, &gpu)?;
+    notes.extend(stand_in);
     let (config, fit_notes) = plan(config, &gpu, &data)?;
     notes.extend(fit_notes);
     let rt = dry_runtime(gpu)?;

@@ -428,6 +428,11 @@ impl ModelConfig {
         if let Some(vocab) = self.vocab_size()
             && (tokens || vocab != 0)
         {
+            if vocab == 0 {
+                return Err(ConfigError::Invalid(
+                    "data.kind \"tokens\" needs model.vocab_size (the token files' vocabulary: 50257 for GPT-2's)".into(),
+                ));
+            }
             let most = if u32_ids { gpt::MAX_VOCAB as u64 } else { MAX_TOKEN_VOCAB };
             if !u32_ids && vocab as u64 > MAX_TOKEN_VOCAB && vocab as u64 <= gpt::MAX_VOCAB as u64 {
                 return Err(ConfigError::Invalid(format!(
