@@ -60,12 +60,22 @@ fn quiet_missing_display() {
 
 fn main() -> ExitCode {
     quiet_missing_display();
-    tracing_subscriber::fmt()
+    // Warnings read as one plain line ("WARN text"), colored on a terminal only; with
+    // WGTRAIN_LOG set (debugging), each line has its time and module too.
+    let debugging = std::env::var_os("WGTRAIN_LOG").is_some();
+    let colors = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var("TERM").map_or(true, |t| t != "dumb");
+    let log = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WGTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(colors)
+        .with_target(debugging);
+    if debugging {
+        log.init();
+    } else {
+        log.without_time().init();
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => commands::devices::run(args),

@@ -552,6 +552,12 @@ fn warmup_longer_than_the_run_is_said_and_one_width_needs_no_brackets() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("train.warmup_steps 10 is more than the run's 2 steps"), "{err}");
+    // Not a terminal: a plain line, no color codes, no timestamps or module paths.
+    let warning = err.lines().find(|l| l.contains("warmup_steps")).unwrap();
+    assert_eq!(
+        warning.trim_start(),
+        "WARN train.warmup_steps 10 is more than the run's 2 steps: the learning rate never reaches train.lr"
+    );
     let err = refused(&train_with(&dir.join("b"), &["model.hidden=\"wide\""]));
     assert!(err.contains("model.hidden takes widths"), "{err}");
 }
