@@ -173,28 +173,33 @@ fn the_fused_head_matches_the_plain_head_and_holds_less_memory() {
     .unwrap();
     let mut params = Params::default();
     let model = Gpt::new(&rt, config, &mut params, &mut wgtrain_engine::nn::Init::new(3)).unwrap();
-    let (b, t) = (4usize, 16usize);
+    // 320 rows: chunks of 8 rows, and of 128 (whole tiles) from a chunk of 300; the
+    // vocabulary's 46 whole 128-wide tiles and its remainder are products of their own.
+    let (b, t) = (20usize, 16usize);
     let ids: Vec<i32> = (0..b * t).map(|i| (i * 37 % v) as i32).collect();
     let targets: Vec<i32> = (0..b * t).map(|i| (i * 11 % v) as i32).collect();
     let ids_t = Tensor::from_i32(&rt, &ids, &[b, t], Category::Input, "ids").unwrap();
     let tg = Tensor::from_i32(&rt, &targets, &[b * t], Category::Input, "targets").unwrap();
-    let mut run = |fused: bool| {
+    let mut run = |fused: Option<usize>| {
         measured_step(&rt, &mut params, 0, |tape, params| {
-            if fused {
-                model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), 8).unwrap()
+            if let Some(chunk) = fused {
+                model.forward_loss(tape, &rt, params, &ids_t, (&tg, b * t), chunk).unwrap()
             } else {
                 let logits = model.forward(tape, &rt, params, &ids_t).unwrap();
                 ops::cross_entropy_mean(tape, &rt, &logits, &tg, b * t, 8, "loss").unwrap()
             }
         })
     };
-    let (plain, fused) = (run(false), run(true));
-    assert!((plain.0 - fused.0).abs() < 1e-5 * plain.0.abs(), "{} vs {}", plain.0, fused.0);
-    for (a, g) in plain.1.iter().zip(&fused.1) {
-        let want: Vec<f64> = a.iter().map(|&v| v as f64).collect();
-        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let (abs, rel, ok) = compare(g, &want, 1e-5 * scale + 1e-8, 1e-4);
-        assert!(ok, "fused head gradient differs: {abs:e} {rel:e}");
+    let plain = run(None);
+    let (fused, long) = (run(Some(8)), run(Some(300)));
+    for got in [&fused, &long] {
+        assert!((plain.0 - got.0).abs() < 1e-5 * plain.0.abs(), "{} vs {}", plain.0, got.0);
+        for (a, g) in plain.1.iter().zip(&got.1) {
+            let want: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let (abs, rel, ok) = compare(g, &want, 1e-5 * scale + 1e-8, 1e-4);
+            assert!(ok, "fused head gradient differs: {abs:e} {rel:e}");
+        }
     }
     assert!(
         fused.2 < plain.2,

@@ -483,12 +483,16 @@ pub fn lm_head_cross_entropy(
         None
     };
     let wt = w_mm.transpose(0, 1)?;
+    let parts = vocab_parts(v);
     for start in (0..n).step_by(chunk) {
         let rows = chunk.min(n - start);
         let hc = h2.slice(0, start, rows)?;
         let lc_rows = logits.slice(0, 0, rows)?;
         let lc = lc_rows.slice(1, 0, v)?;
-        matmul_into(rt, &hc, &wt, &lc, &MatmulOptions::default())?;
+        for r in &parts {
+            let out = lc.slice(1, r.start, r.len())?;
+            matmul_into(rt, &hc, &wt.slice(1, r.start, r.len())?, &out, &MatmulOptions::default())?;
+        }
         // The fused kernel takes whole tensors: this chunk's targets and losses are copied.
         let tc = targets.slice(0, start, rows)?.contiguous(rt)?;
         let loss_c = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "chunk losses")?;
@@ -510,8 +514,27 @@ pub fn lm_head_cross_entropy(
                 scratch: mixed.then_some(&logits),
                 ..Default::default()
             };
-            matmul_into(rt, &lc, &w_mm, &dh.slice(0, start, rows)?, &scratch)?;
-            matmul_into(rt, &lc.transpose(0, 1)?, &hc, dw, &MatmulOptions { beta: 1.0, ..scratch })?;
+            let dh_c = dh.slice(0, start, rows)?;
+            // dh sums over the vocabulary: the remainder's product adds to the first's.
+            // In f32 it stays one product: split, its first part took split-K partials
+            // the size of the rows it had (GPT-2: a higher peak).
+            let dh_parts = if mixed { parts.clone() } else { vec![0..v] };
+            for (i, r) in dh_parts.iter().enumerate() {
+                let lr = lc.slice(1, r.start, r.len())?;
+                let beta = if i == 0 { 0.0 } else { 1.0 };
+                matmul_into(
+                    rt,
+                    &lr,
+                    &w_mm.slice(0, r.start, r.len())?,
+                    &dh_c,
+                    &MatmulOptions { beta, ..scratch },
+                )?;
+            }
+            for r in &parts {
+                let lr = lc.slice(1, r.start, r.len())?;
+                let dw_r = dw.slice(0, r.start, r.len())?;
+                matmul_into(rt, &lr.transpose(0, 1)?, &hc, &dw_r, &MatmulOptions { beta: 1.0, ..scratch })?;
+            }
         }
     }
     let total = reduce_all(rt, ReduceOp::Sum, &losses, label)?;
@@ -538,13 +561,25 @@ pub fn lm_head_cross_entropy(
     ))
 }
 
+/// The head's products split along the vocabulary: its whole 128-wide tiles, then the
+/// rest. GPT-2's 50,257 is no multiple of 128, so as one product every tile of it would
+/// load with bounds checks; split, all but one column of tiles load without them.
+fn vocab_parts(v: usize) -> Vec<std::ops::Range<usize>> {
+    let whole = v / 128 * 128;
+    if whole == 0 || whole == v {
+        vec![0..v]
+    } else {
+        vec![0..whole, whole..v]
+    }
+}
+
 /// Rows per chunk of the head with gradients: the chunk's blocks (f32 logits `ld`
 /// wide, under fp16-mixed (`f32_dh` None) also their f16 copy) must fit in the bytes of
 /// `chunk` unpadded rows (`v` wide), the padding included; in f32 the dh product
 /// (rows x V @ V x C, `f32_dh` = Some(C)) reads the logits block, so its split-K
 /// partials need room there too (under fp16-mixed they go into the dead f32 logits).
 /// The chunk shrinks until that holds, and the `n` rows are then spread evenly over the
-/// chunks it takes.
+/// chunks it takes (rounded down to whole tiles of 128 rows under fp16-mixed).
 fn chunk_rows(facts: &AdapterFacts, chunk: usize, n: usize, ld: usize, v: usize, f32_dh: Option<usize>) -> usize {
     let per = if f32_dh.is_some() { 4 } else { 6 };
     let budget = (chunk * v * per) as u64;
@@ -552,11 +587,18 @@ fn chunk_rows(facts: &AdapterFacts, chunk: usize, n: usize, ld: usize, v: usize,
         let partials = f32_dh.map_or(0, |c| crate::kernels::matmul_plan::tiled_split_bytes(facts, rows, c, v));
         (rows * ld * per) as u64 + partials <= budget
     };
+    // Under fp16-mixed, rows in multiples of 128 where chunks are that long, so the
+    // tensor-core products' M is whole tiles too (their loads then go unchecked, with
+    // `vocab_parts`). In f32 that gave the dh product more split-K partials than the
+    // rows it saved (GPT-2: a 6 MiB higher peak).
+    let unit = if chunk >= 256 && f32_dh.is_none() { 128 } else { 8 };
     let mut rows = chunk;
-    while rows > 8 && !fits(rows) {
-        rows -= 8;
+    while rows > unit && !fits(rows) {
+        rows = (rows - 1) / unit * unit;
     }
-    let even = n.div_ceil(n.div_ceil(rows).max(1)).next_multiple_of(8).min(rows);
+    let even = n.div_ceil(n.div_ceil(rows).max(1));
+    let even = if unit == 8 { even.next_multiple_of(8) } else { even / unit * unit };
+    let even = even.min(rows);
     if even > 0 && fits(even) { even } else { rows }
 }
 
