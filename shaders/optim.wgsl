@@ -6,7 +6,12 @@
 // Updates skip entirely when p.skip_if_found is set and found[0] != 0 (GradScaler).
 // Gradients are multiplied by p.inv_scale first (1 when not scaling). The weights and
 // the gradient may start at an element offset (one rank's shard of a parameter).
-// Template: MODE.
+// With HALF (AdamW and SGD), the updated weight's f16 copy (what fp16-mixed's products
+// read) is written in the same pass, at p.half_offset.
+// Template: MODE, HALF.
+//#if HALF
+enable f16;
+//#endif
 
 struct Params {
     n: u32,
@@ -23,7 +28,7 @@ struct Params {
     inv_scale: f32,
     param_offset: u32, // elements: the update may touch a shard of a parameter
     grad_offset: u32,
-    pad0: u32,
+    half_offset: u32,
     pad1: u32,
 }
 
@@ -33,6 +38,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> m: array<f32>;   // AdamW exp_avg; SGD momentum buffer
 @group(0) @binding(4) var<storage, read_write> v: array<f32>;   // AdamW exp_avg_sq
 @group(0) @binding(5) var<storage, read_write> found: array<atomic<u32>>;
+//#if HALF
+@group(0) @binding(6) var<storage, read_write> half_out: array<f16>;
+//#endif
 
 const MODE: u32 = {{MODE}}u;
 
@@ -72,4 +80,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         w = w - p.lr * g;
     }
     param[wi] = w;
+//#if HALF
+    half_out[p.half_offset + i] = f16(w);
+//#endif
 }

@@ -98,13 +98,19 @@ fn estimate_is_within_ten_percent_of_the_measured_peak() {
         let elements = trainer.params.numel() as u64;
         assert_eq!(e.model_states.parameters, 4 * elements);
         let own = |k: &str| e.category_peaks[k] as f64;
-        for (k, want) in [
-            ("parameter", 4 * elements),
-            ("gradient", 4 * elements),
-            ("optimizer_state", 8 * elements),
+        // Under fp16-mixed the products' weights also keep f16 copies (2 bytes each).
+        let copies = if s.iter().any(|x| x.contains("fp16-mixed")) {
+            2 * elements
+        } else {
+            0
+        };
+        for (k, want, most) in [
+            ("parameter", 4 * elements, 4 * elements + copies),
+            ("gradient", 4 * elements, 4 * elements),
+            ("optimizer_state", 8 * elements, 8 * elements),
         ] {
             assert!(
-                own(k) >= want as f64 && own(k) <= want as f64 * 1.1 + 65536.0,
+                own(k) >= want as f64 && own(k) <= most as f64 * 1.1 + 65536.0,
                 "{file} {s:?}: {k} peak {} vs formula {want}",
                 own(k)
             );

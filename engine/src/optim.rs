@@ -36,6 +36,9 @@ pub struct Optimizer {
     fresh: std::collections::HashSet<usize>,
     /// The fresh states the current step used (given back if the step is undone).
     used_fresh: Vec<usize>,
+    /// fp16-mixed on one device: the weights' f16 copies, written with each update
+    /// (`autograd::half`).
+    pub halves: Option<std::sync::Arc<crate::autograd::HalfWeights>>,
 }
 
 impl Optimizer {
@@ -48,6 +51,7 @@ impl Optimizer {
             found_inf: None,
             fresh: Default::default(),
             used_fresh: Vec::new(),
+            halves: None,
         }
     }
 
@@ -87,6 +91,10 @@ impl Optimizer {
         for (i, p) in params.list.iter().enumerate() {
             if p.grad.is_some() {
                 self.ensure_state(rt, i, p)?;
+                // The f16 copy a product asked for (a cast now, then kept by the updates).
+                if let Some(h) = &self.halves {
+                    h.make_if_wanted(rt, &p.value, &p.name)?;
+                }
             }
         }
         self.begin_step(rt, params.list.len())
@@ -195,11 +203,13 @@ impl Optimizer {
             Some(f) => (f, true),
             None => (self.found_inf.as_ref().expect("begin_step made it"), false),
         };
+        let half = self.halves.as_ref().and_then(|h| h.get(&p.value));
         let s = OptimState {
             param: &p.value,
             grad,
             m,
             v,
+            half: half.as_ref(),
         };
         match self.rule {
             Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, skip_if_found),

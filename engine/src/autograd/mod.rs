@@ -10,6 +10,8 @@
 //!
 //! May call: `kernels`, `tensor`, `memory`. Called by: `nn`, the trainer.
 
+pub mod half;
 pub mod ops;
 pub mod tape;
+pub use half::HalfWeights;
 pub use tape::{BackwardFn, Buffer, Gather, Mode, Param, ParamHook, Params, SyncStats, Tape, Var, VarId};

@@ -154,6 +154,7 @@ pub struct Tape {
     recomputing: bool,
     sync: Option<std::sync::Arc<dyn SyncStats>>,
     inputs: std::collections::HashSet<VarId>,
+    halves: Option<std::sync::Arc<super::HalfWeights>>,
 }
 
 /// What a forward pass is for, visible to every layer through its tape (PyTorch's
@@ -288,6 +289,7 @@ impl Tape {
             recomputing: false,
             sync: None,
             inputs: Default::default(),
+            halves: None,
         }
     }
 
@@ -317,8 +319,25 @@ impl Tape {
             mode: self.mode,
             recomputing: self.recomputing,
             sync: self.sync.clone(),
+            halves: self.halves.clone(),
             ..Tape::new()
         }
+    }
+
+    /// This tape reading the weights' f16 copies kept in `halves` under fp16-mixed
+    /// (see `autograd::half`).
+    pub fn with_half_weights(mut self, halves: Option<std::sync::Arc<super::HalfWeights>>) -> Tape {
+        self.halves = halves;
+        self
+    }
+
+    /// The kept f16 copy of weight `w` for a product under fp16-mixed, if made (else `w`
+    /// is noted as asked for, and the caller casts it).
+    pub fn half_weight(&self, w: &Tensor) -> Option<Tensor> {
+        if !self.half_matmuls || self.gather.is_some() {
+            return None;
+        }
+        self.halves.as_ref()?.get_or_want(w)
     }
 
     /// This tape marked as recomputing a checkpointed segment in backward: state that a

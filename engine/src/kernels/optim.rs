@@ -30,12 +30,14 @@ struct Params {
     inv_scale: f32,
     param_offset: u32,
     grad_offset: u32,
-    pad: [u32; 2],
+    half_offset: u32,
+    pad: u32,
 }
 
-/// The template values of one variant (0 check, 1 AdamW, 2 SGD).
-pub fn variant(mode: u32) -> Vec<(&'static str, String)> {
-    vec![("MODE", mode.to_string())]
+/// The template values of one variant (0 check, 1 AdamW, 2 SGD; `half`: the f16 copy
+/// of the weight written too).
+pub fn variant(mode: u32, half: bool) -> Vec<(&'static str, String)> {
+    vec![("MODE", mode.to_string()), ("HALF", half.to_string())]
 }
 
 /// AdamW hyperparameters (PyTorch's defaults).
@@ -87,6 +89,8 @@ pub struct OptimState<'a> {
     pub m: &'a Tensor,
     /// AdamW exp_avg_sq (SGD: any f32 tensor of the same size).
     pub v: &'a Tensor,
+    /// The weights' f16 copy, written with the update (fp16-mixed's kept copies).
+    pub half: Option<&'a Tensor>,
 }
 
 fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
@@ -101,6 +105,10 @@ fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
                 format!("offset {}", t.offset()),
             ));
         }
+    }
+    if let Some(h) = s.half {
+        check_tensor("half copy", h, DType::F16)?;
+        check_contiguous("half copy", h, s.param.shape())?;
     }
     check_tensor("found_inf", found, DType::U32)?;
     if found.numel() < 1 || found.offset() != 0 {
@@ -122,13 +130,14 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
         grad,
         m: grad,
         v: grad,
+        half: None,
     };
     let n = check(&s, found)?;
     let kernel = rt.kernel(
         KernelKey::new("optim", &[0]),
         5,
         || "optim unscale + non-finite check".into(),
-        || render("optim", SOURCE, &variant(0)),
+        || render("optim", SOURCE, &variant(0, false)),
     )?;
     let params = Params {
         n: n as u32,
@@ -174,20 +183,32 @@ pub fn adamw_step(
         inv_scale,
         param_offset: s.param.offset() as u32,
         grad_offset: s.grad.offset() as u32,
-        pad: [0; 2],
+        half_offset: s.half.map_or(0, |h| h.offset() as u32),
+        pad: 0,
     };
+    launch_update(rt, 1, "optim adamw", s, found, &params)
+}
+
+/// Launches update `mode` (1 AdamW, 2 SGD) over `s`, with the f16 copy where it has one.
+fn launch_update(rt: &Runtime, mode: u32, name: &'static str, s: &OptimState, found: &Tensor, params: &Params) -> Result<(), Error> {
+    let half = s.half.is_some();
     let kernel = rt.kernel(
-        KernelKey::new("optim", &[1]),
-        5,
-        || "optim adamw".into(),
-        || render("optim", SOURCE, &variant(1)),
+        KernelKey::new("optim", &[mode, half as u32]),
+        5 + half as usize,
+        || if half { format!("{name} +f16 copy") } else { name.into() },
+        || render("optim", SOURCE, &variant(mode, half)),
     )?;
-    rt.launch(
-        &kernel,
-        bytemuck::bytes_of(&params),
-        &[s.param, s.grad, s.m, s.v, found],
-        grid(n.div_ceil(256) as u32),
-    )
+    let n = s.param.numel();
+    let bindings = [s.param, s.grad, s.m, s.v, found];
+    match s.half {
+        Some(h) => rt.launch(
+            &kernel,
+            bytemuck::bytes_of(params),
+            &[s.param, s.grad, s.m, s.v, found, h],
+            grid(n.div_ceil(256) as u32),
+        ),
+        None => rt.launch(&kernel, bytemuck::bytes_of(params), &bindings, grid(n.div_ceil(256) as u32)),
+    }
 }
 
 /// One SGD step; `first_step` initialises the momentum buffer with the gradient.
@@ -216,18 +237,8 @@ pub fn sgd_step(
         inv_scale,
         param_offset: s.param.offset() as u32,
         grad_offset: s.grad.offset() as u32,
+        half_offset: s.half.map_or(0, |h| h.offset() as u32),
         ..Default::default()
     };
-    let kernel = rt.kernel(
-        KernelKey::new("optim", &[2]),
-        5,
-        || "optim sgd".into(),
-        || render("optim", SOURCE, &variant(2)),
-    )?;
-    rt.launch(
-        &kernel,
-        bytemuck::bytes_of(&params),
-        &[s.param, s.grad, s.m, s.v, found],
-        grid(n.div_ceil(256) as u32),
-    )
+    launch_update(rt, 2, "optim sgd", s, found, &params)
 }

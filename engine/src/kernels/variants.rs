@@ -301,12 +301,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         }
     }
     conv_net_variants(&mut out)?;
-    for mode in 0..3 {
+    for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true)] {
         push(
             &mut out,
             "optim",
             include_str!("../../../shaders/optim.wgsl"),
-            super::optim::variant(mode),
+            super::optim::variant(mode, half),
         )?;
     }
     Ok(out)

@@ -43,7 +43,10 @@ impl Trainer {
                 self.eval.push(i, &mut b)?;
                 b.examples += 1;
             }
-            let mut tape = Tape::no_grad().with_half_matmuls(self.half()).with_mode(Mode::eval());
+            let mut tape = Tape::no_grad()
+                .with_half_matmuls(self.half())
+                .with_mode(Mode::eval())
+                .with_half_weights(self.halves.clone());
             let result = self.model.evaluate(&mut tape, &self.rt, params, &b)?;
             loss_sum += result.loss * result.rows as f64;
             count += result.rows;

@@ -62,6 +62,9 @@ pub struct Trainer {
     pub(super) world: Option<crate::train::world::World>,
     /// How each step runs, chosen when the run opens (and when devices join).
     pub(super) step_kind: StepKind,
+    /// fp16-mixed on one device: the weights' f16 copies the optimizer keeps and the
+    /// tapes read (`autograd::half`); none over several devices.
+    pub(super) halves: Option<Arc<crate::autograd::HalfWeights>>,
 }
 
 /// How a step runs: chosen once from the run's settings, not per step.
@@ -101,9 +104,11 @@ impl Trainer {
     pub fn assemble(config: Config, rt: Arc<Runtime>, data: Loaded) -> Result<Trainer, TrainError> {
         let mut params = Params::default();
         let model = build_model(&config, &rt, data.model.as_ref(), &mut params)?;
-        let opt = Optimizer::new(optimizer_rule(&config));
+        let mut opt = Optimizer::new(optimizer_rule(&config));
         let scaler = loss_scaler(&config)?;
         let step_kind = StepKind::of(&config);
+        let halves = (config.memory.precision == Precision::Fp16Mixed).then(Arc::default);
+        opt.halves = halves.clone();
         Ok(Trainer {
             config,
             rt,
@@ -127,6 +132,7 @@ impl Trainer {
             update_ratio: None,
             world: None,
             step_kind,
+            halves,
         })
     }
 
@@ -164,7 +170,10 @@ impl Trainer {
     /// A training tape in the run's precision and mode for micro-batch `micro` of the
     /// next step (see [`Trainer::mode`]).
     pub(super) fn tape(&self, micro: usize) -> Tape {
-        Tape::new().with_half_matmuls(self.half()).with_mode(self.mode(micro, 0))
+        Tape::new()
+            .with_half_matmuls(self.half())
+            .with_mode(self.mode(micro, 0))
+            .with_half_weights(self.halves.clone())
     }
 
     /// The training mode of micro-batch `micro` on device `rank` in the next step: its

@@ -111,6 +111,10 @@ impl Trainer {
             tensors: (self.params.list.len() + buffers.len()) as u64,
         };
         let (step, data) = checkpoint::load(path, expect)?;
+        // The weights are replaced: their kept f16 copies are made again from them.
+        if let Some(h) = &self.halves {
+            h.clear();
+        }
         let mismatch = |reason: String| CheckpointError::Mismatch {
             path: path.display().to_string(),
             reason,

@@ -76,6 +76,10 @@ impl Trainer {
             .map(|p| (p.value.shape().to_vec(), p.name.clone()))
             .collect();
         self.step_kind = crate::train::trainer::StepKind::Parallel;
+        // Kept f16 copies are one device's: over several, each step casts (shards
+        // update apart from their copies).
+        self.halves = None;
+        self.opt.halves = None;
         self.world = Some(World {
             group,
             comms,
