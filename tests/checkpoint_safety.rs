@@ -618,5 +618,8 @@ fn resume_alone_takes_the_checkpoints_config_and_says_what_changes() {
     let args = vec!["train".to_string(), "--quiet".into(), "--resume".into(), ckpt.display().to_string()];
     let out = run(&args, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to train: the run already finished its 5 steps"));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("nothing to train: the run already finished its 5 steps"), "{said}");
+    // And only that: no "5 steps in 0.0 s" as if it had trained them.
+    assert!(!said.contains("steps in"), "{said}");
 }

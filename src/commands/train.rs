@@ -342,23 +342,25 @@ fn train_rank0(
             .unwrap_or_default();
         say!("eval loss {:.4}{acc}{entropy}", e.loss);
     }
-    if args.resume.is_some() && summary.losses.is_empty() && !summary.interrupted {
+    let finished_before = args.resume.is_some() && summary.losses.is_empty() && !summary.interrupted;
+    if finished_before {
         say!(
             "nothing to train: the run already finished its {} steps (raise train.steps or train.epochs with --set to go on)",
             summary.steps
         );
+    } else {
+        say!(
+            "{} steps in {:.1} s{}{}",
+            summary.steps,
+            summary.seconds,
+            if summary.interrupted { " (interrupted)" } else { "" },
+            summary
+                .checkpoint
+                .as_ref()
+                .map(|p| format!("; checkpoint {}", p.display()))
+                .unwrap_or_default()
+        );
     }
-    say!(
-        "{} steps in {:.1} s{}{}",
-        summary.steps,
-        summary.seconds,
-        if summary.interrupted { " (interrupted)" } else { "" },
-        summary
-            .checkpoint
-            .as_ref()
-            .map(|p| format!("; checkpoint {}", p.display()))
-            .unwrap_or_default()
-    );
     say!("{}", trainer.rt.alloc.summary());
     // Whoever asked for the dashboard keeps the finished run on screen until they are
     // done, on a terminal or not (a log's reader, a notebook, a remote shell).
