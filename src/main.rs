@@ -38,6 +38,8 @@ enum Command {
     Dashboard(commands::dashboard::DashboardArgs),
     /// Predict a training step's peak memory by category without running it.
     Estimate(commands::estimate::EstimateArgs),
+    /// Text from a trained GPT or Llama checkpoint (nanoGPT's sample.py)
+    Generate(commands::generate::GenerateArgs),
     /// One forward and backward of a transformers checkpoint: GPT-2, Llama, BERT or ResNet (check against PyTorch).
     Step(commands::step::StepArgs),
     /// Time every kernel of real training steps (torch.profiler's table, a Perfetto trace, MFU).
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Train(args) => commands::train::run(args),
         Command::Step(args) => commands::step::run(args),
         Command::Estimate(args) => commands::estimate::run(args),
+        Command::Generate(args) => commands::generate::run(args),
         Command::Dashboard(args) => commands::dashboard::run(args),
         Command::Profile(args) => commands::profile::run(args),
     };

@@ -293,6 +293,13 @@ impl Gpt {
         ops::linear(tape, rt, &h, &wte, None, WeightLayout::OutIn, "lm_head")
     }
 
+    /// The next-token logits [B, V] after token ids [B, T] (generation: the head on the
+    /// last position only).
+    pub fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
+        let (h, wte) = self.trunk(tape, rt, params, ids)?;
+        ops::last_position_logits(tape, rt, &h, &wte)
+    }
+
     /// The mean next-token loss against `targets` ([B*T] i32, -100 ignored, and how many
     /// are not ignored) through the
     /// fused head + cross-entropy, which holds [row_chunk, V] logits at a time, never

@@ -292,6 +292,19 @@ impl Llama {
         targets: (&Tensor, usize),
         row_chunk: usize,
     ) -> Result<Var, Error> {
+        let (h, head) = self.trunk(tape, rt, params, ids)?;
+        ops::lm_head_cross_entropy(tape, rt, &h, &head, targets, row_chunk, "loss")
+    }
+
+    /// The next-token logits [B, V] after token ids [B, T] (generation: the head on the
+    /// last position only).
+    pub fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
+        let (h, head) = self.trunk(tape, rt, params, ids)?;
+        ops::last_position_logits(tape, rt, &h, &head)
+    }
+
+    /// The final hidden states [B, T, C] (after the last RMSNorm) and the head's weight.
+    fn trunk(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<(Var, Var), Error> {
         let [b, t] = *ids.shape() else {
             return Err(Error::shape("Llama input ids", "[B, T]", format!("{:?}", ids.shape())));
         };
@@ -334,7 +347,7 @@ impl Llama {
         } else {
             tape.param(params, self.head.0)?
         };
-        ops::lm_head_cross_entropy(tape, rt, &h, &head, targets, row_chunk, "loss")
+        Ok((h, head))
     }
 }
 

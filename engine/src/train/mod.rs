@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod generate;
 pub mod model;
 pub mod observe;
 pub mod open;

@@ -65,9 +65,17 @@ pub trait Trainable: Send + Sync {
     fn flops_per_example(&self, parameters: usize) -> f64 {
         6.0 * parameters as f64
     }
-    /// Tokens per example (sequence models), for tokens/s.
+    /// Tokens per example (sequence models), for tokens/s; a language model's context.
     fn tokens_per_example(&self) -> Option<usize> {
         None
+    }
+    /// A language model's next-token logits [B, V] after token ids [B, T] (i32), for
+    /// `wgtrain generate`; the default says the model does not generate text.
+    fn next_token_logits(&self, _tape: &mut Tape, _rt: &Runtime, _params: &Params, _ids: &Tensor) -> Result<Var, Error> {
+        Err(Error::invalid(
+            "generate",
+            "this model does not generate text (the GPT and the Llama do)",
+        ))
     }
     /// How many segments activation checkpointing can recompute (a transformer's
     /// blocks); 0 when the model offers none (`memory.checkpoint` is then refused).
@@ -244,6 +252,10 @@ impl Trainable for Gpt {
         Some(self.config.n_positions)
     }
 
+    fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
+        Gpt::next_token_logits(self, tape, rt, params, ids)
+    }
+
     fn checkpoint_segments(&self) -> usize {
         self.config.n_layer
     }
@@ -276,6 +288,10 @@ impl Trainable for Llama {
 
     fn tokens_per_example(&self) -> Option<usize> {
         Some(self.config.max_position_embeddings)
+    }
+
+    fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
+        Llama::next_token_logits(self, tape, rt, params, ids)
     }
 
     fn checkpoint_segments(&self) -> usize {

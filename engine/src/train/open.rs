@@ -74,6 +74,14 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// The run of `config` for generating from its checkpoint: as [`Trainer::new`], but a
+    /// token model's files need not be at hand (windows of token 0 stand in; the note
+    /// says so). The caller restores the checkpoint.
+    pub fn for_generation(config: Config, adapter: Option<&str>) -> Result<(Trainer, Option<String>), TrainError> {
+        let (data, note) = crate::train::build::load_data_for_estimate(&config)?;
+        Ok((Trainer::open(config, data, adapter)?, note))
+    }
+
     fn open(config: Config, data: Loaded, adapter: Option<&str>) -> Result<Trainer, TrainError> {
         if config.parallel.backend == crate::train::config::Backend::Mpi {
             return Err(Error::invalid(

@@ -146,6 +146,21 @@ pub fn linear_as(
     ))
 }
 
+/// A language model's next-token logits [B, V] from its final hidden states h
+/// [B, T, C] and head weight W [V, C]: the head on the last position only (generation:
+/// the other positions' logits are never made).
+pub fn last_position_logits(tape: &mut Tape, rt: &Runtime, h: &Var, w: &Var) -> Result<Var, Error> {
+    let [b, t, c] = *h.value.shape() else {
+        return Err(Error::shape("next-token logits", "h [B, T, C]", format!("{:?}", h.value.shape())));
+    };
+    if t == 0 {
+        return Err(Error::shape("next-token logits", "at least one position", "none"));
+    }
+    let last = h.value.slice(1, t - 1, 1)?.contiguous(rt)?.reshape(&[b, c])?;
+    let last = tape.constant(last);
+    linear(tape, rt, &last, w, None, WeightLayout::OutIn, "lm_head")
+}
+
 fn x2_shape(x2: &Tensor, dy_shape: &[usize]) -> Vec<usize> {
     let mut shape = dy_shape.to_vec();
     *shape.last_mut().expect("dy has a last dim") = x2.shape()[1];

@@ -1,0 +1,113 @@
+//! Text from a trained language model (`wgtrain generate`, nanoGPT's sample.py): each
+//! new token is drawn from the model's next-token logits over the last context window
+//! of the ids so far: greedily at temperature 0, else from the softmax of the logits
+//! over the temperature, restricted to the `top_k` likeliest where asked, with a seeded
+//! generator (the same seed draws the same text). Every token runs the whole window
+//! again (no key/value cache yet), without a tape, in the run's precision, reading the
+//! last position's logits back to the host.
+//!
+//! May call: `autograd`, `error`, `kernels`, `memory`, `tensor`, `train::{error,
+//! trainer}`. Called by: the CLI, tests.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::autograd::{Mode, Tape};
+use crate::error::Error;
+use crate::kernels::TensorOps;
+use crate::memory::Category;
+use crate::tensor::Tensor;
+use crate::train::error::TrainError;
+use crate::train::trainer::Trainer;
+
+/// How each token is drawn.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    /// Divides the logits; 0 takes the likeliest token (greedy).
+    pub temperature: f32,
+    /// Only the k likeliest tokens may be drawn.
+    pub top_k: Option<usize>,
+    /// Seeds the draws.
+    pub seed: u64,
+}
+
+impl Trainer {
+    /// `tokens` new token ids after `prompt` (ids below the model's vocabulary), each
+    /// handed to `each` as it comes.
+    pub fn generate(
+        &self,
+        prompt: &[i32],
+        tokens: usize,
+        sampling: &Sampling,
+        mut each: impl FnMut(i32) -> Result<(), Error>,
+    ) -> Result<Vec<i32>, TrainError> {
+        let window = self
+            .model
+            .tokens_per_example()
+            .ok_or_else(|| Error::invalid("generate", "this model does not generate text (the GPT and the Llama do)"))?;
+        if prompt.is_empty() {
+            return Err(Error::invalid("generate", "the prompt is empty: give at least one token").into());
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= self.outputs) {
+            return Err(Error::invalid(
+                "generate",
+                format!("prompt token {bad} is not in the model's vocabulary of {}", self.outputs),
+            )
+            .into());
+        }
+        if !(sampling.temperature >= 0.0 && sampling.temperature.is_finite()) {
+            return Err(Error::invalid("generate", format!("temperature {} is not a number >= 0", sampling.temperature)).into());
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
+        let mut ids = prompt.to_vec();
+        for _ in 0..tokens {
+            let context = &ids[ids.len().saturating_sub(window)..];
+            let input = Tensor::from_i32(&self.rt, context, &[1, context.len()], Category::Input, "prompt")?;
+            let mut tape = Tape::no_grad()
+                .with_half_matmuls(self.half())
+                .with_mode(Mode::eval())
+                .with_half_weights(self.halves.clone());
+            let logits = self.model.next_token_logits(&mut tape, &self.rt, &self.params, &input)?;
+            let logits = logits.value.to_f32_vec(&self.rt)?;
+            let next = draw(&logits, sampling, &mut rng);
+            ids.push(next);
+            each(next)?;
+        }
+        Ok(ids.split_off(prompt.len()))
+    }
+}
+
+/// One token from `logits` as `sampling` says.
+pub fn draw(logits: &[f32], sampling: &Sampling, rng: &mut impl Rng) -> i32 {
+    let likeliest = || {
+        // The first of the largest (a NaN never wins).
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] || logits[best].is_nan() {
+                best = i;
+            }
+        }
+        best as i32
+    };
+    if sampling.temperature == 0.0 {
+        return likeliest();
+    }
+    let t = sampling.temperature as f64;
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    if let Some(k) = sampling.top_k {
+        order.truncate(k.max(1));
+    }
+    let Some(&top) = order.first() else { return likeliest() };
+    let top = logits[top] as f64 / t;
+    let weights: Vec<f64> = order.iter().map(|&i| (logits[i] as f64 / t - top).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.random::<f64>() * total;
+    for (&i, w) in order.iter().zip(&weights) {
+        if u < *w {
+            return i as i32;
+        }
+        u -= w;
+    }
+    *order.last().expect("not empty") as i32
+}

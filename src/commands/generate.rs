@@ -1,0 +1,119 @@
+//! `wgtrain generate --checkpoint DIR [--prompt TEXT | --prompt-ids IDS] [--tokens N]
+//! [--temperature T] [--top-k K] [--seed S]`: text from a trained GPT or Llama, as
+//! nanoGPT's sample.py: the run's config and weights from its checkpoint, the text on
+//! stdout as it comes (a character model decodes with its text's characters; a token
+//! model prints ids, having no tokenizer here), the memory summary on stderr.
+//!
+//! May call: `wgtrain_engine` (train), `commands`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CliResult;
+use wgtrain_engine::data::text::CharCorpus;
+use wgtrain_engine::train::Trainer;
+use wgtrain_engine::train::checkpoint::{resolve, state::resume_config};
+use wgtrain_engine::train::config::DataKind;
+use wgtrain_engine::train::generate::Sampling;
+
+/// Arguments of `wgtrain generate`.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A GPT or Llama run's checkpoint folder (or a folder whose `latest` names one).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Text to continue (a character model's); default: a newline.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Token ids to continue, comma-separated (a token-file model's: there is no
+    /// tokenizer here).
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+    prompt_ids: Vec<i32>,
+    /// New tokens to draw.
+    #[arg(long, default_value_t = 200)]
+    tokens: usize,
+    /// Divides the logits before the softmax; 0 takes the likeliest token each time.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    temperature: f32,
+    /// Draw only among the K likeliest tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Seed of the draws (the same seed gives the same text).
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Adapter: index, backend or part of its name (see `wgtrain devices`).
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// Generates.
+pub fn run(args: GenerateArgs) -> CliResult {
+    let dir = resolve(&args.checkpoint)?;
+    let (config, _) = resume_config(&dir, &[])?;
+    // A character model's vocabulary is its text's characters, in order.
+    let vocab = match config.data.kind {
+        DataKind::Chars => {
+            let path = config.data.path.clone().map(PathBuf::from);
+            let path = path.unwrap_or_else(|| PathBuf::from(wgtrain_engine::data::text::DEFAULT_PATH));
+            let context = config.model.context().unwrap_or(1);
+            Some(CharCorpus::load(&path, context)?.vocab)
+        }
+        _ => None,
+    };
+    let prompt: Vec<i32> = match (&vocab, &args.prompt) {
+        (Some(_), None) if !args.prompt_ids.is_empty() => {
+            return Err("this model reads characters (data.kind = \"chars\"): give --prompt TEXT".into());
+        }
+        (Some(v), text) => {
+            let text = text.as_deref().unwrap_or("\n");
+            let mut ids = Vec::new();
+            for c in text.chars() {
+                let id = v.binary_search(&c).map_err(|_| {
+                    format!(
+                        "the prompt's {c:?} is not among the {} characters the model was trained on",
+                        v.len()
+                    )
+                })?;
+                ids.push(id as i32);
+            }
+            ids
+        }
+        (None, Some(_)) => {
+            return Err("this model reads token ids (data.kind = \"tokens\"): give --prompt-ids, comma-separated".into());
+        }
+        (None, None) if args.prompt_ids.is_empty() => {
+            return Err("give --prompt-ids (comma-separated token ids) to start from".into());
+        }
+        (None, None) => args.prompt_ids.clone(),
+    };
+    let (mut trainer, note) = Trainer::for_generation(config, args.adapter.as_deref())?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    trainer.restore(&dir)?;
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut first = true;
+    trainer.generate(&prompt, args.tokens, &sampling, |id| {
+        let piece = match &vocab {
+            Some(v) => v[id as usize].to_string(),
+            None if first => id.to_string(),
+            None => format!(",{id}"),
+        };
+        first = false;
+        // A closed pipe (`| head`) ends the text, not the process with a panic.
+        out.write_all(piece.as_bytes())
+            .and_then(|_| out.flush())
+            .map_err(|e| wgtrain_engine::Error::invalid("generate", format!("writing the text: {e}")))
+    })?;
+    let _ = writeln!(out);
+    eprintln!("{}", trainer.rt.alloc.summary());
+    Ok(())
+}
