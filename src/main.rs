@@ -38,7 +38,9 @@ enum Command {
     Dashboard(commands::dashboard::DashboardArgs),
     /// Predict a training step's peak memory by category without running it.
     Estimate(commands::estimate::EstimateArgs),
-    /// Text from a trained GPT or Llama checkpoint (nanoGPT's sample.py)
+    /// Evaluation only, from a checkpoint: the loss (and accuracy) and the evaluation's memory.
+    Eval(commands::eval::EvalArgs),
+    /// Text from a trained GPT or Llama checkpoint (nanoGPT's sample.py).
     Generate(commands::generate::GenerateArgs),
     /// One forward and backward of a transformers checkpoint: GPT-2, Llama, BERT or ResNet (check against PyTorch).
     Step(commands::step::StepArgs),
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
         Command::Step(args) => commands::step::run(args),
         Command::Estimate(args) => commands::estimate::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Eval(args) => commands::eval::run(args),
         Command::Dashboard(args) => commands::dashboard::run(args),
         Command::Profile(args) => commands::profile::run(args),
     };

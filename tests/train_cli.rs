@@ -730,3 +730,35 @@ fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
     assert_ne!(std::fs::read(&kept[0]).unwrap(), b"not a pipeline cache");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn eval_from_a_checkpoint_alone_equals_the_runs_last_evaluation() {
+    let dir = scratch("eval-command");
+    let ckpt = dir.join("ck");
+    let log = dir.join("run.jsonl");
+    let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=12", "--set", "checkpoint.every=6"]);
+    args.extend(["--log".into(), log.display().to_string()]);
+    run_ok(&args, &[]);
+    let last_eval: serde_json::Value = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("eval").is_some())
+        .last()
+        .unwrap()["eval"]
+        .clone();
+    let out = wgtrain(&["eval", "--checkpoint", ckpt.to_str().unwrap(), "--json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The same weights, split and batches: the same numbers to the bit.
+    assert_eq!(got["loss"], last_eval["loss"]);
+    assert_eq!(got["accuracy"], last_eval["accuracy"]);
+    assert_eq!(got["step"], 12);
+    // Its own peak: what the run's evaluation measured, but for the run's small blocks.
+    let (peak, run_peak) = (got["peak"].as_i64().unwrap(), last_eval["peak"].as_i64().unwrap());
+    assert!(peak > 0 && (peak - run_peak).abs() <= 4096, "{peak} vs {run_peak}");
+    // An override of what makes the model is refused by name.
+    let out = wgtrain(&["eval", "--checkpoint", ckpt.to_str().unwrap(), "--set", "model.hidden=[64]"], &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("model.hidden"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

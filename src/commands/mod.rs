@@ -6,6 +6,7 @@ pub mod bench;
 pub mod dashboard;
 pub mod devices;
 pub mod estimate;
+pub mod eval;
 pub mod generate;
 pub mod profile;
 pub mod step;

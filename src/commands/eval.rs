@@ -1,0 +1,63 @@
+//! `wgtrain eval --checkpoint DIR [--set k=v]... [--json]`: evaluation only, from a
+//! checkpoint alone: the run's config and weights from it, the loss (and accuracy) over
+//! the evaluation split without a tape, and the evaluation's own peak memory. `--set`
+//! changes what an evaluation may (`data.eval_limit`, `data.path`, `memory.precision`,
+//! `train.micro_batch_size`: the GPT's evaluation batch), not the model.
+//!
+//! May call: `wgtrain_engine` (train, memory), `commands`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CliResult;
+use wgtrain_engine::memory::format_bytes;
+use wgtrain_engine::train::Trainer;
+use wgtrain_engine::train::checkpoint::{resolve, state::resume_config};
+
+/// Arguments of `wgtrain eval`.
+#[derive(Args)]
+pub struct EvalArgs {
+    /// A run's checkpoint folder (or a folder whose `latest` names one).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Override a key of the checkpoint's config: --set data.eval_limit=1000
+    /// (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Print {"loss", "accuracy", "peak", "reserved", "step"} as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Adapter: index, backend or part of its name (see `wgtrain devices`).
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// Evaluates.
+pub fn run(args: EvalArgs) -> CliResult {
+    let dir = resolve(&args.checkpoint)?;
+    let (config, _) = resume_config(&dir, &args.set)?;
+    let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
+    let step = trainer.restore(&dir)?;
+    trainer.rt.sync()?;
+    trainer.rt.alloc.reset_peaks();
+    let mut e = trainer.evaluate()?;
+    let stats = trainer.rt.alloc.stats();
+    e.peak = Some(stats.allocated.peak);
+    e.reserved = Some(stats.reserved.current);
+    if args.json {
+        let mut v = serde_json::to_value(&e)?;
+        v["step"] = step.into();
+        say!("{v}");
+    } else {
+        let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
+        say!(
+            "step {step}: eval loss {:.4}{acc} (peak {}, reserved {})",
+            e.loss,
+            format_bytes(stats.allocated.peak),
+            format_bytes(stats.reserved.current)
+        );
+        eprintln!("{}", trainer.rt.alloc.summary());
+    }
+    Ok(())
+}
