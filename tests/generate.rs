@@ -5,6 +5,7 @@
 //! model that does not generate are clear errors.
 
 mod cli;
+mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -152,6 +153,9 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
         want.push(vocab[order[0]]);
     }
     assert_eq!(got.trim_end_matches('\n'), want, "greedy text");
+    // Without the key/value cache, the same text.
+    let recomputed = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0", "--no-cache"]).unwrap();
+    assert_eq!(recomputed, got);
     // Sampled: the same seed draws the same text; another seed another.
     let sample = |seed: &str| generate(&ck, &["--prompt", prompt, "--tokens", "40", "--temperature", "1.0", "--seed", seed]).unwrap();
     let (a, b, c) = (sample("1"), sample("1"), sample("2"));
@@ -180,4 +184,50 @@ fn a_classifier_does_not_generate_and_says_so() {
     let err = generate(&ck, &["--prompt-ids", "1"]).unwrap_err();
     assert!(err.contains("does not generate text"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
+    use wgtrain_engine::autograd::{Mode, Params, Tape};
+    use wgtrain_engine::nn::{Gpt, GptConfig, Init};
+    use wgtrain_engine::{Category, Tensor, TensorOps};
+    let rt = common::runtime();
+    let config: GptConfig = serde_json::from_value(serde_json::json!({
+        "vocab_size": 50, "n_positions": 12, "n_embd": 32, "n_layer": 2, "n_head": 4
+    }))
+    .unwrap();
+    let mut params = Params::default();
+    let model = Gpt::new(&rt, config, &mut params, &mut Init::new(9)).unwrap();
+    // Two sequences at once, every position of the context.
+    let seqs: [Vec<i32>; 2] = [
+        (0..12).map(|i| (i * 7 % 50) as i32).collect(),
+        (0..12).map(|i| (i * 13 % 50 + 1) as i32).collect(),
+    ];
+    let mut cache = model.kv_cache(&rt, 2).unwrap();
+    let tape = || Tape::no_grad().with_mode(Mode::eval());
+    for t in 0..12 {
+        let ids = Tensor::from_i32(&rt, &[seqs[0][t], seqs[1][t]], &[2], Category::Input, "ids").unwrap();
+        let cached = model
+            .decode(&mut tape(), &rt, &params, &mut cache, &ids)
+            .unwrap()
+            .value
+            .to_f32_vec(&rt)
+            .unwrap();
+        let prefix: Vec<i32> = seqs.iter().flat_map(|s| s[..=t].to_vec()).collect();
+        let prefix = Tensor::from_i32(&rt, &prefix, &[2, t + 1], Category::Input, "prefix").unwrap();
+        let whole = model
+            .next_token_logits(&mut tape(), &rt, &params, &prefix)
+            .unwrap()
+            .value
+            .to_f32_vec(&rt)
+            .unwrap();
+        assert_eq!(cached.len(), 2 * 50);
+        let worst = cached.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "position {t}: the cached logits differ by {worst}");
+    }
+    assert_eq!(cache.len(), 12);
+    // A full cache says so.
+    let ids = Tensor::from_i32(&rt, &[1, 2], &[2], Category::Input, "ids").unwrap();
+    let err = model.decode(&mut tape(), &rt, &params, &mut cache, &ids).err().unwrap().to_string();
+    assert!(err.contains("the cache is full"), "{err}");
 }

@@ -43,6 +43,10 @@ pub struct GenerateArgs {
     /// Seed of the draws (the same seed gives the same text).
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// Run the whole context window for every token instead of decoding over the
+    /// key/value cache (the GPT's; other models always do).
+    #[arg(long)]
+    no_cache: bool,
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).
     #[arg(long)]
     adapter: Option<String>,
@@ -97,6 +101,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
         temperature: args.temperature,
         top_k: args.top_k,
         seed: args.seed,
+        cache: !args.no_cache,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

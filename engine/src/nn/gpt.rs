@@ -9,6 +9,8 @@
 //! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn::{builder, init}`, `runtime`,
 //! `tensor`.
 
+mod decode;
+pub use decode::KvCache;
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -2,9 +2,10 @@
 //! new token is drawn from the model's next-token logits over the last context window
 //! of the ids so far: greedily at temperature 0, else from the softmax of the logits
 //! over the temperature, restricted to the `top_k` likeliest where asked, with a seeded
-//! generator (the same seed draws the same text). Every token runs the whole window
-//! again (no key/value cache yet), without a tape, in the run's precision, reading the
-//! last position's logits back to the host.
+//! generator (the same seed draws the same text). A model with a key/value cache (the
+//! GPT) decodes a token at a time over it; others, or a full cache, run the whole
+//! window again each token. No tape; the run's precision; the last position's logits
+//! read back to the host.
 //!
 //! May call: `autograd`, `error`, `kernels`, `memory`, `tensor`, `train::{error,
 //! trainer}`. Called by: the CLI, tests.
@@ -29,6 +30,9 @@ pub struct Sampling {
     pub top_k: Option<usize>,
     /// Seeds the draws.
     pub seed: u64,
+    /// Decode with the model's key/value cache where it has one (else every token runs
+    /// the whole window).
+    pub cache: bool,
 }
 
 impl Trainer {
@@ -60,18 +64,43 @@ impl Trainer {
         }
         let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
         let mut ids = prompt.to_vec();
-        for _ in 0..tokens {
-            let context = &ids[ids.len().saturating_sub(window)..];
-            let input = Tensor::from_i32(&self.rt, context, &[1, context.len()], Category::Input, "prompt")?;
-            let mut tape = Tape::no_grad()
+        let tape = || {
+            Tape::no_grad()
                 .with_half_matmuls(self.half())
                 .with_mode(Mode::eval())
-                .with_half_weights(self.halves.clone());
-            let logits = self.model.next_token_logits(&mut tape, &self.rt, &self.params, &input)?;
-            let logits = logits.value.to_f32_vec(&self.rt)?;
+                .with_half_weights(self.halves.clone())
+        };
+        let read = |v: crate::autograd::Var| v.value.to_f32_vec(&self.rt);
+        let mut made = 0;
+        let decoder = if sampling.cache { self.model.decoder(&self.rt, 1)? } else { None };
+        if let Some(mut dec) = decoder {
+            // The prompt's last window into the cache, then a token a call until the
+            // cache is full (the whole window each token from there on, below).
+            let mut logits = Vec::new();
+            for &t in &prompt[prompt.len().saturating_sub(dec.capacity())..] {
+                let id = Tensor::from_i32(&self.rt, &[t], &[1], Category::Input, "token")?;
+                logits = read(dec.next(&mut tape(), &self.rt, &self.params, &id)?)?;
+            }
+            while made < tokens {
+                let next = draw(&logits, sampling, &mut rng);
+                ids.push(next);
+                each(next)?;
+                made += 1;
+                if made == tokens || dec.len() == dec.capacity() {
+                    break;
+                }
+                let id = Tensor::from_i32(&self.rt, &[next], &[1], Category::Input, "token")?;
+                logits = read(dec.next(&mut tape(), &self.rt, &self.params, &id)?)?;
+            }
+        }
+        while made < tokens {
+            let context = &ids[ids.len().saturating_sub(window)..];
+            let input = Tensor::from_i32(&self.rt, context, &[1, context.len()], Category::Input, "prompt")?;
+            let logits = read(self.model.next_token_logits(&mut tape(), &self.rt, &self.params, &input)?)?;
             let next = draw(&logits, sampling, &mut rng);
             ids.push(next);
             each(next)?;
+            made += 1;
         }
         Ok(ids.split_off(prompt.len()))
     }

@@ -30,7 +30,7 @@ pub mod world;
 
 pub use config::Config;
 pub use error::TrainError;
-pub use model::{BuildModel, EvalBatch, Trainable};
+pub use model::{BuildModel, Decoder, EvalBatch, Trainable};
 pub use observe::Observer;
 pub use observe::log::{EvalLog, MemLog, StepLog};
 pub use run::{RunOptions, RunSummary};

@@ -34,6 +34,39 @@ pub struct EvalBatch {
     pub correct: Option<usize>,
 }
 
+/// A language model's decoding with a key/value cache: each call appends one token a
+/// sequence and returns the next-token logits [B, V].
+pub trait Decoder {
+    /// The logits after token `ids` [B] (i32) at the next position.
+    fn next(&mut self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error>;
+    /// Positions decoded so far.
+    fn len(&self) -> usize;
+    /// Whether none was.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions it can hold.
+    fn capacity(&self) -> usize;
+}
+
+/// The GPT's decoder: the model and its cache.
+struct GptDecoder<'a> {
+    model: &'a Gpt,
+    cache: crate::nn::gpt::KvCache,
+}
+
+impl Decoder for GptDecoder<'_> {
+    fn next(&mut self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
+        self.model.decode(tape, rt, params, &mut self.cache, ids)
+    }
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+    fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+}
+
 /// A model the trainer can train: the engine's (built from `[model]`) and a user's alike.
 /// Only `loss` is required; the rest report what the trainer shows and plans with, and
 /// their defaults suit a model that declares nothing.
@@ -68,6 +101,11 @@ pub trait Trainable: Send + Sync {
     /// Tokens per example (sequence models), for tokens/s; a language model's context.
     fn tokens_per_example(&self) -> Option<usize> {
         None
+    }
+    /// A token-at-a-time decoder with a key/value cache for `batch` sequences, where the
+    /// model has one (default: none; generation then runs the whole window each token).
+    fn decoder(&self, _rt: &Runtime, _batch: usize) -> Result<Option<Box<dyn Decoder + '_>>, Error> {
+        Ok(None)
     }
     /// A language model's next-token logits [B, V] after token ids [B, T] (i32), for
     /// `wgtrain generate`; the default says the model does not generate text.
@@ -254,6 +292,13 @@ impl Trainable for Gpt {
 
     fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
         Gpt::next_token_logits(self, tape, rt, params, ids)
+    }
+
+    fn decoder(&self, rt: &Runtime, batch: usize) -> Result<Option<Box<dyn Decoder + '_>>, Error> {
+        Ok(Some(Box::new(GptDecoder {
+            model: self,
+            cache: self.kv_cache(rt, batch)?,
+        })))
     }
 
     fn checkpoint_segments(&self) -> usize {
