@@ -106,6 +106,8 @@ pub fn run(args: GenerateArgs) -> CliResult {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut first = true;
+    let started = std::time::Instant::now();
+    let mut first_at = None;
     trainer.generate(&prompt, args.tokens, &sampling, |id| {
         let piece = match &vocab {
             Some(v) => v[id as usize].to_string(),
@@ -113,12 +115,23 @@ pub fn run(args: GenerateArgs) -> CliResult {
             None => format!(",{id}"),
         };
         first = false;
+        first_at.get_or_insert_with(|| started.elapsed());
         // A closed pipe (`| head`) ends the text, not the process with a panic.
         out.write_all(piece.as_bytes())
             .and_then(|_| out.flush())
             .map_err(|e| wgtrain_engine::Error::invalid("generate", format!("writing the text: {e}")))
     })?;
     let _ = writeln!(out);
+    let took = started.elapsed().as_secs_f64();
+    let first = first_at.unwrap_or_default().as_secs_f64();
+    if args.tokens > 1 {
+        eprintln!(
+            "{} tokens in {took:.2} s: the first after {:.0} ms, then {:.1} tokens/s",
+            args.tokens,
+            first * 1e3,
+            (args.tokens - 1) as f64 / (took - first).max(1e-9)
+        );
+    }
     eprintln!("{}", trainer.rt.alloc.summary());
     Ok(())
 }
