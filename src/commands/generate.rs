@@ -55,7 +55,10 @@ pub struct GenerateArgs {
 /// Generates.
 pub fn run(args: GenerateArgs) -> CliResult {
     let dir = resolve(&args.checkpoint)?;
-    let (config, _) = resume_config(&dir, &[])?;
+    let (mut config, _) = resume_config(&dir, &[])?;
+    // One device generates, whatever the run was spread over: the checkpoint's shards
+    // are joined on load.
+    config.parallel = Default::default();
     // A character model's vocabulary is its text's characters, in order.
     let vocab = match config.data.kind {
         DataKind::Chars => {
