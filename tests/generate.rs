@@ -162,6 +162,17 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     assert_eq!(a, b);
     assert_ne!(a, c);
     assert_eq!(a.strip_suffix('\n').unwrap().chars().count(), 40);
+    // A batch: greedy, every sequence is the one-sequence text; sampled, they differ.
+    let three = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0", "--batch", "3"]).unwrap();
+    let parts: Vec<&str> = three.split("\n---------------\n").collect();
+    assert_eq!(parts.len(), 3, "{three:?}");
+    for p in &parts {
+        assert_eq!(p.strip_suffix('\n').unwrap_or(p), want, "{three:?}");
+    }
+    let sampled = generate(&ck, &["--prompt", prompt, "--tokens", "30", "--temperature", "1.0", "--batch", "2"]).unwrap();
+    let parts: Vec<&str> = sampled.split("\n---------------\n").collect();
+    assert_eq!(parts.len(), 2);
+    assert_ne!(parts[0], parts[1].strip_suffix('\n').unwrap());
     // Top-1 sampling is greedy.
     let top1 = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--top-k", "1", "--seed", "3"]).unwrap();
     assert_eq!(top1, got);

@@ -1,5 +1,5 @@
 //! `wgtrain generate --checkpoint DIR [--prompt TEXT | --prompt-ids IDS] [--tokens N]
-//! [--temperature T] [--top-k K] [--seed S]`: text from a trained GPT or Llama, as
+//! [--batch N] [--temperature T] [--top-k K] [--seed S]`: text from a trained GPT or Llama, as
 //! nanoGPT's sample.py: the run's config and weights from its checkpoint, the text on
 //! stdout as it comes (a character model decodes with its text's characters; a token
 //! model prints ids, having no tokenizer here), the memory summary on stderr.
@@ -34,6 +34,10 @@ pub struct GenerateArgs {
     /// New tokens to draw.
     #[arg(long, default_value_t = 200)]
     tokens: usize,
+    /// Sequences drawn together from the prompt (nanoGPT's num_samples), printed one
+    /// after another between lines of dashes once all are done.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Divides the logits before the softmax; 0 takes the likeliest token each time.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
@@ -108,31 +112,44 @@ pub fn run(args: GenerateArgs) -> CliResult {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut first = true;
     let started = std::time::Instant::now();
     let mut first_at = None;
-    trainer.generate(&prompt, args.tokens, &sampling, |id| {
-        let piece = match &vocab {
-            Some(v) => v[id as usize].to_string(),
-            None if first => id.to_string(),
-            None => format!(",{id}"),
-        };
-        first = false;
+    let piece = |id: i32, first: bool| match &vocab {
+        Some(v) => v[id as usize].to_string(),
+        None if first => id.to_string(),
+        None => format!(",{id}"),
+    };
+    let mut made = 0usize;
+    let texts = trainer.generate(&prompt, args.tokens, args.batch, &sampling, |new| {
         first_at.get_or_insert_with(|| started.elapsed());
-        // A closed pipe (`| head`) ends the text, not the process with a panic.
-        out.write_all(piece.as_bytes())
+        made += 1;
+        if args.batch > 1 {
+            return Ok(());
+        }
+        // One sequence streams as it comes; a closed pipe (`| head`) ends the text, not
+        // the process with a panic.
+        out.write_all(piece(new[0], made == 1).as_bytes())
             .and_then(|_| out.flush())
             .map_err(|e| wgtrain_engine::Error::invalid("generate", format!("writing the text: {e}")))
     })?;
-    let _ = writeln!(out);
+    if args.batch > 1 {
+        for (i, ids) in texts.iter().enumerate() {
+            let text: String = ids.iter().enumerate().map(|(k, &id)| piece(id, k == 0)).collect();
+            let sep = if i + 1 < texts.len() { "\n---------------" } else { "" };
+            let _ = writeln!(out, "{text}{sep}");
+        }
+    } else {
+        let _ = writeln!(out);
+    }
     let took = started.elapsed().as_secs_f64();
     let first = first_at.unwrap_or_default().as_secs_f64();
     if args.tokens > 1 {
         eprintln!(
-            "{} tokens in {took:.2} s: the first after {:.0} ms, then {:.1} tokens/s",
+            "{} tokens ({} a sequence) in {took:.2} s: the first after {:.0} ms, then {:.1} tokens/s",
+            args.tokens * args.batch,
             args.tokens,
             first * 1e3,
-            (args.tokens - 1) as f64 / (took - first).max(1e-9)
+            ((args.tokens - 1) * args.batch) as f64 / (took - first).max(1e-9)
         );
     }
     eprintln!("{}", trainer.rt.alloc.summary());

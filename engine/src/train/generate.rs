@@ -36,21 +36,26 @@ pub struct Sampling {
 }
 
 impl Trainer {
-    /// `tokens` new token ids after `prompt` (ids below the model's vocabulary), each
-    /// handed to `each` as it comes.
+    /// `tokens` new token ids after `prompt` (ids below the model's vocabulary) for each
+    /// of `batch` sequences drawn together; each step's new ids (one a sequence) are
+    /// handed to `each` as they come. Returns each sequence's new ids.
     pub fn generate(
         &self,
         prompt: &[i32],
         tokens: usize,
+        batch: usize,
         sampling: &Sampling,
-        mut each: impl FnMut(i32) -> Result<(), Error>,
-    ) -> Result<Vec<i32>, TrainError> {
+        mut each: impl FnMut(&[i32]) -> Result<(), Error>,
+    ) -> Result<Vec<Vec<i32>>, TrainError> {
         let window = self
             .model
             .tokens_per_example()
             .ok_or_else(|| Error::invalid("generate", "this model does not generate text (the GPT and the Llama do)"))?;
         if prompt.is_empty() {
             return Err(Error::invalid("generate", "the prompt is empty: give at least one token").into());
+        }
+        if batch == 0 {
+            return Err(Error::invalid("generate", "a batch of no sequences").into());
         }
         if let Some(&bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= self.outputs) {
             return Err(Error::invalid(
@@ -63,7 +68,7 @@ impl Trainer {
             return Err(Error::invalid("generate", format!("temperature {} is not a number >= 0", sampling.temperature)).into());
         }
         let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
-        let mut ids = prompt.to_vec();
+        let mut seqs: Vec<Vec<i32>> = vec![prompt.to_vec(); batch];
         let tape = || {
             Tape::no_grad()
                 .with_half_matmuls(self.half())
@@ -71,38 +76,47 @@ impl Trainer {
                 .with_half_weights(self.halves.clone())
         };
         let read = |v: crate::autograd::Var| v.value.to_f32_vec(&self.rt);
+        let vocab = self.outputs;
+        // Each sequence's token from its row of the logits, in order (one generator).
+        let mut step = |logits: &[f32], seqs: &mut Vec<Vec<i32>>| -> Result<Vec<i32>, Error> {
+            let new: Vec<i32> = logits.chunks(vocab).map(|row| draw(row, sampling, &mut rng)).collect();
+            seqs.iter_mut().zip(&new).for_each(|(s, &t)| s.push(t));
+            each(&new)?;
+            Ok(new)
+        };
         let mut made = 0;
-        let decoder = if sampling.cache { self.model.decoder(&self.rt, 1)? } else { None };
+        let decoder = if sampling.cache {
+            self.model.decoder(&self.rt, batch)?
+        } else {
+            None
+        };
         if let Some(mut dec) = decoder {
             // The prompt's last window into the cache, then a token a call until the
             // cache is full (the whole window each token from there on, below).
             let mut logits = Vec::new();
             for &t in &prompt[prompt.len().saturating_sub(dec.capacity())..] {
-                let id = Tensor::from_i32(&self.rt, &[t], &[1], Category::Input, "token")?;
+                let id = Tensor::from_i32(&self.rt, &vec![t; batch], &[batch], Category::Input, "token")?;
                 logits = read(dec.next(&mut tape(), &self.rt, &self.params, &id)?)?;
             }
             while made < tokens {
-                let next = draw(&logits, sampling, &mut rng);
-                ids.push(next);
-                each(next)?;
+                let new = step(&logits, &mut seqs)?;
                 made += 1;
                 if made == tokens || dec.len() == dec.capacity() {
                     break;
                 }
-                let id = Tensor::from_i32(&self.rt, &[next], &[1], Category::Input, "token")?;
+                let id = Tensor::from_i32(&self.rt, &new, &[batch], Category::Input, "token")?;
                 logits = read(dec.next(&mut tape(), &self.rt, &self.params, &id)?)?;
             }
         }
         while made < tokens {
-            let context = &ids[ids.len().saturating_sub(window)..];
-            let input = Tensor::from_i32(&self.rt, context, &[1, context.len()], Category::Input, "prompt")?;
+            let len = seqs[0].len().min(window);
+            let context: Vec<i32> = seqs.iter().flat_map(|s| s[s.len() - len..].to_vec()).collect();
+            let input = Tensor::from_i32(&self.rt, &context, &[batch, len], Category::Input, "prompt")?;
             let logits = read(self.model.next_token_logits(&mut tape(), &self.rt, &self.params, &input)?)?;
-            let next = draw(&logits, sampling, &mut rng);
-            ids.push(next);
-            each(next)?;
+            step(&logits, &mut seqs)?;
             made += 1;
         }
-        Ok(ids.split_off(prompt.len()))
+        Ok(seqs.into_iter().map(|mut s| s.split_off(prompt.len())).collect())
     }
 }
 
