@@ -183,6 +183,47 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     assert!(err.contains("give --prompt TEXT"), "{err}");
     let err = generate(&ck, &["--prompt", "beta", "--temperature", "-1"]).unwrap_err();
     assert!(err.contains("temperature -1"), "{err}");
+    // The peaks of generating and of evaluating equal their estimates, to the byte.
+    let peak_of = |args: &[&str], key: &str| -> u64 {
+        let out = wgtrain(args, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(if key == "stderr" { &out.stderr } else { &out.stdout }).into_owned();
+        if key == "stderr" {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("peak allocated"))
+                .unwrap_or_else(|| panic!("{text}"));
+            return line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        }
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()[key].as_u64().unwrap()
+    };
+    let ckpt = ck.to_str().unwrap();
+    let generated = peak_of(
+        &[
+            "generate",
+            "--checkpoint",
+            ckpt,
+            "--prompt",
+            prompt,
+            "--tokens",
+            "12",
+            "--batch",
+            "2",
+        ],
+        "stderr",
+    );
+    let evaluated = peak_of(&["eval", "--checkpoint", ckpt, "--json"], "peak");
+    let mut estimate: Vec<String> = vec!["estimate".into(), "--json".into()];
+    for s in &sets {
+        estimate.extend(["--set".to_string(), s.clone()]);
+    }
+    let with = |extra: &[&str]| -> Vec<String> { estimate.iter().cloned().chain(extra.iter().map(|s| s.to_string())).collect() };
+    let args = with(&["--generate", "12", "--prompt-tokens", "5", "--batch", "2"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(peak_of(&refs, "peak_bytes"), generated, "generation's peak");
+    let args = with(&["--eval"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(peak_of(&refs, "peak_bytes"), evaluated, "evaluation's peak");
     // A run sharded over two devices (ZeRO 3) generates on one: its shards joined.
     let sharded = dir.join("sharded");
     let mut args = vec!["train".to_string(), "--quiet".into()];

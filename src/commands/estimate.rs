@@ -1,6 +1,6 @@
 //! `wgtrain estimate [CONFIG.toml] [--set section.key=value]... [--json] [--described FILE]
-//! [--memory SIZE] [--ranks N]`:
-//! the peak memory of a training step by category, from a dry run that allocates nothing,
+//! [--memory SIZE] [--ranks N] [--eval | --generate N [--prompt-tokens P] [--batch B]]`:
+//! the peak memory of a training step (or of an evaluation, or of generating) by category, from a dry run that allocates nothing,
 //! on this machine's adapter or on one that a `wgtrain devices --json` file describes.
 //!
 //! May call: `wgtrain_engine::train`, `commands`.
@@ -47,6 +47,20 @@ pub struct EstimateArgs {
     /// rank 0's device, whose shards are the largest.
     #[arg(long, value_name = "N")]
     ranks: Option<usize>,
+    /// Estimate an evaluation pass (`wgtrain eval`: the weights alone and the
+    /// evaluation's batches) instead of a training step.
+    #[arg(long, conflicts_with_all = ["memory", "generate"])]
+    eval: bool,
+    /// Estimate generating N tokens (`wgtrain generate`: the weights, the key/value
+    /// cache, one position at a time) instead of a training step.
+    #[arg(long, value_name = "N", conflicts_with = "memory")]
+    generate: Option<usize>,
+    /// With --generate: the prompt's tokens.
+    #[arg(long, value_name = "P", default_value_t = 1, requires = "generate")]
+    prompt_tokens: usize,
+    /// With --generate: sequences drawn together.
+    #[arg(long, value_name = "B", default_value_t = 1, requires = "generate")]
+    batch: usize,
 }
 
 /// The ranks a run over MPI will have: `--ranks`, else the launcher's environment
@@ -85,6 +99,9 @@ pub fn run(args: EstimateArgs) -> CliResult {
     if let Some(size) = &args.memory {
         return will_it_fit(&args, config, size);
     }
+    if args.eval || args.generate.is_some() {
+        return phase(&args, config);
+    }
     let (estimate, notes) = match &args.described {
         None => estimate(config, args.adapter.as_deref())?,
         Some(file) => {
@@ -101,6 +118,37 @@ pub fn run(args: EstimateArgs) -> CliResult {
     } else {
         say!("{}", estimate.table());
     }
+    Ok(())
+}
+
+/// `estimate --eval` or `--generate N`: the peak of evaluating or generating.
+fn phase(args: &EstimateArgs, config: Config) -> CliResult {
+    use wgtrain_engine::memory::format_bytes;
+    use wgtrain_engine::train::phase_estimate::{Phase, estimate_phase};
+    let phase = match args.generate {
+        Some(tokens) => Phase::Generate {
+            prompt: args.prompt_tokens,
+            tokens,
+            batch: args.batch,
+        },
+        None => Phase::Eval,
+    };
+    let gpu = match &args.described {
+        None => Arc::new(Gpu::open(args.adapter.as_deref())?),
+        Some(file) => Arc::new(Gpu::stand_in(read_description(file, args.adapter.as_deref())?, None)?),
+    };
+    let (e, notes) = estimate_phase(config, gpu, phase)?;
+    notes.iter().for_each(|n| eprintln!("{n}"));
+    if args.json {
+        say!("{}", serde_json::to_string_pretty(&e)?);
+        return Ok(());
+    }
+    say!("estimate: {:?}", e.phase);
+    for (c, b) in &e.by_category {
+        say!("  {c:<18} {:>12}", format_bytes(*b));
+    }
+    say!("  peak allocated     {:>12}", format_bytes(e.peak_bytes));
+    say!("  peak reserved      {:>12}", format_bytes(e.peak_reserved_bytes));
     Ok(())
 }
 

@@ -38,7 +38,7 @@ pub fn run(args: EvalArgs) -> CliResult {
     let dir = resolve(&args.checkpoint)?;
     let (config, _) = resume_config(&dir, &args.set)?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
-    let step = trainer.restore(&dir)?;
+    let step = trainer.restore_weights(&dir)?;
     trainer.rt.sync()?;
     trainer.rt.alloc.reset_peaks();
     let mut e = trainer.evaluate()?;

@@ -103,7 +103,9 @@ pub fn run(args: GenerateArgs) -> CliResult {
     if let Some(n) = note {
         eprintln!("{n}");
     }
-    trainer.restore(&dir)?;
+    trainer.restore_weights(&dir)?;
+    trainer.rt.sync()?;
+    trainer.rt.alloc.reset_peaks();
     let sampling = Sampling {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -152,6 +154,11 @@ pub fn run(args: GenerateArgs) -> CliResult {
             ((args.tokens - 1) * args.batch) as f64 / (took - first).max(1e-9)
         );
     }
+    let stats = trainer.rt.alloc.stats();
+    eprintln!(
+        "peak allocated {} bytes, reserved {} bytes",
+        stats.allocated.peak, stats.reserved.peak
+    );
     eprintln!("{}", trainer.rt.alloc.summary());
     Ok(())
 }

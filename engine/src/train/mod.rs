@@ -22,6 +22,7 @@ pub mod model;
 pub mod observe;
 pub mod open;
 pub mod parallel;
+pub mod phase_estimate;
 pub mod plan;
 pub mod run;
 pub mod step;

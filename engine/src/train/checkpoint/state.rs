@@ -102,6 +102,16 @@ impl Trainer {
 
     /// Restores parameters, optimizer state and data position from a checkpoint.
     pub fn restore(&mut self, path: &Path) -> Result<u64, TrainError> {
+        self.restore_parts(path, true)
+    }
+
+    /// Restores the parameters (and the step) alone, for evaluation or generation: the
+    /// optimizer's state is not loaded onto the device.
+    pub fn restore_weights(&mut self, path: &Path) -> Result<u64, TrainError> {
+        self.restore_parts(path, false)
+    }
+
+    fn restore_parts(&mut self, path: &Path, optimizer: bool) -> Result<u64, TrainError> {
         let buffers = &self.params.buffers;
         let expect = checkpoint::Expect {
             parameters: (0..self.params.list.len())
@@ -215,7 +225,7 @@ impl Trainer {
         self.share_weights()?;
         self.opt.state = (0..self.params.list.len()).map(|_| None).collect();
         let by_name: BTreeMap<&str, &HostTensor> = data.optimizer.iter().map(|t| (t.name.as_str(), t)).collect();
-        for i in 0..self.params.list.len() {
+        for i in (0..self.params.list.len()).filter(|_| optimizer) {
             let p = &self.params.list[i];
             let names = self.opt.state_names(&p.name);
             let numel = self.param_shape(i).iter().product::<usize>();
