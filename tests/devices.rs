@@ -203,3 +203,33 @@ fn host_vectors_take_and_give_every_byte_pinned_or_plain() {
     }
     gpu.check().unwrap();
 }
+
+#[test]
+fn the_memory_budget_and_this_processs_usage_are_told_and_move_with_allocations() {
+    // `wgtrain devices --json`: lavapipe's memory is the host's, so it tells them.
+    let out = wgtrain(&["devices", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lavapipe = list.as_array().unwrap().iter().find(|a| a["backend"] == "vulkan").unwrap();
+    let (budget, usage) = (lavapipe["memory_budget_bytes"].as_u64(), lavapipe["memory_usage_bytes"].as_u64());
+    assert!(budget.zip(usage).is_some_and(|(b, u)| b > u && u > 0), "{lavapipe}");
+    // In a process: 256 MiB written on the device shows in the usage.
+    let gpu = Gpu::open(Some("vulkan")).unwrap();
+    let before = gpu.memory_budget().expect("lavapipe tells it");
+    let size = 256u64 << 20;
+    let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("budget test"),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    gpu.queue.write_buffer(&buffer, 0, &vec![1u8; size as usize]);
+    gpu.wait().unwrap();
+    let after = gpu.memory_budget().unwrap();
+    assert!(
+        after.usage >= before.usage + size * 3 / 4,
+        "usage {} -> {} after writing {size} bytes",
+        before.usage,
+        after.usage
+    );
+    drop(buffer);
+}

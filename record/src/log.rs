@@ -46,6 +46,14 @@ pub struct MemLog {
     /// A run over MPI: the machine the rank runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The device's memory budget for this process after the step, where the backend
+    /// tells it (as `torch.cuda.mem_get_info`'s total less what others hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_budget: Option<u64>,
+    /// This process's usage of the device's memory after the step, where told (more
+    /// than `reserved`: the driver's own allocations count too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_usage: Option<u64>,
 }
 
 /// One kernel's row of a step's profile, as torch.profiler's `key_averages()` gives it.

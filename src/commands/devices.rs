@@ -43,6 +43,14 @@ fn print_adapter(a: &AdapterReport) {
         "    memory:   {}",
         a.memory_bytes.map_or("not reported by this backend".into(), format_bytes)
     );
+    if let (Some(budget), Some(usage)) = (a.memory_budget_bytes, a.memory_usage_bytes) {
+        say!(
+            "    budget:   {} for this process, {} of it in use (free {})",
+            format_bytes(budget),
+            format_bytes(usage),
+            format_bytes(budget.saturating_sub(usage))
+        );
+    }
     say!(
         "    features: {}",
         if a.features.is_empty() {

@@ -7,6 +7,7 @@
 //!
 //! May call: wgpu, `report`, `staging`, `pinned`, `pipeline_cache`. Called by: the allocator, kernels, the CLI.
 
+pub mod budget;
 pub mod described;
 mod facts;
 pub mod host_vec;
@@ -317,6 +318,15 @@ pub fn choose_report(reports: &[AdapterReport], selector: Option<&str>) -> Resul
 }
 
 impl Gpu {
+    /// The device's memory budget for this process and its usage now, where the
+    /// backend tells them (`budget`); none for a described adapter's stand-in.
+    pub fn memory_budget(&self) -> Option<budget::MemoryBudget> {
+        if self.stand_in {
+            return None;
+        }
+        budget::memory_budget(&self.adapter)
+    }
+
     /// Opens the adapter `selector` names (see [`choose_adapter`]).
     pub fn open(selector: Option<&str>) -> Result<Gpu, DeviceError> {
         let mut adapters = enumerate_adapters_for(selector);

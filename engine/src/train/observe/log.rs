@@ -34,6 +34,8 @@ pub fn mem_log(s: &MemoryStats) -> MemLog {
         host: Default::default(),
         rank: None,
         node: None,
+        device_budget: None,
+        device_usage: None,
     }
 }
 

@@ -128,8 +128,11 @@ impl Trainer {
     /// A step line's memory: this process's devices; over MPI every rank's, each with
     /// its rank and machine (every rank calls this after each step: an exchange).
     pub(in crate::train) fn step_memory(&self) -> Result<wgtrain_record::MemLog, Error> {
+        let budget = self.rt.gpu.memory_budget();
         let mem = wgtrain_record::MemLog {
             host: self.host_bytes(),
+            device_budget: budget.map(|b| b.budget),
+            device_usage: budget.map(|b| b.usage),
             ..crate::train::observe::log::mem_log_devices(&self.device_stats())
         };
         let Some(w) = self.world.as_ref().filter(|w| w.comms.len() < w.size) else {
