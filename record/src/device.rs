@@ -65,13 +65,4 @@ pub struct AdapterReport {
     /// the waves of workgroups these run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multiprocessors: Option<u32>,
-    /// When the report was made: the device's memory budget for this process (what
-    /// it may use, its usage included), where the backend tells it (Vulkan's
-    /// VK_EXT_memory_budget; a CPU adapter's host memory), else absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_budget_bytes: Option<u64>,
-    /// When the report was made: this process's usage of the device's memory, where
-    /// the backend tells it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_usage_bytes: Option<u64>,
 }

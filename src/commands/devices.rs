@@ -22,33 +22,44 @@ pub struct DevicesArgs {
 
 /// Lists adapters.
 pub fn run(args: DevicesArgs) -> CliResult {
-    let adapters = device::list_adapters_for(args.gl.then_some("gl"));
+    let adapters = device::list_adapters_with_budget(args.gl.then_some("gl"));
     if args.json {
-        say!("{}", serde_json::to_string_pretty(&adapters)?);
+        // Each report, with the budget and usage of the moment where told (a report
+        // saved for `estimate --described` reads back without them).
+        let mut list = Vec::new();
+        for (report, budget) in &adapters {
+            let mut v = serde_json::to_value(report)?;
+            if let Some(b) = budget {
+                v["memory_budget_bytes"] = b.budget.into();
+                v["memory_usage_bytes"] = b.usage.into();
+            }
+            list.push(v);
+        }
+        say!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
     if adapters.is_empty() {
         return Err(device::DeviceError::NoAdapter.into());
     }
-    for a in &adapters {
-        print_adapter(a);
+    for (a, budget) in &adapters {
+        print_adapter(a, *budget);
     }
     Ok(())
 }
 
-fn print_adapter(a: &AdapterReport) {
+fn print_adapter(a: &AdapterReport, budget: Option<device::budget::MemoryBudget>) {
     say!("[{}] {} ({}, {})", a.index, a.name, a.backend, a.device_type);
     say!("    driver:   {}", a.driver);
     say!(
         "    memory:   {}",
         a.memory_bytes.map_or("not reported by this backend".into(), format_bytes)
     );
-    if let (Some(budget), Some(usage)) = (a.memory_budget_bytes, a.memory_usage_bytes) {
+    if let Some(b) = budget {
         say!(
             "    budget:   {} for this process, {} of it in use (free {})",
-            format_bytes(budget),
-            format_bytes(usage),
-            format_bytes(budget.saturating_sub(usage))
+            format_bytes(b.budget),
+            format_bytes(b.usage),
+            format_bytes(b.budget.saturating_sub(b.usage))
         );
     }
     say!(

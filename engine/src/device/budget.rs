@@ -2,10 +2,11 @@
 //! this process (what it may use in all, its usage included) and its usage now. Vulkan
 //! reports them through VK_EXT_memory_budget, summed over the device-local heaps; a CPU
 //! adapter's memory is the host's, so there the usage is this process's resident memory
-//! and the budget that plus what the host has available (`/proc`). Other backends (and a
+//! and the budget that plus what the host has available (`/proc`), at most the adapter's
+//! heap. Other backends (and a
 //! Vulkan driver without the extension) say nothing: None.
 //!
-//! May call: nothing of the engine. Called by: `device`, the trainer, the CLI.
+//! May call: `device::report`. Called by: `device`, the trainer, the CLI.
 
 /// A device's memory budget for this process and its usage, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +21,11 @@ pub struct MemoryBudget {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn memory_budget(adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
     if adapter.get_info().device_type == wgpu::DeviceType::Cpu {
-        return host_budget();
+        // No more than the adapter's own heap, whatever the host has.
+        return host_budget().map(|b| MemoryBudget {
+            budget: super::report::device_local_bytes(adapter).map_or(b.budget, |heap| b.budget.min(heap)),
+            ..b
+        });
     }
     vulkan_budget(adapter)
 }

@@ -262,6 +262,16 @@ pub fn list_adapters_for(selector: Option<&str>) -> Vec<AdapterReport> {
         .collect()
 }
 
+/// [`list_adapters_for`] with each adapter's memory budget and this process's usage
+/// now, where the backend tells them (live state, so not part of a report).
+pub fn list_adapters_with_budget(selector: Option<&str>) -> Vec<(AdapterReport, Option<budget::MemoryBudget>)> {
+    enumerate_adapters_for(selector)
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (report::adapter_report(i, a), budget::memory_budget(a)))
+        .collect()
+}
+
 fn preference(report: &AdapterReport) -> (u32, u32) {
     let device = match report.device_type.as_str() {
         "discrete_gpu" => 0,
@@ -325,6 +335,13 @@ impl Gpu {
             return None;
         }
         budget::memory_budget(&self.adapter)
+    }
+
+    /// The memory a cap's fraction and `memory.fit`'s default bound are taken of: this
+    /// process's budget where the backend tells it (what other processes hold is not
+    /// ours to take), else the device's memory.
+    pub fn usable_memory(&self) -> Option<u64> {
+        self.memory_budget().map(|b| b.budget).or(self.caps.memory_bytes)
     }
 
     /// Opens the adapter `selector` names (see [`choose_adapter`]).

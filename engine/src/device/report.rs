@@ -83,7 +83,6 @@ pub fn adapter_report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
         .copied()
         .collect::<Vec<_>>()
         .join(" ");
-    let budget = super::budget::memory_budget(adapter);
     AdapterReport {
         index,
         backend: backend_name(info.backend),
@@ -100,8 +99,6 @@ pub fn adapter_report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
         memory_bytes: device_local_bytes(adapter),
         subgroup_size: Some([info.subgroup_min_size, info.subgroup_max_size]),
         multiprocessors: multiprocessors(adapter, info.device_type),
-        memory_budget_bytes: budget.map(|b| b.budget),
-        memory_usage_bytes: budget.map(|b| b.usage),
     }
 }
 

@@ -405,7 +405,7 @@ impl Allocator {
         );
         pool.set_device_memory(gpu.caps.memory_bytes);
         if let Some(cap) = options.cap {
-            pool.set_cap(Some(cap.resolve(gpu.caps.memory_bytes)?));
+            pool.set_cap(Some(cap.resolve(gpu.usable_memory())?));
         }
         let io: Box<dyn BlockIo> = if options.dry {
             Box::new(DryIo)
@@ -473,7 +473,7 @@ impl Allocator {
     /// Sets or lifts the cap.
     pub fn set_cap(&self, cap: Option<MemoryCap>) -> Result<(), AllocError> {
         let resolved = match cap {
-            Some(c) => Some(c.resolve(self.shared.gpu.caps.memory_bytes)?),
+            Some(c) => Some(c.resolve(self.shared.gpu.usable_memory())?),
             None => None,
         };
         self.shared.pool().set_cap(resolved);

@@ -329,7 +329,7 @@ pub fn fit_report(config: Config, gpu: Arc<Gpu>, limit: u64) -> Result<(Estimate
 fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError> {
     let resolve = |text: &str, what: &str| -> Result<(u64, String), TrainError> {
         let cap = MemoryCap::parse(text).map_err(Error::from)?;
-        Ok((cap.resolve(gpu.caps.memory_bytes).map_err(Error::from)?, format!("{what} {text}")))
+        Ok((cap.resolve(gpu.usable_memory()).map_err(Error::from)?, format!("{what} {text}")))
     };
     if let Some(b) = &config.memory.budget {
         return Ok(Some(resolve(b, "memory.budget")?));
@@ -338,9 +338,8 @@ fn bound(config: &Config, gpu: &Gpu) -> Result<Option<(u64, String)>, TrainError
         return Ok(Some(resolve(c, "memory.cap")?));
     }
     Ok(gpu
-        .caps
-        .memory_bytes
-        .map(|m| (m / 10 * 9, "90% of the device's memory".to_string())))
+        .usable_memory()
+        .map(|m| (m / 10 * 9, "90% of the device's memory for this process".to_string())))
 }
 
 /// Checkpointing choices from least to most: none, then one block in 4, in 2, every one.
