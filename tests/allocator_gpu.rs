@@ -121,6 +121,8 @@ fn forced_oom_gives_a_clear_error_and_the_device_keeps_working() {
     // 3 MiB does not fit a shared 32 MiB page under the cap: it gets a tight 4 MiB page.
     assert!(text.contains("4.00 MiB allocated, 4.00 MiB reserved in total"), "{text}");
     assert!(text.contains("cap 8.00 MiB"), "{text}");
+    // What the device has left for this process (lavapipe's: the host's).
+    assert!(text.contains("this process's budget"), "{text}");
     let stats = alloc.stats();
     assert_eq!((stats.num_ooms, stats.num_alloc_retries), (1, 1));
     assert!(stats.reserved.current <= 8 << 20);

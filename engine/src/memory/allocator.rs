@@ -453,7 +453,17 @@ impl Allocator {
     /// Allocates `bytes` for a tensor of `category` named `label`.
     pub fn alloc(&self, bytes: u64, category: Category, label: &str) -> Result<Block, AllocError> {
         let mut pool = self.shared.pool();
-        let placement = pool.alloc(bytes, category, label)?;
+        let placement = match pool.alloc(bytes, category, label) {
+            // The report says what the device has left for this process, where told.
+            Err(AllocError::OutOfMemory(mut report)) => {
+                drop(pool);
+                if let Some(b) = self.shared.gpu.memory_budget() {
+                    (report.device_budget, report.device_usage) = (Some(b.budget), Some(b.usage));
+                }
+                return Err(AllocError::OutOfMemory(report));
+            }
+            other => other?,
+        };
         let buffer = pool.page_of(placement.page).expect("a fresh placement names a live page").clone();
         drop(pool);
         if self.shared.debug {

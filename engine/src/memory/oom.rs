@@ -68,6 +68,10 @@ pub struct OomReport {
     pub device_memory: Option<u64>,
     /// What the backend said, if the device refused (rather than the cap).
     pub backend_reason: Option<String>,
+    /// The device's memory budget for this process, where the backend tells it.
+    pub device_budget: Option<u64>,
+    /// This process's usage of the device's memory then, where told.
+    pub device_usage: Option<u64>,
 }
 
 impl fmt::Display for OomReport {
@@ -95,6 +99,14 @@ impl fmt::Display for OomReport {
         }
         if let Some(mem) = self.device_memory {
             write!(f, ", device memory {}", format_bytes(mem))?;
+        }
+        if let (Some(budget), Some(usage)) = (self.device_budget, self.device_usage) {
+            write!(
+                f,
+                ", this process's budget {} with {} of it in use",
+                format_bytes(budget),
+                format_bytes(usage)
+            )?;
         }
         match &self.backend_reason {
             Some(reason) => write!(f, ". The device refused a new page: {reason}")?,

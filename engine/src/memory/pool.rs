@@ -597,6 +597,8 @@ impl<B: PageBackend> Pool<B> {
             cap: self.cap,
             device_memory: self.device_memory,
             backend_reason,
+            device_budget: None,
+            device_usage: None,
         }
     }
 }
