@@ -224,6 +224,20 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     let args = with(&["--eval"]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(peak_of(&refs, "peak_bytes"), evaluated, "evaluation's peak");
+    // In batches of 5, the same; and the largest batch that fits its reserved memory is
+    // at least 5, with an estimate within it.
+    let evaluated = peak_of(&["eval", "--checkpoint", ckpt, "--json", "--batch-size", "5"], "peak");
+    let args = with(&["--eval", "--eval-batch", "5"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(peak_of(&refs, "peak_bytes"), evaluated, "the peak of evaluating in fives");
+    let reserved = peak_of(&refs, "peak_reserved_bytes");
+    let size = reserved.to_string();
+    let args = with(&["--eval", "--eval-batch", "64", "--memory", &size]);
+    let out = wgtrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    let fit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let batch = fit["largest_eval_batch"].as_u64().unwrap();
+    assert!((5..=64).contains(&batch), "{fit}");
+    assert!(fit["estimate"]["peak_reserved_bytes"].as_u64().unwrap() <= reserved, "{fit}");
     // A run sharded over two devices (ZeRO 3) generates on one: its shards joined.
     let sharded = dir.join("sharded");
     let mut args = vec!["train".to_string(), "--quiet".into()];

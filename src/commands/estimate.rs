@@ -49,8 +49,12 @@ pub struct EstimateArgs {
     ranks: Option<usize>,
     /// Estimate an evaluation pass (`wgtrain eval`: the weights alone and the
     /// evaluation's batches) instead of a training step.
-    #[arg(long, conflicts_with_all = ["memory", "generate"])]
+    #[arg(long, conflicts_with = "generate")]
     eval: bool,
+    /// With --eval: examples per evaluation batch (default: the model's own). With
+    /// --memory too: the most to consider.
+    #[arg(long, value_name = "N", requires = "eval")]
+    eval_batch: Option<usize>,
     /// Estimate generating N tokens (`wgtrain generate`: the weights, the key/value
     /// cache, one position at a time) instead of a training step.
     #[arg(long, value_name = "N", conflicts_with = "memory")]
@@ -96,6 +100,9 @@ fn mpi_ranks(config: &mut Config, asked: Option<usize>) -> CliResult {
 pub fn run(args: EstimateArgs) -> CliResult {
     let mut config = Config::load(args.config.as_deref(), &args.set)?;
     mpi_ranks(&mut config, args.ranks)?;
+    if args.eval && args.memory.is_some() {
+        return largest_eval(&args, config);
+    }
     if let Some(size) = &args.memory {
         return will_it_fit(&args, config, size);
     }
@@ -121,6 +128,46 @@ pub fn run(args: EstimateArgs) -> CliResult {
     Ok(())
 }
 
+/// The adapter an evaluation or generation estimate is for.
+fn phase_gpu(args: &EstimateArgs) -> Result<Arc<Gpu>, Box<dyn std::error::Error>> {
+    Ok(match &args.described {
+        None => Arc::new(Gpu::open(args.adapter.as_deref())?),
+        Some(file) => Arc::new(Gpu::stand_in(read_description(file, args.adapter.as_deref())?, None)?),
+    })
+}
+
+/// `estimate --eval --memory SIZE`: the largest evaluation batch whose peak reserved
+/// memory fits SIZE (fit-to-budget for evaluation).
+fn largest_eval(args: &EstimateArgs, config: Config) -> CliResult {
+    use wgtrain_engine::memory::format_bytes;
+    use wgtrain_engine::train::phase_estimate::largest_eval_batch;
+    let size = args.memory.as_deref().expect("checked by the caller");
+    let limit = wgtrain_engine::memory::MemoryCap::parse(size)?
+        .resolve(None)
+        .map_err(|_| format!("--memory {size}: give a size (\"8GiB\", \"24GB\", bytes), not a fraction of a device"))?;
+    let most = args.eval_batch.unwrap_or(4096);
+    let found = largest_eval_batch(&config, &phase_gpu(args)?, most, limit)?;
+    if args.json {
+        let v = serde_json::json!({
+            "memory_bytes": limit,
+            "largest_eval_batch": found.as_ref().map(|(b, _)| *b),
+            "estimate": found.as_ref().map(|(_, e)| e),
+        });
+        say!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    match found {
+        Some((batch, e)) => say!(
+            "evaluation in batches of {batch} fits {} (peak {}, reserved {}); considered up to {most}",
+            format_bytes(limit),
+            format_bytes(e.peak_bytes),
+            format_bytes(e.peak_reserved_bytes)
+        ),
+        None => say!("even one example an evaluation batch does not fit {}", format_bytes(limit)),
+    }
+    Ok(())
+}
+
 /// `estimate --eval` or `--generate N`: the peak of evaluating or generating.
 fn phase(args: &EstimateArgs, config: Config) -> CliResult {
     use wgtrain_engine::memory::format_bytes;
@@ -131,12 +178,9 @@ fn phase(args: &EstimateArgs, config: Config) -> CliResult {
             tokens,
             batch: args.batch,
         },
-        None => Phase::Eval,
+        None => Phase::Eval(args.eval_batch),
     };
-    let gpu = match &args.described {
-        None => Arc::new(Gpu::open(args.adapter.as_deref())?),
-        Some(file) => Arc::new(Gpu::stand_in(read_description(file, args.adapter.as_deref())?, None)?),
-    };
+    let gpu = phase_gpu(args)?;
     let (e, notes) = estimate_phase(config, gpu, phase)?;
     notes.iter().for_each(|n| eprintln!("{n}"));
     if args.json {

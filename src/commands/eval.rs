@@ -25,6 +25,10 @@ pub struct EvalArgs {
     /// (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
+    /// Examples per evaluation batch (default: what the model evaluates in, its
+    /// training micro-batch for a language model).
+    #[arg(long, value_name = "N")]
+    batch_size: Option<usize>,
     /// Print {"loss", "accuracy", "peak", "reserved", "step"} as JSON.
     #[arg(long)]
     json: bool,
@@ -41,7 +45,11 @@ pub fn run(args: EvalArgs) -> CliResult {
     let step = trainer.restore_weights(&dir)?;
     trainer.rt.sync()?;
     trainer.rt.alloc.reset_peaks();
-    let mut e = trainer.evaluate()?;
+    let mut e = match args.batch_size {
+        Some(0) => return Err("--batch-size must be at least 1".into()),
+        Some(n) => trainer.evaluate_in_batches(n)?,
+        None => trainer.evaluate()?,
+    };
     let stats = trainer.rt.alloc.stats();
     e.peak = Some(stats.allocated.peak);
     e.reserved = Some(stats.reserved.current);

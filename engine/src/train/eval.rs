@@ -17,7 +17,13 @@ impl Trainer {
     /// Out of memory halves the evaluation batch (after emptying the cache) until it fits.
     pub fn evaluate(&self) -> Result<EvalLog, TrainError> {
         let micro = self.config.train.micro_batch_size.unwrap_or(self.config.train.batch_size);
-        let mut batch = self.model.eval_batch(micro);
+        self.evaluate_in_batches(self.model.eval_batch(micro))
+    }
+
+    /// [`Trainer::evaluate`] in batches of `batch` examples (halved on running out of
+    /// memory).
+    pub fn evaluate_in_batches(&self, batch: usize) -> Result<EvalLog, TrainError> {
+        let mut batch = batch.max(1);
         loop {
             match self.evaluate_in(batch) {
                 Err(e) if e.is_out_of_memory() && batch > 1 => {

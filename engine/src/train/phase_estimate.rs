@@ -24,8 +24,9 @@ use crate::train::trainer::Trainer;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
-    /// One pass over the evaluation split, as `wgtrain eval` runs it.
-    Eval,
+    /// One pass over the evaluation split, as `wgtrain eval` runs it (in batches of
+    /// this many examples; none: the model's own).
+    Eval(Option<usize>),
     /// `tokens` new tokens after a prompt of `prompt` tokens, for `batch` sequences, as
     /// `wgtrain generate` draws them (with the model's key/value cache where it has one).
     Generate {
@@ -63,7 +64,8 @@ pub fn estimate_phase(config: Config, gpu: Arc<Gpu>, phase: Phase) -> Result<(Ph
     let trainer = Trainer::assemble(config, rt.clone(), data)?;
     rt.alloc.reset_peaks();
     match phase {
-        Phase::Eval => drop(trainer.evaluate()?),
+        Phase::Eval(None) => drop(trainer.evaluate()?),
+        Phase::Eval(Some(batch)) => drop(trainer.evaluate_in_batches(batch)?),
         Phase::Generate { prompt, tokens, batch } => {
             let sampling = Sampling {
                 temperature: 0.0,
@@ -83,4 +85,29 @@ pub fn estimate_phase(config: Config, gpu: Arc<Gpu>, phase: Phase) -> Result<(Ph
     };
     drop(trainer);
     Ok((estimate, notes))
+}
+
+/// The largest evaluation batch (at most `most` examples) whose estimated peak reserved
+/// memory fits `limit` bytes, with its estimate; none when one example does not fit.
+pub fn largest_eval_batch(config: &Config, gpu: &Arc<Gpu>, most: usize, limit: u64) -> Result<Option<(usize, PhaseEstimate)>, TrainError> {
+    let fits = |batch: usize| -> Result<Option<PhaseEstimate>, TrainError> {
+        let (e, _) = estimate_phase(config.clone(), gpu.clone(), Phase::Eval(Some(batch)))?;
+        Ok((e.peak_reserved_bytes <= limit).then_some(e))
+    };
+    let Some(mut best) = fits(1)?.map(|e| (1, e)) else {
+        return Ok(None);
+    };
+    // Memory grows with the batch: the largest that fits, by halving the gap.
+    let (mut lo, mut hi) = (1usize, most.max(1) + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match fits(mid)? {
+            Some(e) => {
+                lo = mid;
+                best = (mid, e);
+            }
+            None => hi = mid,
+        }
+    }
+    Ok(Some(best))
 }
