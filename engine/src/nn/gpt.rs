@@ -5,6 +5,7 @@
 //! `transformer.ln_f`; the head is tied to wte; gelu_new; attention scaled by
 //! 1/sqrt(head_dim). A model.safetensors and config.json written by save_pretrained
 //! load unchanged, and [`Gpt::save_hf`] writes files transformers loads back.
+//! Generation one token at a time over a key/value cache is in `gpt/decode.rs`.
 //!
 //! May call: `autograd`, `error`, `files`, `kernels`, `memory`, `nn::{builder, init}`, `runtime`,
 //! `tensor`.
