@@ -126,12 +126,7 @@ fn train_profile_every_puts_the_kernel_table_in_profiled_lines() {
         log.to_str().unwrap().into(),
     ]);
     run_ok(&args, &[]);
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("loss").is_some())
-        .collect();
+    let lines = cli::step_lines(&log);
     assert_eq!(lines.len(), 6);
     for l in &lines {
         let step = l["step"].as_u64().unwrap();

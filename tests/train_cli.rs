@@ -8,7 +8,7 @@ mod cli;
 
 use std::process::Command;
 
-use cli::{losses, run_ok, scratch, small_args, wgtrain, write_sentences};
+use cli::{losses, run_ok, scratch, small_args, step_lines, wgtrain, write_sentences};
 
 #[test]
 fn log_lines_carry_loss_time_and_memory_by_category() {
@@ -663,22 +663,13 @@ fn the_logged_update_ratio_is_each_layers_change_over_its_weights_between_checkp
     let (plain, _) = run("plain", &[]);
     assert_eq!(losses(&log), losses(&plain), "measuring changes no step");
     // GPU busy on every step by default (lavapipe has timestamps), none when off.
-    for line in std::fs::read_to_string(&plain).unwrap().lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        if v.get("loss").is_none() {
-            continue;
-        }
+    for v in step_lines(&plain) {
         let (gpu, wall) = (v["gpu_ms"].as_f64(), v["step_ms"].as_f64().unwrap());
         let gpu = gpu.unwrap_or_else(|| panic!("no gpu_ms: {v}"));
         assert!(gpu > 0.0 && gpu <= wall * 1.05, "GPU busy {gpu} ms of a {wall} ms step");
     }
     assert!(!std::fs::read_to_string(&log).unwrap().contains("gpu_ms"));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("loss").is_some())
-        .collect();
+    let lines = step_lines(&log);
     for step in [2u64, 3] {
         let before = model_tensors(&ckpt.join(format!("step-{:09}", step - 1)));
         let after = model_tensors(&ckpt.join(format!("step-{step:09}")));

@@ -45,13 +45,20 @@ pub fn small_args<'a>(dir: &'a str, extra: &[&'a str]) -> Vec<String> {
     args
 }
 
-/// (step, loss) of every step line of a log.
-pub fn losses(log: &Path) -> Vec<(u64, f64)> {
+/// Every step line of a log (the lines with a loss), as JSON.
+pub fn step_lines(log: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(log)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect()
+}
+
+/// (step, loss) of every step line of a log.
+pub fn losses(log: &Path) -> Vec<(u64, f64)> {
+    step_lines(log)
+        .iter()
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
         .collect()
 }

@@ -20,8 +20,9 @@ use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
-/// A weight by its storage: its block and shape (a whole contiguous f32 tensor).
-type Key = (u64, Vec<usize>);
+/// A weight by its storage: its block and element count (a whole contiguous f32
+/// tensor; no allocation per lookup, which every product of every step makes).
+type Key = (u64, usize);
 
 /// The f16 copies of the weights the products read, by weight (see the module).
 #[derive(Default)]
@@ -32,7 +33,7 @@ pub struct HalfWeights {
 
 fn key(w: &Tensor) -> Option<Key> {
     (w.dtype() == DType::F32 && w.is_contiguous() && w.offset() == 0 && w.block().category() == Category::Parameter)
-        .then(|| (w.block().id(), w.shape().to_vec()))
+        .then(|| (w.block().id(), w.numel()))
 }
 
 impl HalfWeights {
