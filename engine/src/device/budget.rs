@@ -18,8 +18,13 @@ pub struct MemoryBudget {
 }
 
 /// The budget and usage of `adapter`'s memory now, where they are known.
-#[cfg(not(target_arch = "wasm32"))]
 pub fn memory_budget(adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
+    if told(adapter) { read(adapter) } else { None }
+}
+
+/// [`memory_budget`] of an adapter whose backend [`told`] it can.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read(adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
     if adapter.get_info().device_type == wgpu::DeviceType::Cpu {
         // No more than the adapter's own heap, whatever the host has.
         return host_budget().map(|b| MemoryBudget {
@@ -32,8 +37,34 @@ pub fn memory_budget(adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
 
 /// Browsers do not tell.
 #[cfg(target_arch = "wasm32")]
-pub fn memory_budget(_adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
+pub fn read(_adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
     None
+}
+
+/// Whether `adapter`'s backend can tell the budget (a CPU adapter, or Vulkan with
+/// VK_EXT_memory_budget): asked once per device, not every time it is read.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn told(adapter: &wgpu::Adapter) -> bool {
+    if adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+        return true;
+    }
+    // SAFETY: the hal adapter is only read, and the guard is dropped before returning.
+    let Some(hal) = (unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }) else {
+        return false;
+    };
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this instance, which outlives the call.
+    unsafe { instance.enumerate_device_extension_properties(hal.raw_physical_device()) }.is_ok_and(|extensions| {
+        extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::memory_budget::NAME))
+    })
+}
+
+/// Browsers do not tell.
+#[cfg(target_arch = "wasm32")]
+pub fn told(_adapter: &wgpu::Adapter) -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -43,14 +74,6 @@ fn vulkan_budget(adapter: &wgpu::Adapter) -> Option<MemoryBudget> {
     let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
     let instance = hal.shared_instance().raw_instance();
     let device = hal.raw_physical_device();
-    // SAFETY: the physical device belongs to this instance, which outlives the calls.
-    let extensions = unsafe { instance.enumerate_device_extension_properties(device) }.ok()?;
-    if !extensions
-        .iter()
-        .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::memory_budget::NAME))
-    {
-        return None;
-    }
     let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
     let mut props = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
     // SAFETY: the extension is supported, so the chained struct is filled in.

@@ -198,6 +198,8 @@ pub struct Gpu {
     /// The driver's compiled pipelines kept on disk between runs, where the adapter has
     /// a pipeline cache (`pipeline_cache`).
     pub pipeline_cache: Option<pipeline_cache::DiskCache>,
+    /// Whether the backend tells the memory budget (asked once: it is read every step).
+    budget_told: bool,
 }
 
 impl Drop for Gpu {
@@ -331,10 +333,10 @@ impl Gpu {
     /// The device's memory budget for this process and its usage now, where the
     /// backend tells them (`budget`); none for a described adapter's stand-in.
     pub fn memory_budget(&self) -> Option<budget::MemoryBudget> {
-        if self.stand_in {
+        if self.stand_in || !self.budget_told {
             return None;
         }
-        budget::memory_budget(&self.adapter)
+        budget::read(&self.adapter)
     }
 
     /// The memory a cap's fraction and `memory.fit`'s default bound are taken of: this
@@ -396,6 +398,7 @@ impl Gpu {
             "opened GPU device"
         );
         let pipeline_cache = pipeline_cache::DiskCache::open(&device, &adapter.get_info());
+        let budget_told = budget::told(&adapter);
         Ok(Gpu {
             adapter,
             device,
@@ -406,6 +409,7 @@ impl Gpu {
             uncaptured,
             staging: Default::default(),
             stand_in: false,
+            budget_told,
             pipeline_cache,
         })
     }
