@@ -1,14 +1,16 @@
-//! Optimizers over [`Params`] with PyTorch's semantics (AdamW, SGD with momentum),
-//! global-norm gradient clipping, and the warmup + cosine learning-rate schedule.
-//! Each step is one fused kernel per parameter (kernels::optim).
+//! Optimizers over [`Params`] with PyTorch's semantics (AdamW, SGD with momentum, and
+//! AdamW with 8-bit blockwise state as bitsandbytes keeps it), global-norm gradient
+//! clipping, and the warmup + cosine learning-rate schedule. Each step is one fused
+//! kernel per parameter (kernels::optim).
 //!
 //! May call: `autograd`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
 use crate::autograd::Params;
 use crate::error::Error;
 use crate::kernels::TensorOps;
+use crate::kernels::blockwise;
 use crate::kernels::map::{MapOp, fill, map_into};
-use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, sgd_step};
+use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, adamw8bit_step, sgd_step};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -21,6 +23,35 @@ pub enum Rule {
     AdamW(AdamW),
     /// torch.optim.SGD.
     Sgd(Sgd),
+    /// AdamW with both moments in 8 bits, blockwise (`kernels::blockwise`), for
+    /// parameters of at least 4,096 elements; smaller ones keep f32 state.
+    AdamW8bit(AdamW),
+}
+
+impl Rule {
+    /// Whether the rule keeps two moments (AdamW, 8-bit or not).
+    pub fn is_adam(&self) -> bool {
+        matches!(self, Rule::AdamW(_) | Rule::AdamW8bit(_))
+    }
+
+    /// Whether a parameter of `numel` elements keeps 8-bit state under this rule.
+    pub fn quantizes(&self, numel: usize) -> bool {
+        matches!(self, Rule::AdamW8bit(_)) && blockwise::quantized(numel)
+    }
+
+    /// Bytes of state parameters of `numels` elements keep on one device.
+    pub fn state_bytes_all(&self, numels: impl Iterator<Item = usize>) -> u64 {
+        numels.map(|n| self.state_bytes(n)).sum()
+    }
+
+    /// Bytes of state a parameter of `numel` elements keeps.
+    pub fn state_bytes(&self, numel: usize) -> u64 {
+        match self {
+            Rule::AdamW(_) => 8 * numel as u64,
+            Rule::Sgd(_) => 4 * numel as u64,
+            Rule::AdamW8bit(_) => blockwise::adam_state_bytes(numel),
+        }
+    }
 }
 
 /// An optimizer and its per-parameter state (made lazily on the first step, as PyTorch).
@@ -29,7 +60,8 @@ pub struct Optimizer {
     pub rule: Rule,
     /// Steps taken.
     pub step: u32,
-    /// (exp_avg or momentum_buffer, exp_avg_sq) per parameter.
+    /// (exp_avg or momentum_buffer, exp_avg_sq) per parameter; under 8-bit AdamW a
+    /// large parameter's are u32 tensors in `kernels::blockwise`'s layout.
     pub state: Vec<Option<(Tensor, Tensor)>>,
     found_inf: Option<Tensor>,
     /// States made but not yet used (SGD's first use copies the gradient in).
@@ -59,7 +91,7 @@ impl Optimizer {
     /// keys them.
     pub fn state_names(&self, name: &str) -> [String; 2] {
         match self.rule {
-            Rule::AdamW(_) => [format!("{name}.exp_avg"), format!("{name}.exp_avg_sq")],
+            Rule::AdamW(_) | Rule::AdamW8bit(_) => [format!("{name}.exp_avg"), format!("{name}.exp_avg_sq")],
             Rule::Sgd(_) => [format!("{name}.momentum_buffer"), format!("{name}.unused")],
         }
     }
@@ -168,14 +200,86 @@ impl Optimizer {
             return Ok(false);
         }
         let [m_name, v_name] = self.state_names(&p.name);
+        let numel = p.value.numel();
+        if self.rule.quantizes(numel) {
+            // All zeros: every absmax 0 stands every code for 0.
+            let words = [blockwise::words(numel)];
+            let m = Tensor::full(rt, &words, DType::U32, 0.0, Category::OptimizerState, &m_name)?;
+            let v = Tensor::full(rt, &words, DType::U32, 0.0, Category::OptimizerState, &v_name)?;
+            self.state[i] = Some((m, v));
+            self.fresh.insert(i);
+            return Ok(true);
+        }
         let m = Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &m_name)?;
         let v = match self.rule {
-            Rule::AdamW(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
+            Rule::AdamW(_) | Rule::AdamW8bit(_) => Tensor::full(rt, p.value.shape(), DType::F32, 0.0, Category::OptimizerState, &v_name)?,
             Rule::Sgd(_) => m.clone(),
         };
         self.state[i] = Some((m, v));
         self.fresh.insert(i);
         Ok(true)
+    }
+
+    /// Parameter `i`'s state on the host (a parameter of `numel` elements, this rank's
+    /// shard of it), if it has any: the first moment (or momentum), the second moment for
+    /// AdamW, and under 8-bit state each moment's block absmax values (the moments then
+    /// are the values their codes stand for).
+    pub fn state_host(&self, rt: &Runtime, i: usize, numel: usize) -> Result<Option<StateHost>, Error> {
+        let Some(Some((m, v))) = self.state.get(i) else { return Ok(None) };
+        if m.dtype() != DType::U32 {
+            return Ok(Some(StateHost {
+                m: m.read_f32(rt)?,
+                v: if self.rule.is_adam() { Some(v.read_f32(rt)?) } else { None },
+                absmax: None,
+            }));
+        }
+        let read = |t: &Tensor, signed: bool| -> Result<(Vec<f32>, Vec<f32>), Error> {
+            let bytes = rt.read(t.block())?;
+            let words = bytemuck::pod_collect_to_vec::<u8, u32>(&bytes);
+            let (codes, absmax) = blockwise::unpack(&words, numel);
+            Ok((blockwise::dequantize(&blockwise::dynamic_map(signed), &codes, &absmax), absmax))
+        };
+        let (m, am) = read(m, true)?;
+        let (v, av) = read(v, false)?;
+        Ok(Some(StateHost {
+            m,
+            v: Some(v),
+            absmax: Some((am, av)),
+        }))
+    }
+
+    /// Installs parameter `i`'s state from the host (`shape`: the parameter's, or its
+    /// shard's): quantized again under 8-bit AdamW, with the saved absmax values where
+    /// given (exactly the codes saved), else each block's own.
+    pub fn place_state(&mut self, rt: &Runtime, i: usize, name: &str, shape: &[usize], s: &StateHost) -> Result<(), Error> {
+        if self.state.len() <= i {
+            self.state.resize_with(i + 1, || None);
+        }
+        let names = self.state_names(name);
+        let numel: usize = shape.iter().product();
+        if self.rule.quantizes(numel) {
+            let v = s.v.as_deref().unwrap_or(&[]);
+            let put = |values: &[f32], absmax: Option<&[f32]>, signed: bool, name: &str| -> Result<Tensor, Error> {
+                let map = blockwise::dynamic_map(signed);
+                let (codes, absmax) = blockwise::quantize(&map, values, absmax.filter(|a| a.len() == blockwise::blocks(numel)));
+                let words = blockwise::pack(&map, &codes, &absmax);
+                let t = Tensor::empty(rt, &[words.len()], DType::U32, Category::OptimizerState, name)?;
+                rt.write(t.block(), 0, bytemuck::cast_slice(&words))?;
+                Ok(t)
+            };
+            let absmax = s.absmax.as_ref();
+            let mt = put(&s.m, absmax.map(|a| a.0.as_slice()), true, &names[0])?;
+            let vt = put(v, absmax.map(|a| a.1.as_slice()), false, &names[1])?;
+            self.state[i] = Some((mt, vt));
+            return Ok(());
+        }
+        let mt = Tensor::from_f32(rt, &s.m, shape, Category::OptimizerState, &names[0])?;
+        let vt = match &s.v {
+            Some(v) => Tensor::from_f32(rt, v, shape, Category::OptimizerState, &names[1])?,
+            None => mt.clone(),
+        };
+        self.state[i] = Some((mt, vt));
+        Ok(())
     }
 
     /// Updates parameter `i` from its gradient (nothing if it has none).
@@ -212,10 +316,24 @@ impl Optimizer {
             half: half.as_ref(),
         };
         match self.rule {
-            Rule::AdamW(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, skip_if_found),
+            Rule::AdamW8bit(h) if m.dtype() == DType::U32 => {
+                adamw8bit_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, skip_if_found)
+            }
+            Rule::AdamW(h) | Rule::AdamW8bit(h) => adamw_step(rt, &AdamW { lr, ..h }, &s, self.step, 1.0, found, skip_if_found),
             Rule::Sgd(h) => sgd_step(rt, &Sgd { lr, ..h }, &s, first, 1.0, found, skip_if_found),
         }
     }
+}
+
+/// One parameter's optimizer state on the host (`Optimizer::state_host`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateHost {
+    /// exp_avg, or SGD's momentum buffer.
+    pub m: Vec<f32>,
+    /// exp_avg_sq (AdamW).
+    pub v: Option<Vec<f32>>,
+    /// Under 8-bit state: each moment's block absmax values (first, second).
+    pub absmax: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// The global L2 norm of every gradient; if it exceeds `max_norm`, scales the gradients
@@ -297,11 +415,12 @@ impl HostOptimizer {
         let fresh = self.state[i].is_none();
         let n = weights.len();
         let (m, v) = self.state[i].get_or_insert_with(|| {
-            let second = if matches!(rule, Rule::AdamW(_)) { n } else { 0 };
+            let second = if rule.is_adam() { n } else { 0 };
             (vec![0.0; n], vec![0.0; second])
         });
         match *rule {
-            Rule::AdamW(h) => {
+            // The config refuses 8-bit state with offload: the host keeps f32 moments.
+            Rule::AdamW(h) | Rule::AdamW8bit(h) => {
                 let (b1, b2) = h.betas;
                 let bc1 = 1.0 - b1.powi(step as i32);
                 let bc2_sqrt = (1.0 - b2.powi(step as i32)).sqrt();

@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod attention_plan;
 pub mod batchnorm;
+pub mod blockwise;
 pub mod common;
 pub mod conv;
 pub mod cross_entropy;

@@ -1,8 +1,9 @@
 //! Fused optimizer kernels (shaders/optim.wgsl): AdamW and SGD with momentum in one
 //! pass over f32 master weights, with an optional gradient unscale and the non-finite
-//! check that lets a loss scaler skip a step.
+//! check that lets a loss scaler skip a step; AdamW with 8-bit blockwise state
+//! (shaders/optim8.wgsl, layout in `optim::blockwise`).
 //!
-//! May call: `error`, `kernels::common`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::{blockwise, common}`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -12,6 +13,7 @@ use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/optim.wgsl");
+const SOURCE_8BIT: &str = include_str!("../../../shaders/optim8.wgsl");
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Default)]
@@ -187,6 +189,89 @@ pub fn adamw_step(
         pad: 0,
     };
     launch_update(rt, 1, "optim adamw", s, found, &params)
+}
+
+/// The template values of the 8-bit AdamW kernel: `half`, and the maps' bits.
+pub fn variant_8bit(half: bool) -> Vec<(&'static str, String)> {
+    let bits = |signed: bool| {
+        let map = super::blockwise::dynamic_map(signed);
+        map.iter().map(|x| format!("{:#010x}u", x.to_bits())).collect::<Vec<_>>().join(", ")
+    };
+    vec![
+        ("HALF", half.to_string()),
+        ("SIGNED_BITS", bits(true)),
+        ("UNSIGNED_BITS", bits(false)),
+    ]
+}
+
+/// One AdamW step over 8-bit state: `s.m` and `s.v` are the moments' u32 words
+/// (`kernels::blockwise::words`).
+pub fn adamw8bit_step(
+    rt: &Runtime,
+    h: &AdamW,
+    s: &OptimState,
+    step: u32,
+    inv_scale: f32,
+    found: &Tensor,
+    skip_if_found: bool,
+) -> Result<(), Error> {
+    let n = s.param.numel();
+    for (what, t) in [("param", s.param), ("grad", s.grad)] {
+        check_tensor(what, t, DType::F32)?;
+        check_contiguous(what, t, s.param.shape())?;
+    }
+    let words = super::blockwise::words(n);
+    for (what, t) in [("8-bit m", s.m), ("8-bit v", s.v)] {
+        check_tensor(what, t, DType::U32)?;
+        if t.numel() != words || t.offset() != 0 {
+            return Err(Error::shape(
+                what,
+                format!("{words} words at offset 0"),
+                format!("{} at offset {}", t.numel(), t.offset()),
+            ));
+        }
+    }
+    if let Some(h) = s.half {
+        check_tensor("half copy", h, DType::F16)?;
+        check_contiguous("half copy", h, s.param.shape())?;
+    }
+    check_tensor("found_inf", found, DType::U32)?;
+    let bc1 = 1.0 - h.betas.0.powi(step as i32);
+    let bc2 = 1.0 - h.betas.1.powi(step as i32);
+    let params = Params {
+        n: n as u32,
+        skip_if_found: skip_if_found as u32,
+        lr: h.lr,
+        beta1: h.betas.0,
+        beta2: h.betas.1,
+        eps: h.eps,
+        weight_decay: h.weight_decay,
+        bias_correction1: bc1,
+        bias_correction2_sqrt: bc2.sqrt(),
+        inv_scale,
+        param_offset: s.param.offset() as u32,
+        grad_offset: s.grad.offset() as u32,
+        half_offset: s.half.map_or(0, |h| h.offset() as u32),
+        ..Default::default()
+    };
+    let half = s.half.is_some();
+    let kernel = rt.kernel(
+        KernelKey::new("optim8", &[half as u32]),
+        5 + half as usize,
+        || {
+            if half {
+                "optim adamw8bit +f16 copy".into()
+            } else {
+                "optim adamw8bit".into()
+            }
+        },
+        || render("optim8", SOURCE_8BIT, &variant_8bit(half)),
+    )?;
+    let groups = grid(super::blockwise::blocks(n) as u32);
+    match s.half {
+        Some(h) => rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found, h], groups),
+        None => rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], groups),
+    }
 }
 
 /// Launches update `mode` (1 AdamW, 2 SGD) over `s`, with the f16 copy where it has one.

@@ -309,6 +309,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             super::optim::variant(mode, half),
         )?;
     }
+    for half in [false, true] {
+        push(
+            &mut out,
+            "optim8",
+            include_str!("../../../shaders/optim8.wgsl"),
+            super::optim::variant_8bit(half),
+        )?;
+    }
     Ok(out)
 }
 

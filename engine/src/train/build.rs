@@ -272,8 +272,10 @@ pub fn resolve_precision(mut config: Config, gpu: &Gpu) -> Result<(Config, Vec<S
 /// it is known.
 fn check_sizes(config: &Config, params: &Params, gpu: &Gpu) -> Result<(), TrainError> {
     let total: u128 = params.list.iter().map(|p| p.value.numel() as u128).sum();
-    let per = 4 + 4 + config.train.optimizer.state_bytes() as u128 + if config.memory.precision == Precision::Fp16Mixed { 2 } else { 0 };
-    let states = total * per;
+    let per = 4 + 4 + if config.memory.precision == Precision::Fp16Mixed { 2 } else { 0 };
+    let rule = optimizer_rule(config);
+    let optimizer: u128 = params.list.iter().map(|p| rule.state_bytes(p.value.numel()) as u128).sum();
+    let states = total * per + optimizer;
     if let Some(memory) = gpu.caps.memory_bytes
         && states > memory as u128
     {
@@ -323,12 +325,19 @@ pub fn optimizer_rule(config: &Config) -> Rule {
             weight_decay: t.weight_decay,
             nesterov: false,
         }),
-        OptimizerKind::Adamw => Rule::AdamW(AdamW {
-            lr: t.lr,
-            betas: t.betas,
-            eps: 1e-8,
-            weight_decay: t.weight_decay,
-        }),
+        OptimizerKind::Adamw | OptimizerKind::Adamw8bit => {
+            let h = AdamW {
+                lr: t.lr,
+                betas: t.betas,
+                eps: 1e-8,
+                weight_decay: t.weight_decay,
+            };
+            if t.optimizer == OptimizerKind::Adamw8bit {
+                Rule::AdamW8bit(h)
+            } else {
+                Rule::AdamW(h)
+            }
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::memory::{AllocatorOptions, Category, MemoryCap, format_bytes};
 use crate::nn::{Builder, Init};
 use crate::runtime::Runtime;
 use crate::train::build::{Loaded, load_data_for_estimate, resolve_precision};
-use crate::train::config::{Checkpointing, Choice, Config, ConfigError, Offload, Precision};
+use crate::train::config::{Checkpointing, Choice, Config, ConfigError, Offload, OptimizerKind, Precision};
 use crate::train::error::TrainError;
 use crate::train::trainer::Trainer;
 use wgtrain_record::{PeakView, StepMemory, WhatIf};
@@ -260,7 +260,8 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
             optimizer_state: if config.parallel.enabled() && config.parallel.offload != Offload::None {
                 0
             } else {
-                optimizer_per * if zero >= 1 { owned } else { elements }
+                let rule = crate::train::build::optimizer_rule(config);
+                rule.state_bytes_all((0..shards.numels.len()).map(|i| if zero >= 1 { shards.range(i, 0).len() } else { shards.numels[i] }))
             },
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
@@ -515,7 +516,7 @@ fn device_micro_batch(config: &Config) -> usize {
 }
 
 /// The run's config with one memory setting changed at a time (precision, checkpointing,
-/// half the micro-batch, optimizer-in-backward; on several devices ZeRO-3 and ZeRO-3 with
+/// half the micro-batch, optimizer-in-backward, AdamW's state in 8 bits; on several devices ZeRO-3 and ZeRO-3 with
 /// both offloads), and fp16-mixed with every segment checkpointed, each with what
 /// changed; the run as configured first. Changes the config rules forbid (e.g. optimizer-in-backward with
 /// clipping) or the adapter cannot run (fp16 without SHADER_F16) are left out.
@@ -557,6 +558,11 @@ fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(S
     with(format!("memory.optimizer_in_backward = {oib}"), &|c| {
         c.memory.optimizer_in_backward = oib
     });
+    if config.train.optimizer == OptimizerKind::Adamw {
+        with("train.optimizer = adamw8bit".into(), &|c| {
+            c.train.optimizer = OptimizerKind::Adamw8bit
+        });
+    }
     // Several devices: the sharded stages a fit would reach for last.
     if config.parallel.enabled() && config.parallel.world() > 1 {
         if config.parallel.zero < 3 {

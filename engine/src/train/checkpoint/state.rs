@@ -38,19 +38,28 @@ impl Trainer {
                 continue;
             }
             // Whole, as one device's: gathered from the shards of a ZeRO run.
-            if let Some((m, v)) = self.optimizer_state_host(i)? {
+            // 8-bit state as the values its codes stand for, and each block's absmax
+            // (`NAME.absmax`): the codes come back exactly from both.
+            if let Some(s) = self.optimizer_state_host(i)? {
                 let names = self.opt.state_names(&p.name);
                 let shape = self.param_shape(i);
                 optimizer.push(HostTensor {
                     name: names[0].clone(),
                     shape: shape.clone(),
-                    data: m,
+                    data: s.m,
                 });
-                if let Some(v) = v {
+                if let Some(v) = s.v {
                     optimizer.push(HostTensor {
                         name: names[1].clone(),
                         shape,
                         data: v,
+                    });
+                }
+                for (name, absmax) in names.iter().zip(s.absmax.into_iter().flat_map(|(m, v)| [m, v])) {
+                    optimizer.push(HostTensor {
+                        name: format!("{name}.absmax"),
+                        shape: vec![absmax.len()],
+                        data: absmax,
                     });
                 }
             }
@@ -236,7 +245,13 @@ impl Trainer {
                         return Err(mismatch(format!("{} holds {} values, the parameter {numel}", t.name, t.data.len())).into());
                     }
                 }
-                self.place_optimizer_state(i, &m.data, v.map(|v| v.data.as_slice()))?;
+                let absmax = |k: usize| by_name.get(format!("{}.absmax", names[k]).as_str()).map(|t| t.data.clone());
+                let state = crate::optim::StateHost {
+                    m: m.data.clone(),
+                    v: v.map(|v| v.data.clone()),
+                    absmax: absmax(0).zip(absmax(1)),
+                };
+                self.place_optimizer_state(i, &state)?;
             }
         }
         self.log_first = data.trainer.get("log_first").map(|text| {

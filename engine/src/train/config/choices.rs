@@ -92,17 +92,20 @@ pub enum OptimizerKind {
     Adamw,
     /// SGD with momentum (L2 weight decay).
     Sgd,
+    /// AdamW with both moments in 8 bits, blockwise (bitsandbytes' 8-bit Adam).
+    Adamw8bit,
 }
 
 impl Choice for OptimizerKind {
-    const ALL: &'static [Self] = &[OptimizerKind::Adamw, OptimizerKind::Sgd];
+    const ALL: &'static [Self] = &[OptimizerKind::Adamw, OptimizerKind::Sgd, OptimizerKind::Adamw8bit];
 }
 
 impl OptimizerKind {
-    /// Optimizer state bytes per parameter.
+    /// Optimizer state bytes per parameter element held in f32 (8-bit AdamW's large
+    /// parameters hold about a quarter: `optim::Rule::state_bytes` says exactly).
     pub fn state_bytes(self) -> u64 {
         match self {
-            OptimizerKind::Adamw => 8,
+            OptimizerKind::Adamw | OptimizerKind::Adamw8bit => 8,
             OptimizerKind::Sgd => 4,
         }
     }

@@ -10,7 +10,7 @@
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::Category;
-use crate::optim::{Optimizer, Rule};
+use crate::optim::{Optimizer, StateHost};
 use crate::parallel::{Collective, Comm};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
@@ -37,16 +37,12 @@ impl SaveRanks for CommRanks<'_> {
     }
 }
 
-/// One parameter's optimizer state on the host: (first moment or momentum, second
-/// moment for AdamW).
-pub(in crate::train) type HostState = (Vec<f32>, Option<Vec<f32>>);
-
 impl Trainer {
     /// Parameter `i`'s optimizer state on the host, whole (gathered from the ranks'
-    /// shards above stage 0): (first moment or momentum, second moment for AdamW).
-    pub(in crate::train) fn optimizer_state_host(&self, i: usize) -> Result<Option<HostState>, Error> {
-        let adam = matches!(self.opt.rule, Rule::AdamW(_));
-        let state = self.local_optimizer_state(i, adam)?;
+    /// shards above stage 0).
+    pub(in crate::train) fn optimizer_state_host(&self, i: usize) -> Result<Option<StateHost>, Error> {
+        let adam = self.opt.rule.is_adam();
+        let state = self.local_optimizer_state(i)?;
         // Over MPI, every process's ranks' pieces (every rank makes this call), each
         // rank's shard in rank order; a rank without the state sends nothing.
         let Some(w) = self
@@ -63,10 +59,14 @@ impl Trainer {
                 .map_err(|e| Error::invalid("checkpoint all-gather", e.to_string()))?;
             Ok(all.iter().flat_map(|v| v.iter().copied()).collect())
         };
-        let (m, v) = state.map_or((Vec::new(), None), |(m, v)| (m, v));
+        let (m, v) = state.map_or((Vec::new(), None), |s| (s.m, s.v));
         let m_all = gather(m)?;
         let v_all = if adam { Some(gather(v.unwrap_or_default())?) } else { None };
-        Ok((!m_all.is_empty()).then_some((m_all, v_all)))
+        Ok((!m_all.is_empty()).then_some(StateHost {
+            m: m_all,
+            v: v_all,
+            absmax: None,
+        }))
     }
 
     /// Over MPI with the optimizer's state sharded (ZeRO 1-3 or offloaded): the ranks
@@ -81,10 +81,9 @@ impl Trainer {
     /// This process's shard of the optimizer's state, flat tensors by state name (a
     /// parameter this rank owns nothing of is left out).
     pub(in crate::train) fn optimizer_shard(&self) -> Result<Vec<HostTensor>, Error> {
-        let adam = matches!(self.opt.rule, Rule::AdamW(_));
         let mut out = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {
-            let Some((m, v)) = self.local_optimizer_state(i, adam)? else {
+            let Some(StateHost { m, v, .. }) = self.local_optimizer_state(i)? else {
                 continue;
             };
             let names = self.opt.state_names(&p.name);
@@ -101,8 +100,10 @@ impl Trainer {
         Ok(out)
     }
 
-    /// [`Trainer::optimizer_state_host`] over this process's ranks only.
-    fn local_optimizer_state(&self, i: usize, adam: bool) -> Result<Option<HostState>, Error> {
+    /// [`Trainer::optimizer_state_host`] over this process's ranks only (8-bit state's
+    /// absmax values only where one device holds the whole state).
+    fn local_optimizer_state(&self, i: usize) -> Result<Option<StateHost>, Error> {
+        let adam = self.opt.rule.is_adam();
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
             let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
             for host in &w.offload {
@@ -112,30 +113,39 @@ impl Trainer {
                     v_all.extend_from_slice(v);
                 }
             }
-            return Ok(any.then_some((m_all, adam.then_some(v_all))));
+            return Ok(any.then_some(StateHost {
+                m: m_all,
+                v: adam.then_some(v_all),
+                absmax: None,
+            }));
         }
-        let mut sources: Vec<(&Runtime, &Optimizer)> = vec![(&self.rt, &self.opt)];
-        if let Some(w) = self.world.as_ref().filter(|w| w.zero > 0) {
-            sources.extend(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
-        }
+        let numel = self.param_shape(i).iter().product::<usize>();
+        let Some(w) = self.world.as_ref().filter(|w| w.zero > 0) else {
+            return self.opt.state_host(&self.rt, i, numel);
+        };
+        let sources = std::iter::once((&*self.rt, &self.opt)).chain(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
         let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
-        for (rt, opt) in sources {
-            if let Some(Some((m, v))) = opt.state.get(i) {
+        for (k, (rt, opt)) in sources.enumerate() {
+            let len = crate::parallel::shard_range(numel, w.base_rank + k, self.world_size()).len();
+            if let Some(s) = opt.state_host(rt, i, len)? {
                 any = true;
-                m_all.extend(m.to_f32_vec(rt)?);
-                if adam {
-                    v_all.extend(v.to_f32_vec(rt)?);
-                }
+                m_all.extend(s.m);
+                v_all.extend(s.v.unwrap_or_default());
             }
         }
-        Ok(any.then_some((m_all, adam.then_some(v_all))))
+        Ok(any.then_some(StateHost {
+            m: m_all,
+            v: adam.then_some(v_all),
+            absmax: None,
+        }))
     }
 
     /// Installs parameter `i`'s whole optimizer state on every rank (each rank's shard
     /// of it above stage 0).
-    pub(in crate::train) fn place_optimizer_state(&mut self, i: usize, m: &[f32], v: Option<&[f32]>) -> Result<(), Error> {
+    pub(in crate::train) fn place_optimizer_state(&mut self, i: usize, state: &StateHost) -> Result<(), Error> {
+        let (m, v) = (&state.m, state.v.as_deref());
         let p = &self.params.list[i];
-        let names = self.opt.state_names(&p.name);
+        let name = p.name.clone();
         let shape = p.value.shape().to_vec();
         let zero = self.world.as_ref().map_or(0, |w| w.zero);
         let world = self.world_size();
@@ -155,27 +165,23 @@ impl Trainer {
             targets.extend(w.peers.iter_mut().map(|p| (&*p.rt, &mut p.opt)));
         }
         for (k, (rt, opt)) in targets.into_iter().enumerate() {
-            let rank = base + k;
-            let (range, shape) = if zero == 0 {
-                (0..m.len(), shape.clone())
-            } else {
-                let r = crate::parallel::shard_range(m.len(), rank, world);
-                let len = r.len();
-                (r, vec![len])
-            };
-            if opt.state.len() <= i {
-                opt.state.resize_with(i + 1, || None);
-            }
-            if range.is_empty() {
-                opt.state[i] = None;
+            if zero == 0 {
+                opt.place_state(rt, i, &name, &shape, state)?;
                 continue;
             }
-            let mt = Tensor::from_f32(rt, &m[range.clone()], &shape, Category::OptimizerState, &names[0])?;
-            let vt = match v {
-                Some(v) => Tensor::from_f32(rt, &v[range], &shape, Category::OptimizerState, &names[1])?,
-                None => mt.clone(),
+            let r = crate::parallel::shard_range(m.len(), base + k, world);
+            if r.is_empty() {
+                if opt.state.len() > i {
+                    opt.state[i] = None;
+                }
+                continue;
+            }
+            let shard = StateHost {
+                m: m[r.clone()].to_vec(),
+                v: v.map(|v| v[r.clone()].to_vec()),
+                absmax: None,
             };
-            opt.state[i] = Some((mt, vt));
+            opt.place_state(rt, i, &name, &[r.len()], &shard)?;
         }
         Ok(())
     }
