@@ -53,7 +53,7 @@ pub fn dynamic_map(signed: bool) -> [f32; 256] {
     for i in 0..7 {
         let parts = if signed { 1usize << i } else { 1usize << (i + 1) };
         let step = 0.9f32 / parts as f32;
-        let scale = 10f32.powi(i as i32 - 6);
+        let scale = 10f32.powi(i - 6);
         for k in 0..parts {
             let lo = 0.1 + step * k as f32;
             let hi = if k + 1 == parts { 1.0 } else { 0.1 + step * (k + 1) as f32 };
