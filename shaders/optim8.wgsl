@@ -1,6 +1,6 @@
 // AdamW with 8-bit blockwise state (train.optimizer = "adamw8bit"; engine/src/kernels/
-// blockwise.rs has the layout and the host reference): one workgroup per block of 256
-// elements. Each moment is read from its codes and the block's absmax, updated in f32
+// blockwise.rs has the layout and the host reference): a workgroup per four blocks of
+// 256 elements, an invocation per word of four codes. Each moment is read from its codes and the block's absmax, updated in f32
 // with PyTorch AdamW's arithmetic (decoupled weight decay, bias correction), the weight
 // updated from those f32 moments, then the moments quantized again against the block's
 // new absmax: the nearest value of the map, ties to the lower code.
@@ -51,8 +51,6 @@ var<workgroup> signed_map: array<f32, 256>;
 var<workgroup> unsigned_map: array<f32, 256>;
 var<workgroup> max_m: array<f32, 256>;
 var<workgroup> max_v: array<f32, 256>;
-var<workgroup> code_m: array<u32, 256>;
-var<workgroup> code_v: array<u32, 256>;
 var<workgroup> skip: u32;
 
 fn nearest_signed(x: f32) -> u32 {
@@ -73,10 +71,8 @@ fn nearest_unsigned(x: f32) -> u32 {
     return lo;
 }
 
-fn code_at(words: u32, k: u32) -> u32 {
-    return (words >> (8u * (k & 3u))) & 255u;
-}
-
+// A workgroup takes four blocks; each invocation four consecutive elements of one (one
+// word of codes), so it reads and writes its word whole.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -87,60 +83,82 @@ fn main(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: 
     }
     // Also the barrier after the maps' loads.
     let skipped = workgroupUniformLoad(&skip);
-    let blk = wid.x + wid.y * nwg.x;
+    let first_blk = (wid.x + wid.y * nwg.x) * 4u;
     let n_blocks = (p.n + 255u) / 256u;
-    if skipped != 0u || blk >= n_blocks { return; }
+    if skipped != 0u || first_blk >= n_blocks { return; }
 
-    let i = blk * 256u + lane;
-    let valid = i < p.n;
-    let word = blk * 64u + lane / 4u;
+    let blk = first_blk + lane / 64u;
+    let in_range = blk < n_blocks;
+    let word = blk * 64u + lane % 64u;
     let absmax_at = n_blocks * 64u + blk;
-    var mi = signed_map[code_at(m_q[word], lane)] * bitcast<f32>(m_q[absmax_at]);
-    var vi = unsigned_map[code_at(v_q[word], lane)] * bitcast<f32>(v_q[absmax_at]);
-    var g = 0.0;
-    if valid { g = grad[p.grad_offset + i] * p.inv_scale; }
-    mi = p.beta1 * mi + (1.0 - p.beta1) * g;
-    vi = p.beta2 * vi + (1.0 - p.beta2) * g * g;
-    if valid {
-        let wi = p.param_offset + i;
-        var w = param[wi] * (1.0 - p.lr * p.weight_decay);
-        let denom = sqrt(vi) / p.bias_correction2_sqrt + p.eps;
-        w = w - (p.lr / p.bias_correction1) * mi / denom;
-        param[wi] = w;
+    var wm = 0u;
+    var wv = 0u;
+    var am_old = 0.0;
+    var av_old = 0.0;
+    if in_range {
+        wm = m_q[word];
+        wv = v_q[word];
+        am_old = bitcast<f32>(m_q[absmax_at]);
+        av_old = bitcast<f32>(v_q[absmax_at]);
+    }
+    let bc1_step = p.lr / p.bias_correction1;
+    let decay = 1.0 - p.lr * p.weight_decay;
+    var mi: array<f32, 4>;
+    var vi: array<f32, 4>;
+    var local_m = 0.0;
+    var local_v = 0.0;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        let i = word * 4u + k;
+        let shift = 8u * k;
+        var m = signed_map[(wm >> shift) & 255u] * am_old;
+        var v = unsigned_map[(wv >> shift) & 255u] * av_old;
+        if in_range && i < p.n {
+            let g = grad[p.grad_offset + i] * p.inv_scale;
+            m = p.beta1 * m + (1.0 - p.beta1) * g;
+            v = p.beta2 * v + (1.0 - p.beta2) * g * g;
+            let wi = p.param_offset + i;
+            let w = param[wi] * decay - bc1_step * m / (sqrt(v) / p.bias_correction2_sqrt + p.eps);
+            param[wi] = w;
 //#if HALF
-        half_out[p.half_offset + i] = f16(w);
+            half_out[p.half_offset + i] = f16(w);
 //#endif
-    } else {
-        mi = 0.0;
-        vi = 0.0;
+        } else {
+            m = 0.0;
+            v = 0.0;
+        }
+        mi[k] = m;
+        vi[k] = v;
+        local_m = max(local_m, abs(m));
+        local_v = max(local_v, v);
     }
 
-    // The block's new absmax of each moment.
-    max_m[lane] = abs(mi);
-    max_v[lane] = vi;
-    for (var s = 128u; s > 0u; s = s >> 1u) {
+    // Each block's new absmax: a tree over its 64 invocations.
+    max_m[lane] = local_m;
+    max_v[lane] = local_v;
+    for (var s = 32u; s > 0u; s = s >> 1u) {
         workgroupBarrier();
-        if lane < s {
+        if lane % 64u < s {
             max_m[lane] = max(max_m[lane], max_m[lane + s]);
             max_v[lane] = max(max_v[lane], max_v[lane + s]);
         }
     }
     workgroupBarrier();
-    let am = max_m[0];
-    let av = max_v[0];
-    var cm = nearest_signed(0.0);
-    var cv = nearest_unsigned(0.0);
-    if am > 0.0 { cm = nearest_signed(mi / am); }
-    if av > 0.0 { cv = nearest_unsigned(vi / av); }
-    code_m[lane] = cm << (8u * (lane & 3u));
-    code_v[lane] = cv << (8u * (lane & 3u));
-    workgroupBarrier();
-    if lane < 64u {
-        let k = lane * 4u;
-        m_q[blk * 64u + lane] = code_m[k] | code_m[k + 1u] | code_m[k + 2u] | code_m[k + 3u];
-        v_q[blk * 64u + lane] = code_v[k] | code_v[k + 1u] | code_v[k + 2u] | code_v[k + 3u];
+    if !in_range { return; }
+    let am = max_m[lane - lane % 64u];
+    let av = max_v[lane - lane % 64u];
+    var out_m = 0u;
+    var out_v = 0u;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        var cm = nearest_signed(0.0);
+        var cv = nearest_unsigned(0.0);
+        if am > 0.0 { cm = nearest_signed(mi[k] / am); }
+        if av > 0.0 { cv = nearest_unsigned(vi[k] / av); }
+        out_m = out_m | (cm << (8u * k));
+        out_v = out_v | (cv << (8u * k));
     }
-    if lane == 0u {
+    m_q[word] = out_m;
+    v_q[word] = out_v;
+    if lane % 64u == 0u {
         m_q[absmax_at] = bitcast<u32>(am);
         v_q[absmax_at] = bitcast<u32>(av);
     }

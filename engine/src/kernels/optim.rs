@@ -267,7 +267,7 @@ pub fn adamw8bit_step(
         },
         || render("optim8", SOURCE_8BIT, &variant_8bit(half)),
     )?;
-    let groups = grid(super::blockwise::blocks(n) as u32);
+    let groups = grid(super::blockwise::blocks(n).div_ceil(4) as u32);
     match s.half {
         Some(h) => rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found, h], groups),
         None => rt.launch(&kernel, bytemuck::bytes_of(&params), &[s.param, s.grad, s.m, s.v, found], groups),
