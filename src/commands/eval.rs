@@ -29,7 +29,8 @@ pub struct EvalArgs {
     /// training micro-batch for a language model).
     #[arg(long, value_name = "N")]
     batch_size: Option<usize>,
-    /// Print {"loss", "accuracy", "peak", "reserved", "step"} as JSON.
+    /// Print {"loss", "accuracy", "peak", "reserved", "step", "at_peak"} as JSON
+    /// (`at_peak`: the peak's bytes by category, as the estimate's `by_category`).
     #[arg(long)]
     json: bool,
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).
@@ -56,6 +57,11 @@ pub fn run(args: EvalArgs) -> CliResult {
     if args.json {
         let mut v = serde_json::to_value(&e)?;
         v["step"] = step.into();
+        v["at_peak"] = wgtrain_engine::Category::ALL
+            .iter()
+            .map(|c| (c.name().to_string(), serde_json::Value::from(stats.at_peak[c.index()])))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
         say!("{v}");
     } else {
         let acc = e.accuracy.map(|a| format!(", accuracy {:.2}%", 100.0 * a)).unwrap_or_default();
