@@ -283,7 +283,11 @@ fn the_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
         (0..12).map(|i| (i * 7 % 50) as i32).collect(),
         (0..12).map(|i| (i * 13 % 50 + 1) as i32).collect(),
     ];
+    let before = rt.alloc.stats().by_category[Category::KvCache.index()].requested.current;
     let mut cache = model.kv_cache(&rt, 2).unwrap();
+    // The cache under its own category: keys and values of 2 layers, [12, 2, 4, 8] f32.
+    let kv = rt.alloc.stats().by_category[Category::KvCache.index()].requested.current - before;
+    assert_eq!(kv, 2 * 2 * 12 * 2 * 32 * 4);
     let tape = || Tape::no_grad().with_mode(Mode::eval());
     for t in 0..12 {
         let ids = Tensor::from_i32(&rt, &[seqs[0][t], seqs[1][t]], &[2], Category::Input, "ids").unwrap();

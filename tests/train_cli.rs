@@ -50,6 +50,7 @@ fn log_lines_carry_loss_time_and_memory_by_category() {
             "gradient",
             "optimizer_state",
             "activation",
+            "kv_cache",
             "temporary",
             "input",
             "other",

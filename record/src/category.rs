@@ -20,6 +20,8 @@ pub enum Category {
     OptimizerState,
     /// Activations saved for backward.
     Activation,
+    /// Text generation's key/value cache (the keys and values of the tokens so far).
+    KvCache,
     /// Short-lived scratch inside one op.
     Temporary,
     /// Input batches.
@@ -30,11 +32,12 @@ pub enum Category {
 
 impl Category {
     /// Every category, in the order charts stack them.
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; 8] = [
         Category::Parameter,
         Category::Gradient,
         Category::OptimizerState,
         Category::Activation,
+        Category::KvCache,
         Category::Temporary,
         Category::Input,
         Category::Other,
@@ -47,6 +50,7 @@ impl Category {
             Category::Gradient => "gradient",
             Category::OptimizerState => "optimizer_state",
             Category::Activation => "activation",
+            Category::KvCache => "kv_cache",
             Category::Temporary => "temporary",
             Category::Input => "input",
             Category::Other => "other",
@@ -70,6 +74,7 @@ impl Category {
             Category::Gradient => "#f28e2b",
             Category::OptimizerState => "#e15759",
             Category::Activation => "#76b7b2",
+            Category::KvCache => "#ff9da7",
             Category::Temporary => "#59a14f",
             Category::Input => "#edc948",
             Category::Other => "#b07aa1",

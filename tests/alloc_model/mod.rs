@@ -79,7 +79,7 @@ pub struct Model {
     allocated: Track,
     requested: Track,
     reserved: Track,
-    by_category: [Track; 7],
+    by_category: [Track; Category::ALL.len()],
     pub allocs: u64,
     pub ooms: u64,
 }

@@ -100,11 +100,11 @@ pub struct MemoryStats {
     /// Pages returned to the driver.
     pub num_device_free: u64,
     /// Counters per category, indexed by `Category::index()`.
-    pub by_category: [CategoryStats; 7],
+    pub by_category: [CategoryStats; Category::ALL.len()],
     /// Allocated bytes per category at the moment `allocated` reached its peak (what
     /// the peak is made of), indexed like `by_category`.
     #[serde(default)]
-    pub at_peak: [u64; 7],
+    pub at_peak: [u64; Category::ALL.len()],
     /// The cap in bytes, if any.
     pub cap: Option<u64>,
     /// The device's memory, if the backend told it.

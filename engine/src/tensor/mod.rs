@@ -96,6 +96,31 @@ impl Tensor {
             ));
         }
         let t = Tensor::empty(rt, shape, dtype, category, label)?;
+        t.write_bytes(rt, bytes)?;
+        Ok(t)
+    }
+
+    /// Overwrites a whole contiguous f32 tensor at offset 0 with `data`, in place (a
+    /// checkpoint's weights restored without allocating again).
+    pub fn write_f32(&self, rt: &Runtime, data: &[f32]) -> Result<(), Error> {
+        if self.dtype != DType::F32 || !self.is_contiguous() || self.offset != 0 || self.numel() != data.len() {
+            return Err(Error::shape(
+                "write_f32",
+                format!("{} f32 values into a contiguous tensor at offset 0", self.numel()),
+                format!(
+                    "{} values into {:?} {:?} at offset {}",
+                    data.len(),
+                    self.dtype,
+                    self.shape,
+                    self.offset
+                ),
+            ));
+        }
+        self.write_bytes(rt, bytemuck::cast_slice(data))
+    }
+
+    /// Writes `bytes` at the start of this tensor's block.
+    fn write_bytes(&self, rt: &Runtime, bytes: &[u8]) -> Result<(), Error> {
         // Both ways submit what is recorded first: the bytes land before every launch
         // recorded after. Large uploads (a batch of images) go through the device's
         // pooled, pinned staging, filled by several threads; a queue write made a
@@ -103,9 +128,9 @@ impl Tensor {
         // for ResNet-50's 154 MB batch on the H100).
         let write = |bytes: &[u8]| -> Result<(), Error> {
             if bytes.len() >= UPLOAD_STAGED {
-                rt.upload(&[(&t.block, 0, bytes.len() as u64)], bytes)
+                rt.upload(&[(&self.block, 0, bytes.len() as u64)], bytes)
             } else {
-                rt.write(&t.block, 0, bytes)
+                rt.write(&self.block, 0, bytes)
             }
         };
         if bytes.len().is_multiple_of(4) {
@@ -115,7 +140,7 @@ impl Tensor {
             padded.resize(bytes.len().next_multiple_of(4), 0);
             write(&padded)?;
         }
-        Ok(t)
+        Ok(())
     }
 
     /// Reads a contiguous tensor at offset 0 back as f32 (any dtype); strided views are

@@ -195,9 +195,9 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
             .collect::<Result<Vec<_>, _>>()?;
         trainer.join(peers)?;
     }
-    let mut best: Option<(u64, [u64; 7])> = None;
+    let mut best: Option<(u64, [u64; Category::ALL.len()])> = None;
     let mut reserved = 0u64;
-    let mut own = [0u64; 7];
+    let mut own = [0u64; Category::ALL.len()];
     let mut device_peaks = vec![0u64; trainer.world_size()];
     let mut peak_view = PeakView::default();
     for step in 0..2 {

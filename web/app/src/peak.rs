@@ -28,7 +28,7 @@ fn advice(p: &PeakView) -> Option<&'static str> {
     Some(match name.as_str() {
         "activation" => "activations lead: activation checkpointing, a smaller micro-batch, or fp16-mixed shrink them (see what-if)",
         "temporary" => "backward's temporaries lead: a smaller micro-batch or checkpointing shrink them (see what-if)",
-        "optimizer_state" => "optimizer state leads: SGD keeps half of AdamW's; on several devices ZeRO 1-3 shard it and parallel.offload moves it to the host (see what-if)",
+        "optimizer_state" => "optimizer state leads: 8-bit AdamW keeps about a quarter of AdamW's and SGD half; on several devices ZeRO 1-3 shard it and parallel.offload moves it to the host (see what-if)",
         "gradient" => "gradients lead: optimizer-in-backward frees each as soon as it is applied (see what-if)",
         "parameter" => "parameters lead: on several devices ZeRO 3 shards them and parallel.offload = \"optimizer+parameters\" keeps them on the host; or a smaller model",
         _ => return None,

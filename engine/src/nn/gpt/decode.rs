@@ -57,8 +57,8 @@ impl Gpt {
         let mut values = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let label = |kind: &str| format!("transformer.h.{i}.attn.{kind}_cache");
-            keys.push(Tensor::empty(rt, &shape, DType::F32, Category::Activation, &label("key"))?);
-            values.push(Tensor::empty(rt, &shape, DType::F32, Category::Activation, &label("value"))?);
+            keys.push(Tensor::empty(rt, &shape, DType::F32, Category::KvCache, &label("key"))?);
+            values.push(Tensor::empty(rt, &shape, DType::F32, Category::KvCache, &label("value"))?);
         }
         Ok(KvCache {
             keys,

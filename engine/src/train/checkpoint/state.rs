@@ -194,7 +194,7 @@ impl Trainer {
                 if b.value.shape() != t.shape {
                     return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, b.value.shape())).into());
                 }
-                b.value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+                b.value.write_f32(&self.rt, &t.data)?;
                 continue;
             }
             let i = self
@@ -204,7 +204,14 @@ impl Trainer {
             if self.param_shape(i) != t.shape {
                 return Err(mismatch(format!("{} is {:?}, the model has {:?}", t.name, t.shape, self.param_shape(i))).into());
             }
-            self.params.list[i].value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+            // In place where the weight is whole (nothing allocated again: the memory is
+            // the estimate's); a ZeRO-3 shard is replaced by the whole and sharded again.
+            let value = &mut self.params.list[i].value;
+            if value.shape() == t.shape && value.is_contiguous() && value.offset() == 0 && value.dtype() == crate::tensor::DType::F32 {
+                value.write_f32(&self.rt, &t.data)?;
+            } else {
+                *value = Tensor::from_f32(&self.rt, &t.data, &t.shape, Category::Parameter, &t.name)?;
+            }
         }
         let get = |k: &str| -> Result<u64, CheckpointError> {
             data.trainer
