@@ -1,8 +1,10 @@
 //! `wgtrain generate` against a reference on the host: a small character GPT trained
 //! here, its checkpoint's weights run through GPT-2's forward in f64 (written below
 //! from transformers' GPT2Model: LayerNorm, Conv1D projections, causal attention, tanh
-//! GELU, tied head), greedy tokens equal; seeded sampling repeats; bad prompts and a
-//! model that does not generate are clear errors.
+//! GELU, tied head), greedy tokens equal; the same for a small character Llama against
+//! LlamaForCausalLM's forward in f64 (RMSNorm, rotary embeddings, grouped-query
+//! attention, SwiGLU); seeded sampling repeats; bad prompts and a model that does not
+//! generate are clear errors.
 
 mod cli;
 mod common;
@@ -106,6 +108,117 @@ fn host_logits(w: &HashMap<String, (Vec<usize>, Vec<f64>)>, n_head: usize, ids: 
     (0..v).map(|i| (0..c).map(|k| last[k] * wte.1[i * c + k]).sum()).collect()
 }
 
+fn rms_norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| v * inv * w).collect()
+}
+
+/// W [out, in] x (torch's Linear, no bias).
+fn linear(x: &[f64], w: &(Vec<usize>, Vec<f64>)) -> Vec<f64> {
+    let (n_out, n_in) = (w.0[0], w.0[1]);
+    (0..n_out).map(|o| (0..n_in).map(|i| w.1[o * n_in + i] * x[i]).sum()).collect()
+}
+
+/// LlamaForCausalLM's next-token logits after `ids`, in f64: `heads` query heads
+/// sharing `kv_heads` key/value heads, rotary base 10000, RMSNorm epsilon 1e-6.
+fn host_llama_logits(w: &HashMap<String, (Vec<usize>, Vec<f64>)>, heads: usize, kv_heads: usize, ids: &[i32]) -> Vec<f64> {
+    let get = |n: &str| &w[n];
+    let embed = get("model.embed_tokens.weight");
+    let c = embed.0[1];
+    let d = c / heads;
+    let half = d / 2;
+    let eps = 1e-6;
+    // Rotary: x * cos + rotate_half(x) * sin, the angles p / 10000^(2i/d).
+    let rope = |x: &mut [f64], p: usize| {
+        for i in 0..half {
+            let angle = p as f64 / 10000f64.powf((2 * i) as f64 / d as f64);
+            let (cos, sin) = (angle.cos(), angle.sin());
+            let (a, b) = (x[i], x[i + half]);
+            x[i] = a * cos - b * sin;
+            x[i + half] = b * cos + a * sin;
+        }
+    };
+    let mut xs: Vec<Vec<f64>> = ids
+        .iter()
+        .map(|&id| embed.1[id as usize * c..(id as usize + 1) * c].to_vec())
+        .collect();
+    let layers = (0..)
+        .take_while(|i| w.contains_key(&format!("model.layers.{i}.input_layernorm.weight")))
+        .count();
+    for l in 0..layers {
+        let p = |n: &str| format!("model.layers.{l}.{n}");
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (t, x) in xs.iter().enumerate() {
+            let h = rms_norm(x, &get(&p("input_layernorm.weight")).1, eps);
+            let mut q = linear(&h, get(&p("self_attn.q_proj.weight")));
+            let mut k = linear(&h, get(&p("self_attn.k_proj.weight")));
+            q.chunks_mut(d).for_each(|q| rope(q, t));
+            k.chunks_mut(d).for_each(|k| rope(k, t));
+            qs.push(q);
+            ks.push(k);
+            vs.push(linear(&h, get(&p("self_attn.v_proj.weight"))));
+        }
+        let group = heads / kv_heads;
+        for t in 0..xs.len() {
+            let mut y = vec![0.0; c];
+            for h in 0..heads {
+                let kv = h / group;
+                let q = &qs[t][h * d..(h + 1) * d];
+                let scores: Vec<f64> = (0..=t)
+                    .map(|s| q.iter().zip(&ks[s][kv * d..(kv + 1) * d]).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
+                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (s, es) in e.iter().enumerate() {
+                    for k in 0..d {
+                        y[h * d + k] += es / z * vs[s][kv * d + k];
+                    }
+                }
+            }
+            let a = linear(&y, get(&p("self_attn.o_proj.weight")));
+            let x = &mut xs[t];
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let h = rms_norm(x, &get(&p("post_attention_layernorm.weight")).1, eps);
+            let g = linear(&h, get(&p("mlp.gate_proj.weight")));
+            let u = linear(&h, get(&p("mlp.up_proj.weight")));
+            let m: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let dn = linear(&m, get(&p("mlp.down_proj.weight")));
+            x.iter_mut().zip(&dn).for_each(|(x, v)| *x += v);
+        }
+    }
+    let last = rms_norm(xs.last().unwrap(), &get("model.norm.weight").1, eps);
+    let head = w.get("lm_head.weight").unwrap_or(embed);
+    linear(&last, head)
+}
+
+/// The greedy characters a host forward (`logits` of the context so far) continues
+/// `prompt` with, for `tokens` characters; the context is the last `window` tokens.
+fn host_greedy(vocab: &[char], prompt: &str, tokens: usize, window: usize, logits: impl Fn(&[i32]) -> Vec<f64>) -> String {
+    let mut ids: Vec<i32> = prompt.chars().map(|c| vocab.binary_search(&c).unwrap() as i32).collect();
+    let mut want = String::new();
+    for _ in 0..tokens {
+        let l = logits(&ids[ids.len().saturating_sub(window)..]);
+        let mut order: Vec<usize> = (0..l.len()).collect();
+        order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+        // A near tie could go either way in f32: these texts have none.
+        assert!(l[order[0]] - l[order[1]] > 1e-4, "a near tie at {want:?}");
+        ids.push(order[0] as i32);
+        want.push(vocab[order[0]]);
+    }
+    want
+}
+
+/// The characters of the text at `path`, sorted: a character model's vocabulary.
+fn text_vocab(path: &Path) -> Vec<char> {
+    let mut vocab: Vec<char> = std::fs::read_to_string(path).unwrap().chars().collect();
+    vocab.sort_unstable();
+    vocab.dedup();
+    vocab
+}
+
 /// `wgtrain generate` of the checkpoint at `ck` with `extra` arguments: stdout, or the
 /// error on stderr.
 fn generate(ck: &Path, extra: &[&str]) -> Result<String, String> {
@@ -130,28 +243,13 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
         args.extend(["--set".to_string(), s.clone()]);
     }
     run_ok(&args, &[]);
-    // The vocabulary: the text's characters in order.
-    let text = std::fs::read_to_string(dir.join("corpus.txt")).unwrap();
-    let mut vocab: Vec<char> = text.chars().collect();
-    vocab.sort_unstable();
-    vocab.dedup();
+    let vocab = text_vocab(&dir.join("corpus.txt"));
     let prompt = "beta ";
     let got = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0"]).unwrap();
     // The host's greedy tokens from the checkpoint's weights (its context is 24).
     let step = std::fs::read_to_string(ck.join("latest")).unwrap();
     let w = weights(&ck.join(step.trim()));
-    let mut ids: Vec<i32> = prompt.chars().map(|c| vocab.binary_search(&c).unwrap() as i32).collect();
-    let mut want = String::new();
-    for _ in 0..20 {
-        let context = &ids[ids.len().saturating_sub(24)..];
-        let logits = host_logits(&w, 2, context);
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        // A near tie could go either way in f32: this text has none.
-        assert!(logits[order[0]] - logits[order[1]] > 1e-4, "a near tie at {want:?}");
-        ids.push(order[0] as i32);
-        want.push(vocab[order[0]]);
-    }
+    let want = host_greedy(&vocab, prompt, 20, 24, |ids| host_logits(&w, 2, ids));
     assert_eq!(got.strip_suffix('\n').unwrap(), want, "greedy text");
     // Without the key/value cache, the same text.
     let recomputed = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0", "--no-cache"]).unwrap();
@@ -252,6 +350,44 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     run_ok(&args, &[]);
     let text = generate(&sharded, &["--prompt", prompt, "--tokens", "10"]).unwrap();
     assert_eq!(text.strip_suffix('\n').unwrap().chars().count(), 10, "{text:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A small character Llama (4 query heads sharing 2 key/value heads) trained here: 20
+/// greedy characters equal LlamaForCausalLM's forward on the host in f64, past its
+/// context of 16 (the window slides); a seed repeats its sampled text.
+#[test]
+fn greedy_llama_text_equals_llamas_forward_on_the_host() {
+    let dir = scratch("generate-llama");
+    let ck = dir.join("ck");
+    let mut sets = char_gpt_sets(&dir);
+    sets.extend(
+        [
+            "model.kind=\"llama\"",
+            "model.n_head=4",
+            "model.n_kv_head=2",
+            "model.n_embd=32",
+            "model.intermediate_size=48",
+            "model.block_size=16",
+            "train.steps=40",
+        ]
+        .map(String::from),
+    );
+    sets.push(format!("checkpoint.dir=\"{}\"", ck.display()));
+    let mut args = vec!["train".to_string(), "--quiet".into()];
+    for s in &sets {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    run_ok(&args, &[]);
+    let vocab = text_vocab(&dir.join("corpus.txt"));
+    let prompt = "gamma ";
+    let got = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0"]).unwrap();
+    let step = std::fs::read_to_string(ck.join("latest")).unwrap();
+    let w = weights(&ck.join(step.trim()));
+    let want = host_greedy(&vocab, prompt, 20, 16, |ids| host_llama_logits(&w, 4, 2, ids));
+    assert_eq!(got.strip_suffix('\n').unwrap(), want, "greedy text");
+    let sample = |seed: &str| generate(&ck, &["--prompt", prompt, "--tokens", "30", "--temperature", "1.0", "--seed", seed]).unwrap();
+    assert_eq!(sample("5"), sample("5"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
