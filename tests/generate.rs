@@ -355,7 +355,8 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
 
 /// A small character Llama (4 query heads sharing 2 key/value heads) trained here: 20
 /// greedy characters equal LlamaForCausalLM's forward on the host in f64, past its
-/// context of 16 (the window slides); a seed repeats its sampled text.
+/// context of 16 (the window slides), over the key/value cache and without it; a seed
+/// repeats its sampled text.
 #[test]
 fn greedy_llama_text_equals_llamas_forward_on_the_host() {
     let dir = scratch("generate-llama");
@@ -386,6 +387,9 @@ fn greedy_llama_text_equals_llamas_forward_on_the_host() {
     let w = weights(&ck.join(step.trim()));
     let want = host_greedy(&vocab, prompt, 20, 16, |ids| host_llama_logits(&w, 4, 2, ids));
     assert_eq!(got.strip_suffix('\n').unwrap(), want, "greedy text");
+    // Over the key/value cache (until it is full) or the whole window each token: the same.
+    let recomputed = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--temperature", "0", "--no-cache"]).unwrap();
+    assert_eq!(recomputed, got);
     let sample = |seed: &str| generate(&ck, &["--prompt", prompt, "--tokens", "30", "--temperature", "1.0", "--seed", seed]).unwrap();
     assert_eq!(sample("5"), sample("5"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -447,6 +451,52 @@ fn the_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
     }
     assert_eq!(cache.len(), 12);
     // A full cache says so.
+    let ids = Tensor::from_i32(&rt, &[1, 2], &[2], Category::Input, "ids").unwrap();
+    let err = model.decode(&mut tape(), &rt, &params, &mut cache, &ids).err().unwrap().to_string();
+    assert!(err.contains("the cache is full"), "{err}");
+}
+
+/// The Llama's cache (grouped-query heads, rotary angles of each position) against the
+/// whole prefix, at every position of two sequences: within 1e-5.
+#[test]
+fn the_llamas_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
+    use wgtrain_engine::autograd::{Mode, Params, Tape};
+    use wgtrain_engine::nn::{Builder, Init, Llama, LlamaConfig};
+    use wgtrain_engine::{Category, Tensor, TensorOps};
+    let rt = common::runtime();
+    let config: LlamaConfig = serde_json::from_value(serde_json::json!({
+        "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 10
+    }))
+    .unwrap();
+    let mut params = Params::default();
+    let model = Llama::build(&mut Builder::new(&rt, &mut params, &mut Init::new(3)), config).unwrap();
+    let seqs: [Vec<i32>; 2] = [
+        (0..10).map(|i| (i * 7 % 40) as i32).collect(),
+        (0..10).map(|i| (i * 11 % 40 + 1) as i32).collect(),
+    ];
+    let mut cache = model.kv_cache(&rt, 2).unwrap();
+    let tape = || Tape::no_grad().with_mode(Mode::eval());
+    for t in 0..10 {
+        let ids = Tensor::from_i32(&rt, &[seqs[0][t], seqs[1][t]], &[2], Category::Input, "ids").unwrap();
+        let cached = model
+            .decode(&mut tape(), &rt, &params, &mut cache, &ids)
+            .unwrap()
+            .value
+            .to_f32_vec(&rt)
+            .unwrap();
+        let prefix: Vec<i32> = seqs.iter().flat_map(|s| s[..=t].to_vec()).collect();
+        let prefix = Tensor::from_i32(&rt, &prefix, &[2, t + 1], Category::Input, "prefix").unwrap();
+        let whole = model
+            .next_token_logits(&mut tape(), &rt, &params, &prefix)
+            .unwrap()
+            .value
+            .to_f32_vec(&rt)
+            .unwrap();
+        assert_eq!(cached.len(), 2 * 40);
+        let worst = cached.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "position {t}: the cached logits differ by {worst}");
+    }
     let ids = Tensor::from_i32(&rt, &[1, 2], &[2], Category::Input, "ids").unwrap();
     let err = model.decode(&mut tape(), &rt, &params, &mut cache, &ids).err().unwrap().to_string();
     assert!(err.contains("the cache is full"), "{err}");

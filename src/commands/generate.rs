@@ -48,7 +48,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// Run the whole context window for every token instead of decoding over the
-    /// key/value cache (the GPT's; other models always do).
+    /// key/value cache.
     #[arg(long)]
     no_cache: bool,
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).

@@ -11,7 +11,7 @@
 //! `tensor`.
 
 mod decode;
-pub use decode::KvCache;
+pub use super::kv_cache::KvCache;
 use std::collections::BTreeMap;
 use std::path::Path;
 

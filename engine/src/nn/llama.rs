@@ -6,8 +6,10 @@
 //! when tied to the embedding). Rotary embeddings as transformers computes them from
 //! `rope_theta` (or `rope_parameters` in newer config.json files).
 //!
-//! May call: `autograd`, `error`, `nn::hf`, `kernels`, `memory`, `nn::{builder, gpt}`,
-//! `runtime`, `tensor`.
+//! Generation decodes a token at a time over `nn::kv_cache`.
+//!
+//! May call: `autograd`, `error`, `nn::hf`, `kernels`, `memory`, `nn::{builder, gpt,
+//! kv_cache}`, `runtime`, `tensor`.
 
 use std::path::Path;
 
@@ -20,6 +22,7 @@ use crate::autograd::{Params, Tape, Var};
 use crate::error::Error;
 use crate::kernels::heads::Heads;
 use crate::memory::Category;
+use crate::nn::kv_cache::KvCache;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
 
@@ -303,6 +306,60 @@ impl Llama {
         ops::last_position_logits(tape, rt, &h, &head)
     }
 
+    /// An empty key/value cache for `batch` sequences over the model's whole context
+    /// (every query head's keys and values: grouped-query heads are kept expanded).
+    pub fn kv_cache(&self, rt: &Runtime, batch: usize) -> Result<KvCache, Error> {
+        let c = &self.config;
+        KvCache::new(
+            rt,
+            (c.num_hidden_layers, c.max_position_embeddings, batch),
+            (c.num_attention_heads, c.head_dim()),
+            |i| format!("model.layers.{i}.self_attn"),
+        )
+    }
+
+    /// The next-token logits [B, V] after token `ids` [B] (i32, one a sequence) at the
+    /// cache's next position, whose keys and values the cache keeps: every layer on that
+    /// one position, its queries and keys rotated by that position's angles.
+    pub fn decode(&self, tape: &mut Tape, rt: &Runtime, params: &Params, cache: &mut KvCache, ids: &Tensor) -> Result<Var, Error> {
+        let c = &self.config;
+        let b = cache.batch();
+        let pos = cache.next_position(ids)?;
+        let embed = tape.param(params, self.embed.0)?;
+        let mut x = ops::embedding(tape, rt, &ids.reshape(&[b, 1])?, &embed, "model.embed_tokens")?;
+        let half = c.head_dim() / 2;
+        let (cos, sin) = c.rope_tables(pos + 1);
+        let cos = Tensor::from_f32(rt, &cos[pos * half..], &[1, half], Category::Input, "rope.cos")?;
+        let sin = Tensor::from_f32(rt, &sin[pos * half..], &[1, half], Category::Input, "rope.sin")?;
+        let hs = Heads {
+            b,
+            t: 1,
+            h: c.num_attention_heads,
+            kv: c.kv_heads(),
+            d: c.head_dim(),
+        };
+        let eps = c.rms_norm_eps as f32;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut vars = vec![x.clone()];
+            for id in layer.ids {
+                vars.push(tape.param(params, id.0)?);
+            }
+            let cache = &*cache;
+            x = decoder_layer_with(tape, rt, i, (eps, hs, (&cos, &sin)), &vars, &mut |tape, rt, qkv| {
+                Ok(tape.constant(cache.attend(rt, &qkv.value, i, pos)?))
+            })?;
+        }
+        cache.advance();
+        let w = tape.param(params, self.norm.0)?;
+        let h = ops::rmsnorm(tape, rt, &x, &w, eps, "model.norm")?;
+        let head = if self.head == self.embed {
+            embed
+        } else {
+            tape.param(params, self.head.0)?
+        };
+        ops::last_position_logits(tape, rt, &h, &head)
+    }
+
     /// The final hidden states [B, T, C] (after the last RMSNorm) and the head's weight.
     fn trunk(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<(Var, Var), Error> {
         let [b, t] = *ids.shape() else {
@@ -361,6 +418,22 @@ fn decoder_layer(
     (eps, hs, rope): (f32, Heads, (&Tensor, &Tensor)),
     v: &[Var],
 ) -> Result<Var, Error> {
+    let label = format!("model.layers.{i}.self_attn");
+    decoder_layer_with(tape, rt, i, (eps, hs, rope), v, &mut |tape, rt, qkv| {
+        ops::attention(tape, rt, qkv, hs.h, &label)
+    })
+}
+
+/// [`decoder_layer`] with `attend` from the packed qkv to the heads' outputs (the
+/// training's attention, or the decoder's over its cache).
+fn decoder_layer_with(
+    tape: &mut Tape,
+    rt: &Runtime,
+    i: usize,
+    (eps, hs, rope): (f32, Heads, (&Tensor, &Tensor)),
+    v: &[Var],
+    attend: &mut dyn FnMut(&mut Tape, &Runtime, &Var) -> Result<Var, Error>,
+) -> Result<Var, Error> {
     let l = |n: &str| format!("model.layers.{i}.{n}");
     let x = &v[0];
     // Under fp16-mixed the projections feeding attention and SiLU write f16.
@@ -373,7 +446,7 @@ fn decoder_layer(
     let k = lin(tape, &h, &v[2], act, "self_attn.k_proj")?;
     let vv = lin(tape, &h, &v[3], act, "self_attn.v_proj")?;
     let qkv = ops::pack_heads(tape, rt, (&q, &k, &vv), Some(rope), hs, &l("self_attn.qkv"))?;
-    let y = ops::attention(tape, rt, &qkv, hs.h, &l("self_attn"))?;
+    let y = attend(tape, rt, &qkv)?;
     let a = lin(tape, &y, &v[4], DType::F32, "self_attn.o_proj")?;
     let x2 = ops::add(tape, rt, x, &a, &l("self_attn.residual"))?;
     let h2 = ops::rmsnorm(tape, rt, &x2, &v[9], eps, &l("post_attention_layernorm"))?;

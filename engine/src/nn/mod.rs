@@ -12,6 +12,7 @@ pub mod conv;
 pub mod gpt;
 pub mod hf;
 pub mod init;
+pub mod kv_cache;
 pub mod layers;
 pub mod llama;
 pub mod mlp;

@@ -50,14 +50,16 @@ pub trait Decoder {
 }
 
 /// The GPT's decoder: the model and its cache.
-struct GptDecoder<'a> {
-    model: &'a Gpt,
-    cache: crate::nn::gpt::KvCache,
+/// A model's decoding over its key/value cache: the GPT's or the Llama's.
+struct CachedDecoder<'a, M> {
+    model: &'a M,
+    cache: crate::nn::kv_cache::KvCache,
+    decode: fn(&M, &mut Tape, &Runtime, &Params, &mut crate::nn::kv_cache::KvCache, &Tensor) -> Result<Var, Error>,
 }
 
-impl Decoder for GptDecoder<'_> {
+impl<M> Decoder for CachedDecoder<'_, M> {
     fn next(&mut self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
-        self.model.decode(tape, rt, params, &mut self.cache, ids)
+        (self.decode)(self.model, tape, rt, params, &mut self.cache, ids)
     }
     fn len(&self) -> usize {
         self.cache.len()
@@ -295,9 +297,10 @@ impl Trainable for Gpt {
     }
 
     fn decoder(&self, rt: &Runtime, batch: usize) -> Result<Option<Box<dyn Decoder + '_>>, Error> {
-        Ok(Some(Box::new(GptDecoder {
+        Ok(Some(Box::new(CachedDecoder {
             model: self,
             cache: self.kv_cache(rt, batch)?,
+            decode: Gpt::decode,
         })))
     }
 
@@ -337,6 +340,14 @@ impl Trainable for Llama {
 
     fn next_token_logits(&self, tape: &mut Tape, rt: &Runtime, params: &Params, ids: &Tensor) -> Result<Var, Error> {
         Llama::next_token_logits(self, tape, rt, params, ids)
+    }
+
+    fn decoder(&self, rt: &Runtime, batch: usize) -> Result<Option<Box<dyn Decoder + '_>>, Error> {
+        Ok(Some(Box::new(CachedDecoder {
+            model: self,
+            cache: self.kv_cache(rt, batch)?,
+            decode: Llama::decode,
+        })))
     }
 
     fn checkpoint_segments(&self) -> usize {
