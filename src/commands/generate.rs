@@ -1,8 +1,9 @@
-//! `wgtrain generate --checkpoint DIR [--prompt TEXT | --prompt-ids IDS] [--tokens N]
-//! [--batch N] [--temperature T] [--top-k K] [--seed S]`: text from a trained GPT or Llama, as
-//! nanoGPT's sample.py: the run's config and weights from its checkpoint, the text on
-//! stdout as it comes (a character model decodes with its text's characters; a token
-//! model prints ids, having no tokenizer here), the memory summary on stderr.
+//! `wgtrain generate --checkpoint DIR | --hf-dir DIR [--prompt TEXT | --prompt-ids IDS]
+//! [--tokens N] [--batch N] [--temperature T] [--top-k K] [--seed S]`: text from a
+//! trained GPT or Llama, as nanoGPT's sample.py: the run's config and weights from its
+//! checkpoint (or a transformers folder's), the text on stdout as it comes (a character
+//! model decodes with its text's characters; a token model prints ids, having no
+//! tokenizer here), the memory summary on stderr.
 //!
 //! May call: `wgtrain_engine` (train), `commands`.
 
@@ -22,8 +23,12 @@ use wgtrain_engine::train::generate::Sampling;
 #[derive(Args)]
 pub struct GenerateArgs {
     /// A GPT or Llama run's checkpoint folder (or a folder whose `latest` names one).
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "hf_dir", conflicts_with = "hf_dir")]
+    checkpoint: Option<PathBuf>,
+    /// A transformers folder (save_pretrained's config.json and model.safetensors) of a
+    /// GPT2LMHeadModel or LlamaForCausalLM, instead of a checkpoint: token ids in and out.
+    #[arg(long, value_name = "DIR")]
+    hf_dir: Option<PathBuf>,
     /// Text to continue (a character model's); default: a newline.
     #[arg(long)]
     prompt: Option<String>,
@@ -58,7 +63,31 @@ pub struct GenerateArgs {
 
 /// Generates.
 pub fn run(args: GenerateArgs) -> CliResult {
-    let dir = resolve(&args.checkpoint)?;
+    let (trainer, vocab, prompt) = match (&args.hf_dir, &args.checkpoint) {
+        (Some(hf), _) => {
+            if args.prompt.is_some() || args.prompt_ids.is_empty() {
+                return Err(
+                    "a transformers folder reads token ids (there is no tokenizer here): give --prompt-ids, comma-separated".into(),
+                );
+            }
+            let trainer = Trainer::for_hf_generation(hf, args.adapter.as_deref())?;
+            (trainer, None, args.prompt_ids.clone())
+        }
+        (None, Some(ck)) => from_checkpoint(&args, ck)?,
+        (None, None) => return Err("give --checkpoint DIR or --hf-dir DIR".into()),
+    };
+    trainer.rt.sync()?;
+    trainer.rt.alloc.reset_peaks();
+    draw(&args, &trainer, vocab.as_deref(), &prompt)
+}
+
+/// The trainer of a checkpoint's run with its weights, the character vocabulary of a
+/// character model, and the prompt's ids.
+fn from_checkpoint(
+    args: &GenerateArgs,
+    checkpoint: &std::path::Path,
+) -> Result<(Trainer, Option<Vec<char>>, Vec<i32>), Box<dyn std::error::Error>> {
+    let dir = resolve(checkpoint)?;
     let (mut config, _) = resume_config(&dir, &[])?;
     // One device generates, whatever the run was spread over: the checkpoint's shards
     // are joined on load.
@@ -104,8 +133,11 @@ pub fn run(args: GenerateArgs) -> CliResult {
         eprintln!("{n}");
     }
     trainer.restore_weights(&dir)?;
-    trainer.rt.sync()?;
-    trainer.rt.alloc.reset_peaks();
+    Ok((trainer, vocab, prompt))
+}
+
+/// Draws the text and prints it, then the speed and the memory.
+fn draw(args: &GenerateArgs, trainer: &Trainer, vocab: Option<&[char]>, prompt: &[i32]) -> CliResult {
     let sampling = Sampling {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -116,13 +148,13 @@ pub fn run(args: GenerateArgs) -> CliResult {
     let mut out = stdout.lock();
     let started = std::time::Instant::now();
     let mut first_at = None;
-    let piece = |id: i32, first: bool| match &vocab {
+    let piece = |id: i32, first: bool| match vocab {
         Some(v) => v[id as usize].to_string(),
         None if first => id.to_string(),
         None => format!(",{id}"),
     };
     let mut made = 0usize;
-    let texts = trainer.generate(&prompt, args.tokens, args.batch, &sampling, |new| {
+    let texts = trainer.generate(prompt, args.tokens, args.batch, &sampling, |new| {
         first_at.get_or_insert_with(|| started.elapsed());
         made += 1;
         if args.batch > 1 {

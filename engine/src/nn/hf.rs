@@ -30,6 +30,21 @@ pub fn read_weights(
     max_bytes: u64,
     wanted: &dyn Fn(&str) -> Option<String>,
 ) -> Result<BTreeMap<String, Tensor>, Error> {
+    let mut values = BTreeMap::new();
+    for (key, (shape, data)) in read_weights_host(dir, max_bytes, wanted)? {
+        let t = Tensor::from_f32(rt, &data, &shape, Category::Parameter, &key)?;
+        values.insert(key, t);
+    }
+    Ok(values)
+}
+
+/// [`read_weights`] on the host: each wanted tensor's shape and f32 values.
+#[allow(clippy::type_complexity)]
+pub fn read_weights_host(
+    dir: &Path,
+    max_bytes: u64,
+    wanted: &dyn Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>, Error> {
     let path = dir.join("model.safetensors");
     let bytes = crate::files::read_bounded(&path, max_bytes).map_err(|e| Error::io(&path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, e))?;
@@ -58,7 +73,7 @@ pub fn read_weights(
                 ));
             }
         };
-        values.insert(key.clone(), Tensor::from_f32(rt, &data, view.shape(), Category::Parameter, &key)?);
+        values.insert(key, (view.shape().to_vec(), data));
     }
     Ok(values)
 }

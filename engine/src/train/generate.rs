@@ -3,7 +3,7 @@
 //! of the ids so far: greedily at temperature 0, else from the softmax of the logits
 //! over the temperature, restricted to the `top_k` likeliest where asked, with a seeded
 //! generator (the same seed draws the same text). A model with a key/value cache (the
-//! GPT) decodes a token at a time over it; others, or a full cache, run the whole
+//! GPT, the Llama) decodes a token at a time over it; others, or a full cache, run the whole
 //! window again each token. No tape; the run's precision; the last position's logits
 //! read back to the host.
 //!

@@ -3,9 +3,10 @@
 //! precision rule, the plan (`memory.fit`, `memory.checkpoint = "auto"`), the runtime
 //! with the plan's cap, and the model.
 //!
-//! May call: `device`, `error`, `memory`, `runtime`, `train::{build, config, error,
-//! plan, trainer}`, `wgtrain_record`. Called by: the CLI, tests.
+//! May call: `data`, `device`, `error`, `memory`, `nn`, `runtime`, `train::{build,
+//! config, error, model, plan, trainer}`, `wgtrain_record`. Called by: the CLI, tests.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::data::Dataset;
@@ -80,6 +81,89 @@ impl Trainer {
     pub fn for_generation(config: Config, adapter: Option<&str>) -> Result<(Trainer, Option<String>), TrainError> {
         let (data, note) = crate::train::build::load_data_for_estimate(&config)?;
         Ok((Trainer::open(config, data, adapter)?, note))
+    }
+
+    /// The run for generating from a transformers folder (`wgtrain generate --hf-dir`):
+    /// GPT2LMHeadModel or LlamaForCausalLM as config.json's `model_type` says, built from
+    /// that config (every field the model reads: epsilons, rotary base, heads), on one
+    /// device in f32, its weights read from model.safetensors (F32, F16 or BF16) into the
+    /// model's own blocks.
+    pub fn for_hf_generation(dir: &Path, adapter: Option<&str>) -> Result<Trainer, TrainError> {
+        use crate::nn::{Gpt, GptConfig, Llama, LlamaConfig};
+        use crate::train::model::Trainable;
+        #[derive(serde::Deserialize)]
+        struct Kind {
+            model_type: Option<String>,
+        }
+        let bad = |e: String| Error::format(&dir.join("config.json"), e);
+        let kind: Kind = crate::nn::hf::read_config(dir)?;
+        let (build, vocab, window): (Arc<BuildModel>, usize, usize) = match kind.model_type.as_deref() {
+            Some("gpt2") => {
+                let c: GptConfig = crate::nn::hf::read_config(dir)?;
+                c.validate().map_err(|e| bad(e.to_string()))?;
+                let (v, w) = (c.vocab_size, c.n_positions);
+                (
+                    Arc::new(move |vb| Ok(Box::new(Gpt::build(vb, c.clone())?) as Box<dyn Trainable>)),
+                    v,
+                    w,
+                )
+            }
+            Some("llama") => {
+                let c: LlamaConfig = crate::nn::hf::read_config(dir)?;
+                c.validate().map_err(|e| bad(e.to_string()))?;
+                let (v, w) = (c.vocab_size, c.max_position_embeddings);
+                (
+                    Arc::new(move |vb| Ok(Box::new(Llama::build(vb, c.clone())?) as Box<dyn Trainable>)),
+                    v,
+                    w,
+                )
+            }
+            other => {
+                return Err(bad(format!(
+                    "model_type {other:?}: GPT-2 (\"gpt2\") and Llama (\"llama\") folders generate"
+                ))
+                .into());
+            }
+        };
+        // Windows of token 0 stand in for data: generation reads none.
+        let stand_in: Arc<dyn Dataset> = Arc::new(crate::data::tokens::ZeroTokens { windows: 1, block: window });
+        let data = Loaded {
+            model: build,
+            from_config: false,
+            train: stand_in.clone(),
+            eval: stand_in,
+            outputs: vocab,
+            unigram_entropy: None,
+            image: None,
+        };
+        let mut config = Config::default();
+        config.train.batch_size = 1;
+        let trainer = Trainer::open(config, data, adapter)?;
+        // Every parameter from the file (older GPT-2 files prefix nothing and carry the
+        // tied head and attention-mask buffers: skipped), bounded by twice the model in
+        // f32 (the masks) and a header.
+        let numel: u64 = trainer.params.list.iter().map(|p| p.value.numel() as u64).sum();
+        let names: std::collections::BTreeSet<&str> = trainer.params.list.iter().map(|p| p.name.as_str()).collect();
+        let values = crate::nn::hf::read_weights_host(dir, 8 * numel + (64 << 20), &|name| {
+            [name.to_string(), format!("transformer.{name}")]
+                .into_iter()
+                .find(|k| names.contains(k.as_str()))
+        })?;
+        for p in &trainer.params.list {
+            let path = dir.join("model.safetensors");
+            let (shape, data) = values
+                .get(&p.name)
+                .ok_or_else(|| Error::format(&path, format!("it lacks {}", p.name)))?;
+            if shape.as_slice() != p.value.shape() {
+                return Err(Error::format(
+                    &path,
+                    format!("{} is {shape:?}, the config's model has {:?}", p.name, p.value.shape()),
+                )
+                .into());
+            }
+            p.value.write_f32(&trainer.rt, data)?;
+        }
+        Ok(trainer)
     }
 
     fn open(config: Config, data: Loaded, adapter: Option<&str>) -> Result<Trainer, TrainError> {
