@@ -126,6 +126,49 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// 8-bit AdamW over two MPI ranks at stage 2 equals the one-process run bit for bit;
+/// each rank writes its shard of the state with its blocks' absmax, and the checkpoint
+/// resumes in one process on two devices as that process's own run goes on.
+#[test]
+fn eight_bit_adamw_over_mpi_equals_one_process_and_its_shards_resume() {
+    let _one = one_at_a_time();
+    let dir = scratch("mpi-8bit");
+    let ckpt = dir.join("ckpt");
+    let sets = |steps: u32, ckpt: &Path| {
+        vec![
+            "train.optimizer=\"adamw8bit\"".to_string(),
+            format!("train.steps={steps}"),
+            "parallel.zero=2".to_string(),
+            format!("checkpoint.dir=\"{}\"", ckpt.display()),
+        ]
+    };
+    let mut mpi = sets(3, &ckpt);
+    mpi.push("parallel.backend=\"mpi\"".into());
+    let mpi_log = dir.join("mpi.jsonl");
+    mpi_ok(2, &with_log(gpt(&dir, &mpi), &mpi_log));
+    let shard = ckpt.join("step-000000003/optimizer-00001-of-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert!(st.names().iter().any(|n| n.ends_with(".exp_avg.absmax")), "{:?}", st.names());
+    let mut one = sets(5, &dir.join("one.ckpt"));
+    one.push("parallel.devices=[\"0\",\"0\"]".into());
+    let one_log = dir.join("one.jsonl");
+    run_ok(&with_log(gpt(&dir, &one), &one_log), &[]);
+    let full = losses(&one_log);
+    assert_eq!(losses(&mpi_log), full[..3], "MPI ranks against one process");
+    let mut resume = sets(5, &ckpt);
+    resume.push("parallel.devices=[\"0\",\"0\"]".into());
+    let mut args = with_log(gpt(&dir, &resume), &mpi_log);
+    args.extend(["--resume".into(), ckpt.join("step-000000003").display().to_string()]);
+    run_ok(&args, &[]);
+    let resumed = losses(&mpi_log);
+    assert_eq!(resumed.len(), 5);
+    for ((s, a), (_, b)) in full.iter().zip(&resumed) {
+        assert!(((a - b) / a).abs() <= 1e-4, "step {s}: {a} against {b}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_estimate_for_n_ranks_equals_rank_0s_measured_peak() {
     let _one = one_at_a_time();

@@ -385,6 +385,68 @@ fn the_estimate_equals_each_devices_measured_peak() {
     }
 }
 
+/// 8-bit AdamW sharded: its shards are cut at its blocks, so every stage takes one
+/// device's steps; each device's peak is its estimate (the state's bytes the formula's);
+/// a ZeRO-3 checkpoint on two devices resumes exactly on two and onto one and three.
+#[test]
+fn eight_bit_adamw_shards_and_resumes_as_one_device() {
+    let dir = scratch("parallel-8bit");
+    let eight = "train.optimizer=\"adamw8bit\"";
+    let one = losses(&gpt_run(&dir, "one", 0, &[eight, "train.steps=6"]));
+    for (devices, zero) in [(2, 1), (3, 2), (2, 3)] {
+        let name = format!("d{devices}z{zero}");
+        let stage = format!("parallel.zero={zero}");
+        let log = gpt_run(&dir, &name, devices, &[eight, "train.steps=6", &stage]);
+        assert_close(&name, &one, &losses(&log), 1e-4);
+        let mut args = gpt_args("estimate", &dir, devices, &[eight.to_string(), stage.clone()]);
+        args.push("--json".into());
+        let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
+        let want: Vec<u64> = est["device_peaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        for peaks in &device_peaks(&log)[1..] {
+            assert_eq!(peaks, &want, "{name}: measured per-device peaks against the estimate");
+        }
+    }
+    // Three steps on two devices at stage 3, then resumed.
+    let part = gpt_run(&dir, "part", 2, &[eight, "train.steps=3", "parallel.zero=3"]);
+    let full = losses(&gpt_run(&dir, "full", 2, &[eight, "train.steps=6", "parallel.zero=3"]));
+    for (name, devices, zero) in [("on2", 2usize, 3), ("on3", 3, 1), ("on1", 0, 0)] {
+        let resumed = dir.join(format!("{name}.jsonl"));
+        std::fs::copy(&part, &resumed).unwrap();
+        let copy = dir.join(format!("{name}.ckpt"));
+        let _ = std::fs::remove_dir_all(&copy);
+        for entry in walk(&dir.join("part.ckpt")) {
+            let to = copy.join(entry.strip_prefix(dir.join("part.ckpt")).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, &to).unwrap();
+        }
+        let mut sets = vec![
+            eight.to_string(),
+            "train.steps=6".to_string(),
+            format!("checkpoint.dir=\"{}\"", copy.display()),
+        ];
+        if devices > 0 {
+            sets.push(format!("parallel.zero={zero}"));
+        }
+        let mut args = gpt_args("train", &dir, devices, &sets);
+        args.extend([
+            "--log".into(),
+            resumed.display().to_string(),
+            "--resume".into(),
+            copy.display().to_string(),
+        ]);
+        run_ok(&args, &[]);
+        if name == "on2" {
+            assert_eq!(full, losses(&resumed), "resumed as it ran: the same losses exactly");
+        }
+        assert_close(&format!("8-bit resumed {name}"), &full, &losses(&resumed), 1e-4);
+    }
+}
+
 #[test]
 fn bad_parallel_settings_are_refused_with_the_reason() {
     let dir = scratch("parallel-bad");

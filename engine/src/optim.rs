@@ -34,22 +34,34 @@ impl Rule {
         matches!(self, Rule::AdamW(_) | Rule::AdamW8bit(_))
     }
 
+    /// What a parameter's shards are cut at a multiple of (8-bit state: its blocks).
+    pub fn shard_align(&self) -> usize {
+        if matches!(self, Rule::AdamW8bit(_)) { blockwise::BLOCK } else { 1 }
+    }
+
     /// Whether a parameter of `numel` elements keeps 8-bit state under this rule.
     pub fn quantizes(&self, numel: usize) -> bool {
         matches!(self, Rule::AdamW8bit(_)) && blockwise::quantized(numel)
     }
 
-    /// Bytes of state parameters of `numels` elements keep on one device.
-    pub fn state_bytes_all(&self, numels: impl Iterator<Item = usize>) -> u64 {
-        numels.map(|n| self.state_bytes(n)).sum()
+    /// Bytes of state one device keeps for parameters of (whole, here) elements: the
+    /// whole parameter's and the part of it this device updates.
+    pub fn state_bytes_all(&self, numels: impl Iterator<Item = (usize, usize)>) -> u64 {
+        numels.map(|(whole, here)| self.state_bytes_of(whole, here)).sum()
     }
 
     /// Bytes of state a parameter of `numel` elements keeps.
     pub fn state_bytes(&self, numel: usize) -> u64 {
+        self.state_bytes_of(numel, numel)
+    }
+
+    /// Bytes of state for `here` elements of a parameter of `whole` elements (a shard).
+    pub fn state_bytes_of(&self, whole: usize, here: usize) -> u64 {
         match self {
-            Rule::AdamW(_) => 8 * numel as u64,
-            Rule::Sgd(_) => 4 * numel as u64,
-            Rule::AdamW8bit(_) => blockwise::adam_state_bytes(numel),
+            Rule::AdamW(_) => 8 * here as u64,
+            Rule::Sgd(_) => 4 * here as u64,
+            Rule::AdamW8bit(_) if here > 0 && self.quantizes(whole) => 8 * blockwise::words(here) as u64,
+            Rule::AdamW8bit(_) => 8 * here as u64,
         }
     }
 }
@@ -71,6 +83,9 @@ pub struct Optimizer {
     /// fp16-mixed on one device: the weights' f16 copies, written with each update
     /// (`autograd::half`).
     pub halves: Option<std::sync::Arc<crate::autograd::HalfWeights>>,
+    /// A sharded run's whole parameters' element counts (whether a shard keeps 8-bit
+    /// state is its parameter's size's to say); empty: the parameters are whole.
+    pub whole_numels: Vec<usize>,
 }
 
 impl Optimizer {
@@ -84,6 +99,7 @@ impl Optimizer {
             fresh: Default::default(),
             used_fresh: Vec::new(),
             halves: None,
+            whole_numels: Vec::new(),
         }
     }
 
@@ -201,7 +217,7 @@ impl Optimizer {
         }
         let [m_name, v_name] = self.state_names(&p.name);
         let numel = p.value.numel();
-        if self.rule.quantizes(numel) {
+        if self.quantizes(i, numel) {
             // All zeros: every absmax 0 stands every code for 0.
             let words = [blockwise::words(numel)];
             let m = Tensor::full(rt, &words, DType::U32, 0.0, Category::OptimizerState, &m_name)?;
@@ -218,6 +234,12 @@ impl Optimizer {
         self.state[i] = Some((m, v));
         self.fresh.insert(i);
         Ok(true)
+    }
+
+    /// Whether parameter `i` (`numel` elements here: the whole or this rank's shard)
+    /// keeps 8-bit state: by its whole size.
+    fn quantizes(&self, i: usize, numel: usize) -> bool {
+        self.rule.quantizes(self.whole_numels.get(i).copied().unwrap_or(numel))
     }
 
     /// Parameter `i`'s state on the host (a parameter of `numel` elements, this rank's
@@ -257,7 +279,7 @@ impl Optimizer {
         }
         let names = self.state_names(name);
         let numel: usize = shape.iter().product();
-        if self.rule.quantizes(numel) {
+        if self.quantizes(i, numel) {
             let v = s.v.as_deref().unwrap_or(&[]);
             let put = |values: &[f32], absmax: Option<&[f32]>, signed: bool, name: &str| -> Result<Tensor, Error> {
                 let map = blockwise::dynamic_map(signed);

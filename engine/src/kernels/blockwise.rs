@@ -35,15 +35,6 @@ pub fn words(numel: usize) -> usize {
     blocks(numel) * (BLOCK_WORDS + 1)
 }
 
-/// Bytes of AdamW 8-bit state (both moments) of a parameter of `numel` elements.
-pub fn adam_state_bytes(numel: usize) -> u64 {
-    if quantized(numel) {
-        2 * 4 * words(numel) as u64
-    } else {
-        8 * numel as u64
-    }
-}
-
 /// bitsandbytes' dynamic quantization map (`create_dynamic_map` with 7 exponent bits,
 /// 8 bits in all), sorted: for each decade 10^-6 .. 10^0, the midpoints of an even split
 /// of [0.1, 1] into 2^i parts (2^(i+1) unsigned), with their negatives when signed, and
@@ -92,7 +83,8 @@ pub fn nearest(map: &[f32; 256], x: f32) -> u8 {
 
 /// Quantizes `values` blockwise: each block's absmax (its largest magnitude), and each
 /// value's code for value / absmax (0 where the block is all zeros). `absmax`, when
-/// given, is used instead of the blocks' own (placing a saved state back exactly).
+/// given, is used instead of the blocks' own (placing a saved state back exactly),
+/// except where it is NaN (a block the saved state kept in f32).
 pub fn quantize(map: &[f32; 256], values: &[f32], absmax: Option<&[f32]>) -> (Vec<u8>, Vec<f32>) {
     let zero = nearest(map, 0.0);
     let mut codes = Vec::with_capacity(values.len());
@@ -100,6 +92,7 @@ pub fn quantize(map: &[f32; 256], values: &[f32], absmax: Option<&[f32]>) -> (Ve
     for (b, block) in values.chunks(BLOCK).enumerate() {
         let a = absmax
             .and_then(|a| a.get(b).copied())
+            .filter(|a| !a.is_nan())
             .unwrap_or_else(|| block.iter().fold(0.0f32, |m, x| m.max(x.abs())));
         scales.push(a);
         codes.extend(block.iter().map(|&x| if a > 0.0 { nearest(map, x / a) } else { zero }));

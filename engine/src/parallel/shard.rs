@@ -1,8 +1,9 @@
 //! How parameters are cut into shards: each parameter on its own (as FSDP2 shards each
 //! parameter, not one flat buffer), flattened, in equal consecutive parts of
-//! ceil(numel / world) elements; the last ranks' parts are shorter or empty when the
-//! count does not divide. Rank r owns the same elements of every state of a parameter:
-//! its weights, gradient and optimizer moments.
+//! ceil(numel / world) elements (rounded up to a multiple of `align`: 8-bit optimizer
+//! state cuts at its blocks' bounds); the last ranks' parts are shorter or empty when
+//! the count does not divide. Rank r owns the same elements of every state of a
+//! parameter: its weights, gradient and optimizer moments.
 //!
 //! May call: nothing of the engine (std only). Called by: `train::parallel`, the
 //! estimate.
@@ -11,7 +12,12 @@ use std::ops::Range;
 
 /// The elements of a parameter of `numel` elements that rank `rank` of `world` owns.
 pub fn shard_range(numel: usize, rank: usize, world: usize) -> Range<usize> {
-    let per = numel.div_ceil(world.max(1));
+    shard_range_aligned(numel, rank, world, 1)
+}
+
+/// [`shard_range`] with every part but the last a multiple of `align` elements.
+pub fn shard_range_aligned(numel: usize, rank: usize, world: usize, align: usize) -> Range<usize> {
+    let per = numel.div_ceil(world.max(1)).next_multiple_of(align.max(1));
     let start = (rank * per).min(numel);
     start..((rank + 1) * per).min(numel)
 }
@@ -23,12 +29,14 @@ pub struct Shards {
     pub world: usize,
     /// Each parameter's element count, in the model's order.
     pub numels: Vec<usize>,
+    /// Every shard but a parameter's last is a multiple of this many elements.
+    pub align: usize,
 }
 
 impl Shards {
     /// The elements of parameter `param` that `rank` owns.
     pub fn range(&self, param: usize, rank: usize) -> Range<usize> {
-        shard_range(self.numels[param], rank, self.world)
+        shard_range_aligned(self.numels[param], rank, self.world, self.align)
     }
 
     /// Elements `rank` owns over all parameters.
@@ -58,7 +66,21 @@ mod tests {
         let s = Shards {
             world: 3,
             numels: vec![10, 2],
+            align: 1,
         };
         assert_eq!((s.owned(0), s.owned(1), s.owned(2)), (5, 5, 2));
+    }
+
+    #[test]
+    fn aligned_shards_cut_at_multiples_of_the_alignment() {
+        let s = Shards {
+            world: 3,
+            numels: vec![1000, 5000, 100],
+            align: 256,
+        };
+        let cuts: Vec<_> = (0..3).map(|r| s.range(1, r)).collect();
+        assert_eq!(cuts, [0..1792, 1792..3584, 3584..5000]);
+        assert_eq!((0..3).map(|r| s.range(0, r).len()).collect::<Vec<_>>(), [512, 488, 0]);
+        assert_eq!(s.range(2, 0), 0..100);
     }
 }

@@ -261,7 +261,12 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
                 0
             } else {
                 let rule = crate::train::build::optimizer_rule(config);
-                rule.state_bytes_all((0..shards.numels.len()).map(|i| if zero >= 1 { shards.range(i, 0).len() } else { shards.numels[i] }))
+                rule.state_bytes_all((0..shards.numels.len()).map(|i| {
+                    (
+                        shards.numels[i],
+                        if zero >= 1 { shards.range(i, 0).len() } else { shards.numels[i] },
+                    )
+                }))
             },
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },

@@ -381,8 +381,10 @@ impl Expect {
         let header = (1 << 20) + 1024 * 3 * self.tensors;
         match name {
             "model.safetensors" => 4 * self.parameters + header,
-            "optimizer.safetensors" => 8 * self.parameters + header,
-            shard if parse_shard_file(shard).is_some() => 8 * self.parameters + header,
+            // The moments, and 8-bit state's absmax values (two per block of 256, a
+            // block more per tensor at most).
+            "optimizer.safetensors" => 8 * self.parameters + 8 * (self.parameters / 256 + self.tensors) + header,
+            shard if parse_shard_file(shard).is_some() => 8 * self.parameters + 8 * (self.parameters / 256 + self.tensors) + header,
             _ => TRAINER_MAX,
         }
     }

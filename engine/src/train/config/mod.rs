@@ -296,11 +296,8 @@ impl ParallelConfig {
         if self.zero > 3 {
             return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {}", self.zero));
         }
-        if config.train.optimizer == OptimizerKind::Adamw8bit && self.enabled() && (self.zero > 0 || self.offload != Offload::None) {
-            return bad(
-                "train.optimizer = \"adamw8bit\" works on one device or several at parallel.zero = 0; its state is not sharded (ZeRO 1-3) or offloaded yet"
-                    .into(),
-            );
+        if config.train.optimizer == OptimizerKind::Adamw8bit && self.enabled() && self.offload != Offload::None {
+            return bad("train.optimizer = \"adamw8bit\" keeps its state on the devices: it is not offloaded to the host yet (leave parallel.offload unset)".into());
         }
         match self.offload {
             Offload::Optimizer if self.zero == 0 && self.enabled() => {

@@ -76,6 +76,11 @@ impl Trainer {
             .map(|p| (p.value.shape().to_vec(), p.name.clone()))
             .collect();
         self.step_kind = crate::train::trainer::StepKind::Parallel;
+        // Whether a shard keeps 8-bit state is its whole parameter's size's to say.
+        let numels: Vec<usize> = self.params.list.iter().map(|p| p.value.numel()).collect();
+        self.opt.whole_numels = numels.clone();
+        let mut peers = peers;
+        peers.iter_mut().for_each(|p| p.opt.whole_numels = numels.clone());
         // Kept f16 copies are one device's: over several, each step casts (shards
         // update apart from their copies).
         self.halves = None;
@@ -91,6 +96,10 @@ impl Trainer {
             shards: Shards {
                 world: self.config.parallel.world(),
                 numels: self.params.list.iter().map(|p| p.value.numel()).collect(),
+                // 8-bit state's shards cut at its blocks' bounds, so that a shard's
+                // blocks are the whole parameter's (the same state on any number of
+                // devices).
+                align: self.opt.rule.shard_align(),
             },
             zero: self.config.parallel.zero,
             bucket_bytes: self.config.parallel.bucket_bytes().max(4),

@@ -9,6 +9,7 @@
 
 use crate::error::Error;
 use crate::kernels::TensorOps;
+use crate::kernels::blockwise::BLOCK;
 use crate::memory::Category;
 use crate::optim::{Optimizer, StateHost};
 use crate::parallel::{Collective, Comm};
@@ -59,13 +60,17 @@ impl Trainer {
                 .map_err(|e| Error::invalid("checkpoint all-gather", e.to_string()))?;
             Ok(all.iter().flat_map(|v| v.iter().copied()).collect())
         };
-        let (m, v) = state.map_or((Vec::new(), None), |s| (s.m, s.v));
+        let (m, v, absmax) = state.map_or((Vec::new(), None, None), |s| (s.m, s.v, s.absmax));
         let m_all = gather(m)?;
         let v_all = if adam { Some(gather(v.unwrap_or_default())?) } else { None };
+        // 8-bit state: every rank's blocks, in rank order (its shards cut at blocks).
+        let quantized = absmax.is_some();
+        let (am, av) = absmax.unwrap_or_default();
+        let (am, av) = (gather(am)?, gather(av)?);
         Ok((!m_all.is_empty()).then_some(StateHost {
             m: m_all,
             v: v_all,
-            absmax: None,
+            absmax: (quantized && !am.is_empty()).then_some((am, av)),
         }))
     }
 
@@ -83,14 +88,16 @@ impl Trainer {
     pub(in crate::train) fn optimizer_shard(&self) -> Result<Vec<HostTensor>, Error> {
         let mut out = Vec::new();
         for (i, p) in self.params.list.iter().enumerate() {
-            let Some(StateHost { m, v, .. }) = self.local_optimizer_state(i)? else {
+            let Some(StateHost { m, v, absmax }) = self.local_optimizer_state(i)? else {
                 continue;
             };
             let names = self.opt.state_names(&p.name);
-            for (name, data) in std::iter::once((&names[0], m)).chain(v.map(|v| (&names[1], v))) {
+            let absmax = absmax.map(|(am, av)| [(format!("{}.absmax", names[0]), am), (format!("{}.absmax", names[1]), av)]);
+            let moments = std::iter::once((names[0].clone(), m)).chain(v.map(|v| (names[1].clone(), v)));
+            for (name, data) in moments.chain(absmax.into_iter().flatten()) {
                 if !data.is_empty() {
                     out.push(HostTensor {
-                        name: name.clone(),
+                        name,
                         shape: vec![data.len()],
                         data,
                     });
@@ -125,18 +132,25 @@ impl Trainer {
         };
         let sources = std::iter::once((&*self.rt, &self.opt)).chain(w.peers.iter().map(|p| (&*p.rt, &p.opt)));
         let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
+        let mut absmax: Option<(Vec<f32>, Vec<f32>)> = None;
         for (k, (rt, opt)) in sources.enumerate() {
-            let len = crate::parallel::shard_range(numel, w.base_rank + k, self.world_size()).len();
+            let len = w.shards.range(i, w.base_rank + k).len();
             if let Some(s) = opt.state_host(rt, i, len)? {
                 any = true;
                 m_all.extend(s.m);
                 v_all.extend(s.v.unwrap_or_default());
+                // 8-bit state: the ranks' blocks in rank order are the parameter's.
+                if let Some((am, av)) = s.absmax {
+                    let all = absmax.get_or_insert_with(Default::default);
+                    all.0.extend(am);
+                    all.1.extend(av);
+                }
             }
         }
         Ok(any.then_some(StateHost {
             m: m_all,
             v: adam.then_some(v_all),
-            absmax: None,
+            absmax,
         }))
     }
 
@@ -148,10 +162,10 @@ impl Trainer {
         let name = p.name.clone();
         let shape = p.value.shape().to_vec();
         let zero = self.world.as_ref().map_or(0, |w| w.zero);
-        let world = self.world_size();
+        let shards = self.shards();
         if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
             for (k, host) in w.offload.iter_mut().enumerate() {
-                let r = crate::parallel::shard_range(m.len(), w.base_rank + k, world);
+                let r = shards.range(i, w.base_rank + k);
                 if host.state.len() <= i {
                     host.state.resize_with(i + 1, || None);
                 }
@@ -169,17 +183,23 @@ impl Trainer {
                 opt.place_state(rt, i, &name, &shape, state)?;
                 continue;
             }
-            let r = crate::parallel::shard_range(m.len(), base + k, world);
+            let r = shards.range(i, base + k);
             if r.is_empty() {
                 if opt.state.len() > i {
                     opt.state[i] = None;
                 }
                 continue;
             }
+            // 8-bit state: this shard's blocks of the saved absmax (its cuts are at blocks).
+            let blocks = r.start / BLOCK..r.end.div_ceil(BLOCK);
             let shard = StateHost {
                 m: m[r.clone()].to_vec(),
                 v: v.map(|v| v[r.clone()].to_vec()),
-                absmax: None,
+                absmax: state
+                    .absmax
+                    .as_ref()
+                    .filter(|(am, av)| am.len() >= blocks.end && av.len() >= blocks.end)
+                    .map(|(am, av)| (am[blocks.clone()].to_vec(), av[blocks.clone()].to_vec())),
             };
             opt.place_state(rt, i, &name, &[r.len()], &shard)?;
         }

@@ -242,6 +242,7 @@ impl Trainer {
             None => Shards {
                 world: 1,
                 numels: self.params.list.iter().map(|p| p.value.numel()).collect(),
+                align: 1,
             },
         }
     }
