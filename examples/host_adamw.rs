@@ -21,7 +21,7 @@ fn main() {
     for step in 1..=6u32 {
         let start = Instant::now();
         for (i, (w, g)) in weights.iter_mut().zip(&grads).enumerate() {
-            opt.update(&rule, i, w, g, 1e-3, step);
+            opt.update(&rule, i, w.len(), w, g, 1e-3, step);
         }
         if step > 1 {
             times.push(start.elapsed().as_secs_f64() * 1e3);

@@ -385,20 +385,27 @@ fn the_estimate_equals_each_devices_measured_peak() {
     }
 }
 
-/// 8-bit AdamW sharded: its shards are cut at its blocks, so every stage takes one
-/// device's steps; each device's peak is its estimate (the state's bytes the formula's);
-/// a ZeRO-3 checkpoint on two devices resumes exactly on two and onto one and three.
+/// 8-bit AdamW sharded: its shards are cut at its blocks, so every stage (and the
+/// offloaded host update) takes one device's steps; each device's peak and the host's
+/// state are their estimates; a ZeRO-3 checkpoint on two devices resumes exactly on two
+/// and onto one device and onto three with the state offloaded.
 #[test]
 fn eight_bit_adamw_shards_and_resumes_as_one_device() {
     let dir = scratch("parallel-8bit");
     let eight = "train.optimizer=\"adamw8bit\"";
     let one = losses(&gpt_run(&dir, "one", 0, &[eight, "train.steps=6"]));
-    for (devices, zero) in [(2, 1), (3, 2), (2, 3)] {
-        let name = format!("d{devices}z{zero}");
-        let stage = format!("parallel.zero={zero}");
-        let log = gpt_run(&dir, &name, devices, &[eight, "train.steps=6", &stage]);
+    for (devices, zero, offload) in [
+        (2, 1, "none"),
+        (3, 2, "none"),
+        (2, 3, "none"),
+        (2, 1, "optimizer"),
+        (3, 3, "optimizer+parameters"),
+    ] {
+        let name = format!("d{devices}z{zero}{offload}");
+        let stage = [format!("parallel.zero={zero}"), format!("parallel.offload=\"{offload}\"")];
+        let log = gpt_run(&dir, &name, devices, &[eight, "train.steps=6", &stage[0], &stage[1]]);
         assert_close(&name, &one, &losses(&log), 1e-4);
-        let mut args = gpt_args("estimate", &dir, devices, &[eight.to_string(), stage.clone()]);
+        let mut args = gpt_args("estimate", &dir, devices, &[eight.to_string(), stage[0].clone(), stage[1].clone()]);
         args.push("--json".into());
         let est: serde_json::Value = serde_json::from_str(&run_ok(&args, &[])).unwrap();
         let want: Vec<u64> = est["device_peaks"]
@@ -410,11 +417,21 @@ fn eight_bit_adamw_shards_and_resumes_as_one_device() {
         for peaks in &device_peaks(&log)[1..] {
             assert_eq!(peaks, &want, "{name}: measured per-device peaks against the estimate");
         }
+        // Offloaded, the 8-bit moments live on the host, as many bytes as estimated.
+        if offload != "none" {
+            let text = std::fs::read_to_string(&log).unwrap();
+            let last: serde_json::Value = serde_json::from_str(text.lines().rfind(|l| l.contains("\"mem\"")).unwrap()).unwrap();
+            assert_eq!(
+                last["mem"]["host"]["optimizer_state"], est["host_bytes"]["optimizer_state"],
+                "{name}"
+            );
+        }
     }
     // Three steps on two devices at stage 3, then resumed.
     let part = gpt_run(&dir, "part", 2, &[eight, "train.steps=3", "parallel.zero=3"]);
     let full = losses(&gpt_run(&dir, "full", 2, &[eight, "train.steps=6", "parallel.zero=3"]));
     for (name, devices, zero) in [("on2", 2usize, 3), ("on3", 3, 1), ("on1", 0, 0)] {
+        let offload = if name == "on3" { "optimizer" } else { "none" };
         let resumed = dir.join(format!("{name}.jsonl"));
         std::fs::copy(&part, &resumed).unwrap();
         let copy = dir.join(format!("{name}.ckpt"));
@@ -430,7 +447,7 @@ fn eight_bit_adamw_shards_and_resumes_as_one_device() {
             format!("checkpoint.dir=\"{}\"", copy.display()),
         ];
         if devices > 0 {
-            sets.push(format!("parallel.zero={zero}"));
+            sets.extend([format!("parallel.zero={zero}"), format!("parallel.offload=\"{offload}\"")]);
         }
         let mut args = gpt_args("train", &dir, devices, &sets);
         args.extend([

@@ -55,6 +55,15 @@ impl Rule {
         self.state_bytes_of(numel, numel)
     }
 
+    /// Bytes of host state (`parallel.offload`) for `here` elements of a parameter of
+    /// `whole` elements: 8-bit moments as a byte an element and an f32 a block.
+    pub fn host_state_bytes_of(&self, whole: usize, here: usize) -> u64 {
+        match self {
+            Rule::AdamW8bit(_) if here > 0 && self.quantizes(whole) => 2 * (here + 4 * blockwise::blocks(here)) as u64,
+            _ => self.state_bytes_of(whole, here),
+        }
+    }
+
     /// Bytes of state for `here` elements of a parameter of `whole` elements (a shard).
     pub fn state_bytes_of(&self, whole: usize, here: usize) -> u64 {
         match self {
@@ -413,24 +422,102 @@ pub fn lr_at(step: u64, base: f32, warmup: u64, total: u64, min_lr: f32, cosine:
 
 /// An optimizer whose state lives in host memory (`parallel.offload = "optimizer"`,
 /// ZeRO-Offload's CPU optimizer): the same update rules as the kernels, over f32 slices,
-/// spread over the host's cores. The step count is the caller's.
+/// spread over the host's cores; 8-bit AdamW's moments as `kernels::blockwise` codes
+/// and absmax values, a block of 256 at a time. The step count is the caller's.
 #[derive(Default)]
 pub struct HostOptimizer {
     /// Per parameter: (first moment or momentum buffer, second moment; empty for SGD).
     pub state: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    /// Per parameter under 8-bit AdamW: its shard's moments in 8 bits.
+    pub quantized: Vec<Option<HostQuant>>,
+}
+
+/// A shard's two 8-bit moments on the host: each moment's codes (a byte an element) and
+/// its blocks' absmax values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostQuant {
+    /// exp_avg: codes into the signed map, absmax a block.
+    pub m: (Vec<u8>, Vec<f32>),
+    /// exp_avg_sq: codes into the unsigned map, absmax a block.
+    pub v: (Vec<u8>, Vec<f32>),
+}
+
+impl HostQuant {
+    /// Zeros for `n` elements.
+    pub fn zeros(n: usize) -> HostQuant {
+        HostQuant::from_values(&vec![0.0; n], &vec![0.0; n], None)
+    }
+
+    /// The codes of moments `m` and `v`, against the absmax values given (where not NaN)
+    /// or each block's own.
+    pub fn from_values(m: &[f32], v: &[f32], absmax: Option<(&[f32], &[f32])>) -> HostQuant {
+        HostQuant {
+            m: blockwise::quantize(&blockwise::dynamic_map(true), m, absmax.map(|a| a.0)),
+            v: blockwise::quantize(&blockwise::dynamic_map(false), v, absmax.map(|a| a.1)),
+        }
+    }
+
+    /// The values the codes stand for: (m, v).
+    pub fn values(&self) -> (Vec<f32>, Vec<f32>) {
+        (
+            blockwise::dequantize(&blockwise::dynamic_map(true), &self.m.0, &self.m.1),
+            blockwise::dequantize(&blockwise::dynamic_map(false), &self.v.0, &self.v.1),
+        )
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        (self.m.0.len() + self.v.0.len() + 4 * (self.m.1.len() + self.v.1.len())) as u64
+    }
 }
 
 impl HostOptimizer {
     /// Bytes of state held.
     pub fn bytes(&self) -> u64 {
-        self.state.iter().flatten().map(|(m, v)| 4 * (m.len() + v.len()) as u64).sum()
+        let full: u64 = self.state.iter().flatten().map(|(m, v)| 4 * (m.len() + v.len()) as u64).sum();
+        full + self.quantized.iter().flatten().map(HostQuant::bytes).sum::<u64>()
     }
 
-    /// Updates `weights` (parameter `i`'s shard) from `grad` with `rule` at step `step`
-    /// (counting from 1), as the device kernels do (torch.optim.AdamW / SGD).
-    pub fn update(&mut self, rule: &Rule, i: usize, weights: &mut [f32], grad: &[f32], lr: f32, step: u32) {
+    /// Updates `weights` (parameter `i`'s shard, of a parameter of `whole` elements) from
+    /// `grad` with `rule` at step `step` (counting from 1), as the device kernels do
+    /// (torch.optim.AdamW / SGD; 8-bit AdamW as shaders/optim8.wgsl).
+    #[allow(clippy::too_many_arguments)]
+    pub fn update(&mut self, rule: &Rule, i: usize, whole: usize, weights: &mut [f32], grad: &[f32], lr: f32, step: u32) {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 14;
+        if let (Rule::AdamW8bit(h), true) = (rule, rule.quantizes(whole)) {
+            if self.quantized.len() <= i {
+                self.quantized.resize_with(i + 1, || None);
+            }
+            let q = self.quantized[i].get_or_insert_with(|| HostQuant::zeros(weights.len()));
+            let (signed, unsigned) = (blockwise::dynamic_map(true), blockwise::dynamic_map(false));
+            let (b1, b2) = h.betas;
+            let bc1 = 1.0 - b1.powi(step as i32);
+            let bc2_sqrt = (1.0 - b2.powi(step as i32)).sqrt();
+            let decay = 1.0 - lr * h.weight_decay;
+            let step_size = lr / bc1;
+            let per = blockwise::BLOCK;
+            weights
+                .par_chunks_mut(per)
+                .zip(grad.par_chunks(per))
+                .zip(q.m.0.par_chunks_mut(per).zip(q.m.1.par_iter_mut()))
+                .zip(q.v.0.par_chunks_mut(per).zip(q.v.1.par_iter_mut()))
+                .for_each(|(((w, g), (mc, ma)), (vc, va))| {
+                    let mut m: Vec<f32> = mc.iter().map(|&c| signed[c as usize] * *ma).collect();
+                    let mut v: Vec<f32> = vc.iter().map(|&c| unsigned[c as usize] * *va).collect();
+                    for k in 0..w.len() {
+                        m[k] = b1 * m[k] + (1.0 - b1) * g[k];
+                        v[k] = b2 * v[k] + (1.0 - b2) * g[k] * g[k];
+                        w[k] = w[k] * decay - step_size * m[k] / (v[k].sqrt() / bc2_sqrt + h.eps);
+                    }
+                    let (nm, am) = blockwise::quantize(&signed, &m, None);
+                    let (nv, av) = blockwise::quantize(&unsigned, &v, None);
+                    mc.copy_from_slice(&nm);
+                    vc.copy_from_slice(&nv);
+                    (*ma, *va) = (am[0], av[0]);
+                });
+            return;
+        }
         if self.state.len() <= i {
             self.state.resize_with(i + 1, || None);
         }
@@ -441,7 +528,7 @@ impl HostOptimizer {
             (vec![0.0; n], vec![0.0; second])
         });
         match *rule {
-            // The config refuses 8-bit state with offload: the host keeps f32 moments.
+            // 8-bit AdamW's parameters under 4,096 elements keep f32 moments.
             Rule::AdamW(h) | Rule::AdamW8bit(h) => {
                 let (b1, b2) = h.betas;
                 let bc1 = 1.0 - b1.powi(step as i32);

@@ -225,7 +225,6 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
     }
     let (peak, at_peak) = best.expect("two steps ran");
     let elements = trainer.parameter_count() as u64;
-    let optimizer_per = config.train.optimizer.state_bytes();
     // ZeRO: rank 0's shards (the largest) of the sharded states.
     let shards = trainer.shards();
     let owned = shards.owned(0) as u64;
@@ -270,7 +269,7 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
             },
         },
         device_peaks: if trainer.world_size() > 1 { device_peaks } else { Vec::new() },
-        host_bytes: host_bytes(config, elements, optimizer_per),
+        host_bytes: host_bytes(config, elements, &shards),
         at_peak: peak_view,
         activation_per_example: own[Category::Activation.index()] / forward_examples.max(1) as u64,
         device_memory_bytes: rt.gpu.report.memory_bytes,
@@ -282,13 +281,18 @@ pub fn estimate_on(rt: &Arc<Runtime>, config: &Config, data: &Loaded) -> Result<
 }
 
 /// What a run with offload keeps in host memory, every device's shards together: the
-/// optimizer's state (`optimizer_per` bytes a parameter) and, offloading parameters,
-/// the f32 weights.
-fn host_bytes(config: &Config, elements: u64, optimizer_per: u64) -> BTreeMap<String, u64> {
+/// optimizer's state (8-bit AdamW's moments a byte an element and an f32 a block) and,
+/// offloading parameters, the f32 weights.
+fn host_bytes(config: &Config, elements: u64, shards: &crate::parallel::Shards) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let p = &config.parallel;
     if p.enabled() && p.offload != Offload::None {
-        out.insert(Category::OptimizerState.name().to_string(), optimizer_per * elements);
+        let rule = crate::train::build::optimizer_rule(config);
+        let state = (0..shards.numels.len())
+            .flat_map(|i| (0..shards.world).map(move |r| (i, r)))
+            .map(|(i, r)| rule.host_state_bytes_of(shards.numels[i], shards.range(i, r).len()))
+            .sum();
+        out.insert(Category::OptimizerState.name().to_string(), state);
         if p.offload == Offload::OptimizerParameters {
             out.insert(Category::Parameter.name().to_string(), 4 * elements);
         }

@@ -296,9 +296,6 @@ impl ParallelConfig {
         if self.zero > 3 {
             return bad(format!("parallel.zero must be 0, 1, 2 or 3, got {}", self.zero));
         }
-        if config.train.optimizer == OptimizerKind::Adamw8bit && self.enabled() && self.offload != Offload::None {
-            return bad("train.optimizer = \"adamw8bit\" keeps its state on the devices: it is not offloaded to the host yet (leave parallel.offload unset)".into());
-        }
         match self.offload {
             Offload::Optimizer if self.zero == 0 && self.enabled() => {
                 return bad(

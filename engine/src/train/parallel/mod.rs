@@ -524,11 +524,11 @@ fn update_on_host(
         };
         if plan.update_sums.is_some() {
             let before = w.to_vec();
-            host.update(&opt.rule, i, w, g, plan.lr, opt.step);
+            host.update(&opt.rule, i, plan.shards.numels[i], w, g, plan.lr, opt.step);
             let change = w.iter().zip(&before).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
             sums.push(Some((change, w.iter().map(|a| (*a as f64).powi(2)).sum())));
         } else {
-            host.update(&opt.rule, i, w, g, plan.lr, opt.step);
+            host.update(&opt.rule, i, plan.shards.numels[i], w, g, plan.lr, opt.step);
         }
     }
     keep_update_sums(sums, true, comm, plan)?;

@@ -113,17 +113,28 @@ impl Trainer {
         let adam = self.opt.rule.is_adam();
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
             let (mut m_all, mut v_all, mut any) = (Vec::new(), Vec::new(), false);
+            let mut absmax: Option<(Vec<f32>, Vec<f32>)> = None;
             for host in &w.offload {
                 if let Some(Some((m, v))) = host.state.get(i) {
                     any = true;
                     m_all.extend_from_slice(m);
                     v_all.extend_from_slice(v);
                 }
+                // 8-bit moments: their values, and the ranks' blocks in rank order.
+                if let Some(Some(q)) = host.quantized.get(i) {
+                    any = true;
+                    let (m, v) = q.values();
+                    m_all.extend(m);
+                    v_all.extend(v);
+                    let all = absmax.get_or_insert_with(Default::default);
+                    all.0.extend_from_slice(&q.m.1);
+                    all.1.extend_from_slice(&q.v.1);
+                }
             }
             return Ok(any.then_some(StateHost {
                 m: m_all,
                 v: adam.then_some(v_all),
-                absmax: None,
+                absmax,
             }));
         }
         let numel = self.param_shape(i).iter().product::<usize>();
@@ -163,13 +174,35 @@ impl Trainer {
         let shape = p.value.shape().to_vec();
         let zero = self.world.as_ref().map_or(0, |w| w.zero);
         let shards = self.shards();
+        let quantized = self.opt.rule.quantizes(m.len());
         if let Some(w) = self.world.as_mut().filter(|w| !w.offload.is_empty()) {
             for (k, host) in w.offload.iter_mut().enumerate() {
                 let r = shards.range(i, w.base_rank + k);
                 if host.state.len() <= i {
                     host.state.resize_with(i + 1, || None);
                 }
-                host.state[i] = (!r.is_empty()).then(|| (m[r.clone()].to_vec(), v.map(|v| v[r].to_vec()).unwrap_or_default()));
+                if host.quantized.len() <= i {
+                    host.quantized.resize_with(i + 1, || None);
+                }
+                host.state[i] = None;
+                host.quantized[i] = None;
+                if r.is_empty() {
+                    continue;
+                }
+                if quantized {
+                    // This shard's blocks of the saved absmax (its cuts are at blocks).
+                    let blocks = r.start / BLOCK..r.end.div_ceil(BLOCK);
+                    let absmax = state
+                        .absmax
+                        .as_ref()
+                        .filter(|(am, av)| am.len() >= blocks.end && av.len() >= blocks.end)
+                        .map(|(am, av)| (&am[blocks.clone()], &av[blocks.clone()]));
+                    let zeros = vec![0.0; r.len()];
+                    let vs = v.map_or(&zeros[..], |v| &v[r.clone()]);
+                    host.quantized[i] = Some(crate::optim::HostQuant::from_values(&m[r.clone()], vs, absmax));
+                } else {
+                    host.state[i] = Some((m[r.clone()].to_vec(), v.map(|v| v[r].to_vec()).unwrap_or_default()));
+                }
             }
             return Ok(());
         }
