@@ -472,10 +472,7 @@ fn the_llamas_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
     .unwrap();
     let mut params = Params::default();
     let model = Llama::build(&mut Builder::new(&rt, &mut params, &mut Init::new(3)), config).unwrap();
-    let seqs: [Vec<i32>; 2] = [
-        (0..10).map(|i| (i * 7 % 40) as i32).collect(),
-        (0..10).map(|i| (i * 11 % 40 + 1) as i32).collect(),
-    ];
+    let seqs: [Vec<i32>; 2] = [(0..10).map(|i| i * 7 % 40).collect(), (0..10).map(|i| i * 11 % 40 + 1).collect()];
     let mut cache = model.kv_cache(&rt, 2).unwrap();
     let tape = || Tape::no_grad().with_mode(Mode::eval());
     for t in 0..10 {

@@ -81,12 +81,12 @@ pub fn run(args: GenerateArgs) -> CliResult {
     draw(&args, &trainer, vocab.as_deref(), &prompt)
 }
 
+/// A trainer with its weights, a character model's vocabulary, and the prompt's ids.
+type Loaded = (Trainer, Option<Vec<char>>, Vec<i32>);
+
 /// The trainer of a checkpoint's run with its weights, the character vocabulary of a
 /// character model, and the prompt's ids.
-fn from_checkpoint(
-    args: &GenerateArgs,
-    checkpoint: &std::path::Path,
-) -> Result<(Trainer, Option<Vec<char>>, Vec<i32>), Box<dyn std::error::Error>> {
+fn from_checkpoint(args: &GenerateArgs, checkpoint: &std::path::Path) -> Result<Loaded, Box<dyn std::error::Error>> {
     let dir = resolve(checkpoint)?;
     let (mut config, _) = resume_config(&dir, &[])?;
     // One device generates, whatever the run was spread over: the checkpoint's shards
