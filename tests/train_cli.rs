@@ -759,3 +759,72 @@ fn eval_from_a_checkpoint_alone_equals_the_runs_last_evaluation() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("model.hidden"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `data.kind = "lines"`: a text's lines as examples of their own lengths, padded to
+/// each batch's longest and batched by length. The run learns; its steps' peaks differ
+/// with their lengths, the largest equal to the estimate (which takes the longest
+/// examples); the allocator's reserved memory, which the cache keeps across the
+/// shapes, is logged beside it.
+#[test]
+fn lines_of_their_own_lengths_train_padded_and_bucketed() {
+    let dir = scratch("lines");
+    let text = dir.join("lines.txt");
+    let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"];
+    let mut body = String::new();
+    let mut state = 5u64;
+    for _ in 0..600 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let n = 1 + (state >> 40) as usize % 6;
+        let line: Vec<&str> = (0..n).map(|k| words[(state >> (8 + 3 * k)) as usize % 8]).collect();
+        body += &line.join(" ");
+        body.push('\n');
+    }
+    std::fs::write(&text, body).unwrap();
+    let log = dir.join("run.jsonl");
+    let sets = [
+        "model.kind=\"gpt\"".to_string(),
+        "data.kind=\"lines\"".into(),
+        format!("data.path=\"{}\"", text.display()),
+        "model.n_layer=1".into(),
+        "model.n_head=2".into(),
+        "model.n_embd=32".into(),
+        "model.block_size=48".into(),
+        "train.batch_size=16".into(),
+        "train.lr=3e-3".into(),
+        "train.eval_every=0".into(),
+        format!("checkpoint.dir=\"{}\"", dir.join("ck").display()),
+    ];
+    let mut args = vec!["train".to_string(), "--quiet".into(), "--set".into(), "train.steps=40".into()];
+    for s in &sets {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    args.extend(["--log".into(), log.display().to_string()]);
+    run_ok(&args, &[]);
+    let steps = step_lines(&log);
+    let loss = |s: &[serde_json::Value]| s.iter().map(|v| v["loss"].as_f64().unwrap()).sum::<f64>() / s.len() as f64;
+    assert!(
+        loss(&steps[30..]) < 0.8 * loss(&steps[..5]),
+        "{} -> {}",
+        loss(&steps[..5]),
+        loss(&steps[30..])
+    );
+    let peaks: Vec<u64> = steps.iter().map(|v| v["mem"]["peak"].as_u64().unwrap()).collect();
+    let (least, most) = (peaks[1..].iter().min().unwrap(), peaks.iter().max().unwrap());
+    assert!(least < most, "the steps' shapes differ: {peaks:?}");
+    let mut est = vec!["estimate".to_string(), "--json".into()];
+    for s in &sets {
+        est.extend(["--set".to_string(), s.clone()]);
+    }
+    let est: serde_json::Value = serde_json::from_str(&run_ok(&est, &[])).unwrap();
+    assert_eq!(
+        est["peak_bytes"].as_u64().unwrap(),
+        *most,
+        "the longest batch's step is the estimate's"
+    );
+    for v in &steps {
+        let m = &v["mem"];
+        assert!(m["reserved"].as_u64().unwrap() >= m["allocated"].as_u64().unwrap());
+        assert!(m["fragmentation"].as_f64().unwrap() >= 0.0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -37,3 +37,49 @@ fn a_runtime_from_outside_is_the_one_the_run_uses() {
     assert_eq!(from_given.losses, from_own.losses);
     assert_eq!(from_given.losses.len(), 3);
 }
+
+/// A batch of examples of their own lengths, padded to its longest: the GPT's loss is
+/// the mean over the real next-token targets, as each example's own batch gives
+/// (causal attention: the padding after an example changes none of its positions, and
+/// padded targets are the cross-entropy's ignore index).
+#[test]
+fn a_padded_batch_loses_what_its_examples_lose_on_their_own() {
+    use wgtrain_engine::autograd::{Mode, Params, Tape};
+    use wgtrain_engine::data::{DataError, Dataset, HostBatch, PAD_TARGET, collate};
+    use wgtrain_engine::nn::{Gpt, GptConfig, Init};
+    use wgtrain_engine::train::Trainable;
+    assert_eq!(PAD_TARGET, wgtrain_engine::kernels::cross_entropy::IGNORE_INDEX);
+    let rt = Runtime::new(Arc::new(Gpu::open(None).unwrap()), AllocatorOptions::default()).unwrap();
+    let config: GptConfig = serde_json::from_value(serde_json::json!({
+        "vocab_size": 20, "n_positions": 8, "n_embd": 16, "n_layer": 1, "n_head": 2
+    }))
+    .unwrap();
+    let mut params = Params::default();
+    let model = Gpt::new(&rt, config, &mut params, &mut Init::new(1)).unwrap();
+    /// Example 0: 6 tokens, example 1: 3.
+    struct Two;
+    impl Dataset for Two {
+        fn len(&self) -> usize {
+            2
+        }
+        fn push(&self, i: usize, b: &mut HostBatch) -> Result<(), DataError> {
+            let ids: &[i32] = if i == 0 { &[3, 1, 4, 1, 5, 9, 2] } else { &[2, 7, 1, 8] };
+            b.tokens.extend_from_slice(&ids[..ids.len() - 1]);
+            b.targets.extend_from_slice(&ids[1..]);
+            Ok(())
+        }
+        fn length(&self, i: usize) -> Option<usize> {
+            Some(if i == 0 { 6 } else { 3 })
+        }
+    }
+    let loss = |b: &HostBatch| -> f64 {
+        let mut tape = Tape::no_grad().with_mode(Mode::eval());
+        let l = model.loss(&mut tape, &rt, &params, b).unwrap();
+        wgtrain_engine::TensorOps::to_f32_vec(&l.value, &rt).unwrap()[0] as f64
+    };
+    let both = collate(&Two, &[0, 1], (0, 0)).unwrap();
+    assert_eq!(both.tokens.len(), 12, "padded to the longest");
+    let want = (6.0 * loss(&collate(&Two, &[0], (0, 0)).unwrap()) + 3.0 * loss(&collate(&Two, &[1], (0, 0)).unwrap())) / 9.0;
+    let got = loss(&both);
+    assert!((got - want).abs() < 1e-5, "padded {got} against the examples' own {want}");
+}

@@ -94,7 +94,7 @@ fn from_checkpoint(args: &GenerateArgs, checkpoint: &std::path::Path) -> Result<
     config.parallel = Default::default();
     // A character model's vocabulary is its text's characters, in order.
     let vocab = match config.data.kind {
-        DataKind::Chars => {
+        DataKind::Chars | DataKind::Lines => {
             let path = config.data.path.clone().map(PathBuf::from);
             let path = path.unwrap_or_else(|| PathBuf::from(wgtrain_engine::data::text::DEFAULT_PATH));
             let context = config.model.context().unwrap_or(1);

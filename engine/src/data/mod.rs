@@ -8,4 +8,4 @@ pub mod images;
 pub mod loader;
 pub mod text;
 pub mod tokens;
-pub use loader::{BatchOrder, DataError, Dataset, HostBatch, Loader, batches_per_epoch, epoch_order};
+pub use loader::{BatchOrder, DataError, Dataset, HostBatch, Loader, PAD_TARGET, batches_per_epoch, bucketed, collate, epoch_order};

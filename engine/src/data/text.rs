@@ -1,6 +1,7 @@
 //! Character-level text: any file or folder of text files (default: Debian's
 //! `fortunes` package under /usr/share/games/fortunes), a vocabulary of the characters
-//! seen, and windows of T + 1 characters (inputs and next-character targets).
+//! seen, and windows of T + 1 characters (inputs and next-character targets), or each
+//! line an example of its own length (`data.kind = "lines"`).
 //!
 //! May call: `data::loader`, `files`.
 
@@ -141,5 +142,61 @@ impl Dataset for CharCorpus {
         batch.tokens.extend_from_slice(&self.ids[start..start + self.block]);
         batch.targets.extend_from_slice(&self.ids[start + 1..start + self.block + 1]);
         Ok(())
+    }
+}
+
+/// A corpus's lines as examples of their own lengths (`data.kind = "lines"`): each line
+/// with its newline, at most T + 1 characters (a longer line's rest is left out), as
+/// inputs and next-character targets. Lines of a lone newline are left out. The loader
+/// pads a batch to its longest and groups similar lengths.
+pub struct CharLines {
+    ids: Vec<i32>,
+    /// Each example's start in `ids` and its characters (inputs + 1).
+    spans: Vec<(usize, usize)>,
+}
+
+impl CharCorpus {
+    /// The corpus's lines, at most `block` + 1 characters each.
+    pub fn lines(&self) -> CharLines {
+        let newline = self.vocab.binary_search(&'\n').ok().map(|i| i as i32);
+        let mut spans = Vec::new();
+        let mut start = 0;
+        for (k, &id) in self.ids.iter().enumerate() {
+            if Some(id) == newline || k + 1 == self.ids.len() {
+                let len = (k + 1 - start).min(self.block + 1);
+                if len >= 2 {
+                    spans.push((start, len));
+                }
+                start = k + 1;
+            }
+        }
+        CharLines {
+            ids: self.ids.clone(),
+            spans,
+        }
+    }
+}
+
+impl CharLines {
+    /// The longest example's tokens (inputs).
+    pub fn longest(&self) -> usize {
+        self.spans.iter().map(|&(_, l)| l - 1).max().unwrap_or(0)
+    }
+}
+
+impl Dataset for CharLines {
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
+        let (start, len) = self.spans[i];
+        batch.tokens.extend_from_slice(&self.ids[start..start + len - 1]);
+        batch.targets.extend_from_slice(&self.ids[start + 1..start + len]);
+        Ok(())
+    }
+
+    fn length(&self, i: usize) -> Option<usize> {
+        Some(self.spans[i].1 - 1)
     }
 }

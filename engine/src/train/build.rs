@@ -48,13 +48,15 @@ pub struct Loaded {
 
 impl Loaded {
     /// The first `batch_size` training examples (the shapes of every step's batch).
+    /// Where examples differ in length (`data.kind = "lines"`), the longest ones: the
+    /// step that needs the most memory.
     pub fn first_batch(&self, batch_size: usize) -> Result<HostBatch, DataError> {
-        let mut b = HostBatch::default();
-        for i in 0..batch_size.min(self.train.len()) {
-            self.train.push(i, &mut b)?;
-            b.examples += 1;
+        let n = batch_size.min(self.train.len());
+        let mut indices: Vec<usize> = (0..self.train.len()).collect();
+        if self.train.length(0).is_some() {
+            indices.sort_by_key(|&i| std::cmp::Reverse(self.train.length(i).unwrap_or(0)));
         }
-        Ok(b)
+        crate::data::collate(&*self.train, &indices[..n], (0, 0))
     }
 }
 
@@ -78,6 +80,10 @@ impl Dataset for Limited {
     }
     fn push(&self, i: usize, batch: &mut HostBatch) -> Result<(), DataError> {
         self.inner.push(i, batch)
+    }
+
+    fn length(&self, i: usize) -> Option<usize> {
+        self.inner.length(i)
     }
 }
 
@@ -221,6 +227,22 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
                 from_config: true,
                 train: limited(Arc::new(train), config.data.train_limit),
                 eval: limited(Arc::new(val), config.data.eval_limit),
+                outputs: vocab,
+                unigram_entropy: Some(entropy),
+                image: None,
+            }
+        }
+        DataKind::Lines => {
+            let p = path.unwrap_or_else(|| PathBuf::from(text::DEFAULT_PATH));
+            let corpus = CharCorpus::load(&p, context)?;
+            let entropy = corpus.unigram_entropy();
+            let vocab = corpus.vocab.len();
+            let (train, val) = corpus.split(0.1);
+            Loaded {
+                model: model.clone(),
+                from_config: true,
+                train: limited(Arc::new(train.lines()), config.data.train_limit),
+                eval: limited(Arc::new(val.lines()), config.data.eval_limit),
                 outputs: vocab,
                 unigram_entropy: Some(entropy),
                 image: None,

@@ -8,7 +8,6 @@
 use wgtrain_record::EvalLog;
 
 use crate::autograd::{Mode, Tape};
-use crate::data::HostBatch;
 use crate::train::error::TrainError;
 use crate::train::trainer::Trainer;
 
@@ -44,11 +43,8 @@ impl Trainer {
         let whole = self.whole_params()?;
         let params = whole.as_ref().unwrap_or(&self.params);
         for start in (0..n).step_by(batch.max(1)) {
-            let mut b = HostBatch::default();
-            for i in start..(start + batch).min(n) {
-                self.eval.push(i, &mut b)?;
-                b.examples += 1;
-            }
+            let indices: Vec<usize> = (start..(start + batch).min(n)).collect();
+            let b = crate::data::collate(&*self.eval, &indices, (0, 0))?;
             let mut tape = Tape::no_grad()
                 .with_half_matmuls(self.half())
                 .with_mode(Mode::eval())

@@ -83,7 +83,7 @@ pub trait Trainable: Send + Sync {
         let loss = self.loss(tape, rt, params, batch)?;
         Ok(EvalBatch {
             loss: loss.value.to_f32_vec(rt)?[0] as f64,
-            rows: batch.targets.len(),
+            rows: batch.valid_targets(),
             correct: None,
         })
     }
@@ -277,7 +277,7 @@ impl Trainable for Gpt {
     /// Through the fused head + cross-entropy: the GPT never holds the whole logits.
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
         let (ids, y) = (token_ids(rt, b, &b.tokens, "batch.tokens")?, targets(rt, b)?);
-        self.forward_loss(tape, rt, params, &ids, (&y, b.targets.len()), CE_ROW_CHUNK)
+        self.forward_loss(tape, rt, params, &ids, (&y, b.valid_targets()), CE_ROW_CHUNK)
     }
 
     /// 6N + 12·L·T·C per token (N without the position embedding), T tokens.
@@ -317,7 +317,7 @@ impl Trainable for Llama {
     /// Through the fused head + cross-entropy, as the GPT.
     fn loss(&self, tape: &mut Tape, rt: &Runtime, params: &Params, b: &HostBatch) -> Result<Var, Error> {
         let (ids, y) = (token_ids(rt, b, &b.tokens, "batch.tokens")?, targets(rt, b)?);
-        self.forward_loss(tape, rt, params, &ids, (&y, b.targets.len()), CE_ROW_CHUNK)
+        self.forward_loss(tape, rt, params, &ids, (&y, b.valid_targets()), CE_ROW_CHUNK)
     }
 
     /// 6N + 12·L·T·(H·D) per token, N without the embedding when the head is its own

@@ -48,6 +48,9 @@ pub enum DataKind {
     FashionMnist,
     /// Character-level text: the vocabulary is the text's characters.
     Chars,
+    /// The text's lines, each an example of its own length (characters): batches are
+    /// padded to their longest and group similar lengths.
+    Lines,
     /// nanoGPT's token files: a folder with train.bin and val.bin.
     Tokens,
     /// Images made from the seed (`data.image`, `data.classes`): for benchmarks.
@@ -55,7 +58,13 @@ pub enum DataKind {
 }
 
 impl Choice for DataKind {
-    const ALL: &'static [Self] = &[DataKind::FashionMnist, DataKind::Chars, DataKind::Tokens, DataKind::SyntheticImages];
+    const ALL: &'static [Self] = &[
+        DataKind::FashionMnist,
+        DataKind::Chars,
+        DataKind::Lines,
+        DataKind::Tokens,
+        DataKind::SyntheticImages,
+    ];
 }
 
 /// `data.token_dtype`: the id type of token files.
@@ -98,17 +107,6 @@ pub enum OptimizerKind {
 
 impl Choice for OptimizerKind {
     const ALL: &'static [Self] = &[OptimizerKind::Adamw, OptimizerKind::Sgd, OptimizerKind::Adamw8bit];
-}
-
-impl OptimizerKind {
-    /// Optimizer state bytes per parameter element held in f32 (8-bit AdamW's large
-    /// parameters hold about a quarter: `optim::Rule::state_bytes` says exactly).
-    pub fn state_bytes(self) -> u64 {
-        match self {
-            OptimizerKind::Adamw | OptimizerKind::Adamw8bit => 8,
-            OptimizerKind::Sgd => 4,
-        }
-    }
 }
 
 /// `train.schedule`.

@@ -226,7 +226,8 @@ impl ModelConfig {
     pub fn trains_on(&self) -> &'static [DataKind] {
         match self {
             ModelConfig::Mlp(_) => &[DataKind::FashionMnist],
-            ModelConfig::Gpt(_) | ModelConfig::Llama(_) | ModelConfig::Bert(_) => &[DataKind::Chars, DataKind::Tokens],
+            ModelConfig::Gpt(_) | ModelConfig::Llama(_) => &[DataKind::Chars, DataKind::Lines, DataKind::Tokens],
+            ModelConfig::Bert(_) => &[DataKind::Chars, DataKind::Tokens],
             ModelConfig::Cnn(_) | ModelConfig::Resnet(_) => &[DataKind::FashionMnist, DataKind::SyntheticImages],
         }
     }
