@@ -312,6 +312,18 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
         "stderr",
     );
     let evaluated = peak_of(&["eval", "--checkpoint", ckpt, "--json"], "peak");
+    // Evaluated in fp16-mixed instead of the run's fp32: the same loss to 1%.
+    let loss_of = |extra: &[&str]| -> f64 {
+        let mut args = vec!["eval", "--checkpoint", ckpt, "--json"];
+        args.extend(extra);
+        let out = wgtrain(&args, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["loss"]
+            .as_f64()
+            .unwrap()
+    };
+    let (full, half) = (loss_of(&[]), loss_of(&["--precision", "fp16-mixed"]));
+    assert!((full - half).abs() <= 0.01 * full, "fp32 {full}, fp16-mixed {half}");
     let mut estimate: Vec<String> = vec!["estimate".into(), "--json".into()];
     for s in &sets {
         estimate.extend(["--set".to_string(), s.clone()]);

@@ -29,6 +29,9 @@ pub struct EvalArgs {
     /// training micro-batch for a language model).
     #[arg(long, value_name = "N")]
     batch_size: Option<usize>,
+    /// Evaluate in this precision (fp32 or fp16-mixed) instead of the run's.
+    #[arg(long, value_name = "P")]
+    precision: Option<String>,
     /// Print {"loss", "accuracy", "peak", "reserved", "step", "at_peak"} as JSON
     /// (`at_peak`: the peak's bytes by category, as the estimate's `by_category`).
     #[arg(long)]
@@ -41,7 +44,9 @@ pub struct EvalArgs {
 /// Evaluates.
 pub fn run(args: EvalArgs) -> CliResult {
     let dir = resolve(&args.checkpoint)?;
-    let (config, _) = resume_config(&dir, &args.set)?;
+    let mut sets = args.set.clone();
+    sets.extend(args.precision.iter().map(|p| format!("memory.precision=\"{p}\"")));
+    let (config, _) = resume_config(&dir, &sets)?;
     let mut trainer = Trainer::new(config, args.adapter.as_deref())?;
     let step = trainer.restore_weights(&dir)?;
     trainer.rt.sync()?;

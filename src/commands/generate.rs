@@ -29,6 +29,10 @@ pub struct GenerateArgs {
     /// GPT2LMHeadModel or LlamaForCausalLM, instead of a checkpoint: token ids in and out.
     #[arg(long, value_name = "DIR")]
     hf_dir: Option<PathBuf>,
+    /// Generate in this precision (fp32 or fp16-mixed) instead of the run's (a
+    /// checkpoint's; a transformers folder generates in fp32).
+    #[arg(long, value_name = "P", conflicts_with = "hf_dir")]
+    precision: Option<String>,
     /// Text to continue (a character model's); default: a newline.
     #[arg(long)]
     prompt: Option<String>,
@@ -88,7 +92,8 @@ type Loaded = (Trainer, Option<Vec<char>>, Vec<i32>);
 /// character model, and the prompt's ids.
 fn from_checkpoint(args: &GenerateArgs, checkpoint: &std::path::Path) -> Result<Loaded, Box<dyn std::error::Error>> {
     let dir = resolve(checkpoint)?;
-    let (mut config, _) = resume_config(&dir, &[])?;
+    let sets: Vec<String> = args.precision.iter().map(|p| format!("memory.precision=\"{p}\"")).collect();
+    let (mut config, _) = resume_config(&dir, &sets)?;
     // One device generates, whatever the run was spread over: the checkpoint's shards
     // are joined on load.
     config.parallel = Default::default();
