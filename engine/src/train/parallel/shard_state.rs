@@ -107,8 +107,8 @@ impl Trainer {
         Ok(out)
     }
 
-    /// [`Trainer::optimizer_state_host`] over this process's ranks only (8-bit state's
-    /// absmax values only where one device holds the whole state).
+    /// [`Trainer::optimizer_state_host`] over this process's ranks only (8-bit state: its
+    /// values, and the ranks' block absmax values in rank order).
     fn local_optimizer_state(&self, i: usize) -> Result<Option<StateHost>, Error> {
         let adam = self.opt.rule.is_adam();
         if let Some(w) = self.world.as_ref().filter(|w| !w.offload.is_empty()) {
