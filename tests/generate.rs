@@ -469,8 +469,9 @@ fn the_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
     assert!(err.contains("the cache is full"), "{err}");
 }
 
-/// The Llama's cache (grouped-query heads, rotary angles of each position) against the
-/// whole prefix, at every position of two sequences: within 1e-5.
+/// The Llama's cache (its key/value heads only, each group's queries attending
+/// together; rotary angles of each position) against the whole prefix, at every
+/// position of two sequences: within 1e-5.
 #[test]
 fn the_llamas_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
     use wgtrain_engine::autograd::{Mode, Params, Tape};
@@ -485,7 +486,12 @@ fn the_llamas_key_value_cache_gives_the_logits_of_running_the_whole_prefix() {
     let mut params = Params::default();
     let model = Llama::build(&mut Builder::new(&rt, &mut params, &mut Init::new(3)), config).unwrap();
     let seqs: [Vec<i32>; 2] = [(0..10).map(|i| i * 7 % 40).collect(), (0..10).map(|i| i * 11 % 40 + 1).collect()];
+    let before = rt.alloc.stats().by_category[Category::KvCache.index()].requested.current;
     let mut cache = model.kv_cache(&rt, 2).unwrap();
+    // Its 2 key/value heads only (not the 4 query heads'): 2 layers x keys and values
+    // x [10, 2, 2, 8] f32.
+    let kv = rt.alloc.stats().by_category[Category::KvCache.index()].requested.current - before;
+    assert_eq!(kv, 2 * 2 * 10 * 2 * 2 * 8 * 4);
     let tape = || Tape::no_grad().with_mode(Mode::eval());
     for t in 0..10 {
         let ids = Tensor::from_i32(&rt, &[seqs[0][t], seqs[1][t]], &[2], Category::Input, "ids").unwrap();

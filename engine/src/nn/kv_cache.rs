@@ -5,9 +5,9 @@
 //! whatever the precision, [T, B, H, D] per layer and kind (a position's keys for every
 //! sequence are one contiguous write), allocated once for the model's whole context
 //! under the allocator's `kv_cache` category. Attention over the cache is two batched
-//! products and a softmax, as PyTorch's eager attention. Grouped-query models keep the
-//! heads expanded (each key/value head repeated for its query heads), as the packed
-//! attention input holds them.
+//! products and a softmax, as PyTorch's eager attention. Grouped-query models keep their
+//! key/value heads only (the packed attention input repeats each for its query heads:
+//! one of each group is cached), and a group's queries attend together.
 //!
 //! May call: `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
@@ -26,21 +26,30 @@ pub struct KvCache {
     values: Vec<Tensor>,
     len: usize,
     batch: usize,
+    /// Query heads; the cache holds `kv_heads` of them, each serving heads / kv_heads.
     heads: usize,
+    kv_heads: usize,
 }
 
 impl KvCache {
     /// An empty cache of `layers` layers for `batch` sequences of up to `positions`
-    /// tokens, `heads` heads of `d` (allocated now: 2 x layers x positions x batch x
-    /// heads x d f32); layer i's tensors are labelled `prefix(i)` + `.key_cache` and
-    /// `.value_cache`.
+    /// tokens, `heads` query heads of `d` sharing `kv_heads` key/value heads (allocated
+    /// now: 2 x layers x positions x batch x kv_heads x d f32); layer i's tensors are
+    /// labelled `prefix(i)` + `.key_cache` and `.value_cache`.
     pub fn new(
         rt: &Runtime,
         (layers, positions, batch): (usize, usize, usize),
-        (heads, d): (usize, usize),
+        (heads, kv_heads, d): (usize, usize, usize),
         prefix: impl Fn(usize) -> String,
     ) -> Result<KvCache, Error> {
-        let shape = [positions, batch, heads, d];
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::shape(
+                "key/value cache",
+                "key/value heads dividing the query heads",
+                format!("{kv_heads} of {heads}"),
+            ));
+        }
+        let shape = [positions, batch, kv_heads, d];
         let (mut keys, mut values) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
         for i in 0..layers {
             keys.push(Tensor::empty(
@@ -64,6 +73,7 @@ impl KvCache {
             len: 0,
             batch,
             heads,
+            kv_heads,
         })
     }
 
@@ -116,33 +126,38 @@ impl KvCache {
     /// `layer`, after writing its keys and values at `pos`: qkv [B, 1, 3C] (the packed
     /// attention input, every head's keys and values) in, [B, 1, C] f32 out.
     pub fn attend(&self, rt: &Runtime, qkv: &Tensor, layer: usize, pos: usize) -> Result<Tensor, Error> {
-        let (cache, heads) = (self, self.heads);
+        let (heads, kv) = (self.heads, self.kv_heads);
         let [b, _, three_c] = *qkv.shape() else {
             return Err(Error::shape("cached attention", "qkv [B, 1, 3C]", format!("{:?}", qkv.shape())));
         };
         let c = three_c / 3;
         let d = c / heads;
-        // This position's keys and values into the caches (cast to f32 on the way).
-        for (cached, from) in [(&cache.keys[layer], c), (&cache.values[layer], 2 * c)] {
-            let src = qkv.slice(2, from, c)?.transpose(0, 1)?;
-            copy_into(rt, &src, &cached.slice(0, pos, 1)?.reshape(&[1, b, c])?)?;
+        let group = heads / kv;
+        // This position's keys and values into the caches (cast to f32 on the way): the
+        // first query head of each group holds its key/value head.
+        let qkv = if qkv.is_contiguous() { qkv.clone() } else { qkv.contiguous(rt)? };
+        for (cached, from) in [(&self.keys[layer], c), (&self.values[layer], 2 * c)] {
+            // [1, B, KV, D]: sequence b's group j at b * 3C + from + j * G * D.
+            let src = qkv.as_strided(&[1, b, kv, d], &[b * three_c, three_c, group * d, 1], qkv.offset() + from)?;
+            copy_into(rt, &src, &cached.slice(0, pos, 1)?)?;
         }
         let len = pos + 1;
+        // A group's queries together: [B, KV, G, D] (head h is group h / G's member h % G).
         let q = qkv.slice(2, 0, c)?.cast(rt, DType::F32, Category::Temporary, "decode.q")?;
-        let q = q.reshape(&[b, 1, heads, d])?.transpose(1, 2)?; // [B, H, 1, D]
-        // [T, B, H, D] -> [B, H, T, D]
+        let q = q.reshape(&[b, kv, group, d])?;
+        // [T, B, KV, D] -> [B, KV, T, D]
         let by_head = |t: &Tensor| -> Result<Tensor, Error> { t.slice(0, 0, len)?.transpose(0, 1)?.transpose(1, 2) };
-        let keys = by_head(&cache.keys[layer])?.transpose(2, 3)?; // [B, H, D, T]
-        let scores = Tensor::empty(rt, &[b, heads, 1, len], DType::F32, Category::Temporary, "decode.scores")?;
+        let keys = by_head(&self.keys[layer])?.transpose(2, 3)?; // [B, KV, D, T]
+        let scores = Tensor::empty(rt, &[b, kv, group, len], DType::F32, Category::Temporary, "decode.scores")?;
         let scaled = MatmulOptions {
             alpha: 1.0 / (d as f32).sqrt(),
             ..Default::default()
         };
         matmul_into(rt, &q, &keys, &scores, &scaled)?;
-        let probs = Tensor::empty(rt, &[b, heads, 1, len], DType::F32, Category::Temporary, "decode.probs")?;
+        let probs = Tensor::empty(rt, &[b, kv, group, len], DType::F32, Category::Temporary, "decode.probs")?;
         softmax_into(rt, &scores, &probs, false, false)?;
-        let y = Tensor::empty(rt, &[b, heads, 1, d], DType::F32, Category::Temporary, "decode.y")?;
-        matmul_into(rt, &probs, &by_head(&cache.values[layer])?, &y, &MatmulOptions::default())?;
-        y.transpose(1, 2)?.contiguous(rt)?.reshape(&[b, 1, c])
+        let y = Tensor::empty(rt, &[b, kv, group, d], DType::F32, Category::Temporary, "decode.y")?;
+        matmul_into(rt, &probs, &by_head(&self.values[layer])?, &y, &MatmulOptions::default())?;
+        y.reshape(&[b, 1, c])
     }
 }

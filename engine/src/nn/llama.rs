@@ -306,14 +306,14 @@ impl Llama {
         ops::last_position_logits(tape, rt, &h, &head)
     }
 
-    /// An empty key/value cache for `batch` sequences over the model's whole context
-    /// (every query head's keys and values: grouped-query heads are kept expanded).
+    /// An empty key/value cache for `batch` sequences over the model's whole context (its
+    /// key/value heads: grouped-query attention's smaller cache).
     pub fn kv_cache(&self, rt: &Runtime, batch: usize) -> Result<KvCache, Error> {
         let c = &self.config;
         KvCache::new(
             rt,
             (c.num_hidden_layers, c.max_position_embeddings, batch),
-            (c.num_attention_heads, c.head_dim()),
+            (c.num_attention_heads, c.kv_heads(), c.head_dim()),
             |i| format!("model.layers.{i}.self_attn"),
         )
     }

@@ -18,9 +18,12 @@ impl Gpt {
     /// (allocated now: 2 x layers x positions x batch x width f32).
     pub fn kv_cache(&self, rt: &Runtime, batch: usize) -> Result<KvCache, Error> {
         let c = &self.config;
-        KvCache::new(rt, (c.n_layer, c.n_positions, batch), (c.n_head, c.n_embd / c.n_head), |i| {
-            format!("transformer.h.{i}.attn")
-        })
+        KvCache::new(
+            rt,
+            (c.n_layer, c.n_positions, batch),
+            (c.n_head, c.n_head, c.n_embd / c.n_head),
+            |i| format!("transformer.h.{i}.attn"),
+        )
     }
 
     /// The next-token logits [B, V] after token `ids` [B] (i32, one a sequence) at the
