@@ -135,29 +135,46 @@ impl KvCache {
         let group = heads / kv;
         // This position's keys and values into the caches (cast to f32 on the way): the
         // first query head of each group holds its key/value head.
-        let qkv = if qkv.is_contiguous() { qkv.clone() } else { qkv.contiguous(rt)? };
-        for (cached, from) in [(&self.keys[layer], c), (&self.values[layer], 2 * c)] {
-            // [1, B, KV, D]: sequence b's group j at b * 3C + from + j * G * D.
-            let src = qkv.as_strided(&[1, b, kv, d], &[b * three_c, three_c, group * d, 1], qkv.offset() + from)?;
-            copy_into(rt, &src, &cached.slice(0, pos, 1)?)?;
+        if group == 1 {
+            // Every head its own (the GPT): each position's keys [1, B, C] in one copy.
+            for (cached, from) in [(&self.keys[layer], c), (&self.values[layer], 2 * c)] {
+                let src = qkv.slice(2, from, c)?.transpose(0, 1)?;
+                copy_into(rt, &src, &cached.slice(0, pos, 1)?.reshape(&[1, b, c])?)?;
+            }
+        } else {
+            let qkv = if qkv.is_contiguous() { qkv.clone() } else { qkv.contiguous(rt)? };
+            for (cached, from) in [(&self.keys[layer], c), (&self.values[layer], 2 * c)] {
+                // [1, B, KV, D]: sequence b's group j at b * 3C + from + j * G * D.
+                let src = qkv.as_strided(&[1, b, kv, d], &[b * three_c, three_c, group * d, 1], qkv.offset() + from)?;
+                copy_into(rt, &src, &cached.slice(0, pos, 1)?)?;
+            }
         }
         let len = pos + 1;
-        // A group's queries together: [B, KV, G, D] (head h is group h / G's member h % G).
+        // A group's queries together: [B, KV, G, D] (head h is group h / G's member h % G);
+        // without groups [B, H, 1, D].
         let q = qkv.slice(2, 0, c)?.cast(rt, DType::F32, Category::Temporary, "decode.q")?;
-        let q = q.reshape(&[b, kv, group, d])?;
+        let (q, rows) = if group == 1 {
+            (q.reshape(&[b, 1, heads, d])?.transpose(1, 2)?, 1)
+        } else {
+            (q.reshape(&[b, kv, group, d])?, group)
+        };
         // [T, B, KV, D] -> [B, KV, T, D]
         let by_head = |t: &Tensor| -> Result<Tensor, Error> { t.slice(0, 0, len)?.transpose(0, 1)?.transpose(1, 2) };
         let keys = by_head(&self.keys[layer])?.transpose(2, 3)?; // [B, KV, D, T]
-        let scores = Tensor::empty(rt, &[b, kv, group, len], DType::F32, Category::Temporary, "decode.scores")?;
+        let scores = Tensor::empty(rt, &[b, kv, rows, len], DType::F32, Category::Temporary, "decode.scores")?;
         let scaled = MatmulOptions {
             alpha: 1.0 / (d as f32).sqrt(),
             ..Default::default()
         };
         matmul_into(rt, &q, &keys, &scores, &scaled)?;
-        let probs = Tensor::empty(rt, &[b, kv, group, len], DType::F32, Category::Temporary, "decode.probs")?;
+        let probs = Tensor::empty(rt, &[b, kv, rows, len], DType::F32, Category::Temporary, "decode.probs")?;
         softmax_into(rt, &scores, &probs, false, false)?;
-        let y = Tensor::empty(rt, &[b, kv, group, d], DType::F32, Category::Temporary, "decode.y")?;
+        let y = Tensor::empty(rt, &[b, kv, rows, d], DType::F32, Category::Temporary, "decode.y")?;
         matmul_into(rt, &probs, &by_head(&self.values[layer])?, &y, &MatmulOptions::default())?;
-        y.reshape(&[b, 1, c])
+        if group == 1 {
+            y.transpose(1, 2)?.contiguous(rt)?.reshape(&[b, 1, c])
+        } else {
+            y.reshape(&[b, 1, c])
+        }
     }
 }
