@@ -156,6 +156,28 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
     )
 }
 
+/// AdamW's uniform values for a step of `n` elements of `s` (`step` counts from 1).
+fn adam_params(h: &AdamW, s: &OptimState, n: usize, step: u32, inv_scale: f32, skip_if_found: bool) -> Params {
+    Params {
+        n: n as u32,
+        skip_if_found: skip_if_found as u32,
+        first_step: (step == 1) as u32,
+        nesterov: 0,
+        lr: h.lr,
+        beta1: h.betas.0,
+        beta2: h.betas.1,
+        eps: h.eps,
+        weight_decay: h.weight_decay,
+        bias_correction1: 1.0 - h.betas.0.powi(step as i32),
+        bias_correction2_sqrt: (1.0 - h.betas.1.powi(step as i32)).sqrt(),
+        inv_scale,
+        param_offset: s.param.offset() as u32,
+        grad_offset: s.grad.offset() as u32,
+        half_offset: s.half.map_or(0, |h| h.offset() as u32),
+        pad: 0,
+    }
+}
+
 /// One AdamW step (`step` counts from 1). With `skip_if_found`, nothing changes when
 /// found[0] != 0.
 pub fn adamw_step(
@@ -168,26 +190,7 @@ pub fn adamw_step(
     skip_if_found: bool,
 ) -> Result<(), Error> {
     let n = check(s, found)?;
-    let bc1 = 1.0 - h.betas.0.powi(step as i32);
-    let bc2 = 1.0 - h.betas.1.powi(step as i32);
-    let params = Params {
-        n: n as u32,
-        skip_if_found: skip_if_found as u32,
-        first_step: (step == 1) as u32,
-        nesterov: 0,
-        lr: h.lr,
-        beta1: h.betas.0,
-        beta2: h.betas.1,
-        eps: h.eps,
-        weight_decay: h.weight_decay,
-        bias_correction1: bc1,
-        bias_correction2_sqrt: bc2.sqrt(),
-        inv_scale,
-        param_offset: s.param.offset() as u32,
-        grad_offset: s.grad.offset() as u32,
-        half_offset: s.half.map_or(0, |h| h.offset() as u32),
-        pad: 0,
-    };
+    let params = adam_params(h, s, n, step, inv_scale, skip_if_found);
     launch_update(rt, 1, "optim adamw", s, found, &params)
 }
 
@@ -236,24 +239,7 @@ pub fn adamw8bit_step(
         check_contiguous("half copy", h, s.param.shape())?;
     }
     check_tensor("found_inf", found, DType::U32)?;
-    let bc1 = 1.0 - h.betas.0.powi(step as i32);
-    let bc2 = 1.0 - h.betas.1.powi(step as i32);
-    let params = Params {
-        n: n as u32,
-        skip_if_found: skip_if_found as u32,
-        lr: h.lr,
-        beta1: h.betas.0,
-        beta2: h.betas.1,
-        eps: h.eps,
-        weight_decay: h.weight_decay,
-        bias_correction1: bc1,
-        bias_correction2_sqrt: bc2.sqrt(),
-        inv_scale,
-        param_offset: s.param.offset() as u32,
-        grad_offset: s.grad.offset() as u32,
-        half_offset: s.half.map_or(0, |h| h.offset() as u32),
-        ..Default::default()
-    };
+    let params = adam_params(h, s, n, step, inv_scale, skip_if_found);
     let half = s.half.is_some();
     let kernel = rt.kernel(
         KernelKey::new("optim8", &[half as u32]),

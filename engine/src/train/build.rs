@@ -216,33 +216,23 @@ fn load_splits(config: &Config) -> Result<Loaded, TrainError> {
                 image: Some(image),
             }
         }
-        DataKind::Chars => {
+        DataKind::Chars | DataKind::Lines => {
             let p = path.unwrap_or_else(|| PathBuf::from(text::DEFAULT_PATH));
             let corpus = CharCorpus::load(&p, context)?;
             let entropy = corpus.unigram_entropy();
             let vocab = corpus.vocab.len();
             let (train, val) = corpus.split(0.1);
+            // Windows of the text, or its lines as examples of their own lengths.
+            let (train, val): (Arc<dyn Dataset>, Arc<dyn Dataset>) = if config.data.kind == DataKind::Lines {
+                (Arc::new(train.lines()), Arc::new(val.lines()))
+            } else {
+                (Arc::new(train), Arc::new(val))
+            };
             Loaded {
                 model: model.clone(),
                 from_config: true,
-                train: limited(Arc::new(train), config.data.train_limit),
-                eval: limited(Arc::new(val), config.data.eval_limit),
-                outputs: vocab,
-                unigram_entropy: Some(entropy),
-                image: None,
-            }
-        }
-        DataKind::Lines => {
-            let p = path.unwrap_or_else(|| PathBuf::from(text::DEFAULT_PATH));
-            let corpus = CharCorpus::load(&p, context)?;
-            let entropy = corpus.unigram_entropy();
-            let vocab = corpus.vocab.len();
-            let (train, val) = corpus.split(0.1);
-            Loaded {
-                model: model.clone(),
-                from_config: true,
-                train: limited(Arc::new(train.lines()), config.data.train_limit),
-                eval: limited(Arc::new(val.lines()), config.data.eval_limit),
+                train: limited(train, config.data.train_limit),
+                eval: limited(val, config.data.eval_limit),
                 outputs: vocab,
                 unigram_entropy: Some(entropy),
                 image: None,
