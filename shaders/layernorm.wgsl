@@ -6,7 +6,7 @@
 //   2 weight partials: for the chunk of ROW_CHUNK rows given by workgroup_id.y,
 //             pw[chunk, c] = sum dy * xhat, pb[chunk, c] = sum dy      one thread per column
 //             (pw, pb bound where dw, db are)
-//   3 weight sums: dw[c] += sum over chunks of pw, db[c] += ... of pb, chunks in order
+//   3 weight sums: dw[c] = sum over chunks of pw, db[c] = ... of pb, chunks in order
 //             (pw, pb bound where mean, rstd are): deterministic, and parallel over rows
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db.
 {{ENABLE}}
@@ -65,8 +65,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             sw += mean[k * p.cols + c];
             sb += rstd[k * p.cols + c];
         }
-        dw[c] += sw;
-        db[c] += sb;
+        dw[c] = sw;
+        db[c] = sb;
         return;
     }
     let row = group;

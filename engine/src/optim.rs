@@ -1,7 +1,8 @@
 //! Optimizers over [`Params`] with PyTorch's semantics (AdamW, SGD with momentum, and
 //! AdamW with 8-bit blockwise state as bitsandbytes keeps it), global-norm gradient
-//! clipping, and the warmup + cosine learning-rate schedule. Each step is one fused
-//! kernel per parameter (kernels::optim).
+//! clipping, and the warmup + cosine learning-rate schedule. A step is a few fused
+//! multi-tensor launches (kernels::optim_multi); the steps of ZeRO and offload update one
+//! parameter at a time (kernels::optim).
 //!
 //! May call: `autograd`, `error`, `kernels`, `memory`, `runtime`, `tensor`.
 
@@ -11,6 +12,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::blockwise;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, adamw8bit_step, sgd_step};
+use crate::kernels::optim_multi::{Item, Update, multi_step};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -132,11 +134,53 @@ impl Optimizer {
     /// the device, GradScaler's inf/NaN check) is non-zero: nothing waits for the flag.
     /// A caller that then reads a set flag calls [`Optimizer::undo_skipped_step`].
     pub fn step_unless(&mut self, rt: &Runtime, params: &Params, lr: f32, found: Option<&Tensor>) -> Result<(), Error> {
+        self.step_scaled(rt, params, lr, found, 1.0)
+    }
+
+    /// [`Optimizer::step_unless`] over gradients still multiplied by the loss scale:
+    /// each update multiplies its gradient by `inv_scale` first (GradScaler's unscale
+    /// fused into the update, the same f32 products). The f32 states update in a few
+    /// multi-tensor launches (`kernels::optim_multi`), 8-bit states one parameter at a
+    /// time.
+    pub fn step_scaled(&mut self, rt: &Runtime, params: &Params, lr: f32, found: Option<&Tensor>, inv_scale: f32) -> Result<(), Error> {
         self.start_step(rt, params)?;
+        let (found, skip_if_found) = match found {
+            Some(f) => (f, true),
+            None => (self.found_inf.as_ref().expect("begin_step made it"), false),
+        };
+        let update = match self.rule {
+            Rule::AdamW(h) | Rule::AdamW8bit(h) => Update::AdamW(AdamW { lr, ..h }, self.step),
+            Rule::Sgd(h) => Update::Sgd(Sgd { lr, ..h }),
+        };
+        let halves: Vec<Option<Tensor>> = params
+            .list
+            .iter()
+            .map(|p| self.halves.as_ref().and_then(|h| h.get(&p.value)))
+            .collect();
+        let mut items = Vec::new();
         for (i, p) in params.list.iter().enumerate() {
-            self.update_param_unless(rt, i, p, lr, found)?;
+            let Some(grad) = &p.grad else { continue };
+            // SGD's first use of a buffer copies the gradient into it (PyTorch).
+            let first = self.fresh.remove(&i);
+            if first {
+                self.used_fresh.push(i);
+            }
+            let (m, v) = self.state[i].as_ref().expect("start_step made it");
+            let state = OptimState {
+                param: &p.value,
+                grad,
+                m,
+                v,
+                half: halves[i].as_ref(),
+            };
+            match (self.rule, m.dtype()) {
+                (Rule::AdamW8bit(h), DType::U32) => {
+                    adamw8bit_step(rt, &AdamW { lr, ..h }, &state, self.step, inv_scale, found, skip_if_found)?
+                }
+                _ => items.push(Item { state, first }),
+            }
         }
-        Ok(())
+        multi_step(rt, update, &items, inv_scale, found, skip_if_found)
     }
 
     /// A step's start over `params`: every parameter with a gradient has its state

@@ -16,7 +16,8 @@ use crate::autograd::Params;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::fill;
-use crate::kernels::optim::unscale_and_check;
+use crate::kernels::optim::OptimState;
+use crate::kernels::optim_multi::{Item, Update, multi_step};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -68,14 +69,35 @@ impl GradScaler {
     /// [`GradScaler::unscale`] without reading the answer back: the flag stays on the
     /// device (non-zero: some gradient was inf or NaN), for kernels that skip on it.
     pub fn unscale_on_device(&self, rt: &Runtime, params: &Params) -> Result<Tensor, Error> {
+        self.check_grads(rt, params, Update::UnscaleAndCheck)
+    }
+
+    /// The flag of [`GradScaler::unscale_on_device`] without unscaling: the gradients
+    /// keep the scale, for an update that multiplies by its inverse itself
+    /// (`Optimizer::step_scaled`). Reads each gradient once and writes none.
+    pub fn check_on_device(&self, rt: &Runtime, params: &Params) -> Result<Tensor, Error> {
+        self.check_grads(rt, params, Update::Check)
+    }
+
+    fn check_grads(&self, rt: &Runtime, params: &Params, update: Update) -> Result<Tensor, Error> {
         let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
         fill(rt, &found, 0.0)?;
-        let inv = 1.0 / self.scale;
-        for p in &params.list {
-            if let Some(g) = &p.grad {
-                unscale_and_check(rt, g, inv, &found)?;
-            }
-        }
+        let items: Vec<Item> = params
+            .list
+            .iter()
+            .filter_map(|p| p.grad.as_ref())
+            .map(|g| Item {
+                state: OptimState {
+                    param: g,
+                    grad: g,
+                    m: g,
+                    v: g,
+                    half: None,
+                },
+                first: false,
+            })
+            .collect();
+        multi_step(rt, update, &items, 1.0 / self.scale, &found, false)?;
         Ok(found)
     }
 

@@ -129,7 +129,7 @@ fn forward_norm(
     Ok((y, LayerNormSaved { mean, rstd }))
 }
 
-/// dx from dy; adds the weight and bias gradients into `(dw, db)`.
+/// dx from dy; writes the weight and bias gradients into `(dw, db)`.
 pub fn backward(
     rt: &Runtime,
     x: &Tensor,
@@ -142,7 +142,7 @@ pub fn backward(
     backward_norm(rt, x, w, saved, dy, (dw, db), Norm::Layer, label)
 }
 
-/// RMSNorm's dx from dy; adds the weight gradient into `dw`.
+/// RMSNorm's dx from dy; writes the weight gradient into `dw`.
 pub fn backward_rms(
     rt: &Runtime,
     x: &Tensor,

@@ -29,6 +29,7 @@ pub mod matmul_coop;
 pub mod matmul_params;
 pub mod matmul_plan;
 pub mod optim;
+pub mod optim_multi;
 pub mod pool;
 pub mod reduce;
 pub mod softmax;

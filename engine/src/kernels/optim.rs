@@ -95,7 +95,8 @@ pub struct OptimState<'a> {
     pub half: Option<&'a Tensor>,
 }
 
-fn check(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
+/// Checks what the update kernels index in `s` and `found`; returns the element count.
+pub(super) fn check_state(s: &OptimState, found: &Tensor) -> Result<usize, Error> {
     let n = s.param.numel();
     for (what, t) in [("param", s.param), ("grad", s.grad), ("m", s.m), ("v", s.v)] {
         check_tensor(what, t, DType::F32)?;
@@ -134,7 +135,7 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
         v: grad,
         half: None,
     };
-    let n = check(&s, found)?;
+    let n = check_state(&s, found)?;
     let kernel = rt.kernel(
         KernelKey::new("optim", &[0]),
         5,
@@ -189,7 +190,7 @@ pub fn adamw_step(
     found: &Tensor,
     skip_if_found: bool,
 ) -> Result<(), Error> {
-    let n = check(s, found)?;
+    let n = check_state(s, found)?;
     let params = adam_params(h, s, n, step, inv_scale, skip_if_found);
     launch_update(rt, 1, "optim adamw", s, found, &params)
 }
@@ -292,7 +293,7 @@ pub fn sgd_step(
     found: &Tensor,
     skip_if_found: bool,
 ) -> Result<(), Error> {
-    let n = check(s, found)?;
+    let n = check_state(s, found)?;
     if h.momentum == 0.0 && h.nesterov {
         return Err(Error::invalid("sgd", "nesterov momentum requires a momentum"));
     }

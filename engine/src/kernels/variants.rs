@@ -4,7 +4,7 @@
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
 //! `kernels::flash_attention`, `kernels::flash_attention_coop`, `kernels::flash_attention_tiled`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
-//! `kernels::optim`, `kernels::reduce`, `kernels::{batchnorm, conv, pool}`, `kernels::softmax`, `runtime`, `tensor`.
+//! `kernels::{optim, optim_multi}`, `kernels::reduce`, `kernels::{batchnorm, conv, pool}`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::attention_plan::{LaneKernel, Mode, Path};
 use super::flash_attention_coop::{self, AttentionTile, CoopMode};
@@ -307,6 +307,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             "optim",
             include_str!("../../../shaders/optim.wgsl"),
             super::optim::variant(mode, half),
+        )?;
+    }
+    for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true), (3, false)] {
+        push(
+            &mut out,
+            "optim_multi",
+            include_str!("../../../shaders/optim_multi.wgsl"),
+            super::optim_multi::variant(mode, half),
         )?;
     }
     for half in [false, true] {

@@ -39,6 +39,21 @@ pub fn grid(groups: u32) -> [u32; 3] {
     }
 }
 
+/// Checks a launch's binding count and parameter size against its kernel.
+fn launchable(kernel: &Kernel, params: &[u8], bindings: usize) -> Result<(), Error> {
+    if bindings != kernel.storage_bindings || bindings == 0 || params.len() as u64 > PARAM_SLOT {
+        return Err(Error::invalid(
+            "launch",
+            format!(
+                "{bindings} bindings and {} parameter bytes for a kernel of {} bindings and {PARAM_SLOT} parameter bytes",
+                params.len(),
+                kernel.storage_bindings
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// What a launch binds: anything that lives in an allocator block (a tensor).
 pub trait Bound {
     /// The block bound whole (at its offset, with its size).
@@ -167,17 +182,7 @@ impl Runtime {
         flops: Option<f64>,
         written: usize,
     ) -> Result<(), Error> {
-        if blocks.len() != kernel.storage_bindings || blocks.is_empty() || params.len() as u64 > PARAM_SLOT {
-            return Err(Error::invalid(
-                "launch",
-                format!(
-                    "{} tensors and {} parameter bytes for a kernel of {} bindings and {PARAM_SLOT} parameter bytes",
-                    blocks.len(),
-                    params.len(),
-                    kernel.storage_bindings
-                ),
-            ));
-        }
+        launchable(kernel, params, blocks.len())?;
         if groups.contains(&0) {
             return Ok(());
         }
@@ -195,6 +200,28 @@ impl Runtime {
             }
         });
         self.recorder().record(kernel, params, &bindings[..blocks.len()], groups, meta);
+        Ok(())
+    }
+
+    /// Records one launch over raw buffer ranges (whole pages, for kernels that index
+    /// several tensors of a page through a table they bind too): the caller has checked
+    /// every index the kernel makes against the ranges, as for any launch.
+    pub fn launch_bindings(
+        &self,
+        kernel: &Kernel,
+        params: &[u8],
+        bindings: &[wgpu::BufferBinding<'_>],
+        groups: [u32; 3],
+    ) -> Result<(), Error> {
+        launchable(kernel, params, bindings.len())?;
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let meta = self.profiling.load(std::sync::atomic::Ordering::Relaxed).then(|| LaunchMeta {
+            label: None,
+            work: Work { flops: 0.0, bytes: 0.0 },
+        });
+        self.recorder().record(kernel, params, bindings, groups, meta);
         Ok(())
     }
 

@@ -132,8 +132,8 @@ impl Trainer {
         let losses = self.forward_backward(batch)?;
         self.rt.phase("optimizer");
         let scaler = self.scaler.as_ref().expect("fp16-mixed has a scaler");
-        let found = scaler.unscale_on_device(&self.rt, &self.params)?;
-        self.opt.step_unless(&self.rt, &self.params, lr, Some(&found))?;
+        let found = scaler.check_on_device(&self.rt, &self.params)?;
+        self.opt.step_scaled(&self.rt, &self.params, lr, Some(&found), 1.0 / scaler.scale)?;
         self.params.zero_grad();
         self.rt.phase("readback");
         let loss = read_losses(&self.rt, &losses)?;

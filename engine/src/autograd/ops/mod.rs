@@ -199,8 +199,8 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
         &[x, w, b],
         Box::new(move |rt, dy, cats| {
             let c = ws.numel();
-            let dw = Tensor::full(rt, &[c], DType::F32, 0.0, cats[1], "weight.grad")?;
-            let db = Tensor::full(rt, &[c], DType::F32, 0.0, cats[2], "bias.grad")?;
+            let dw = Tensor::empty(rt, &[c], DType::F32, cats[1], "weight.grad")?;
+            let db = Tensor::empty(rt, &[c], DType::F32, cats[2], "bias.grad")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
             let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
@@ -217,7 +217,7 @@ pub fn rmsnorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, eps: f32, label:
         y,
         &[x, w],
         Box::new(move |rt, dy, cats| {
-            let dw = Tensor::full(rt, &[ws.numel()], DType::F32, 0.0, cats[1], "weight.grad")?;
+            let dw = Tensor::empty(rt, &[ws.numel()], DType::F32, cats[1], "weight.grad")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
             let dx = ln::backward_rms(rt, &xs, &ws, &saved, &dy, &dw, "dx")?;
             Ok(vec![Some(dx), Some(dw)])

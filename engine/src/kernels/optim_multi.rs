@@ -1,0 +1,279 @@
+//! Multi-tensor optimizer kernels (shaders/optim_multi.wgsl): the gradient check (with
+//! or without the unscale) and AdamW and SGD over many tensors in a few launches, as
+//! PyTorch's `_foreach` and fused optimizers do. A launch binds whole allocator pages
+//! (at most [`SLOTS`]) and a table saying where each tensor lies in them; the tensors are
+//! grouped in order so that each group's pages fit the slots. The arithmetic is
+//! `kernels::optim`'s, element for element.
+//!
+//! May call: `error`, `kernels::{common, optim}`, `memory`, `runtime`, `tensor`.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::optim::{AdamW, OptimState, Sgd, check_state};
+use crate::error::Error;
+use crate::memory::{Category, PageId};
+use crate::runtime::{KernelKey, Runtime, grid, render};
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../../shaders/optim_multi.wgsl");
+
+/// Pages one launch binds.
+pub const SLOTS: usize = 6;
+/// Words of a table entry.
+const ENTRY: usize = 16;
+/// Elements a workgroup takes.
+const PER_GROUP: usize = 512;
+/// No f16 copy.
+const NONE: u32 = u32::MAX;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct Params {
+    base: u32,
+    count: u32,
+    total: u32,
+    skip_if_found: u32,
+    nesterov: u32,
+    pad: [u32; 3],
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bias_correction1: f32,
+    bias_correction2_sqrt: f32,
+    inv_scale: f32,
+}
+
+/// The template values of one variant (0 unscale and check, 1 AdamW, 2 SGD, 3 check
+/// only; `half`: f16 copies written too).
+pub fn variant(mode: u32, half: bool) -> Vec<(&'static str, String)> {
+    vec![("MODE", mode.to_string()), ("HALF", half.to_string())]
+}
+
+/// What a multi-tensor launch does.
+#[derive(Clone, Copy, Debug)]
+pub enum Update {
+    /// Multiplies each gradient by the scale's inverse in place and checks it.
+    UnscaleAndCheck,
+    /// Checks each gradient times the scale's inverse, writing nothing.
+    Check,
+    /// AdamW at step `step` (counting from 1).
+    AdamW(AdamW, u32),
+    /// SGD.
+    Sgd(Sgd),
+}
+
+impl Update {
+    fn mode(&self) -> u32 {
+        match self {
+            Update::UnscaleAndCheck => 0,
+            Update::AdamW(..) => 1,
+            Update::Sgd(_) => 2,
+            Update::Check => 3,
+        }
+    }
+
+    fn params(&self, inv_scale: f32, skip_if_found: bool) -> Params {
+        let mut p = Params {
+            inv_scale,
+            skip_if_found: skip_if_found as u32,
+            ..Default::default()
+        };
+        match *self {
+            Update::AdamW(h, step) => {
+                p.lr = h.lr;
+                (p.beta1, p.beta2) = h.betas;
+                p.eps = h.eps;
+                p.weight_decay = h.weight_decay;
+                p.bias_correction1 = 1.0 - h.betas.0.powi(step as i32);
+                p.bias_correction2_sqrt = (1.0 - h.betas.1.powi(step as i32)).sqrt();
+            }
+            Update::Sgd(h) => {
+                p.lr = h.lr;
+                p.beta1 = h.momentum;
+                p.beta2 = h.dampening;
+                p.weight_decay = h.weight_decay;
+                p.nesterov = h.nesterov as u32;
+            }
+            Update::UnscaleAndCheck | Update::Check => {}
+        }
+        p
+    }
+}
+
+/// One tensor of a multi-tensor launch: its state, and for SGD whether its momentum
+/// buffer is used for the first time. For the checks only `state.grad` is read.
+pub struct Item<'a> {
+    /// The tensors.
+    pub state: OptimState<'a>,
+    /// SGD: the first use of the momentum buffer (it takes the gradient).
+    pub first: bool,
+}
+
+/// A launch's pages (at most [`SLOTS`]) and its entries.
+#[derive(Default)]
+struct Group<'a> {
+    pages: Vec<(PageId, &'a wgpu::Buffer)>,
+    entries: Vec<[u32; ENTRY]>,
+    groups: u32,
+}
+
+impl<'a> Group<'a> {
+    /// The pages among `tensors` this group does not bind yet.
+    fn missing(&self, tensors: &[&'a Tensor]) -> usize {
+        let mut new: Vec<PageId> = Vec::new();
+        for t in tensors {
+            let page = t.block().page();
+            if !self.pages.iter().any(|(p, _)| *p == page) && !new.contains(&page) {
+                new.push(page);
+            }
+        }
+        new.len()
+    }
+
+    /// The slot and word offset of `t` (its page bound if it was not).
+    fn place(&mut self, t: &'a Tensor) -> (u32, u32) {
+        let page = t.block().page();
+        let slot = match self.pages.iter().position(|(p, _)| *p == page) {
+            Some(s) => s,
+            None => {
+                self.pages.push((page, t.block().buffer()));
+                self.pages.len() - 1
+            }
+        };
+        let words = t.block().offset() / 4;
+        let offset = match t.dtype() {
+            DType::F16 => words + t.offset() as u64 / 2,
+            _ => words + t.offset() as u64,
+        };
+        (slot as u32, offset as u32)
+    }
+}
+
+/// The tensors of `item` a launch of `update` touches.
+fn tensors_of<'a>(update: &Update, item: &Item<'a>) -> Vec<&'a Tensor> {
+    let s = &item.state;
+    match update {
+        Update::UnscaleAndCheck | Update::Check => vec![s.grad],
+        Update::AdamW(..) | Update::Sgd(_) => [s.param, s.grad, s.m, s.v].into_iter().chain(s.half).collect(),
+    }
+}
+
+/// Checks what the kernel will index in `item`: f32 tensors of one shape (the gradient
+/// alone for the checks), an f16 copy starting on a word.
+fn check_item(update: &Update, item: &Item, found: &Tensor) -> Result<(), Error> {
+    let s = &item.state;
+    match update {
+        Update::UnscaleAndCheck | Update::Check => {
+            super::common::check_tensor("grad", s.grad, DType::F32)?;
+            super::common::check_contiguous("grad", s.grad, s.grad.shape())?;
+        }
+        Update::AdamW(..) | Update::Sgd(_) => {
+            check_state(s, found)?;
+        }
+    }
+    if let Some(h) = s.half
+        && h.offset() % 2 != 0
+    {
+        return Err(Error::shape("half copy", "an even element offset", h.offset()));
+    }
+    for t in tensors_of(update, item) {
+        let end = t.block().offset() / 4 + (t.offset() + t.numel()) as u64;
+        if end > u32::MAX as u64 {
+            return Err(Error::shape("multi-tensor page", "tensors within its first 2^32 words", end));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `update` over every item: the items in order, grouped so that each launch's
+/// pages fit its slots; gradients are multiplied by `inv_scale`; with `skip_if_found`,
+/// the updates skip when found[0] != 0. One table for all launches, allocated and
+/// written here (a temporary of 64 bytes per item).
+pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, found: &Tensor, skip_if_found: bool) -> Result<(), Error> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    super::common::check_tensor("found_inf", found, DType::U32)?;
+    if found.numel() < 1 || found.offset() != 0 {
+        return Err(Error::shape(
+            "found_inf",
+            "a whole u32 tensor of at least 1 element",
+            found.offset(),
+        ));
+    }
+    let mut groups: Vec<Group> = vec![Group::default()];
+    let mut half = false;
+    for item in items {
+        check_item(&update, item, found)?;
+        let tensors = tensors_of(&update, item);
+        let n = item.state.grad.numel();
+        let last = groups.last_mut().expect("one group at least");
+        if last.pages.len() + last.missing(&tensors) > SLOTS {
+            groups.push(Group::default());
+        }
+        let g = groups.last_mut().expect("just pushed");
+        let mut entry = [0u32; ENTRY];
+        entry[0] = n as u32;
+        entry[1] = g.groups;
+        entry[10] = NONE;
+        let s = &item.state;
+        match update {
+            Update::UnscaleAndCheck | Update::Check => (entry[4], entry[5]) = g.place(s.grad),
+            Update::AdamW(..) | Update::Sgd(_) => {
+                (entry[2], entry[3]) = g.place(s.param);
+                (entry[4], entry[5]) = g.place(s.grad);
+                (entry[6], entry[7]) = g.place(s.m);
+                (entry[8], entry[9]) = g.place(s.v);
+                if let Some(h) = s.half {
+                    (entry[10], entry[11]) = g.place(h);
+                    half = true;
+                }
+                entry[12] = item.first as u32;
+            }
+        }
+        g.groups += n.div_ceil(PER_GROUP) as u32;
+        g.entries.push(entry);
+    }
+    let words: Vec<u32> = groups.iter().flat_map(|g| g.entries.iter().flatten().copied()).collect();
+    let table = Tensor::empty(rt, &[words.len()], DType::U32, Category::Temporary, "optimizer table")?;
+    rt.write(table.block(), 0, bytemuck::cast_slice(&words))?;
+    let mode = update.mode();
+    let kernel = rt.kernel(
+        KernelKey::new("optim_multi", &[mode, half as u32]),
+        2 + SLOTS,
+        || {
+            let name = [
+                "multi unscale + non-finite check",
+                "multi adamw",
+                "multi sgd",
+                "multi non-finite check",
+            ][mode as usize];
+            if half {
+                format!("optim {name} +f16 copy")
+            } else {
+                format!("optim {name}")
+            }
+        },
+        || render("optim_multi", SOURCE, &variant(mode, half)),
+    )?;
+    let mut base = 0u32;
+    for g in &groups {
+        let mut params = update.params(inv_scale, skip_if_found);
+        (params.base, params.count, params.total) = (base, g.entries.len() as u32, g.groups);
+        base += g.entries.len() as u32;
+        let page = |i: usize| {
+            let buffer = g.pages.get(i).or(g.pages.first()).expect("a group binds a page").1;
+            wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: None,
+            }
+        };
+        let mut bindings = vec![table.block().binding(), found.block().binding()];
+        bindings.extend((0..SLOTS).map(page));
+        rt.launch_bindings(&kernel, bytemuck::bytes_of(&params), &bindings, grid(g.groups))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+// Multi-tensor optimizer steps: one launch updates every tensor of a group, whose
+// tensors live in at most six allocator pages (bound whole, as u32 words, in s0..s5).
+//   MODE 0 unscale and check: grad *= inv_scale in place; found[0] = 1 if any result is
+//                  inf or NaN (torch's _amp_foreach_non_finite_check_and_unscale_)
+//   MODE 1 AdamW:  PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction)
+//   MODE 2 SGD:    PyTorch's torch.optim.SGD with momentum, dampening, nesterov
+//   MODE 3 check:  found[0] = 1 if any grad * inv_scale is inf or NaN; writes nothing
+//                  (the update then applies inv_scale itself)
+// The arithmetic is shaders/optim.wgsl's, element for element. Updates skip entirely when
+// p.skip_if_found is set and found[0] != 0 (GradScaler). The table holds one entry of
+// ENTRY words per tensor: its length, its first workgroup in the launch, then a
+// (slot, word offset) pair for the weight, the gradient, the two moments and the f16
+// copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 elements of
+// one tensor, two per invocation, so the f16 copy is written a word (two halves) at a
+// time. Entries are in workgroup order; a workgroup finds its own by bisection.
+// Template: MODE, HALF.
+//#if HALF
+enable f16;
+//#endif
+
+struct Params {
+    base: u32,          // the launch's first entry in the table
+    count: u32,         // its entries
+    total: u32,         // its workgroups
+    skip_if_found: u32,
+    nesterov: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+    lr: f32,
+    beta1: f32,         // SGD: momentum
+    beta2: f32,         // SGD: dampening
+    eps: f32,
+    weight_decay: f32,
+    bias_correction1: f32,
+    bias_correction2_sqrt: f32,
+    inv_scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> table: array<u32>;
+@group(0) @binding(2) var<storage, read_write> found: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read_write> s0: array<u32>;
+@group(0) @binding(4) var<storage, read_write> s1: array<u32>;
+@group(0) @binding(5) var<storage, read_write> s2: array<u32>;
+@group(0) @binding(6) var<storage, read_write> s3: array<u32>;
+@group(0) @binding(7) var<storage, read_write> s4: array<u32>;
+@group(0) @binding(8) var<storage, read_write> s5: array<u32>;
+
+const MODE: u32 = {{MODE}}u;
+const ENTRY: u32 = 16u;
+const NONE: u32 = 0xffffffffu;
+
+fn load(s: u32, i: u32) -> u32 {
+    switch s {
+        case 0u: { return s0[i]; }
+        case 1u: { return s1[i]; }
+        case 2u: { return s2[i]; }
+        case 3u: { return s3[i]; }
+        case 4u: { return s4[i]; }
+        default: { return s5[i]; }
+    }
+}
+
+fn store(s: u32, i: u32, w: u32) {
+    switch s {
+        case 0u: { s0[i] = w; }
+        case 1u: { s1[i] = w; }
+        case 2u: { s2[i] = w; }
+        case 3u: { s3[i] = w; }
+        case 4u: { s4[i] = w; }
+        default: { s5[i] = w; }
+    }
+}
+
+fn ld(s: u32, i: u32) -> f32 { return bitcast<f32>(load(s, i)); }
+fn st(s: u32, i: u32, x: f32) { store(s, i, bitcast<u32>(x)); }
+
+fn finite(x: f32) -> bool {
+    // NaN fails every comparison; inf exceeds the largest finite f32.
+    return abs(x) <= 3.4028235e38;
+}
+
+// Element i of entry e: the checked (MODE 0, 3) or the updated weight.
+fn element(e: u32, i: u32) -> f32 {
+    let gs = table[e + 4u];
+    let gi = table[e + 5u] + i;
+    let g0 = ld(gs, gi) * p.inv_scale;
+    if MODE == 0u || MODE == 3u {
+        if MODE == 0u { st(gs, gi, g0); }
+        if !finite(g0) { atomicStore(&found[0], 1u); }
+        return 0.0;
+    }
+    let ps = table[e + 2u];
+    let wi = table[e + 3u] + i;
+    let ms = table[e + 6u];
+    let mi = table[e + 7u] + i;
+    var w = ld(ps, wi);
+    if MODE == 1u {
+        let vs = table[e + 8u];
+        let vi = table[e + 9u] + i;
+        w = w * (1.0 - p.lr * p.weight_decay);
+        let m = p.beta1 * ld(ms, mi) + (1.0 - p.beta1) * g0;
+        let v = p.beta2 * ld(vs, vi) + (1.0 - p.beta2) * g0 * g0;
+        st(ms, mi, m);
+        st(vs, vi, v);
+        let denom = sqrt(v) / p.bias_correction2_sqrt + p.eps;
+        w = w - (p.lr / p.bias_correction1) * m / denom;
+    } else {
+        var g = g0 + p.weight_decay * w;
+        var buf = g;
+        if table[e + 12u] == 0u { buf = p.beta1 * ld(ms, mi) + (1.0 - p.beta2) * g; }
+        st(ms, mi, buf);
+        if p.nesterov != 0u { g = g + p.beta1 * buf; } else { g = buf; }
+        w = w - p.lr * g;
+    }
+    st(ps, wi, w);
+    return w;
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let group = wid.x + wid.y * nwg.x;
+    if group >= p.total { return; }
+    var lo = 0u;
+    var hi = p.count;
+    loop {
+        if hi - lo <= 1u { break; }
+        let mid = (lo + hi) / 2u;
+        if table[(p.base + mid) * ENTRY + 1u] <= group { lo = mid; } else { hi = mid; }
+    }
+    let e = (p.base + lo) * ENTRY;
+    let n = table[e];
+    let pair = (group - table[e + 1u]) * 256u + lid.x;
+    let i = pair * 2u;
+    if i >= n { return; }
+    if MODE == 1u || MODE == 2u {
+        if p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u { return; }
+    }
+    let w0 = element(e, i);
+    var w1 = 0.0;
+    if i + 1u < n { w1 = element(e, i + 1u); }
+//#if HALF
+    let hs = table[e + 10u];
+    if hs != NONE {
+        // Rounded by the f16 conversion as shaders/optim.wgsl's copy; packing an f16
+        // value is then exact.
+        let h = vec2<f32>(f32(f16(w0)), f32(f16(w1)));
+        store(hs, table[e + 11u] + pair, pack2x16float(h));
+    }
+//#endif
+}
