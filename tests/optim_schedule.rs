@@ -254,3 +254,96 @@ fn eight_bit_adamw_trains_as_adamw_and_resumes_exactly() {
     let resumed = run("adamw8bit", 300, 150, Some("step-000000150"));
     assert_eq!(resumed, eight, "resumed from step 150");
 }
+
+/// Weights and gradients of many sizes: tiny ones sharing small pages, mid-sized ones in
+/// the large pages, three with pages of their own (more pages than one multi-tensor
+/// launch binds), with seeded values; `bad`: one late gradient holds an inf.
+fn many_params(rt: &wgtrain_engine::Runtime, bad: bool) -> Params {
+    let mut params = Params::default();
+    let mut seed = 11u64;
+    let sizes = [
+        1usize, 3, 64, 257, 1025, 70_001, 300_000, 4_200_000, 5, 4_200_001, 768, 4_199_999, 2,
+    ];
+    for (i, &n) in sizes.iter().enumerate() {
+        let w: Vec<f32> = (0..n).map(|_| uniform(&mut seed)).collect();
+        let mut g: Vec<f32> = (0..n).map(|_| uniform(&mut seed) * 1e3).collect();
+        if bad && i == sizes.len() - 3 {
+            g[n / 2] = f32::INFINITY;
+        }
+        let k = params.add(&format!("p{i}"), upload(rt, &w, &[n], DType::F32));
+        params.list[k].grad = Some(upload(rt, &g, &[n], DType::F32));
+    }
+    params
+}
+
+fn values(rt: &wgtrain_engine::Runtime, params: &Params) -> Vec<Vec<u32>> {
+    params
+        .list
+        .iter()
+        .flat_map(|p| [Some(&p.value), p.grad.as_ref()])
+        .flatten()
+        .map(|t| t.to_f32_vec(rt).unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// The multi-tensor step (a few launches over pages; `Optimizer::step`) against one
+/// launch per parameter (`update_param`): AdamW and SGD with momentum over three steps
+/// (SGD's first step fills its buffers), every weight bit for bit; under a loss scale,
+/// checking without unscaling and updating with the inverse scale equals unscaling
+/// first; an inf in one gradient skips every update.
+#[test]
+fn multi_tensor_steps_equal_one_launch_per_parameter() {
+    use wgtrain_engine::kernels::optim::{AdamW, Sgd};
+    use wgtrain_engine::optim::{Optimizer, Rule};
+    use wgtrain_engine::scaler::GradScaler;
+    let rt = runtime();
+    let rules = [
+        Rule::AdamW(AdamW {
+            lr: 1e-2,
+            ..Default::default()
+        }),
+        Rule::Sgd(Sgd {
+            lr: 1e-2,
+            momentum: 0.9,
+            dampening: 0.1,
+            weight_decay: 1e-2,
+            nesterov: true,
+        }),
+    ];
+    for rule in rules {
+        let (multi, single) = (many_params(&rt, false), many_params(&rt, false));
+        let (mut a, mut b) = (Optimizer::new(rule), Optimizer::new(rule));
+        for step in 0..3 {
+            a.step(&rt, &multi, 1e-2).unwrap();
+            b.begin_step(&rt, single.list.len()).unwrap();
+            for (i, p) in single.list.iter().enumerate() {
+                b.update_param(&rt, i, p, 1e-2).unwrap();
+            }
+            assert_eq!(values(&rt, &multi), values(&rt, &single), "{rule:?}, step {}", step + 1);
+        }
+    }
+    // fp16-mixed: check, then update with 1/scale, against unscale, then update.
+    let scaler = GradScaler {
+        scale: 1024.0,
+        ..Default::default()
+    };
+    let (fused, unscaled) = (many_params(&rt, false), many_params(&rt, false));
+    let (mut a, mut b) = (Optimizer::new(rules[0]), Optimizer::new(rules[0]));
+    let found = scaler.check_on_device(&rt, &fused).unwrap();
+    a.step_scaled(&rt, &fused, 1e-2, Some(&found), 1.0 / scaler.scale).unwrap();
+    assert_eq!(found.to_f32_vec(&rt).unwrap(), [0.0]);
+    let found = scaler.unscale_on_device(&rt, &unscaled).unwrap();
+    b.step_unless(&rt, &unscaled, 1e-2, Some(&found)).unwrap();
+    let weights = |p: &Params| values(&rt, p).into_iter().step_by(2).collect::<Vec<_>>();
+    assert_eq!(weights(&fused), weights(&unscaled), "the weights, bit for bit");
+    // An inf in one gradient: the flag is set and no weight moves.
+    let bad = many_params(&rt, true);
+    let before = weights(&bad);
+    let found = scaler.check_on_device(&rt, &bad).unwrap();
+    Optimizer::new(rules[0])
+        .step_scaled(&rt, &bad, 1e-2, Some(&found), 1.0 / scaler.scale)
+        .unwrap();
+    assert_eq!(found.to_f32_vec(&rt).unwrap(), [1.0]);
+    assert_eq!(weights(&bad), before);
+    finish(&rt);
+}
