@@ -6,7 +6,8 @@
 // (softmax - (1 - e) onehot - e / V) * grad_scale.
 // dlogits may be the logits' own block (each element is read before it is written).
 // Both may have a row stride above the vocabulary (p.ld: rows padded for aligned loads).
-// Template: ENABLE, T (logits and dlogits type), BACKWARD (true | false).
+// Template: ENABLE, T (logits type), TD (dlogits type: T, or f16 under fp16-mixed, the
+// f32 value rounded as it is written), BACKWARD (true | false).
 {{ENABLE}}
 
 struct Params {
@@ -24,7 +25,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> logits: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> targets: array<i32>;
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dlogits: array<{{T}}>;
+@group(0) @binding(4) var<storage, read_write> dlogits: array<{{TD}}>;
 
 const WG: u32 = 256u;
 {{WORKGROUP_REDUCE}}
@@ -70,9 +71,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             let prob = exp(f32(logits[base + j]) - row_max) / total;
             let hot = select(0.0, 1.0, valid && u32(tgt) == j);
             if e > 0.0 {
-                dlogits[base + j] = {{T}}((prob - (1.0 - e) * hot - e / f32(p.cols)) * scale);
+                dlogits[base + j] = {{TD}}((prob - (1.0 - e) * hot - e / f32(p.cols)) * scale);
             } else {
-                dlogits[base + j] = {{T}}((prob - hot) * scale);
+                dlogits[base + j] = {{TD}}((prob - hot) * scale);
             }
         }
     }

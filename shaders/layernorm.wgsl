@@ -8,7 +8,8 @@
 //             (pw, pb bound where dw, db are)
 //   3 weight sums: dw[c] = sum over chunks of pw, db[c] = ... of pb, chunks in order
 //             (pw, pb bound where mean, rstd are): deterministic, and parallel over rows
-// Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db.
+// Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db. TY is y_or_dx's type:
+// T, or f16 for a forward feeding fp16-mixed's products (the f32 y rounded as written).
 {{ENABLE}}
 
 struct Params {
@@ -22,7 +23,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> b_or_dy: array<{{T}}>;
-@group(0) @binding(4) var<storage, read_write> y_or_dx: array<{{T}}>;
+@group(0) @binding(4) var<storage, read_write> y_or_dx: array<{{TY}}>;
 @group(0) @binding(5) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dw: array<f32>;
@@ -88,7 +89,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let r = inverseSqrt(workgroup_sum2(lid, v, 0.0).x / n + p.eps);
         for (var j = lid; j < p.cols; j += WG) {
             let shift = select(f32(b_or_dy[j]), 0.0, RMS);
-            y_or_dx[base + j] = {{T}}((f32(x[base + j]) - mu) * r * w[j] + shift);
+            y_or_dx[base + j] = {{TY}}((f32(x[base + j]) - mu) * r * w[j] + shift);
         }
         if lid == 0u {
             mean[row] = mu;
@@ -110,6 +111,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     for (var j = lid; j < p.cols; j += WG) {
         let g = f32(b_or_dy[base + j]) * w[j];
         let xhat = (f32(x[base + j]) - mu) * r;
-        y_or_dx[base + j] = {{T}}(r * (g - sums.x - xhat * sums.y));
+        y_or_dx[base + j] = {{TY}}(r * (g - sums.x - xhat * sums.y));
     }
 }

@@ -1,5 +1,5 @@
 // Multi-tensor optimizer steps: one launch updates every tensor of a group, whose
-// tensors live in at most six allocator pages (bound whole, as u32 words, in s0..s5).
+// tensors live in at most SLOTS allocator pages (bound whole, as u32 words, in s0...).
 //   MODE 0 unscale and check: grad *= inv_scale in place; found[0] = 1 if any result is
 //                  inf or NaN (torch's _amp_foreach_non_finite_check_and_unscale_)
 //   MODE 1 AdamW:  PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction)
@@ -13,7 +13,7 @@
 // copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 elements of
 // one tensor, two per invocation, so the f16 copy is written a word (two halves) at a
 // time. Entries are in workgroup order; a workgroup finds its own by bisection.
-// Template: MODE, HALF.
+// Template: MODE, HALF, and SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
 //#if HALF
 enable f16;
 //#endif
@@ -40,12 +40,8 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> table: array<u32>;
 @group(0) @binding(2) var<storage, read_write> found: array<atomic<u32>>;
-@group(0) @binding(3) var<storage, read_write> s0: array<u32>;
-@group(0) @binding(4) var<storage, read_write> s1: array<u32>;
-@group(0) @binding(5) var<storage, read_write> s2: array<u32>;
-@group(0) @binding(6) var<storage, read_write> s3: array<u32>;
-@group(0) @binding(7) var<storage, read_write> s4: array<u32>;
-@group(0) @binding(8) var<storage, read_write> s5: array<u32>;
+// The pages: s0, s1, ... at bindings 3, 4, ... (SLOTS of them).
+{{SLOT_BINDINGS}}
 
 const MODE: u32 = {{MODE}}u;
 const ENTRY: u32 = 16u;
@@ -53,23 +49,13 @@ const NONE: u32 = 0xffffffffu;
 
 fn load(s: u32, i: u32) -> u32 {
     switch s {
-        case 0u: { return s0[i]; }
-        case 1u: { return s1[i]; }
-        case 2u: { return s2[i]; }
-        case 3u: { return s3[i]; }
-        case 4u: { return s4[i]; }
-        default: { return s5[i]; }
+{{LOAD_CASES}}
     }
 }
 
 fn store(s: u32, i: u32, w: u32) {
     switch s {
-        case 0u: { s0[i] = w; }
-        case 1u: { s1[i] = w; }
-        case 2u: { s2[i] = w; }
-        case 3u: { s3[i] = w; }
-        case 4u: { s4[i] = w; }
-        default: { s5[i] = w; }
+{{STORE_CASES}}
     }
 }
 

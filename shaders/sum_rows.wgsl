@@ -3,8 +3,13 @@
 //   MODE 0: part[chunk, c] = sum of x[r, c] over the chunk's ROW_CHUNK rows, in row order
 //           (one thread per column of a chunk: a warp reads consecutive columns)
 //   MODE 1: out[c] = sum of part[k, c] over the chunks, in chunk order (x is the partials)
-// Template: ENABLE, T (x's type; f32 in MODE 1), MODE.
+// With HALF (MODE 0, x f32), every element read is also written to half_out as f16: the
+// f16 copy fp16-mixed's products read (a linear's dy), in the pass that sums it.
+// Template: ENABLE, T (x's type; f32 in MODE 1), MODE, HALF.
 {{ENABLE}}
+//#if HALF
+enable f16;
+//#endif
 
 struct Params {
     rows: u32,
@@ -16,6 +21,9 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
+//#if HALF
+@group(0) @binding(3) var<storage, read_write> half_out: array<f16>;
+//#endif
 
 const MODE: u32 = {{MODE}}u;
 const ROW_CHUNK: u32 = 64u;
@@ -29,7 +37,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let end = min(p.rows, (chunk + 1u) * ROW_CHUNK);
         var s = 0.0;
         for (var r = chunk * ROW_CHUNK; r < end; r++) {
-            s += f32(x[p.x_offset + r * p.cols + c]);
+            let e = f32(x[p.x_offset + r * p.cols + c]);
+            s += e;
+//#if HALF
+            half_out[r * p.cols + c] = f16(e);
+//#endif
         }
         out[chunk * p.cols + c] = s;
         return;

@@ -141,3 +141,61 @@ fn train_profile_every_puts_the_kernel_table_in_profiled_lines() {
         }
     }
 }
+
+/// The launches of a GPT-2 fp16-mixed step: GPT-2's 12 layers and 50,257-token
+/// vocabulary at a tiny width (32, 2 heads, 32 positions, batch 2), profiled on this
+/// machine. The count must not grow past its bound (the multi-tensor optimizer took it
+/// from about 925 to 581; issue 43's target at full width is 450): a change that adds
+/// launches per layer or per parameter fails here. The optimizer is two launches
+/// (checking the gradients, then AdamW with the f16 copies), not two per parameter.
+#[test]
+fn a_gpt2_step_keeps_its_launch_count() {
+    const BOUND: u64 = 507;
+    let dir = scratch("launch-count");
+    let data = dir.join("tokens");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut state = 7u64;
+    for (split, n) in [("train", 20_000usize), ("val", 4_000)] {
+        let tokens: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (((state >> 33) % 50257) as u16).to_le_bytes()
+            })
+            .collect();
+        std::fs::write(data.join(format!("{split}.bin")), tokens).unwrap();
+    }
+    let json = dir.join("p.json");
+    let path = format!("data.path={:?}", data.to_str().unwrap());
+    let mut args: Vec<String> = ["profile", "--steps", "2", "--warmup", "1", "--json", json.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for set in [
+        "model.kind=\"gpt\"",
+        "data.kind=\"tokens\"",
+        &path,
+        "model.vocab_size=50257",
+        "model.n_layer=12",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.block_size=32",
+        "train.batch_size=2",
+        "memory.precision=\"fp16-mixed\"",
+    ] {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    run_ok(&args, &[]);
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let launches = p["launches_per_step"].as_u64().unwrap();
+    assert!(launches <= BOUND, "{launches} launches a step, more than {BOUND}");
+    let steps = p["steps"].as_u64().unwrap();
+    let optimizer: u64 = p["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["name"].as_str().unwrap().starts_with("optim"))
+        .map(|k| k["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(optimizer, 2 * steps, "the gradient check and AdamW, once a step each");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,18 +28,20 @@ struct Params {
 }
 
 /// The template values of one variant.
-pub fn variant(dtype: DType, backward: bool) -> Vec<(&'static str, String)> {
+pub fn variant(dtype: DType, backward: bool, grad: DType) -> Vec<(&'static str, String)> {
     vec![
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
-        ("ENABLE", enables(&[dtype])),
+        ("ENABLE", enables(&[dtype, grad])),
         ("T", dtype.wgsl().into()),
+        ("TD", grad.wgsl().into()),
         ("BACKWARD", backward.to_string()),
     ]
 }
 
 /// Per-row losses of `logits` [N, V] against `targets` [N] (i32) into `losses` [N] (f32)
 /// for rows `rows`; with `dlogits`, also writes (softmax - onehot) * grad_scale
-/// (`dlogits` may be `logits` itself).
+/// (`dlogits` may be `logits` itself, or an f16 tensor laid out as the logits: the
+/// gradient rounded to f16 as it is written, for fp16-mixed's products).
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_rows(
     rt: &Runtime,
@@ -90,7 +92,8 @@ pub fn cross_entropy_rows_smoothed(
     check_tensor("cross_entropy losses", losses, DType::F32)?;
     check_contiguous("cross_entropy losses", losses, &[n])?;
     if let Some(d) = dlogits {
-        check_tensor("cross_entropy dlogits", d, logits.dtype())?;
+        let want = if d.dtype() == DType::F16 { DType::F16 } else { logits.dtype() };
+        check_tensor("cross_entropy dlogits", d, want)?;
         if d.shape() != logits.shape() || d.strides() != logits.strides() {
             return Err(Error::shape(
                 "cross_entropy dlogits",
@@ -106,21 +109,26 @@ pub fn cross_entropy_rows_smoothed(
             format!("{rows:?}"),
         ));
     }
-    require_f16(rt, &[logits.dtype()])?;
+    let grad_type = dlogits.map_or(logits.dtype(), |d| d.dtype());
+    require_f16(rt, &[logits.dtype(), grad_type])?;
     if logits.offset() != 0 || targets.offset() != 0 || losses.offset() != 0 || dlogits.is_some_and(|d| d.offset() != 0) {
         return Err(Error::shape("cross_entropy", "whole tensors (offset 0)", "a view at an offset"));
     }
     let kernel = rt.kernel(
-        KernelKey::new("cross_entropy", &[logits.dtype() as u32, u32::from(dlogits.is_some())]),
+        KernelKey::new(
+            "cross_entropy",
+            &[logits.dtype() as u32, u32::from(dlogits.is_some()), grad_type as u32],
+        ),
         4,
         || {
-            format!(
-                "cross_entropy {}{}",
-                logits.dtype().wgsl(),
-                if dlogits.is_some() { " +backward" } else { "" }
-            )
+            let backward = match dlogits {
+                Some(_) if grad_type != logits.dtype() => format!(" +backward ->{}", grad_type.wgsl()),
+                Some(_) => " +backward".into(),
+                None => String::new(),
+            };
+            format!("cross_entropy {}{backward}", logits.dtype().wgsl())
         },
-        || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some())),
+        || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some(), grad_type)),
     )?;
     let params = Params {
         rows: rows.len() as u32,

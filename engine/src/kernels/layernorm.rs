@@ -46,10 +46,16 @@ impl Norm {
 /// The template values of one variant (mode 0 forward, 1 input grad, 2 weight-grad
 /// partials, 3 weight-grad sums).
 pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String)> {
+    variant_out(mode, dtype, dtype, norm)
+}
+
+/// [`variant`] whose forward writes `out` (f16 for fp16-mixed's products).
+pub fn variant_out(mode: u32, dtype: DType, out: DType, norm: Norm) -> Vec<(&'static str, String)> {
     vec![
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
-        ("ENABLE", enables(&[dtype])),
+        ("ENABLE", enables(&[dtype, out])),
         ("T", dtype.wgsl().into()),
+        ("TY", out.wgsl().into()),
         ("MODE", mode.to_string()),
         ("RMS", (norm == Norm::Rms).to_string()),
     ]
@@ -78,12 +84,26 @@ fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), Error> {
 
 /// y = layernorm(x) * w + b over the last dimension.
 pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
-    forward_norm(rt, x, w, Some(b), eps, Norm::Layer, label)
+    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, DType::F32), label)
+}
+
+/// [`forward`] writing y as `out` (f16: the f32 result rounded as it is written, what a
+/// cast after it would give, for fp16-mixed's products).
+pub fn forward_as(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f32,
+    out: DType,
+    label: &str,
+) -> Result<(Tensor, LayerNormSaved), Error> {
+    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, out), label)
 }
 
 /// y = rmsnorm(x) * w over the last dimension (no bias).
 pub fn forward_rms(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
-    forward_norm(rt, x, w, None, eps, Norm::Rms, label)
+    forward_norm(rt, x, w, None, eps, (Norm::Rms, DType::F32), label)
 }
 
 fn forward_norm(
@@ -92,7 +112,7 @@ fn forward_norm(
     w: &Tensor,
     b: Option<&Tensor>,
     eps: f32,
-    norm: Norm,
+    (norm, out): (Norm, DType),
     label: &str,
 ) -> Result<(Tensor, LayerNormSaved), Error> {
     let (rows, cols) = check(x, w)?;
@@ -104,15 +124,25 @@ fn forward_norm(
         // The bias binding shares the activation type; keep the parameters f32.
         return Err(Error::shape("layernorm forward", "f32 activations", x.dtype()));
     }
-    require_f16(rt, &[x.dtype()])?;
-    let y = Tensor::empty(rt, x.shape(), x.dtype(), Category::Activation, label)?;
+    if out != DType::F32 && out != DType::F16 {
+        return Err(Error::shape("layernorm forward output", "f32 or f16", out));
+    }
+    require_f16(rt, &[x.dtype(), out])?;
+    let y = Tensor::empty(rt, x.shape(), out, Category::Activation, label)?;
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
     let kernel = rt.kernel(
-        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32]),
+        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32, out as u32]),
         8,
-        || format!("{} forward {}", norm.name(), x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(0, x.dtype(), norm)),
+        || {
+            let to = if out == x.dtype() {
+                String::new()
+            } else {
+                format!(" ->{}", out.wgsl())
+            };
+            format!("{} forward {}{to}", norm.name(), x.dtype().wgsl())
+        },
+        || render("layernorm", SOURCE, &variant_out(0, x.dtype(), out, norm)),
     )?;
     let params = Params {
         rows: rows as u32,

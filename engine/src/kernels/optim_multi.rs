@@ -1,9 +1,9 @@
 //! Multi-tensor optimizer kernels (shaders/optim_multi.wgsl): the gradient check (with
 //! or without the unscale) and AdamW and SGD over many tensors in a few launches, as
-//! PyTorch's `_foreach` and fused optimizers do. A launch binds whole allocator pages
-//! (at most [`SLOTS`]) and a table saying where each tensor lies in them; the tensors are
-//! grouped in order so that each group's pages fit the slots. The arithmetic is
-//! `kernels::optim`'s, element for element.
+//! PyTorch's `_foreach` and fused optimizers do. A launch binds whole allocator pages (as
+//! many as the device's storage bindings allow, six to fourteen) and a table saying where
+//! each tensor lies in them; the tensors are grouped in order so that each group's pages
+//! fit the slots. The arithmetic is `kernels::optim`'s, element for element.
 //!
 //! May call: `error`, `kernels::{common, optim}`, `memory`, `runtime`, `tensor`.
 
@@ -17,8 +17,19 @@ use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/optim_multi.wgsl");
 
-/// Pages one launch binds.
-pub const SLOTS: usize = 6;
+/// The fewest pages a launch binds (WebGPU's default of eight storage bindings, less the
+/// table and the flag).
+pub const MIN_SLOTS: usize = 6;
+/// The most: sixteen storage bindings, the runtime's bound.
+pub const MAX_SLOTS: usize = 14;
+
+/// The pages one launch binds on `rt`'s device: as many as its storage bindings allow,
+/// between [`MIN_SLOTS`] and [`MAX_SLOTS`].
+pub fn slots(rt: &Runtime) -> usize {
+    (rt.gpu.caps.limits.max_storage_buffers_per_shader_stage as usize)
+        .saturating_sub(2)
+        .clamp(MIN_SLOTS, MAX_SLOTS)
+}
 /// Words of a table entry.
 const ENTRY: usize = 16;
 /// Elements a workgroup takes.
@@ -46,9 +57,26 @@ struct Params {
 }
 
 /// The template values of one variant (0 unscale and check, 1 AdamW, 2 SGD, 3 check
-/// only; `half`: f16 copies written too).
-pub fn variant(mode: u32, half: bool) -> Vec<(&'static str, String)> {
-    vec![("MODE", mode.to_string()), ("HALF", half.to_string())]
+/// only; `half`: f16 copies written too; `slots` pages bound).
+pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String)> {
+    let case = |i: usize, body: String| {
+        if i + 1 == slots {
+            format!("        default: {{ {body} }}")
+        } else {
+            format!("        case {i}u: {{ {body} }}")
+        }
+    };
+    let lines = |f: &dyn Fn(usize) -> String| (0..slots).map(f).collect::<Vec<_>>().join("\n");
+    vec![
+        ("MODE", mode.to_string()),
+        ("HALF", half.to_string()),
+        (
+            "SLOT_BINDINGS",
+            lines(&|i| format!("@group(0) @binding({}) var<storage, read_write> s{i}: array<u32>;", 3 + i)),
+        ),
+        ("LOAD_CASES", lines(&|i| case(i, format!("return s{i}[i];")))),
+        ("STORE_CASES", lines(&|i| case(i, format!("s{i}[i] = w;")))),
+    ]
 }
 
 /// What a multi-tensor launch does.
@@ -111,7 +139,7 @@ pub struct Item<'a> {
     pub first: bool,
 }
 
-/// A launch's pages (at most [`SLOTS`]) and its entries.
+/// A launch's pages (at most the device's [`slots`]) and its entries.
 #[derive(Default)]
 struct Group<'a> {
     pages: Vec<(PageId, &'a wgpu::Buffer)>,
@@ -203,6 +231,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
             found.offset(),
         ));
     }
+    let slots = slots(rt);
     let mut groups: Vec<Group> = vec![Group::default()];
     let mut half = false;
     for item in items {
@@ -210,7 +239,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
         let tensors = tensors_of(&update, item);
         let n = item.state.grad.numel();
         let last = groups.last_mut().expect("one group at least");
-        if last.pages.len() + last.missing(&tensors) > SLOTS {
+        if last.pages.len() + last.missing(&tensors) > slots {
             groups.push(Group::default());
         }
         let g = groups.last_mut().expect("just pushed");
@@ -241,8 +270,8 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
     rt.write(table.block(), 0, bytemuck::cast_slice(&words))?;
     let mode = update.mode();
     let kernel = rt.kernel(
-        KernelKey::new("optim_multi", &[mode, half as u32]),
-        2 + SLOTS,
+        KernelKey::new("optim_multi", &[mode, half as u32, slots as u32]),
+        2 + slots,
         || {
             let name = [
                 "multi unscale + non-finite check",
@@ -256,7 +285,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
                 format!("optim {name}")
             }
         },
-        || render("optim_multi", SOURCE, &variant(mode, half)),
+        || render("optim_multi", SOURCE, &variant(mode, half, slots)),
     )?;
     let mut base = 0u32;
     for g in &groups {
@@ -272,7 +301,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
             }
         };
         let mut bindings = vec![table.block().binding(), found.block().binding()];
-        bindings.extend((0..SLOTS).map(page));
+        bindings.extend((0..slots).map(page));
         rt.launch_bindings(&kernel, bytemuck::bytes_of(&params), &bindings, grid(g.groups))?;
     }
     Ok(())

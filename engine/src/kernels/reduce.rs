@@ -6,7 +6,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{WORKGROUP_REDUCE, check_tensor, enables, require_f16};
+use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -143,11 +143,12 @@ const ROW_CHUNK: usize = 64;
 
 /// The template values of a [`sum_rows`] pass (mode 0: partials of `dtype` rows; mode
 /// 1: the f32 partials summed).
-pub fn sum_rows_variant(mode: u32, dtype: DType) -> Vec<(&'static str, String)> {
+pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool) -> Vec<(&'static str, String)> {
     vec![
         ("ENABLE", enables(&[dtype])),
         ("T", dtype.wgsl().to_string()),
         ("MODE", mode.to_string()),
+        ("HALF", half.to_string()),
     ]
 }
 
@@ -164,6 +165,23 @@ struct SumRowsParams {
 /// rows and then over the chunks in order (deterministic, parallel over rows). What a
 /// bias gradient is.
 pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
+    sum_rows_into_half(rt, x, None, category, label)
+}
+
+/// [`sum_rows`] of an f32 `x` that also writes `x`'s f16 copy into `half` (a contiguous
+/// f16 tensor of x's shape) in the same pass: a linear's bias gradient and the dy its
+/// products read under fp16-mixed, from one read of dy.
+pub fn sum_rows_and_half(rt: &Runtime, x: &Tensor, half: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
+    check_tensor("sum_rows x", x, DType::F32)?;
+    check_tensor("sum_rows f16 copy", half, DType::F16)?;
+    check_contiguous("sum_rows f16 copy", half, x.shape())?;
+    if half.offset() != 0 {
+        return Err(Error::shape("sum_rows f16 copy", "a whole tensor (offset 0)", half.offset()));
+    }
+    sum_rows_into_half(rt, x, Some(half), category, label)
+}
+
+fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category: Category, label: &str) -> Result<Tensor, Error> {
     check_tensor("sum_rows x", x, x.dtype())?;
     require_f16(rt, &[x.dtype()])?;
     let [rows, cols] = *x.shape() else {
@@ -192,23 +210,26 @@ pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Re
         x_offset: x.offset() as u32,
         pad: 0,
     };
+    let with_half = half.is_some();
     let first = rt.kernel(
-        KernelKey::new("sum_rows", &[0, x.dtype() as u32]),
-        2,
-        || format!("sum_rows partials {}", x.dtype().wgsl()),
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype())),
+        KernelKey::new("sum_rows", &[0, x.dtype() as u32, with_half as u32]),
+        2 + with_half as usize,
+        || {
+            let copy = if with_half { " +f16 copy" } else { "" };
+            format!("sum_rows partials {}{copy}", x.dtype().wgsl())
+        },
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), with_half)),
     )?;
-    rt.launch(
-        &first,
-        bytemuck::bytes_of(&params),
-        &[x, &part],
-        [cols.div_ceil(256) as u32, chunks as u32, 1],
-    )?;
+    let groups = [cols.div_ceil(256) as u32, chunks as u32, 1];
+    match half {
+        Some(h) => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part, h], groups)?,
+        None => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part], groups)?,
+    }
     let second = rt.kernel(
         KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
         2,
         || format!("sum_rows sums {}", DType::F32.wgsl()),
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32)),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, false)),
     )?;
     let params = SumRowsParams { x_offset: 0, ..params };
     rt.launch(

@@ -168,6 +168,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
+    push(
+        &mut out,
+        "layernorm",
+        include_str!("../../../shaders/layernorm.wgsl"),
+        super::layernorm::variant_out(0, DType::F32, DType::F16, super::layernorm::Norm::Layer),
+    )?;
     for t in floats {
         for (mode, td) in [(0, t), (1, DType::F32)] {
             for rope in [false, true] {
@@ -179,12 +185,12 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                 )?;
             }
         }
-        for backward in [false, true] {
+        for (backward, td) in [(false, t), (true, t), (true, DType::F16)] {
             push(
                 &mut out,
                 "cross_entropy",
                 include_str!("../../../shaders/cross_entropy.wgsl"),
-                super::cross_entropy::variant(t, backward),
+                super::cross_entropy::variant(t, backward, td),
             )?;
         }
         for mode in 0..5 {
@@ -255,15 +261,17 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             &mut out,
             "sum_rows",
             include_str!("../../../shaders/sum_rows.wgsl"),
-            super::reduce::sum_rows_variant(0, t),
+            super::reduce::sum_rows_variant(0, t, false),
         )?;
     }
-    push(
-        &mut out,
-        "sum_rows",
-        include_str!("../../../shaders/sum_rows.wgsl"),
-        super::reduce::sum_rows_variant(1, DType::F32),
-    )?;
+    for (mode, half) in [(0, true), (1, false)] {
+        push(
+            &mut out,
+            "sum_rows",
+            include_str!("../../../shaders/sum_rows.wgsl"),
+            super::reduce::sum_rows_variant(mode, DType::F32, half),
+        )?;
+    }
     // The cooperative matmul: every operand load with the default tile, and every
     // candidate tile with the common loads, with and without bounds checks.
     let loads: Vec<Load> = [false, true]
@@ -310,12 +318,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         )?;
     }
     for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true), (3, false)] {
-        push(
-            &mut out,
-            "optim_multi",
-            include_str!("../../../shaders/optim_multi.wgsl"),
-            super::optim_multi::variant(mode, half),
-        )?;
+        for slots in [super::optim_multi::MIN_SLOTS, super::optim_multi::MAX_SLOTS] {
+            push(
+                &mut out,
+                "optim_multi",
+                include_str!("../../../shaders/optim_multi.wgsl"),
+                super::optim_multi::variant(mode, half, slots),
+            )?;
+        }
     }
     for half in [false, true] {
         push(

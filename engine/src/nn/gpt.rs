@@ -367,15 +367,16 @@ impl Gpt {
 fn block(tape: &mut Tape, rt: &Runtime, i: usize, (eps, nh, drop): (f32, usize, f32), v: &[Var]) -> Result<Var, Error> {
     let l = |n: &str| format!("transformer.h.{i}.{n}");
     let x = &v[0];
-    // Under fp16-mixed the projections feeding attention and GELU write f16.
+    // Under fp16-mixed the projections feeding attention and GELU write f16, and so do
+    // the LayerNorms feeding the projections.
     let act = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
-    let h = ops::layernorm(tape, rt, x, &v[1], &v[2], eps, &l("ln_1"))?;
+    let h = ops::layernorm_as(tape, rt, x, &v[1], &v[2], eps, act, &l("ln_1"))?;
     let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("attn.c_attn"))?;
     let y = ops::attention(tape, rt, &qkv, nh, &l("attn"))?;
     let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attn.c_proj"))?;
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
     let x2 = ops::add(tape, rt, x, &a, &l("attn.residual"))?;
-    let h = ops::layernorm(tape, rt, &x2, &v[7], &v[8], eps, &l("ln_2"))?;
+    let h = ops::layernorm_as(tape, rt, &x2, &v[7], &v[8], eps, act, &l("ln_2"))?;
     let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
     let g = ops::gelu(tape, rt, &f, &l("mlp.act"))?;
     let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("mlp.c_proj"))?;

@@ -18,7 +18,7 @@ use crate::error::Error;
 /// Bytes of one launch's parameters (the uniform slot, and the dynamic offset step).
 pub const PARAM_SLOT: u64 = 256;
 /// Most tensors one kernel binds.
-pub const MAX_STORAGE_BINDINGS: usize = 8;
+pub const MAX_STORAGE_BINDINGS: usize = 16;
 
 /// Which variant of which kernel family: the family's name and up to eight numbers that
 /// the family derives from its variant's choices (element types, tile, epilogue, ...).

@@ -147,8 +147,8 @@ pub fn lm_head_cross_entropy(
         chunk = chunk_rows(&rt.gpu.caps.facts, chunk, n, ld, v, if mixed { None } else { Some(c) });
     }
     let logits = Tensor::empty(rt, &[chunk, ld], DType::F32, Category::Temporary, &format!("{label}.logits_chunk"))?;
-    // fp16-mixed: h and W are cast once; each chunk's logit gradient is cast before its
-    // two matmuls. Logits, the loss and the accumulation stay f32.
+    // fp16-mixed: h and W are cast once; each chunk's logit gradient is written in f16
+    // for its two matmuls. Logits, the loss and the accumulation stay f32.
     let (h2, w_mm) = if mixed {
         (
             half(rt, &h2, Category::Temporary, &format!("{label}.h.f16"))?,
@@ -182,20 +182,23 @@ pub fn lm_head_cross_entropy(
         // The fused kernel takes whole tensors: this chunk's targets and losses are copied.
         let tc = targets.slice(0, start, rows)?.contiguous(rt)?;
         let loss_c = Tensor::empty(rt, &[rows], DType::F32, Category::Temporary, "chunk losses")?;
-        ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale * pre, 0..rows)?;
+        // The logits' gradient: in place, or under fp16-mixed straight into its f16
+        // block (the f32 values rounded as they are written: no cast of its own).
+        let lc = match &grad_half {
+            Some(g) if grad => {
+                let g = g.slice(0, 0, rows)?.slice(1, 0, v)?;
+                ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, Some(&g), scale * pre, 0..rows)?;
+                g
+            }
+            _ => {
+                ce::cross_entropy_rows(rt, &lc, &tc, &loss_c, grad.then_some(&lc), scale * pre, 0..rows)?;
+                lc
+            }
+        };
         crate::kernels::map::copy_into(rt, &loss_c, &losses.slice(0, start, rows)?)?;
         if let (Some(dh), Some(dw)) = (&dh, &dw) {
-            let lc = match &grad_half {
-                Some(g) => {
-                    // Whole padded rows (the copy writes contiguous memory).
-                    let g = g.slice(0, 0, rows)?;
-                    crate::kernels::map::copy_into(rt, &lc_rows, &g)?;
-                    g.slice(1, 0, v)?
-                }
-                None => lc,
-            };
-            // Under fp16-mixed the f32 logits are dead once cast: split-K's partials
-            // go there rather than into a block of their own.
+            // Under fp16-mixed the f32 logits are dead once their gradient is written:
+            // split-K's partials go there rather than into a block of their own.
             let scratch = MatmulOptions {
                 scratch: mixed.then_some(&logits),
                 ..Default::default()

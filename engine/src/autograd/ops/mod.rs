@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::{MapOp, map_into};
 use crate::kernels::matmul::{MatmulOptions, matmul};
-use crate::kernels::reduce::sum_rows;
+use crate::kernels::reduce::{sum_rows, sum_rows_and_half};
 use crate::kernels::{embedding as emb, flash_attention as flash, heads, layernorm as ln};
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -113,24 +113,31 @@ pub fn linear_as(
         &inputs,
         Box::new(move |rt, dy, cats| {
             let dy2 = flatten2(dy)?;
-            let dy_mm = if mixed {
-                half(rt, &dy2, Category::Temporary, "dy.f16")?
-            } else {
-                dy2.clone()
-            };
             // The weight's and bias's gradients first: their temporaries (split-K
             // partials, column-sum partials) are freed before dx, the largest, exists.
+            // Under fp16-mixed an f32 dy is summed for the bias in the pass that writes
+            // its f16 copy for the products (one read of dy, no cast of its own).
+            let whole = |t: Tensor| if t.is_contiguous() { Ok(t) } else { t.contiguous(rt) };
+            let (dy_mm, fused_db) = if mixed && has_bias && dy2.dtype() == DType::F32 {
+                let dy2 = whole(dy2.clone())?;
+                let dy16 = Tensor::empty(rt, dy2.shape(), DType::F16, Category::Temporary, "dy.f16")?;
+                let db = sum_rows_and_half(rt, &dy2, &dy16, cats[2], "bias.grad")?;
+                (dy16, Some(db))
+            } else if mixed {
+                (half(rt, &dy2, Category::Temporary, "dy.f16")?, None)
+            } else {
+                (dy2.clone(), None)
+            };
             // dW = dy^T x (OutIn) or x^T dy (InOut).
             let (a, b) = match layout {
                 WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
                 WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
             };
             let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "weight.grad")?;
-            let db = if has_bias {
-                let dy2 = if dy2.is_contiguous() { dy2 } else { dy2.contiguous(rt)? };
-                Some(sum_rows(rt, &dy2, cats[2], "bias.grad")?)
-            } else {
-                None
+            let db = match fused_db {
+                Some(db) => Some(db),
+                None if has_bias => Some(sum_rows(rt, &whole(dy2)?, cats[2], "bias.grad")?),
+                None => None,
             };
             // dx = dy W (OutIn) or dy W^T (InOut).
             let w_for_dx = match layout {
@@ -192,7 +199,15 @@ pub fn add(tape: &mut Tape, rt: &Runtime, a: &Var, b: &Var, label: &str) -> Resu
 
 /// LayerNorm over the last dimension with f32 weight and bias.
 pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, label: &str) -> Result<Var, Error> {
-    let (y, saved) = ln::forward(rt, &x.value, &w.value, &b.value, eps, label)?;
+    layernorm_as(tape, rt, x, w, b, eps, DType::F32, label)
+}
+
+/// [`layernorm`] writing its output as `out`: f16 under fp16-mixed when the consumer is
+/// a product, which would cast it anyway (the same values, no cast of its own). The
+/// gradient stays f32.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_as(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, out: DType, label: &str) -> Result<Var, Error> {
+    let (y, saved) = ln::forward_as(rt, &x.value, &w.value, &b.value, eps, out, label)?;
     let (xs, ws) = (x.value.clone(), w.value.clone());
     Ok(tape.record(
         y,
