@@ -39,17 +39,27 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let base = row * p.ld;
     let tgt = targets[row];
     let valid = tgt != p.ignore_index && tgt >= 0 && u32(tgt) < p.cols;
+    // One pass over the row (online softmax): each thread keeps its running max m and
+    // its sum s of exp(x - m), rescaled when the max grows, and the sum of x for label
+    // smoothing; the workgroup then combines them against the row's max.
     var m = -3.4028235e38;
-    for (var j = lid; j < p.cols; j += WG) { m = max(m, f32(logits[base + j])); }
-    let row_max = workgroup_max(lid, m);
     var s = 0.0;
-    for (var j = lid; j < p.cols; j += WG) { s += exp(f32(logits[base + j]) - row_max); }
-    let total = workgroup_sum(lid, s);
+    var sx = 0.0;
+    for (var j = lid; j < p.cols; j += WG) {
+        let x = f32(logits[base + j]);
+        if x > m {
+            s = s * exp(m - x) + 1.0;
+            m = x;
+        } else {
+            s += exp(x - m);
+        }
+        sx += x;
+    }
+    let row_max = workgroup_max(lid, m);
+    let total = workgroup_sum(lid, s * exp(m - row_max));
     let e = p.smoothing;
     var mean_x = 0.0;
     if e > 0.0 {
-        var sx = 0.0;
-        for (var j = lid; j < p.cols; j += WG) { sx += f32(logits[base + j]); }
         mean_x = workgroup_sum(lid, sx) / f32(p.cols);
     }
     if lid == 0u {
