@@ -6,7 +6,8 @@
 //   2 weight partials: for the chunk of ROW_CHUNK rows given by workgroup_id.y,
 //             pw[chunk, c] = sum dy * xhat, pb[chunk, c] = sum dy      one thread per column
 //             (pw, pb bound where dw, db are)
-//   3 weight sums: dw[c] = sum over chunks of pw, db[c] = ... of pb, chunks in order
+//   3 weight sums: dw[c] = sum over chunks of pw, db[c] = ... of pb, LANES invocations a
+//             column each summing every LANES-th chunk in order, then the lanes in order
 //             (pw, pb bound where mean, rstd are): deterministic, and parallel over rows
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db. TY is y_or_dx's type:
 // T, or f16 for a forward feeding fp16-mixed's products (the f32 y rounded as written).
@@ -33,6 +34,9 @@ const MODE: u32 = {{MODE}}u;
 const RMS: bool = {{RMS}};
 const WG: u32 = 256u;
 const ROW_CHUNK: u32 = 64u;
+const LANES: u32 = 16u;
+const SUM_COLS: u32 = WG / LANES;
+var<workgroup> lane_sums: array<vec2<f32>, 256>;
 {{WORKGROUP_REDUCE}}
 
 @compute @workgroup_size(256)
@@ -46,7 +50,21 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let end = min(p.rows, (chunk + 1u) * ROW_CHUNK);
         var sw = 0.0;
         var sb = 0.0;
-        for (var r = chunk * ROW_CHUNK; r < end; r++) {
+        var r = chunk * ROW_CHUNK;
+        // Four rows' loads issued before their uses; added in row order.
+        for (; r + 4u <= end; r += 4u) {
+            var g: array<f32, 4>;
+            var xhat: array<f32, 4>;
+            for (var k = 0u; k < 4u; k++) {
+                g[k] = f32(b_or_dy[(r + k) * p.cols + c]);
+                xhat[k] = (f32(x[(r + k) * p.cols + c]) - mean[r + k]) * rstd[r + k];
+            }
+            for (var k = 0u; k < 4u; k++) {
+                sw += g[k] * xhat[k];
+                sb += g[k];
+            }
+        }
+        for (; r < end; r++) {
             let g = f32(b_or_dy[r * p.cols + c]);
             let xhat = (f32(x[r * p.cols + c]) - mean[r]) * rstd[r];
             sw += g * xhat;
@@ -57,17 +75,28 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         return;
     }
     if MODE == 3u {
-        let c = group * WG + lid;
-        if c >= p.cols { return; }
+        // LANES invocations a column: lane l sums chunks l, l + LANES, ... in order, then
+        // the lanes are added in lane order.
+        let col = lid % SUM_COLS;
+        let lane = lid / SUM_COLS;
+        let c = group * SUM_COLS + col;
         let chunks = (p.rows + ROW_CHUNK - 1u) / ROW_CHUNK;
-        var sw = 0.0;
-        var sb = 0.0;
-        for (var k = 0u; k < chunks; k++) {
-            sw += mean[k * p.cols + c];
-            sb += rstd[k * p.cols + c];
+        var s = vec2<f32>(0.0);
+        if c < p.cols {
+            for (var k = lane; k < chunks; k += LANES) {
+                s += vec2<f32>(mean[k * p.cols + c], rstd[k * p.cols + c]);
+            }
         }
-        dw[c] = sw;
-        db[c] = sb;
+        lane_sums[lid] = s;
+        workgroupBarrier();
+        if lane == 0u && c < p.cols {
+            var t = vec2<f32>(0.0);
+            for (var l = 0u; l < LANES; l++) {
+                t += lane_sums[l * SUM_COLS + col];
+            }
+            dw[c] = t.x;
+            db[c] = t.y;
+        }
         return;
     }
     let row = group;

@@ -6,7 +6,7 @@ mod common;
 use common::{Rng, assert_close, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::map::{MapOp, map_into};
-use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows};
+use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows, sum_rows_and_half};
 use wgtrain_engine::kernels::softmax::{softmax_backward_into, softmax_into};
 use wgtrain_engine::{Category, DType, Tensor};
 
@@ -231,7 +231,9 @@ fn reductions_match_including_empty_and_long_rows() {
 }
 
 /// Column sums (bias gradients) over row counts below, at and past one chunk of 64, in
-/// f32 and f16, from an offset view; the same result on a second run (deterministic).
+/// f32 and f16, from an offset view, four columns an invocation where they line up; the
+/// same result on a second run (deterministic). With the f16 copy written in the same
+/// pass (fp16-mixed's dy): the same sums, and the copy is each element rounded to f16.
 #[test]
 fn column_sums_match_and_repeat() {
     let rt = runtime();
@@ -241,7 +243,7 @@ fn column_sums_match_and_repeat() {
         dtypes.push(DType::F16);
     }
     for dtype in dtypes {
-        for (rows, cols) in [(1, 5), (64, 3), (65, 300), (1000, 77), (0, 4)] {
+        for (rows, cols) in [(1, 5), (64, 3), (65, 300), (1000, 77), (0, 4), (1030, 64), (3, 8)] {
             let data = rng.vec((rows + 1) * cols, -1.0, 1.0);
             let all = upload(&rt, &data, &[rows + 1, cols], dtype);
             let x = all.slice(0, 1, rows).unwrap();
@@ -252,6 +254,13 @@ fn column_sums_match_and_repeat() {
             assert_close(&rt, &format!("sum_rows {rows}x{cols} {dtype}"), &got, &want, rows.max(1));
             let again = sum_rows(&rt, &x, Category::Temporary, "db").unwrap();
             assert_eq!(got.to_f32_vec(&rt).unwrap(), again.to_f32_vec(&rt).unwrap(), "bitwise repeatable");
+            if dtype == DType::F32 && rt.gpu.caps.shader_f16 && rows > 0 {
+                let copy = wgtrain_engine::Tensor::empty(&rt, &[rows, cols], DType::F16, Category::Temporary, "dy.f16").unwrap();
+                let with_copy = sum_rows_and_half(&rt, &x, &copy, Category::Temporary, "db").unwrap();
+                assert_eq!(with_copy.to_f32_vec(&rt).unwrap(), got.to_f32_vec(&rt).unwrap(), "the same sums");
+                let want: Vec<f32> = data[cols..].iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+                assert_eq!(copy.to_f32_vec(&rt).unwrap(), want, "the f16 copy, {rows}x{cols}");
+            }
         }
     }
     finish(&rt);

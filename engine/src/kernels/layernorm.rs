@@ -15,6 +15,8 @@ use crate::tensor::{DType, Tensor};
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
 /// Rows per partial sum of the weight gradients (ROW_CHUNK in the shader).
 const ROW_CHUNK: usize = 64;
+/// Invocations summing each column's partials (LANES in the shader).
+const SUM_LANES: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -264,7 +266,7 @@ fn backward_norm(
         &k3,
         bytemuck::bytes_of(&params),
         &[x, w, dy, &dx, &pw, &pb, dw, db],
-        grid(cols.div_ceil(256) as u32),
+        grid(cols.div_ceil(256 / SUM_LANES) as u32),
     )?;
     Ok(dx)
 }

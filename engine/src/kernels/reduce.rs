@@ -140,15 +140,23 @@ pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result
 const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
 /// Rows each first-pass thread of [`sum_rows`] sums (ROW_CHUNK in shaders/sum_rows.wgsl).
 const ROW_CHUNK: usize = 64;
+/// Invocations summing each column's partials (LANES in shaders/sum_rows.wgsl).
+const SUM_LANES: usize = 16;
 
 /// The template values of a [`sum_rows`] pass (mode 0: partials of `dtype` rows; mode
 /// 1: the f32 partials summed).
-pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool) -> Vec<(&'static str, String)> {
+pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool, width: usize) -> Vec<(&'static str, String)> {
+    let t = dtype.wgsl();
+    let vec = |s: &str| if width == 4 { format!("vec4<{s}>") } else { s.to_string() };
     vec![
         ("ENABLE", enables(&[dtype])),
-        ("T", dtype.wgsl().to_string()),
-        ("MODE", mode.to_string()),
+        ("T", t.to_string()),
+        ("SUMS", (mode == 1).to_string()),
         ("HALF", half.to_string()),
+        ("W", width.to_string()),
+        ("V", vec("f32")),
+        ("XT", vec(t)),
+        ("HT", vec("f16")),
     ]
 }
 
@@ -211,16 +219,23 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
         pad: 0,
     };
     let with_half = half.is_some();
+    // Four columns an invocation where whole vectors line up with the rows.
+    let width = if cols.is_multiple_of(4) && x.offset().is_multiple_of(4) {
+        4
+    } else {
+        1
+    };
     let first = rt.kernel(
-        KernelKey::new("sum_rows", &[0, x.dtype() as u32, with_half as u32]),
+        KernelKey::new("sum_rows", &[0, x.dtype() as u32, with_half as u32, width as u32]),
         2 + with_half as usize,
         || {
             let copy = if with_half { " +f16 copy" } else { "" };
-            format!("sum_rows partials {}{copy}", x.dtype().wgsl())
+            let vec = if width == 4 { " vec4" } else { "" };
+            format!("sum_rows partials {}{vec}{copy}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), with_half)),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), with_half, width)),
     )?;
-    let groups = [cols.div_ceil(256) as u32, chunks as u32, 1];
+    let groups = [(cols / width).div_ceil(256) as u32, chunks as u32, 1];
     match half {
         Some(h) => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part, h], groups)?,
         None => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part], groups)?,
@@ -229,14 +244,14 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
         KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
         2,
         || format!("sum_rows sums {}", DType::F32.wgsl()),
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, false)),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, false, 1)),
     )?;
     let params = SumRowsParams { x_offset: 0, ..params };
     rt.launch(
         &second,
         bytemuck::bytes_of(&params),
         &[&part, &out],
-        grid(cols.div_ceil(256) as u32),
+        grid(cols.div_ceil(256 / SUM_LANES) as u32),
     )?;
     Ok(out)
 }

@@ -257,19 +257,21 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         }
     }
     for t in floats {
-        push(
-            &mut out,
-            "sum_rows",
-            include_str!("../../../shaders/sum_rows.wgsl"),
-            super::reduce::sum_rows_variant(0, t, false),
-        )?;
+        for width in [1, 4] {
+            push(
+                &mut out,
+                "sum_rows",
+                include_str!("../../../shaders/sum_rows.wgsl"),
+                super::reduce::sum_rows_variant(0, t, false, width),
+            )?;
+        }
     }
-    for (mode, half) in [(0, true), (1, false)] {
+    for (mode, half, width) in [(0, true, 1), (0, true, 4), (1, false, 1)] {
         push(
             &mut out,
             "sum_rows",
             include_str!("../../../shaders/sum_rows.wgsl"),
-            super::reduce::sum_rows_variant(mode, DType::F32, half),
+            super::reduce::sum_rows_variant(mode, DType::F32, half, width),
         )?;
     }
     // The cooperative matmul: every operand load with the default tile, and every
