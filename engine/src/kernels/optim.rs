@@ -22,6 +22,19 @@ struct Params {
     skip_if_found: u32,
     first_step: u32,
     nesterov: u32,
+    hyper: Hyper,
+    param_offset: u32,
+    grad_offset: u32,
+    half_offset: u32,
+    pad: u32,
+}
+
+/// An update's hyperparameters as every optimizer shader reads them (`lr` ..
+/// `inv_scale` of their `Params`): one layout for the one-parameter, 8-bit and
+/// multi-tensor kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+pub(super) struct Hyper {
     lr: f32,
     beta1: f32,
     beta2: f32,
@@ -30,10 +43,46 @@ struct Params {
     bias_correction1: f32,
     bias_correction2_sqrt: f32,
     inv_scale: f32,
-    param_offset: u32,
-    grad_offset: u32,
-    half_offset: u32,
-    pad: u32,
+}
+
+impl Hyper {
+    /// Nothing but the gradients' multiplier (the checks).
+    pub(super) fn scale(inv_scale: f32) -> Hyper {
+        Hyper {
+            inv_scale,
+            ..Default::default()
+        }
+    }
+
+    /// AdamW's at `step` (counting from 1), with its bias corrections.
+    pub(super) fn adamw(h: &AdamW, step: u32, inv_scale: f32) -> Hyper {
+        Hyper {
+            lr: h.lr,
+            beta1: h.betas.0,
+            beta2: h.betas.1,
+            eps: h.eps,
+            weight_decay: h.weight_decay,
+            bias_correction1: 1.0 - h.betas.0.powi(step as i32),
+            bias_correction2_sqrt: (1.0 - h.betas.1.powi(step as i32)).sqrt(),
+            inv_scale,
+        }
+    }
+
+    /// SGD's (momentum and dampening where AdamW's betas go); nesterov momentum
+    /// without a momentum is refused.
+    pub(super) fn sgd(h: &Sgd, inv_scale: f32) -> Result<Hyper, Error> {
+        if h.momentum == 0.0 && h.nesterov {
+            return Err(Error::invalid("sgd", "nesterov momentum requires a momentum"));
+        }
+        Ok(Hyper {
+            lr: h.lr,
+            beta1: h.momentum,
+            beta2: h.dampening,
+            weight_decay: h.weight_decay,
+            inv_scale,
+            ..Default::default()
+        })
+    }
 }
 
 /// The template values of one variant (0 check, 1 AdamW, 2 SGD; `half`: the f16 copy
@@ -144,7 +193,7 @@ pub fn unscale_and_check(rt: &Runtime, grad: &Tensor, inv_scale: f32, found: &Te
     )?;
     let params = Params {
         n: n as u32,
-        inv_scale,
+        hyper: Hyper::scale(inv_scale),
         param_offset: grad.offset() as u32,
         grad_offset: grad.offset() as u32,
         ..Default::default()
@@ -164,14 +213,7 @@ fn adam_params(h: &AdamW, s: &OptimState, n: usize, step: u32, inv_scale: f32, s
         skip_if_found: skip_if_found as u32,
         first_step: (step == 1) as u32,
         nesterov: 0,
-        lr: h.lr,
-        beta1: h.betas.0,
-        beta2: h.betas.1,
-        eps: h.eps,
-        weight_decay: h.weight_decay,
-        bias_correction1: 1.0 - h.betas.0.powi(step as i32),
-        bias_correction2_sqrt: (1.0 - h.betas.1.powi(step as i32)).sqrt(),
-        inv_scale,
+        hyper: Hyper::adamw(h, step, inv_scale),
         param_offset: s.param.offset() as u32,
         grad_offset: s.grad.offset() as u32,
         half_offset: s.half.map_or(0, |h| h.offset() as u32),
@@ -294,19 +336,12 @@ pub fn sgd_step(
     skip_if_found: bool,
 ) -> Result<(), Error> {
     let n = check_state(s, found)?;
-    if h.momentum == 0.0 && h.nesterov {
-        return Err(Error::invalid("sgd", "nesterov momentum requires a momentum"));
-    }
     let params = Params {
         n: n as u32,
         skip_if_found: skip_if_found as u32,
         first_step: first_step as u32,
         nesterov: h.nesterov as u32,
-        lr: h.lr,
-        beta1: h.momentum,
-        beta2: h.dampening,
-        weight_decay: h.weight_decay,
-        inv_scale,
+        hyper: Hyper::sgd(h, inv_scale)?,
         param_offset: s.param.offset() as u32,
         grad_offset: s.grad.offset() as u32,
         half_offset: s.half.map_or(0, |h| h.offset() as u32),

@@ -9,7 +9,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::optim::{AdamW, OptimState, Sgd, check_state};
+use super::optim::{AdamW, Hyper, OptimState, Sgd, check_state};
 use crate::error::Error;
 use crate::memory::{Category, PageId};
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -46,14 +46,7 @@ struct Params {
     skip_if_found: u32,
     nesterov: u32,
     pad: [u32; 3],
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
-    bias_correction1: f32,
-    bias_correction2_sqrt: f32,
-    inv_scale: f32,
+    hyper: Hyper,
 }
 
 /// The template values of one variant (0 unscale and check, 1 AdamW, 2 SGD, 3 check
@@ -102,31 +95,18 @@ impl Update {
         }
     }
 
-    fn params(&self, inv_scale: f32, skip_if_found: bool) -> Params {
-        let mut p = Params {
-            inv_scale,
-            skip_if_found: skip_if_found as u32,
-            ..Default::default()
+    fn params(&self, inv_scale: f32, skip_if_found: bool) -> Result<Params, Error> {
+        let (hyper, nesterov) = match self {
+            Update::AdamW(h, step) => (Hyper::adamw(h, *step, inv_scale), false),
+            Update::Sgd(h) => (Hyper::sgd(h, inv_scale)?, h.nesterov),
+            Update::UnscaleAndCheck | Update::Check => (Hyper::scale(inv_scale), false),
         };
-        match *self {
-            Update::AdamW(h, step) => {
-                p.lr = h.lr;
-                (p.beta1, p.beta2) = h.betas;
-                p.eps = h.eps;
-                p.weight_decay = h.weight_decay;
-                p.bias_correction1 = 1.0 - h.betas.0.powi(step as i32);
-                p.bias_correction2_sqrt = (1.0 - h.betas.1.powi(step as i32)).sqrt();
-            }
-            Update::Sgd(h) => {
-                p.lr = h.lr;
-                p.beta1 = h.momentum;
-                p.beta2 = h.dampening;
-                p.weight_decay = h.weight_decay;
-                p.nesterov = h.nesterov as u32;
-            }
-            Update::UnscaleAndCheck | Update::Check => {}
-        }
-        p
+        Ok(Params {
+            skip_if_found: skip_if_found as u32,
+            nesterov: nesterov as u32,
+            hyper,
+            ..Default::default()
+        })
     }
 }
 
@@ -231,6 +211,8 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
             found.offset(),
         ));
     }
+    // Hyperparameters checked before anything is allocated or recorded.
+    let template = update.params(inv_scale, skip_if_found)?;
     let slots = slots(rt);
     let mut groups: Vec<Group> = vec![Group::default()];
     let mut half = false;
@@ -289,7 +271,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
     )?;
     let mut base = 0u32;
     for g in &groups {
-        let mut params = update.params(inv_scale, skip_if_found);
+        let mut params = template;
         (params.base, params.count, params.total) = (base, g.entries.len() as u32, g.groups);
         base += g.entries.len() as u32;
         let page = |i: usize| {
