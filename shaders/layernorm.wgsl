@@ -3,12 +3,9 @@
 // dy, dx type), RMS, MODE:
 //   0 forward:  y = (x - mean) * rstd * w + b; saves mean, rstd.    one workgroup per row
 //   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
-//   2 weight partials: for the chunk of ROW_CHUNK rows given by workgroup_id.y,
-//             pw[chunk, c] = sum dy * xhat, pb[chunk, c] = sum dy      one thread per column
-//             (pw, pb bound where dw, db are)
-//   3 weight sums: dw[c] = sum over chunks of pw, db[c] = ... of pb, LANES invocations a
-//             column each summing every LANES-th chunk in order, then the lanes in order
-//             (pw, pb bound where mean, rstd are): deterministic, and parallel over rows
+//   2 weight gradients: dw[c] = sum dy * xhat, db[c] = sum dy over the rows, in one pass:
+//             a workgroup takes U columns (32 bytes of an f32 row) with 256 / U lanes of
+//             rows each (deterministic, and parallel over rows)
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db. TY is y_or_dx's type:
 // T, or f16 for a forward feeding fp16-mixed's products (the f32 y rounded as written).
 {{ENABLE}}
@@ -33,9 +30,8 @@ struct Params {
 const MODE: u32 = {{MODE}}u;
 const RMS: bool = {{RMS}};
 const WG: u32 = 256u;
-const ROW_CHUNK: u32 = 64u;
-const LANES: u32 = 16u;
-const SUM_COLS: u32 = WG / LANES;
+const U: u32 = 8u;
+const ROW_LANES: u32 = WG / U;
 var<workgroup> lane_sums: array<vec2<f32>, 256>;
 {{WORKGROUP_REDUCE}}
 
@@ -44,58 +40,44 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lid = lid3.x;
     let group = wid.x + wid.y * nwg.x;
     if MODE == 2u {
-        let c = wid.x * WG + lid;
-        if c >= p.cols { return; }
-        let chunk = wid.y;
-        let end = min(p.rows, (chunk + 1u) * ROW_CHUNK);
-        var sw = 0.0;
-        var sb = 0.0;
-        var r = chunk * ROW_CHUNK;
-        // Four rows' loads issued before their uses; added in row order.
-        for (; r + 4u <= end; r += 4u) {
-            var g: array<f32, 4>;
-            var xhat: array<f32, 4>;
-            for (var k = 0u; k < 4u; k++) {
-                g[k] = f32(b_or_dy[(r + k) * p.cols + c]);
-                xhat[k] = (f32(x[(r + k) * p.cols + c]) - mean[r + k]) * rstd[r + k];
-            }
-            for (var k = 0u; k < 4u; k++) {
-                sw += g[k] * xhat[k];
-                sb += g[k];
-            }
-        }
-        for (; r < end; r++) {
-            let g = f32(b_or_dy[r * p.cols + c]);
-            let xhat = (f32(x[r * p.cols + c]) - mean[r]) * rstd[r];
-            sw += g * xhat;
-            sb += g;
-        }
-        dw[chunk * p.cols + c] = sw;
-        db[chunk * p.cols + c] = sb;
-        return;
-    }
-    if MODE == 3u {
-        // LANES invocations a column: lane l sums chunks l, l + LANES, ... in order, then
-        // the lanes are added in lane order.
-        let col = lid % SUM_COLS;
-        let lane = lid / SUM_COLS;
-        let c = group * SUM_COLS + col;
-        let chunks = (p.rows + ROW_CHUNK - 1u) / ROW_CHUNK;
+        // U columns a workgroup, ROW_LANES lanes of rows each: lane l sums rows l,
+        // l + ROW_LANES, ... in order (four rows' loads issued before their uses), then
+        // the lanes are added pairwise in a fixed tree.
+        let u = lid % U;
+        let lane = lid / U;
+        let c = group * U + u;
         var s = vec2<f32>(0.0);
         if c < p.cols {
-            for (var k = lane; k < chunks; k += LANES) {
-                s += vec2<f32>(mean[k * p.cols + c], rstd[k * p.cols + c]);
+            var r = lane;
+            for (; r + 3u * ROW_LANES < p.rows; r += 4u * ROW_LANES) {
+                var g: array<f32, 4>;
+                var xhat: array<f32, 4>;
+                for (var k = 0u; k < 4u; k++) {
+                    let rk = r + k * ROW_LANES;
+                    g[k] = f32(b_or_dy[rk * p.cols + c]);
+                    xhat[k] = (f32(x[rk * p.cols + c]) - mean[rk]) * rstd[rk];
+                }
+                for (var k = 0u; k < 4u; k++) {
+                    s += vec2<f32>(g[k] * xhat[k], g[k]);
+                }
+            }
+            for (; r < p.rows; r += ROW_LANES) {
+                let g = f32(b_or_dy[r * p.cols + c]);
+                let xhat = (f32(x[r * p.cols + c]) - mean[r]) * rstd[r];
+                s += vec2<f32>(g * xhat, g);
             }
         }
         lane_sums[lid] = s;
         workgroupBarrier();
-        if lane == 0u && c < p.cols {
-            var t = vec2<f32>(0.0);
-            for (var l = 0u; l < LANES; l++) {
-                t += lane_sums[l * SUM_COLS + col];
+        for (var h = ROW_LANES / 2u; h > 0u; h >>= 1u) {
+            if lane < h {
+                lane_sums[lid] = lane_sums[lid] + lane_sums[lid + h * U];
             }
-            dw[c] = t.x;
-            db[c] = t.y;
+            workgroupBarrier();
+        }
+        if lane == 0u && c < p.cols {
+            dw[c] = lane_sums[lid].x;
+            db[c] = lane_sums[lid].y;
         }
         return;
     }

@@ -230,7 +230,8 @@ fn reductions_match_including_empty_and_long_rows() {
     finish(&rt);
 }
 
-/// Column sums (bias gradients) over row counts below, at and past one chunk of 64, in
+/// Column sums (bias gradients) over row counts below, at and past one chunk of 64 (one
+/// invocation a column, or the one-pass lanes), in
 /// f32 and f16, from an offset view, four columns an invocation where they line up; the
 /// same result on a second run (deterministic). With the f16 copy written in the same
 /// pass (fp16-mixed's dy): the same sums, and the copy is each element rounded to f16.
@@ -243,7 +244,7 @@ fn column_sums_match_and_repeat() {
         dtypes.push(DType::F16);
     }
     for dtype in dtypes {
-        for (rows, cols) in [(1, 5), (64, 3), (65, 300), (1000, 77), (0, 4), (1030, 64), (3, 8)] {
+        for (rows, cols) in [(1, 5), (64, 3), (65, 300), (1000, 77), (0, 4), (1030, 64), (3, 8), (2500, 12)] {
             let data = rng.vec((rows + 1) * cols, -1.0, 1.0);
             let all = upload(&rt, &data, &[rows + 1, cols], dtype);
             let x = all.slice(0, 1, rows).unwrap();

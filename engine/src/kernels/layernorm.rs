@@ -13,10 +13,8 @@ use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
-/// Rows per partial sum of the weight gradients (ROW_CHUNK in the shader).
-const ROW_CHUNK: usize = 64;
-/// Invocations summing each column's partials (LANES in the shader).
-const SUM_LANES: usize = 16;
+/// Columns a workgroup of the weight gradients' pass takes (U in the shader).
+const WEIGHT_COLS: usize = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -45,8 +43,7 @@ impl Norm {
     }
 }
 
-/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight-grad
-/// partials, 3 weight-grad sums).
+/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads).
 pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String)> {
     variant_out(mode, dtype, dtype, norm)
 }
@@ -232,41 +229,18 @@ fn backward_norm(
         &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
         grid(rows as u32),
     )?;
-    // Weight and bias gradients in two deterministic passes: per-chunk column sums,
-    // then the chunks summed in order.
-    let chunks = rows.div_ceil(ROW_CHUNK).max(1);
-    if chunks > 65535 {
-        return Err(Error::shape(
-            "layernorm backward",
-            format!("at most {} rows", 65535 * ROW_CHUNK),
-            rows,
-        ));
-    }
-    let pw = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln dw partials")?;
-    let pb = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "ln db partials")?;
+    // Weight and bias gradients in one deterministic pass over the rows.
     let k2 = rt.kernel(
         KernelKey::new("layernorm", &[2, x.dtype() as u32, norm as u32]),
         8,
-        || format!("{} dw partials {}", norm.name(), x.dtype().wgsl()),
+        || format!("{} dw {}", norm.name(), x.dtype().wgsl()),
         || render("layernorm", SOURCE, &variant(2, x.dtype(), norm)),
     )?;
     rt.launch(
         &k2,
         bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, &pw, &pb],
-        [cols.div_ceil(256) as u32, chunks as u32, 1],
-    )?;
-    let k3 = rt.kernel(
-        KernelKey::new("layernorm", &[3, x.dtype() as u32, norm as u32]),
-        8,
-        || format!("{} dw sums {}", norm.name(), x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(3, x.dtype(), norm)),
-    )?;
-    rt.launch(
-        &k3,
-        bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &pw, &pb, dw, db],
-        grid(cols.div_ceil(256 / SUM_LANES) as u32),
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+        grid(cols.div_ceil(WEIGHT_COLS) as u32),
     )?;
     Ok(dx)
 }

@@ -138,13 +138,17 @@ pub fn reduce_all(rt: &Runtime, op: ReduceOp, x: &Tensor, label: &str) -> Result
 }
 
 const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
-/// Rows each first-pass thread of [`sum_rows`] sums (ROW_CHUNK in shaders/sum_rows.wgsl).
+/// Rows a chunk of [`sum_rows`] takes (ROW_CHUNK in shaders/sum_rows.wgsl).
 const ROW_CHUNK: usize = 64;
-/// Invocations summing each column's partials (LANES in shaders/sum_rows.wgsl).
-const SUM_LANES: usize = 16;
 
-/// The template values of a [`sum_rows`] pass (mode 0: partials of `dtype` rows; mode
-/// 1: the f32 partials summed).
+/// Column units of W columns a one-pass [`sum_rows`] workgroup takes (U in the shader:
+/// 32 bytes of a row).
+fn one_pass_units(width: usize) -> usize {
+    8 / width
+}
+
+/// The template values of a [`sum_rows`] kernel (mode 0: x of one chunk of rows; mode 2:
+/// every row in one pass).
 pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool, width: usize) -> Vec<(&'static str, String)> {
     let t = dtype.wgsl();
     let vec = |s: &str| if width == 4 { format!("vec4<{s}>") } else { s.to_string() };
@@ -152,6 +156,7 @@ pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool, width: usize) -> Ve
         ("ENABLE", enables(&[dtype])),
         ("T", t.to_string()),
         ("SUMS", (mode == 1).to_string()),
+        ("ONE", (mode == 2).to_string()),
         ("HALF", half.to_string()),
         ("W", width.to_string()),
         ("V", vec("f32")),
@@ -169,9 +174,11 @@ struct SumRowsParams {
     pad: u32,
 }
 
-/// The column sums of a contiguous [N, C] x: a new [C] f32 tensor, summed per chunk of
-/// rows and then over the chunks in order (deterministic, parallel over rows). What a
-/// bias gradient is.
+/// The column sums of a contiguous [N, C] x: a new [C] f32 tensor, deterministic and
+/// parallel over rows. What a bias gradient is. Up to a chunk of rows, one invocation
+/// sums each column's rows in order; beyond, one launch gives every 32 bytes of columns
+/// a workgroup whose lanes sum every lanes-th row in order, then add up pairwise in a
+/// fixed tree (no partials and no second launch).
 pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
     sum_rows_into_half(rt, x, None, category, label)
 }
@@ -208,10 +215,6 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
         super::map::fill(rt, &out, 0.0)?;
         return Ok(out);
     }
-    if chunks > 65535 {
-        return Err(Error::shape("sum_rows", format!("at most {} rows", 65535 * ROW_CHUNK), rows));
-    }
-    let part = Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "sum_rows partials")?;
     let params = SumRowsParams {
         rows: rows as u32,
         cols: cols as u32,
@@ -225,33 +228,27 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
     } else {
         1
     };
-    let first = rt.kernel(
-        KernelKey::new("sum_rows", &[0, x.dtype() as u32, with_half as u32, width as u32]),
+    // One chunk: the partials pass writes the sums; more: the one-pass kernel.
+    let mode = if chunks == 1 { 0 } else { 2 };
+    let kernel = rt.kernel(
+        KernelKey::new("sum_rows", &[mode, x.dtype() as u32, with_half as u32, width as u32]),
         2 + with_half as usize,
         || {
             let copy = if with_half { " +f16 copy" } else { "" };
             let vec = if width == 4 { " vec4" } else { "" };
-            format!("sum_rows partials {}{vec}{copy}", x.dtype().wgsl())
+            let pass = if mode == 0 { "partials" } else { "one pass" };
+            format!("sum_rows {pass} {}{vec}{copy}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), with_half, width)),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(mode, x.dtype(), with_half, width)),
     )?;
-    let groups = [(cols / width).div_ceil(256) as u32, chunks as u32, 1];
+    let groups = if mode == 0 {
+        [(cols / width).div_ceil(256) as u32, 1, 1]
+    } else {
+        grid((cols / width).div_ceil(one_pass_units(width)) as u32)
+    };
     match half {
-        Some(h) => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part, h], groups)?,
-        None => rt.launch(&first, bytemuck::bytes_of(&params), &[x, &part], groups)?,
+        Some(h) => rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, &out, h], groups)?,
+        None => rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, &out], groups)?,
     }
-    let second = rt.kernel(
-        KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
-        2,
-        || format!("sum_rows sums {}", DType::F32.wgsl()),
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, false, 1)),
-    )?;
-    let params = SumRowsParams { x_offset: 0, ..params };
-    rt.launch(
-        &second,
-        bytemuck::bytes_of(&params),
-        &[&part, &out],
-        grid(cols.div_ceil(256 / SUM_LANES) as u32),
-    )?;
     Ok(out)
 }

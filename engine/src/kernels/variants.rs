@@ -156,7 +156,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
-    for mode in 0..4 {
+    for mode in 0..3 {
         for t in floats {
             for norm in [super::layernorm::Norm::Layer, super::layernorm::Norm::Rms] {
                 push(
@@ -257,22 +257,17 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         }
     }
     for t in floats {
-        for width in [1, 4] {
-            push(
-                &mut out,
-                "sum_rows",
-                include_str!("../../../shaders/sum_rows.wgsl"),
-                super::reduce::sum_rows_variant(0, t, false, width),
-            )?;
+        // With the f16 copy only of f32 x.
+        for half in [false, t == DType::F32] {
+            for (mode, width) in [0, 2].into_iter().flat_map(|m| [1, 4].map(|w| (m, w))) {
+                push(
+                    &mut out,
+                    "sum_rows",
+                    include_str!("../../../shaders/sum_rows.wgsl"),
+                    super::reduce::sum_rows_variant(mode, t, half, width),
+                )?;
+            }
         }
-    }
-    for (mode, half, width) in [(0, true, 1), (0, true, 4), (1, false, 1)] {
-        push(
-            &mut out,
-            "sum_rows",
-            include_str!("../../../shaders/sum_rows.wgsl"),
-            super::reduce::sum_rows_variant(mode, DType::F32, half, width),
-        )?;
     }
     // The cooperative matmul: every operand load with the default tile, and every
     // candidate tile with the common loads, with and without bounds checks.
