@@ -8,6 +8,11 @@
 //             rows each (deterministic, and parallel over rows)
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db. TY is y_or_dx's type:
 // T, or f16 for a forward feeding fp16-mixed's products (the f32 y rounded as written).
+// Fused with the residual add before it (RES, forward, T f32): the rows normalised are
+// x + dw (the residual branch, bound at dw), written to db (the sum, which the block
+// goes on with) as they are read. With the gradient so far (ACC, backward): dx = db +
+// the formula above (db bound to the input's gradient from its other uses, the tape's
+// accumulation folded in).
 {{ENABLE}}
 
 struct Params {
@@ -29,6 +34,16 @@ struct Params {
 
 const MODE: u32 = {{MODE}}u;
 const RMS: bool = {{RMS}};
+const RES: bool = {{RES}};
+const ACC: bool = {{ACC}};
+
+// Element i of the rows normalised: x's, or after the residual prologue the sum's.
+fn xv(i: u32) -> f32 {
+    if RES {
+        return db[i];
+    }
+    return f32(x[i]);
+}
 const WG: u32 = 256u;
 const U: u32 = 8u;
 const ROW_LANES: u32 = WG / U;
@@ -86,21 +101,27 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let base = row * p.cols;
     let n = f32(p.cols);
     if MODE == 0u {
+        if RES {
+            // Each invocation writes the elements it reads below.
+            for (var j = lid; j < p.cols; j += WG) {
+                db[base + j] = f32(x[base + j]) + dw[base + j];
+            }
+        }
         var mu = 0.0;
         if !RMS {
             var s = 0.0;
-            for (var j = lid; j < p.cols; j += WG) { s += f32(x[base + j]); }
+            for (var j = lid; j < p.cols; j += WG) { s += xv(base + j); }
             mu = workgroup_sum2(lid, s, 0.0).x / n;
         }
         var v = 0.0;
         for (var j = lid; j < p.cols; j += WG) {
-            let d = f32(x[base + j]) - mu;
+            let d = xv(base + j) - mu;
             v += d * d;
         }
         let r = inverseSqrt(workgroup_sum2(lid, v, 0.0).x / n + p.eps);
         for (var j = lid; j < p.cols; j += WG) {
             let shift = select(f32(b_or_dy[j]), 0.0, RMS);
-            y_or_dx[base + j] = {{TY}}((f32(x[base + j]) - mu) * r * w[j] + shift);
+            y_or_dx[base + j] = {{TY}}((xv(base + j) - mu) * r * w[j] + shift);
         }
         if lid == 0u {
             mean[row] = mu;
@@ -122,6 +143,10 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     for (var j = lid; j < p.cols; j += WG) {
         let g = f32(b_or_dy[base + j]) * w[j];
         let xhat = (f32(x[base + j]) - mu) * r;
-        y_or_dx[base + j] = {{TY}}(r * (g - sums.x - xhat * sums.y));
+        var d = r * (g - sums.x - xhat * sums.y);
+        if ACC {
+            d = db[base + j] + d;
+        }
+        y_or_dx[base + j] = {{TY}}(d);
     }
 }

@@ -8,14 +8,15 @@
 //           in row order; one invocation per W columns of a chunk (W 4: vec4 loads, where
 //           the columns and the view's offset are multiples of 4), four rows loaded at a
 //           time (a warp reads consecutive columns). The host runs it for x of one chunk.
-// With HALF (x f32), every element read is also written to half_out as f16:
-// the f16 copy fp16-mixed's products read (a linear's dy), in the pass that sums it.
-// Template: ENABLE, T (x's element type), ONE, HALF, W, V (f32 or vec4<f32>), XT (T or
-// vec4<T>), HT (f16 or vec4<f16>).
+// The element summed is x's, or with ACT x times the activation's derivative at `pre`
+// (x's shape, offset 0): a linear's bias gradient through the activation after it,
+// where x is that activation's output gradient. With COPY every element summed is also
+// written to copy_out (offset 0) as CT: the dy a linear's products read (f16 under
+// fp16-mixed), in the pass that sums it.
+// Template: ENABLE, T (x's element type), ONE, COPY, ACT, ACT_GRAD (the derivative's
+// function in shaders/activations.wgsl), ACTIVATIONS, W, V (f32 or vec4<f32>), XT (T or
+// vec4<T>), CT (the copy's element), PT (pre's element).
 {{ENABLE}}
-//#if HALF
-enable f16;
-//#endif
 
 struct Params {
     rows: u32,
@@ -27,18 +28,40 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<{{XT}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{V}}>;
-//#if HALF
-@group(0) @binding(3) var<storage, read_write> half_out: array<{{HT}}>;
+//#if COPY
+@group(0) @binding(3) var<storage, read_write> copy_out: array<{{CT}}>;
 //#endif
+//#if ACT
+@group(0) @binding(4) var<storage, read_write> pre: array<{{PT}}>;
+//#endif
+
+alias V = {{V}};
+{{ACTIVATIONS}}
 
 const ROW_CHUNK: u32 = 64u;
 const W: u32 = {{W}}u;
+
+// Element (r, c) (c in units of W) of the rows summed.
+fn fetch(r: u32, c: u32, cw: u32) -> V {
+    var e = V(x[p.x_offset / W + r * cw + c]);
+//#if ACT
+    e = e * {{ACT_GRAD}}(V(pre[r * cw + c]));
+//#endif
+    return e;
+}
+
+// Writes element (r, c)'s copy.
+fn put(r: u32, c: u32, cw: u32, e: V) {
+//#if COPY
+    copy_out[r * cw + c] = {{CT}}(e);
+//#endif
+}
 
 //#if ONE
 // Two vec4 units (32 bytes of a row) or eight scalar ones a workgroup.
 const U: u32 = 8u / W;
 const ROW_LANES: u32 = 256u / U;
-var<workgroup> part: array<{{V}}, 256>;
+var<workgroup> part: array<V, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -46,32 +69,27 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let u = lid.x % U;
     let lane = lid.x / U;
     let c = (wid.x + wid.y * nwg.x) * U + u;
-    var s = {{V}}(0.0);
+    var s = V(0.0);
     if c < cw {
-        let base = p.x_offset / W + c;
         var r = lane;
         // Four rows' loads issued before their uses; added in row order.
         for (; r + 3u * ROW_LANES < p.rows; r += 4u * ROW_LANES) {
-            let e0 = {{V}}(x[base + r * cw]);
-            let e1 = {{V}}(x[base + (r + ROW_LANES) * cw]);
-            let e2 = {{V}}(x[base + (r + 2u * ROW_LANES) * cw]);
-            let e3 = {{V}}(x[base + (r + 3u * ROW_LANES) * cw]);
-//#if HALF
-            half_out[r * cw + c] = {{HT}}(e0);
-            half_out[(r + ROW_LANES) * cw + c] = {{HT}}(e1);
-            half_out[(r + 2u * ROW_LANES) * cw + c] = {{HT}}(e2);
-            half_out[(r + 3u * ROW_LANES) * cw + c] = {{HT}}(e3);
-//#endif
+            let e0 = fetch(r, c, cw);
+            let e1 = fetch(r + ROW_LANES, c, cw);
+            let e2 = fetch(r + 2u * ROW_LANES, c, cw);
+            let e3 = fetch(r + 3u * ROW_LANES, c, cw);
+            put(r, c, cw, e0);
+            put(r + ROW_LANES, c, cw, e1);
+            put(r + 2u * ROW_LANES, c, cw, e2);
+            put(r + 3u * ROW_LANES, c, cw, e3);
             s += e0;
             s += e1;
             s += e2;
             s += e3;
         }
         for (; r < p.rows; r += ROW_LANES) {
-            let e = {{V}}(x[base + r * cw]);
-//#if HALF
-            half_out[r * cw + c] = {{HT}}(e);
-//#endif
+            let e = fetch(r, c, cw);
+            put(r, c, cw, e);
             s += e;
         }
     }
@@ -95,34 +113,28 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if c >= cw { return; }
     let chunk = wid.y;
     let end = min(p.rows, (chunk + 1u) * ROW_CHUNK);
-    let base = p.x_offset / W + c;
-    var s = {{V}}(0.0);
+    var s = V(0.0);
     var r = chunk * ROW_CHUNK;
     // Four rows' loads issued before their uses; added in row order.
     for (; r + 4u <= end; r += 4u) {
-        let e0 = {{V}}(x[base + r * cw]);
-        let e1 = {{V}}(x[base + (r + 1u) * cw]);
-        let e2 = {{V}}(x[base + (r + 2u) * cw]);
-        let e3 = {{V}}(x[base + (r + 3u) * cw]);
-//#if HALF
-        half_out[r * cw + c] = {{HT}}(e0);
-        half_out[(r + 1u) * cw + c] = {{HT}}(e1);
-        half_out[(r + 2u) * cw + c] = {{HT}}(e2);
-        half_out[(r + 3u) * cw + c] = {{HT}}(e3);
-//#endif
+        let e0 = fetch(r, c, cw);
+        let e1 = fetch(r + 1u, c, cw);
+        let e2 = fetch(r + 2u, c, cw);
+        let e3 = fetch(r + 3u, c, cw);
+        put(r, c, cw, e0);
+        put(r + 1u, c, cw, e1);
+        put(r + 2u, c, cw, e2);
+        put(r + 3u, c, cw, e3);
         s += e0;
         s += e1;
         s += e2;
         s += e3;
     }
     for (; r < end; r++) {
-        let e = {{V}}(x[base + r * cw]);
-//#if HALF
-        half_out[r * cw + c] = {{HT}}(e);
-//#endif
+        let e = fetch(r, c, cw);
+        put(r, c, cw, e);
         s += e;
     }
     out[chunk * cw + c] = s;
 }
 //#endif
-

@@ -6,7 +6,7 @@ mod common;
 use common::{Rng, assert_close, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::map::{MapOp, map_into};
-use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows, sum_rows_and_half};
+use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows, sum_rows_and_half, sum_rows_through};
 use wgtrain_engine::kernels::softmax::{softmax_backward_into, softmax_into};
 use wgtrain_engine::{Category, DType, Tensor};
 
@@ -235,6 +235,8 @@ fn reductions_match_including_empty_and_long_rows() {
 /// f32 and f16, from an offset view, four columns an invocation where they line up; the
 /// same result on a second run (deterministic). With the f16 copy written in the same
 /// pass (fp16-mixed's dy): the same sums, and the copy is each element rounded to f16.
+/// Through GELU's derivative (a linear fused with the GELU after it): the copy and the sums
+/// equal the separate launches' within rounding.
 #[test]
 fn column_sums_match_and_repeat() {
     let rt = runtime();
@@ -261,6 +263,34 @@ fn column_sums_match_and_repeat() {
                 assert_eq!(with_copy.to_f32_vec(&rt).unwrap(), got.to_f32_vec(&rt).unwrap(), "the same sums");
                 let want: Vec<f32> = data[cols..].iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
                 assert_eq!(copy.to_f32_vec(&rt).unwrap(), want, "the f16 copy, {rows}x{cols}");
+                // Through GELU's derivative at a pre-activation (f16, as fp16-mixed keeps
+                // it): the copy is the activation's backward op's result, and the sums
+                // are its column sums, within rounding of the separate launches.
+                let pre_v = rng.vec(rows * cols, -4.0, 4.0);
+                let pre = upload(&rt, &pre_v, &[rows, cols], DType::F16);
+                let dx = Tensor::empty(&rt, &[rows, cols], DType::F32, Category::Temporary, "dx").unwrap();
+                let xw = x.contiguous(&rt).unwrap();
+                map_into(&rt, MapOp::GeluBackward, Some(&pre), Some(&xw), &dx, 1.0, 0.0).unwrap();
+                let apart = sum_rows(&rt, &dx, Category::Temporary, "db").unwrap();
+                for copy_t in [DType::F16, DType::F32] {
+                    let copy = Tensor::empty(&rt, &[rows, cols], copy_t, Category::Temporary, "dy.act").unwrap();
+                    let through = sum_rows_through(&rt, &x, (MapOp::GeluBackward, &pre), &copy, Category::Temporary, "db").unwrap();
+                    let want = dx.to_f32_vec(&rt).unwrap();
+                    let got = copy.to_f32_vec(&rt).unwrap();
+                    for (g, w) in got.iter().zip(&want) {
+                        let w = if copy_t == DType::F16 {
+                            half::f16::from_f32(*w).to_f32()
+                        } else {
+                            *w
+                        };
+                        assert!(
+                            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                            "copy {g} against {w}, {rows}x{cols} {copy_t}"
+                        );
+                    }
+                    let want: Vec<f64> = apart.to_f32_vec(&rt).unwrap().iter().map(|&v| v as f64).collect();
+                    assert_close(&rt, &format!("sum_rows through gelu {rows}x{cols}"), &through, &want, 4);
+                }
             }
         }
     }

@@ -566,6 +566,29 @@ fn layernorm_forward_and_backward_match() {
         assert_close(&rt, "layernorm dx", &dx, &dx_ref, cols);
         assert_close(&rt, "layernorm dw", &dw, &dw_ref, rows);
         assert_close(&rt, "layernorm db", &db, &db_ref, rows);
+
+        // Fused with the residual add before it: x = x0 + r, the sum written too; then
+        // backward with a gradient so far folded in. Both bit-equal to the separate
+        // launches (the add, the LayerNorm, the add of the gradients).
+        let r0 = rng.vec(rows * cols, -1.0, 1.0);
+        let x0: Vec<f32> = x.iter().zip(&r0).map(|(a, b)| a - b).collect();
+        let (x0t, r0t) = (
+            upload(&rt, &x0, &[rows, cols], DType::F32),
+            upload(&rt, &r0, &[rows, cols], DType::F32),
+        );
+        let (sum, y2, saved2) = layernorm::add_forward_as(&rt, (&x0t, &r0t), &wt, &bt, eps as f32, DType::F32, ("sum", "ln")).unwrap();
+        let sum_want: Vec<f32> = x0.iter().zip(&r0).map(|(a, b)| a + b).collect();
+        assert_eq!(sum.to_f32_vec(&rt).unwrap(), sum_want, "the residual sum");
+        let summed = upload(&rt, &sum_want, &[rows, cols], DType::F32);
+        let (y_apart, saved_apart) = layernorm::forward(&rt, &summed, &wt, &bt, eps as f32, "ln").unwrap();
+        assert_eq!(y2.to_f32_vec(&rt).unwrap(), y_apart.to_f32_vec(&rt).unwrap(), "fused y");
+        assert_eq!(saved2.rstd.to_f32_vec(&rt).unwrap(), saved_apart.rstd.to_f32_vec(&rt).unwrap());
+        let so_far = rng.vec(rows * cols, -1.0, 1.0);
+        let so_far_t = upload(&rt, &so_far, &[rows, cols], DType::F32);
+        let dx_apart = layernorm::backward(&rt, &summed, &wt, &saved_apart, &dyt, (&dw, &db), "dx").unwrap();
+        let dx_sum = layernorm::backward_adding(&rt, &sum, &wt, &saved2, &dyt, (&dw, &db), &so_far_t, "dx").unwrap();
+        let want: Vec<f32> = dx_apart.to_f32_vec(&rt).unwrap().iter().zip(&so_far).map(|(a, b)| b + a).collect();
+        assert_eq!(dx_sum.to_f32_vec(&rt).unwrap(), want, "dx with the gradient so far");
     }
     finish(&rt);
 }

@@ -14,4 +14,4 @@ pub mod half;
 pub mod ops;
 pub mod tape;
 pub use half::HalfWeights;
-pub use tape::{BackwardFn, Buffer, Gather, Mode, Param, ParamHook, Params, SyncStats, Tape, Var, VarId};
+pub use tape::{BackwardFn, Buffer, FoldingFn, Gather, Mode, Param, ParamHook, Params, SyncStats, Tape, Var, VarId};

@@ -31,10 +31,23 @@ pub struct Var {
 /// returns one gradient per input (None where an input needs none).
 pub type BackwardFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category]) -> Result<Vec<Option<Tensor>>, Error>>;
 
+/// A backward that folds the gradient already accumulated for one of its inputs into
+/// its own result for that input (the sum written by its kernel, no add of its own): it
+/// also receives that gradient (None where none has arrived, or the input is a
+/// parameter) and returns the input's whole gradient. [`fold_gradient`] adds them where
+/// the kernel cannot.
+pub type FoldingFn = Box<dyn FnOnce(&Runtime, &Tensor, &[Category], Option<Tensor>) -> Result<Vec<Option<Tensor>>, Error>>;
+
+enum Backward {
+    Plain(BackwardFn),
+    /// Folds input `.0`'s gradient so far.
+    Folding(usize, FoldingFn),
+}
+
 struct Node {
     output: VarId,
     inputs: Vec<VarId>,
-    backward: BackwardFn,
+    backward: Backward,
     /// The output's label: what its backward allocates is named after it.
     label: Option<std::sync::Arc<str>>,
 }
@@ -218,6 +231,14 @@ impl Default for Tape {
     fn default() -> Self {
         Tape::new()
     }
+}
+
+/// `g` plus the gradient `so_far` (where a [`FoldingFn`] could not fold it into its
+/// kernel): what the tape's accumulation would have made of them.
+pub fn fold_gradient(rt: &Runtime, so_far: Option<Tensor>, g: Tensor) -> Result<Tensor, Error> {
+    let mut slot = so_far;
+    accumulate(rt, &mut slot, g, Category::Temporary, "grad")?;
+    Ok(slot.expect("accumulate fills the slot"))
 }
 
 /// Adds `g` into `slot` (taking `g` on first use). In place only when nobody else holds
@@ -471,6 +492,16 @@ impl Tape {
     /// Records an op's output; `backward` maps the output's gradient to one gradient
     /// per input (None where an input needs none).
     pub fn record(&mut self, value: Tensor, inputs: &[&Var], backward: BackwardFn) -> Var {
+        self.push(value, inputs, Backward::Plain(backward))
+    }
+
+    /// [`record`](Self::record) with a backward that folds input `fold`'s gradient so
+    /// far into its own ([`FoldingFn`]).
+    pub fn record_folding(&mut self, value: Tensor, inputs: &[&Var], fold: usize, backward: FoldingFn) -> Var {
+        self.push(value, inputs, Backward::Folding(fold, backward))
+    }
+
+    fn push(&mut self, value: Tensor, inputs: &[&Var], backward: Backward) -> Var {
         let id = self.fresh();
         if self.grad_enabled {
             self.nodes.push(Node {
@@ -569,7 +600,20 @@ impl Tape {
                 })
                 .collect();
             let outer = rt.alloc.set_scope(node.label.clone());
-            let input_grads = (node.backward)(rt, &grad_out, &categories);
+            let input_grads = match node.backward {
+                Backward::Plain(f) => f(rt, &grad_out, &categories),
+                Backward::Folding(i, f) => {
+                    // Taken out of the map: what the node returns for the input is its
+                    // whole gradient, accumulated below into an empty slot.
+                    let input = node.inputs[i];
+                    let so_far = if self.leaves.contains_key(&input) {
+                        None
+                    } else {
+                        grads.remove(&input)
+                    };
+                    f(rt, &grad_out, &categories, so_far)
+                }
+            };
             rt.alloc.set_scope(outer);
             let input_grads = input_grads?;
             drop(grad_out);

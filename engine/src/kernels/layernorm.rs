@@ -50,7 +50,15 @@ pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String
 
 /// [`variant`] whose forward writes `out` (f16 for fp16-mixed's products).
 pub fn variant_out(mode: u32, dtype: DType, out: DType, norm: Norm) -> Vec<(&'static str, String)> {
+    variant_fused(mode, dtype, out, norm, false)
+}
+
+/// [`variant_out`], `fused` with the residual add before it (forward) or with the
+/// gradient so far (backward).
+pub fn variant_fused(mode: u32, dtype: DType, out: DType, norm: Norm, fused: bool) -> Vec<(&'static str, String)> {
     vec![
+        ("RES", (fused && mode == 0).to_string()),
+        ("ACC", (fused && mode == 1).to_string()),
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype, out])),
         ("T", dtype.wgsl().into()),
@@ -83,7 +91,7 @@ fn check(x: &Tensor, w: &Tensor) -> Result<(usize, usize), Error> {
 
 /// y = layernorm(x) * w + b over the last dimension.
 pub fn forward(rt: &Runtime, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
-    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, DType::F32), label)
+    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, DType::F32), None, label)
 }
 
 /// [`forward`] writing y as `out` (f16: the f32 result rounded as it is written, what a
@@ -97,14 +105,35 @@ pub fn forward_as(
     out: DType,
     label: &str,
 ) -> Result<(Tensor, LayerNormSaved), Error> {
-    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, out), label)
+    forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, out), None, label)
 }
 
 /// y = rmsnorm(x) * w over the last dimension (no bias).
 pub fn forward_rms(rt: &Runtime, x: &Tensor, w: &Tensor, eps: f32, label: &str) -> Result<(Tensor, LayerNormSaved), Error> {
-    forward_norm(rt, x, w, None, eps, (Norm::Rms, DType::F32), label)
+    forward_norm(rt, x, w, None, eps, (Norm::Rms, DType::F32), None, label)
 }
 
+/// x + residual, then [`forward_as`] of the sum, in one launch: returns the sum (an
+/// activation labelled `sum_label`), y and what backward needs (the sum is its x).
+#[allow(clippy::too_many_arguments)]
+pub fn add_forward_as(
+    rt: &Runtime,
+    (x, residual): (&Tensor, &Tensor),
+    w: &Tensor,
+    b: &Tensor,
+    eps: f32,
+    out: DType,
+    (sum_label, label): (&str, &str),
+) -> Result<(Tensor, Tensor, LayerNormSaved), Error> {
+    check_tensor("layernorm residual", residual, DType::F32)?;
+    check_contiguous("layernorm residual", residual, x.shape())?;
+    // Allocated first, as the add it replaces did.
+    let sum = Tensor::empty(rt, x.shape(), DType::F32, Category::Activation, sum_label)?;
+    let (y, saved) = forward_norm(rt, x, w, Some(b), eps, (Norm::Layer, out), Some((residual, &sum)), label)?;
+    Ok((sum, y, saved))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn forward_norm(
     rt: &Runtime,
     x: &Tensor,
@@ -112,6 +141,7 @@ fn forward_norm(
     b: Option<&Tensor>,
     eps: f32,
     (norm, out): (Norm, DType),
+    residual: Option<(&Tensor, &Tensor)>,
     label: &str,
 ) -> Result<(Tensor, LayerNormSaved), Error> {
     let (rows, cols) = check(x, w)?;
@@ -130,8 +160,9 @@ fn forward_norm(
     let y = Tensor::empty(rt, x.shape(), out, Category::Activation, label)?;
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
+    let fused = residual.is_some();
     let kernel = rt.kernel(
-        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32, out as u32]),
+        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32, out as u32, fused as u32]),
         8,
         || {
             let to = if out == x.dtype() {
@@ -139,9 +170,10 @@ fn forward_norm(
             } else {
                 format!(" ->{}", out.wgsl())
             };
-            format!("{} forward {}{to}", norm.name(), x.dtype().wgsl())
+            let add = if fused { " +residual" } else { "" };
+            format!("{} forward {}{add}{to}", norm.name(), x.dtype().wgsl())
         },
-        || render("layernorm", SOURCE, &variant_out(0, x.dtype(), out, norm)),
+        || render("layernorm", SOURCE, &variant_fused(0, x.dtype(), out, norm, fused)),
     )?;
     let params = Params {
         rows: rows as u32,
@@ -152,7 +184,16 @@ fn forward_norm(
     rt.launch(
         &kernel,
         bytemuck::bytes_of(&params),
-        &[x, w, b.unwrap_or(w), &y, &mean, &rstd, w, w],
+        &[
+            x,
+            w,
+            b.unwrap_or(w),
+            &y,
+            &mean,
+            &rstd,
+            residual.map_or(w, |r| r.0),
+            residual.map_or(w, |r| r.1),
+        ],
         grid(rows as u32),
     )?;
     Ok((y, LayerNormSaved { mean, rstd }))
@@ -168,7 +209,28 @@ pub fn backward(
     (dw, db): (&Tensor, &Tensor),
     label: &str,
 ) -> Result<Tensor, Error> {
-    backward_norm(rt, x, w, saved, dy, (dw, db), Norm::Layer, label)
+    backward_norm(rt, x, w, saved, dy, (dw, db), (Norm::Layer, None), label)
+}
+
+/// [`backward`] that returns `so_far + dx` (x's gradient from its other uses, f32 in
+/// x's shape) from the same launch.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_adding(
+    rt: &Runtime,
+    x: &Tensor,
+    w: &Tensor,
+    saved: &LayerNormSaved,
+    dy: &Tensor,
+    (dw, db): (&Tensor, &Tensor),
+    so_far: &Tensor,
+    label: &str,
+) -> Result<Tensor, Error> {
+    check_tensor("layernorm gradient so far", so_far, DType::F32)?;
+    check_contiguous("layernorm gradient so far", so_far, x.shape())?;
+    if x.dtype() != DType::F32 {
+        return Err(Error::shape("layernorm backward adding", "f32 activations", x.dtype()));
+    }
+    backward_norm(rt, x, w, saved, dy, (dw, db), (Norm::Layer, Some(so_far)), label)
 }
 
 /// RMSNorm's dx from dy; writes the weight gradient into `dw`.
@@ -184,7 +246,7 @@ pub fn backward_rms(
     let cols = w.numel();
     // The kernels sum a bias gradient too; RMSNorm has none, so it lands in scratch.
     let db = Tensor::empty(rt, &[cols], DType::F32, Category::Temporary, "rms db scratch")?;
-    backward_norm(rt, x, w, saved, dy, (dw, &db), Norm::Rms, label)
+    backward_norm(rt, x, w, saved, dy, (dw, &db), (Norm::Rms, None), label)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -195,7 +257,7 @@ fn backward_norm(
     saved: &LayerNormSaved,
     dy: &Tensor,
     (dw, db): (&Tensor, &Tensor),
-    norm: Norm,
+    (norm, so_far): (Norm, Option<&Tensor>),
     label: &str,
 ) -> Result<Tensor, Error> {
     let (rows, cols) = check(x, w)?;
@@ -217,16 +279,17 @@ fn backward_norm(
         eps: 0.0,
         pad: 0,
     };
+    let fused = so_far.is_some();
     let k1 = rt.kernel(
-        KernelKey::new("layernorm", &[1, x.dtype() as u32, norm as u32]),
+        KernelKey::new("layernorm", &[1, x.dtype() as u32, norm as u32, fused as u32]),
         8,
-        || format!("{} backward {}", norm.name(), x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(1, x.dtype(), norm)),
+        || format!("{} backward {}{}", norm.name(), x.dtype().wgsl(), if fused { " +grad" } else { "" }),
+        || render("layernorm", SOURCE, &variant_fused(1, x.dtype(), x.dtype(), norm, fused)),
     )?;
     rt.launch(
         &k1,
         bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, so_far.unwrap_or(db)],
         grid(rows as u32),
     )?;
     // Weight and bias gradients in one deterministic pass over the rows.

@@ -6,7 +6,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
+use super::common::{ACTIVATIONS, WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
+use super::map::MapOp;
 use crate::error::Error;
 use crate::memory::Category;
 use crate::runtime::{KernelKey, Runtime, grid, render};
@@ -147,22 +148,49 @@ fn one_pass_units(width: usize) -> usize {
     8 / width
 }
 
+/// The derivative's function (shaders/activations.wgsl) of an activation's backward op.
+fn derivative(op: MapOp) -> Result<&'static str, Error> {
+    match op {
+        MapOp::GeluBackward => Ok("gelu_grad"),
+        MapOp::GeluErfBackward => Ok("gelu_erf_grad"),
+        MapOp::SiluBackward => Ok("silu_grad"),
+        other => Err(Error::invalid("sum_rows", format!("{other:?} is no activation's backward"))),
+    }
+}
+
 /// The template values of a [`sum_rows`] kernel (mode 0: x of one chunk of rows; mode 2:
-/// every row in one pass).
-pub fn sum_rows_variant(mode: u32, dtype: DType, half: bool, width: usize) -> Vec<(&'static str, String)> {
-    let t = dtype.wgsl();
-    let vec = |s: &str| if width == 4 { format!("vec4<{s}>") } else { s.to_string() };
-    vec![
-        ("ENABLE", enables(&[dtype])),
-        ("T", t.to_string()),
-        ("SUMS", (mode == 1).to_string()),
+/// every row in one pass), writing a copy of `copy`'s type, and summing x times the
+/// derivative `act` (an activation's backward op) at a pre-activation of its type.
+pub fn sum_rows_variant(
+    mode: u32,
+    dtype: DType,
+    copy: Option<DType>,
+    act: Option<(MapOp, DType)>,
+    width: usize,
+) -> Result<Vec<(&'static str, String)>, Error> {
+    let vec = |t: DType| {
+        if width == 4 {
+            format!("vec4<{}>", t.wgsl())
+        } else {
+            t.wgsl().to_string()
+        }
+    };
+    let mut types = vec![dtype];
+    types.extend(copy);
+    types.extend(act.map(|a| a.1));
+    Ok(vec![
+        ("ENABLE", enables(&types)),
         ("ONE", (mode == 2).to_string()),
-        ("HALF", half.to_string()),
+        ("COPY", copy.is_some().to_string()),
+        ("ACT", act.is_some().to_string()),
+        ("ACT_GRAD", act.map_or(Ok("gelu_grad"), |a| derivative(a.0))?.to_string()),
+        ("ACTIVATIONS", ACTIVATIONS.into()),
         ("W", width.to_string()),
-        ("V", vec("f32")),
-        ("XT", vec(t)),
-        ("HT", vec("f16")),
-    ]
+        ("V", vec(DType::F32)),
+        ("XT", vec(dtype)),
+        ("CT", vec(copy.unwrap_or(DType::F32))),
+        ("PT", vec(act.map_or(DType::F32, |a| a.1))),
+    ])
 }
 
 #[repr(C)]
@@ -180,25 +208,60 @@ struct SumRowsParams {
 /// a workgroup whose lanes sum every lanes-th row in order, then add up pairwise in a
 /// fixed tree (no partials and no second launch).
 pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
-    sum_rows_into_half(rt, x, None, category, label)
+    sum_rows_fused(rt, x, None, None, category, label)
 }
 
 /// [`sum_rows`] of an f32 `x` that also writes `x`'s f16 copy into `half` (a contiguous
 /// f16 tensor of x's shape) in the same pass: a linear's bias gradient and the dy its
 /// products read under fp16-mixed, from one read of dy.
 pub fn sum_rows_and_half(rt: &Runtime, x: &Tensor, half: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
-    check_tensor("sum_rows x", x, DType::F32)?;
     check_tensor("sum_rows f16 copy", half, DType::F16)?;
-    check_contiguous("sum_rows f16 copy", half, x.shape())?;
-    if half.offset() != 0 {
-        return Err(Error::shape("sum_rows f16 copy", "a whole tensor (offset 0)", half.offset()));
-    }
-    sum_rows_into_half(rt, x, Some(half), category, label)
+    sum_rows_fused(rt, x, Some(half), None, category, label)
 }
 
-fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category: Category, label: &str) -> Result<Tensor, Error> {
+/// The column sums of `x * act'(pre)` (`act` an activation's backward op such as
+/// [`MapOp::GeluBackward`], `pre` the activation's input in x's shape), that product
+/// also written into `copy` (f16 or f32, x's shape): the bias gradient of a linear
+/// followed by the activation, and the dy its products read, from one pass over the
+/// activation's output gradient `x` (no pass of the activation's backward of its own).
+pub fn sum_rows_through(
+    rt: &Runtime,
+    x: &Tensor,
+    (act, pre): (MapOp, &Tensor),
+    copy: &Tensor,
+    category: Category,
+    label: &str,
+) -> Result<Tensor, Error> {
+    derivative(act)?;
+    check_tensor("sum_rows pre-activation", pre, pre.dtype())?;
+    check_contiguous("sum_rows pre-activation", pre, x.shape())?;
+    if pre.offset() != 0 {
+        return Err(Error::shape("sum_rows pre-activation", "a whole tensor (offset 0)", pre.offset()));
+    }
+    sum_rows_fused(rt, x, Some(copy), Some((act, pre)), category, label)
+}
+
+fn sum_rows_fused(
+    rt: &Runtime,
+    x: &Tensor,
+    copy: Option<&Tensor>,
+    act: Option<(MapOp, &Tensor)>,
+    category: Category,
+    label: &str,
+) -> Result<Tensor, Error> {
     check_tensor("sum_rows x", x, x.dtype())?;
-    require_f16(rt, &[x.dtype()])?;
+    if let Some(copy) = copy {
+        check_tensor("sum_rows x", x, DType::F32)?;
+        check_tensor("sum_rows copy", copy, copy.dtype())?;
+        check_contiguous("sum_rows copy", copy, x.shape())?;
+        if copy.offset() != 0 {
+            return Err(Error::shape("sum_rows copy", "a whole tensor (offset 0)", copy.offset()));
+        }
+    }
+    let mut types = vec![x.dtype()];
+    types.extend(copy.map(|c| c.dtype()));
+    types.extend(act.map(|a| a.1.dtype()));
+    require_f16(rt, &types)?;
     let [rows, cols] = *x.shape() else {
         return Err(Error::shape("sum_rows", "a [rows, cols] tensor", format!("{:?}", x.shape())));
     };
@@ -221,7 +284,6 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
         x_offset: x.offset() as u32,
         pad: 0,
     };
-    let with_half = half.is_some();
     // Four columns an invocation where whole vectors line up with the rows.
     let width = if cols.is_multiple_of(4) && x.offset().is_multiple_of(4) {
         4
@@ -230,25 +292,41 @@ fn sum_rows_into_half(rt: &Runtime, x: &Tensor, half: Option<&Tensor>, category:
     };
     // One chunk: the partials pass writes the sums; more: the one-pass kernel.
     let mode = if chunks == 1 { 0 } else { 2 };
+    let copy_t = copy.map(|c| c.dtype());
+    let act_t = act.map(|(op, pre)| (op, pre.dtype()));
+    let code = |t: Option<DType>| t.map_or(0, |t| 1 + t as u32);
     let kernel = rt.kernel(
-        KernelKey::new("sum_rows", &[mode, x.dtype() as u32, with_half as u32, width as u32]),
-        2 + with_half as usize,
+        KernelKey::new(
+            "sum_rows",
+            &[
+                mode,
+                x.dtype() as u32,
+                code(copy_t),
+                act_t.map_or(0, |(op, t)| 1 + op as u32 * 16 + t as u32),
+                width as u32,
+            ],
+        ),
+        2 + copy.is_some() as usize + act.is_some() as usize,
         || {
-            let copy = if with_half { " +f16 copy" } else { "" };
+            let copy = copy_t.map_or(String::new(), |t| format!(" +{} copy", t.wgsl()));
+            let act = act_t.map_or(String::new(), |(op, _)| format!(" x {}", derivative(op).unwrap_or("?")));
             let vec = if width == 4 { " vec4" } else { "" };
             let pass = if mode == 0 { "partials" } else { "one pass" };
-            format!("sum_rows {pass} {}{vec}{copy}", x.dtype().wgsl())
+            format!("sum_rows {pass} {}{vec}{act}{copy}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(mode, x.dtype(), with_half, width)),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(mode, x.dtype(), copy_t, act_t, width)?),
     )?;
     let groups = if mode == 0 {
         [(cols / width).div_ceil(256) as u32, 1, 1]
     } else {
         grid((cols / width).div_ceil(one_pass_units(width)) as u32)
     };
-    match half {
-        Some(h) => rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, &out, h], groups)?,
-        None => rt.launch(&kernel, bytemuck::bytes_of(&params), &[x, &out], groups)?,
+    let params = bytemuck::bytes_of(&params);
+    match (copy, act) {
+        (Some(c), Some((_, pre))) => rt.launch(&kernel, params, &[x, &out, c, pre], groups)?,
+        (Some(c), None) => rt.launch(&kernel, params, &[x, &out, c], groups)?,
+        (None, None) => rt.launch(&kernel, params, &[x, &out], groups)?,
+        (None, Some(_)) => return Err(Error::invalid("sum_rows", "an activation's derivative without a copy")),
     }
     Ok(out)
 }

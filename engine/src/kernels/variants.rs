@@ -168,12 +168,21 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
-    push(
-        &mut out,
-        "layernorm",
-        include_str!("../../../shaders/layernorm.wgsl"),
-        super::layernorm::variant_out(0, DType::F32, DType::F16, super::layernorm::Norm::Layer),
-    )?;
+    // f16 outputs, and fused with the residual add (forward) or the gradient so far
+    // (backward), of f32 activations.
+    for (mode, out_t, fused) in [
+        (0, DType::F16, false),
+        (0, DType::F16, true),
+        (0, DType::F32, true),
+        (1, DType::F32, true),
+    ] {
+        push(
+            &mut out,
+            "layernorm",
+            include_str!("../../../shaders/layernorm.wgsl"),
+            super::layernorm::variant_fused(mode, DType::F32, out_t, super::layernorm::Norm::Layer, fused),
+        )?;
+    }
     for t in floats {
         for (mode, td) in [(0, t), (1, DType::F32)] {
             for rope in [false, true] {
@@ -257,14 +266,25 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         }
     }
     for t in floats {
-        // With the f16 copy only of f32 x.
-        for half in [false, t == DType::F32] {
+        // Copies and activations' derivatives only of f32 x.
+        let fused: Vec<(Option<DType>, Option<(MapOp, DType)>)> = if t == DType::F32 {
+            let mut v = vec![(None, None), (Some(DType::F16), None)];
+            for copy in floats.iter().copied() {
+                for op in [MapOp::GeluBackward, MapOp::GeluErfBackward, MapOp::SiluBackward] {
+                    v.push((Some(copy), Some((op, copy))));
+                }
+            }
+            v
+        } else {
+            vec![(None, None)]
+        };
+        for (copy, act) in fused {
             for (mode, width) in [0, 2].into_iter().flat_map(|m| [1, 4].map(|w| (m, w))) {
                 push(
                     &mut out,
                     "sum_rows",
                     include_str!("../../../shaders/sum_rows.wgsl"),
-                    super::reduce::sum_rows_variant(mode, t, half, width),
+                    super::reduce::sum_rows_variant(mode, t, copy, act, width)?,
                 )?;
             }
         }

@@ -23,6 +23,7 @@ use crate::autograd::ops::{self, WeightLayout};
 use crate::autograd::{Params, Tape, Var};
 use crate::error::Error;
 use crate::kernels::TensorOps;
+use crate::kernels::map::MapOp;
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -375,10 +376,18 @@ fn block(tape: &mut Tape, rt: &Runtime, i: usize, (eps, nh, drop): (f32, usize, 
     let y = ops::attention(tape, rt, &qkv, nh, &l("attn"))?;
     let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attn.c_proj"))?;
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
-    let x2 = ops::add(tape, rt, x, &a, &l("attn.residual"))?;
-    let h = ops::layernorm_as(tape, rt, &x2, &v[7], &v[8], eps, act, &l("ln_2"))?;
-    let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
-    let g = ops::gelu(tape, rt, &f, &l("mlp.act"))?;
+    // The residual add and ln_2 in one launch.
+    let (x2, h) = ops::add_layernorm_as(tape, rt, (x, &a), &v[7], &v[8], eps, act, (&l("attn.residual"), &l("ln_2")))?;
+    let g = if tape.half_matmuls() {
+        // One node: GELU's backward runs in the bias-sum pass that writes c_fc's f16 dy.
+        // (In f32 the node would hold GELU's output gradient beside c_fc's dy during
+        // the products: apart, that gradient is freed first.)
+        let fc = (&h, &v[9], Some(&v[10]));
+        ops::linear_act_as(tape, rt, fc, WeightLayout::InOut, act, MapOp::Gelu, (&l("mlp.c_fc"), &l("mlp.act")))?
+    } else {
+        let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
+        ops::gelu(tape, rt, &f, &l("mlp.act"))?
+    };
     let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("mlp.c_proj"))?;
     let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
     ops::add(tape, rt, &x2, &m, &l("mlp.residual"))

@@ -81,6 +81,45 @@ pub fn linear_as(
     out: DType,
     label: &str,
 ) -> Result<Var, Error> {
+    linear_then(tape, rt, (x, w, b), layout, out, None, label)
+}
+
+/// [`linear_as`] followed by an elementwise activation (`act`: [`MapOp::Gelu`],
+/// [`MapOp::GeluErf`] or [`MapOp::Silu`]; its output labelled `act_label`), recorded as
+/// one node: backward sums the bias gradient of the activation's input gradient, and
+/// writes the copy the products read, in the pass that forms it from the activation's
+/// output gradient (no launch of the activation's backward, and no f32 input gradient
+/// under fp16-mixed). The same values as [`linear_as`] then the activation's op.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_act_as(
+    tape: &mut Tape,
+    rt: &Runtime,
+    (x, w, b): (&Var, &Var, Option<&Var>),
+    layout: WeightLayout,
+    out: DType,
+    act: MapOp,
+    (label, act_label): (&str, &str),
+) -> Result<Var, Error> {
+    let bwd = match act {
+        MapOp::Gelu => MapOp::GeluBackward,
+        MapOp::GeluErf => MapOp::GeluErfBackward,
+        MapOp::Silu => MapOp::SiluBackward,
+        other => return Err(Error::invalid(label, format!("{other:?} is no activation a linear fuses"))),
+    };
+    linear_then(tape, rt, (x, w, b), layout, out, Some((act, bwd, act_label)), label)
+}
+
+/// A linear, and the activation after it where `act` says (forward op, backward op,
+/// output label).
+fn linear_then(
+    tape: &mut Tape,
+    rt: &Runtime,
+    (x, w, b): (&Var, &Var, Option<&Var>),
+    layout: WeightLayout,
+    out: DType,
+    act: Option<(MapOp, MapOp, &str)>,
+    label: &str,
+) -> Result<Var, Error> {
     let mixed = tape.half_matmuls();
     let x2 = flatten2(&x.value)?;
     let (x2, w_used) = if mixed {
@@ -102,7 +141,16 @@ pub fn linear_as(
     let y2 = matmul(rt, &x2, &wt, out, &opts, Category::Activation, label)?;
     let mut shape = x.value.shape().to_vec();
     *shape.last_mut().expect("checked by flatten2") = y2.shape()[1];
-    let y = y2.reshape(&shape)?;
+    // With an activation: its output is the node's, and y2 (its input) is kept.
+    let (y, pre) = match act {
+        Some((fwd, _, act_label)) => {
+            let g = Tensor::empty(rt, &shape, out, Category::Activation, act_label)?;
+            map_into(rt, fwd, Some(&y2.reshape(&shape)?), None, &g, 1.0, 0.0)?;
+            (g, Some(y2))
+        }
+        None => (y2.reshape(&shape)?, None),
+    };
+    let act_grad = act.map(|a| a.1);
     let inputs: Vec<&Var> = match b {
         Some(b) => vec![x, w, b],
         None => vec![x, w],
@@ -118,6 +166,21 @@ pub fn linear_as(
             // Under fp16-mixed an f32 dy is summed for the bias in the pass that writes
             // its f16 copy for the products (one read of dy, no cast of its own).
             let whole = |t: Tensor| if t.is_contiguous() { Ok(t) } else { t.contiguous(rt) };
+            let mut dy2 = dy2;
+            if let (Some(op), Some(pre)) = (act_grad, &pre) {
+                if has_bias && dy2.dtype() == DType::F32 {
+                    // The activation's backward in the bias-sum pass: its product with
+                    // dy is the dy the products read (f16 under fp16-mixed).
+                    let dy2 = whole(dy2)?;
+                    let t = if mixed { DType::F16 } else { DType::F32 };
+                    let dy_act = Tensor::empty(rt, dy2.shape(), t, Category::Temporary, "dy.act")?;
+                    let db = crate::kernels::reduce::sum_rows_through(rt, &dy2, (op, pre), &dy_act, cats[2], "bias.grad")?;
+                    return linear_products(rt, (&x2, &w_used), layout, dy_act, || Ok(Some(db)), dy.shape(), cats);
+                }
+                let d = Tensor::empty(rt, dy2.shape(), DType::F32, Category::Temporary, "dx")?;
+                map_into(rt, op, Some(pre), Some(&dy2), &d, 1.0, 0.0)?;
+                dy2 = d;
+            }
             let (dy_mm, fused_db) = if mixed && has_bias && dy2.dtype() == DType::F32 {
                 let dy2 = whole(dy2.clone())?;
                 let dy16 = Tensor::empty(rt, dy2.shape(), DType::F16, Category::Temporary, "dy.f16")?;
@@ -128,29 +191,45 @@ pub fn linear_as(
             } else {
                 (dy2.clone(), None)
             };
-            // dW = dy^T x (OutIn) or x^T dy (InOut).
-            let (a, b) = match layout {
-                WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
-                WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
+            let db = move || match fused_db {
+                Some(db) => Ok(Some(db)),
+                None if has_bias => Ok(Some(sum_rows(rt, &whole(dy2)?, cats[2], "bias.grad")?)),
+                None => Ok(None),
             };
-            let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "weight.grad")?;
-            let db = match fused_db {
-                Some(db) => Some(db),
-                None if has_bias => Some(sum_rows(rt, &whole(dy2)?, cats[2], "bias.grad")?),
-                None => None,
-            };
-            // dx = dy W (OutIn) or dy W^T (InOut).
-            let w_for_dx = match layout {
-                WeightLayout::OutIn => w_used.clone(),
-                WeightLayout::InOut => w_used.transpose(0, 1)?,
-            };
-            let dx2 = matmul(rt, &dy_mm, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
-            let dx = dx2.reshape(x2_shape(&x2, dy.shape()).as_slice())?;
-            let mut out = vec![Some(dx), Some(dw)];
-            out.extend(db.map(Some));
-            Ok(out)
+            linear_products(rt, (&x2, &w_used), layout, dy_mm, db, dy.shape(), cats)
         }),
     ))
+}
+
+/// A linear's dW and dx products from the dy they read (`dy_mm`, [rows, out]), the
+/// bias gradient `db` (None without a bias) made between them: the gradients of (x, w,
+/// b) in that order.
+fn linear_products(
+    rt: &Runtime,
+    (x2, w_used): (&Tensor, &Tensor),
+    layout: WeightLayout,
+    dy_mm: Tensor,
+    db: impl FnOnce() -> Result<Option<Tensor>, Error>,
+    dy_shape: &[usize],
+    cats: &[Category],
+) -> Result<Vec<Option<Tensor>>, Error> {
+    // dW = dy^T x (OutIn) or x^T dy (InOut).
+    let (a, b) = match layout {
+        WeightLayout::OutIn => (dy_mm.transpose(0, 1)?, x2.clone()),
+        WeightLayout::InOut => (x2.transpose(0, 1)?, dy_mm.clone()),
+    };
+    let dw = matmul(rt, &a, &b, DType::F32, &MatmulOptions::default(), cats[1], "weight.grad")?;
+    let db = db()?;
+    // dx = dy W (OutIn) or dy W^T (InOut).
+    let w_for_dx = match layout {
+        WeightLayout::OutIn => w_used.clone(),
+        WeightLayout::InOut => w_used.transpose(0, 1)?,
+    };
+    let dx2 = matmul(rt, &dy_mm, &w_for_dx, DType::F32, &MatmulOptions::default(), cats[0], "dx")?;
+    let dx = dx2.reshape(x2_shape(x2, dy_shape).as_slice())?;
+    let mut out = vec![Some(dx), Some(dw)];
+    out.extend(db.map(Some));
+    Ok(out)
 }
 
 /// A language model's next-token logits [B, V] from its final hidden states h
@@ -208,19 +287,60 @@ pub fn layernorm(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: 
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_as(tape: &mut Tape, rt: &Runtime, x: &Var, w: &Var, b: &Var, eps: f32, out: DType, label: &str) -> Result<Var, Error> {
     let (y, saved) = ln::forward_as(rt, &x.value, &w.value, &b.value, eps, out, label)?;
+    Ok(record_layernorm(tape, y, saved, (x, w, b)))
+}
+
+/// x + r, then [`layernorm_as`] of the sum, from one launch: returns the sum (the
+/// residual stream, `labels.0`) and the normalised output (`labels.1`). Backward is the
+/// add's (the sum's gradient to both) and the LayerNorm's, which folds the sum's
+/// gradient from its other uses into its own launch.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layernorm_as(
+    tape: &mut Tape,
+    rt: &Runtime,
+    (x, r): (&Var, &Var),
+    w: &Var,
+    b: &Var,
+    eps: f32,
+    out: DType,
+    labels: (&str, &str),
+) -> Result<(Var, Var), Error> {
+    if x.value.shape() != r.value.shape() || x.value.dtype() != DType::F32 || !x.value.is_contiguous() || !r.value.is_contiguous() {
+        // The kernel adds same-shaped contiguous f32 tensors; anything else goes apart.
+        let sum = add(tape, rt, x, r, labels.0)?;
+        let y = layernorm_as(tape, rt, &sum, w, b, eps, out, labels.1)?;
+        return Ok((sum, y));
+    }
+    let (sum, y, saved) = ln::add_forward_as(rt, (&x.value, &r.value), &w.value, &b.value, eps, out, labels)?;
+    let sum = tape.record(sum, &[x, r], Box::new(|_, dy, _| Ok(vec![Some(dy.clone()), Some(dy.clone())])));
+    let y = record_layernorm(tape, y, saved, (&sum, w, b));
+    Ok((sum, y))
+}
+
+/// Records a LayerNorm's output `y` of `(x, w, b)`: its backward writes x's whole
+/// gradient, the gradient from x's other uses added in the same launch.
+fn record_layernorm(tape: &mut Tape, y: Tensor, saved: ln::LayerNormSaved, (x, w, b): (&Var, &Var, &Var)) -> Var {
     let (xs, ws) = (x.value.clone(), w.value.clone());
-    Ok(tape.record(
+    tape.record_folding(
         y,
         &[x, w, b],
-        Box::new(move |rt, dy, cats| {
+        0,
+        Box::new(move |rt, dy, cats, so_far| {
             let c = ws.numel();
             let dw = Tensor::empty(rt, &[c], DType::F32, cats[1], "weight.grad")?;
             let db = Tensor::empty(rt, &[c], DType::F32, cats[2], "bias.grad")?;
             let dy = if dy.is_contiguous() { dy.clone() } else { dy.contiguous(rt)? };
-            let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
+            let foldable = |t: &Tensor| t.dtype() == DType::F32 && xs.dtype() == DType::F32 && t.shape() == xs.shape() && t.is_contiguous();
+            let dx = match so_far {
+                Some(g) if foldable(&g) => ln::backward_adding(rt, &xs, &ws, &saved, &dy, (&dw, &db), &g, "dx")?,
+                so_far => {
+                    let dx = ln::backward(rt, &xs, &ws, &saved, &dy, (&dw, &db), "dx")?;
+                    crate::autograd::tape::fold_gradient(rt, so_far, dx)?
+                }
+            };
             Ok(vec![Some(dx), Some(dw), Some(db)])
         }),
-    ))
+    )
 }
 
 /// RMSNorm over the last dimension with an f32 weight (Llama's): x / sqrt(mean(x^2) +
