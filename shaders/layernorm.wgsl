@@ -3,9 +3,13 @@
 // dy, dx type), RMS, MODE:
 //   0 forward:  y = (x - mean) * rstd * w + b; saves mean, rstd.    one workgroup per row
 //   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
-//   2 weight gradients: dw[c] = sum dy * xhat, db[c] = sum dy over the rows, in one pass:
-//             a workgroup takes U columns (32 bytes of an f32 row) with 256 / U lanes of
-//             rows each (deterministic, and parallel over rows)
+//   1 with PARTS (cols <= PART_COLS): R rows a workgroup, which also writes its chunk's
+//             partial weight gradients, sum dy * xhat and sum dy over its rows
+//   3 weight gradients from those partials: dw[c], db[c] = the chunks' sums in order
+//   2 weight gradients (wider rows): dw[c] = sum dy * xhat, db[c] = sum dy over the rows,
+//             in one pass: a workgroup takes U columns (32 bytes of an f32 row) with
+//             256 / U lanes of rows each
+// Every sum is deterministic (fixed orders), and parallel over rows.
 // Bindings (all modes): x, w, b_or_dy, y_or_dx, mean, rstd, dw, db. TY is y_or_dx's type:
 // T, or f16 for a forward feeding fp16-mixed's products (the f32 y rounded as written).
 // Fused with the residual add before it (RES, forward, T f32): the rows normalised are
@@ -36,6 +40,13 @@ const MODE: u32 = {{MODE}}u;
 const RMS: bool = {{RMS}};
 const RES: bool = {{RES}};
 const ACC: bool = {{ACC}};
+const PARTS: bool = {{PARTS}};
+// Rows a workgroup of the backward with partials takes; its columns (at most 4 an
+// invocation); the partials' sums' lanes per column.
+const R: u32 = 16u;
+const PART_COLS: u32 = 4u * 256u;
+const SUM_LANES: u32 = 16u;
+const SUM_COLS: u32 = 256u / SUM_LANES;
 
 // Element i of the rows normalised: x's, or after the residual prologue the sum's.
 fn xv(i: u32) -> f32 {
@@ -54,6 +65,64 @@ var<workgroup> lane_sums: array<vec2<f32>, 256>;
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let lid = lid3.x;
     let group = wid.x + wid.y * nwg.x;
+    if MODE == 1u && PARTS {
+        // R rows a workgroup, each row's dx as below; each invocation also sums its
+        // columns' dy * xhat and dy over the rows in order, written as this chunk's
+        // partials [chunk][2][cols] (at dw) for mode 3.
+        let r0 = group * R;
+        if r0 >= p.rows { return; }
+        let r1 = min(r0 + R, p.rows);
+        var aw = vec4<f32>(0.0);
+        var ab = vec4<f32>(0.0);
+        for (var row = r0; row < r1; row++) {
+            backward_row(lid, row, f32(p.cols));
+            let base = row * p.cols;
+            let mu = mean[row];
+            let r = rstd[row];
+            for (var k = 0u; k < 4u; k++) {
+                let j = lid + k * WG;
+                if j < p.cols {
+                    let g = f32(b_or_dy[base + j]);
+                    let xhat = (f32(x[base + j]) - mu) * r;
+                    aw[k] += g * xhat;
+                    ab[k] += g;
+                }
+            }
+        }
+        for (var k = 0u; k < 4u; k++) {
+            let j = lid + k * WG;
+            if j < p.cols {
+                dw[2u * group * p.cols + j] = aw[k];
+                dw[(2u * group + 1u) * p.cols + j] = ab[k];
+            }
+        }
+        return;
+    }
+    if MODE == 3u {
+        // SUM_LANES invocations a column: lane l sums chunks l, l + SUM_LANES, ... of
+        // the partials (bound at mean) in order, then the lanes are added in lane order.
+        let col = lid % SUM_COLS;
+        let lane = lid / SUM_COLS;
+        let c = group * SUM_COLS + col;
+        let chunks = (p.rows + R - 1u) / R;
+        var s = vec2<f32>(0.0);
+        if c < p.cols {
+            for (var k = lane; k < chunks; k += SUM_LANES) {
+                s += vec2<f32>(mean[2u * k * p.cols + c], mean[(2u * k + 1u) * p.cols + c]);
+            }
+        }
+        lane_sums[lid] = s;
+        workgroupBarrier();
+        if lane == 0u && c < p.cols {
+            var t = vec2<f32>(0.0);
+            for (var l = 0u; l < SUM_LANES; l++) {
+                t += lane_sums[l * SUM_COLS + col];
+            }
+            dw[c] = t.x;
+            db[c] = t.y;
+        }
+        return;
+    }
     if MODE == 2u {
         // U columns a workgroup, ROW_LANES lanes of rows each: lane l sums rows l,
         // l + ROW_LANES, ... in order (four rows' loads issued before their uses), then
@@ -129,6 +198,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         return;
     }
+    backward_row(lid, row, n);
+}
+
+// dx of one row (every invocation of the workgroup calls it: it holds barriers).
+fn backward_row(lid: u32, row: u32, n: f32) {
+    let base = row * p.cols;
     let mu = mean[row];
     let r = rstd[row];
     var sg = 0.0;

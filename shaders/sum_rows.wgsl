@@ -1,7 +1,7 @@
 // Column sums of a row-major [rows, cols] x into f32 (bias gradients: the sum of dy over
 // rows), deterministic and parallel over rows, in one pass:
 //   one pass (ONE true): a workgroup takes U units of W columns, with 256 / U lanes of
-//           rows each: lane l sums rows l, l + lanes, ... in order (four rows loaded at a
+//           rows each: lane l sums rows l, l + lanes, ... in order (eight rows loaded at a
 //           time), then the lanes are added pairwise in a fixed tree. For x with more
 //           rows than a chunk; one launch, no partials
 //   chunks (ONE false): out[chunk, c] = sum of x[r, c] over the chunk's ROW_CHUNK rows,
@@ -58,8 +58,9 @@ fn put(r: u32, c: u32, cw: u32, e: V) {
 }
 
 //#if ONE
-// Two vec4 units (32 bytes of a row) or eight scalar ones a workgroup.
-const U: u32 = 8u / W;
+// One vec4 unit (16 bytes of a row) or four scalar ones a workgroup: as many workgroups
+// as the columns allow, each with many rows in flight.
+const U: u32 = 4u / W;
 const ROW_LANES: u32 = 256u / U;
 var<workgroup> part: array<V, 256>;
 
@@ -72,20 +73,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var s = V(0.0);
     if c < cw {
         var r = lane;
-        // Four rows' loads issued before their uses; added in row order.
-        for (; r + 3u * ROW_LANES < p.rows; r += 4u * ROW_LANES) {
-            let e0 = fetch(r, c, cw);
-            let e1 = fetch(r + ROW_LANES, c, cw);
-            let e2 = fetch(r + 2u * ROW_LANES, c, cw);
-            let e3 = fetch(r + 3u * ROW_LANES, c, cw);
-            put(r, c, cw, e0);
-            put(r + ROW_LANES, c, cw, e1);
-            put(r + 2u * ROW_LANES, c, cw, e2);
-            put(r + 3u * ROW_LANES, c, cw, e3);
-            s += e0;
-            s += e1;
-            s += e2;
-            s += e3;
+        // Eight rows' loads issued before their uses; added in row order.
+        for (; r + 7u * ROW_LANES < p.rows; r += 8u * ROW_LANES) {
+            var e: array<V, 8>;
+            for (var k = 0u; k < 8u; k++) {
+                e[k] = fetch(r + k * ROW_LANES, c, cw);
+            }
+            for (var k = 0u; k < 8u; k++) {
+                put(r + k * ROW_LANES, c, cw, e[k]);
+                s += e[k];
+            }
         }
         for (; r < p.rows; r += ROW_LANES) {
             let e = fetch(r, c, cw);

@@ -13,8 +13,13 @@ use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
-/// Columns a workgroup of the weight gradients' pass takes (U in the shader).
+/// Columns a workgroup of the one-pass weight gradients takes (U in the shader).
 const WEIGHT_COLS: usize = 8;
+/// Rows a workgroup of the backward with partials takes (R in the shader), the widest
+/// rows it takes (PART_COLS), and the columns a workgroup of their sums takes (SUM_COLS).
+const PART_ROWS: usize = 16;
+const PART_COLS: usize = 1024;
+const SUM_COLS: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -43,7 +48,8 @@ impl Norm {
     }
 }
 
-/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads).
+/// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads in
+/// one pass, 4 input grad with each chunk's weight-grad partials, 3 their sums).
 pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String)> {
     variant_out(mode, dtype, dtype, norm)
 }
@@ -58,12 +64,13 @@ pub fn variant_out(mode: u32, dtype: DType, out: DType, norm: Norm) -> Vec<(&'st
 pub fn variant_fused(mode: u32, dtype: DType, out: DType, norm: Norm, fused: bool) -> Vec<(&'static str, String)> {
     vec![
         ("RES", (fused && mode == 0).to_string()),
-        ("ACC", (fused && mode == 1).to_string()),
+        ("ACC", (fused && matches!(mode, 1 | 4)).to_string()),
+        ("PARTS", (mode == 4).to_string()),
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype, out])),
         ("T", dtype.wgsl().into()),
         ("TY", out.wgsl().into()),
-        ("MODE", mode.to_string()),
+        ("MODE", if mode == 4 { 1 } else { mode }.to_string()),
         ("RMS", (norm == Norm::Rms).to_string()),
     ]
 }
@@ -280,6 +287,45 @@ fn backward_norm(
         pad: 0,
     };
     let fused = so_far.is_some();
+    let so_far = so_far.unwrap_or(db);
+    if cols <= PART_COLS {
+        // dx and each chunk's weight-gradient partials from one read of x and dy, then
+        // the partials summed.
+        let chunks = rows.div_ceil(PART_ROWS).max(1);
+        let parts = Tensor::empty(rt, &[chunks, 2, cols], DType::F32, Category::Temporary, "ln dw partials")?;
+        let k1 = rt.kernel(
+            KernelKey::new("layernorm", &[4, x.dtype() as u32, norm as u32, fused as u32]),
+            8,
+            || {
+                format!(
+                    "{} backward {}{} +dw partials",
+                    norm.name(),
+                    x.dtype().wgsl(),
+                    if fused { " +grad" } else { "" }
+                )
+            },
+            || render("layernorm", SOURCE, &variant_fused(4, x.dtype(), x.dtype(), norm, fused)),
+        )?;
+        rt.launch(
+            &k1,
+            bytemuck::bytes_of(&params),
+            &[x, w, dy, &dx, &saved.mean, &saved.rstd, &parts, so_far],
+            grid(chunks as u32),
+        )?;
+        let k3 = rt.kernel(
+            KernelKey::new("layernorm", &[3, x.dtype() as u32, norm as u32]),
+            8,
+            || format!("{} dw sums {}", norm.name(), x.dtype().wgsl()),
+            || render("layernorm", SOURCE, &variant(3, x.dtype(), norm)),
+        )?;
+        rt.launch(
+            &k3,
+            bytemuck::bytes_of(&params),
+            &[x, w, dy, &dx, &parts, &saved.rstd, dw, db],
+            grid(cols.div_ceil(SUM_COLS) as u32),
+        )?;
+        return Ok(dx);
+    }
     let k1 = rt.kernel(
         KernelKey::new("layernorm", &[1, x.dtype() as u32, norm as u32, fused as u32]),
         8,
@@ -289,7 +335,7 @@ fn backward_norm(
     rt.launch(
         &k1,
         bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, so_far.unwrap_or(db)],
+        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, so_far],
         grid(rows as u32),
     )?;
     // Weight and bias gradients in one deterministic pass over the rows.

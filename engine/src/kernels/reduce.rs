@@ -143,9 +143,9 @@ const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
 const ROW_CHUNK: usize = 64;
 
 /// Column units of W columns a one-pass [`sum_rows`] workgroup takes (U in the shader:
-/// 32 bytes of a row).
+/// 16 bytes of a row).
 fn one_pass_units(width: usize) -> usize {
-    8 / width
+    4 / width
 }
 
 /// The derivative's function (shaders/activations.wgsl) of an activation's backward op.
@@ -204,7 +204,7 @@ struct SumRowsParams {
 
 /// The column sums of a contiguous [N, C] x: a new [C] f32 tensor, deterministic and
 /// parallel over rows. What a bias gradient is. Up to a chunk of rows, one invocation
-/// sums each column's rows in order; beyond, one launch gives every 32 bytes of columns
+/// sums each column's rows in order; beyond, one launch gives every 16 bytes of columns
 /// a workgroup whose lanes sum every lanes-th row in order, then add up pairwise in a
 /// fixed tree (no partials and no second launch).
 pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {

@@ -156,7 +156,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
-    for mode in 0..3 {
+    for mode in 0..5 {
         for t in floats {
             for norm in [super::layernorm::Norm::Layer, super::layernorm::Norm::Rms] {
                 push(
@@ -175,6 +175,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
         (0, DType::F16, true),
         (0, DType::F32, true),
         (1, DType::F32, true),
+        (4, DType::F32, true),
     ] {
         push(
             &mut out,
