@@ -43,7 +43,7 @@ const ACC: bool = {{ACC}};
 const PARTS: bool = {{PARTS}};
 // Rows a workgroup of the backward with partials takes; its columns (at most 4 an
 // invocation); the partials' sums' lanes per column.
-const R: u32 = 16u;
+const R: u32 = 8u;
 const PART_COLS: u32 = 4u * 256u;
 const SUM_LANES: u32 = 16u;
 const SUM_COLS: u32 = 256u / SUM_LANES;

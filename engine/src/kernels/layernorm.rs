@@ -17,7 +17,7 @@ const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
 const WEIGHT_COLS: usize = 8;
 /// Rows a workgroup of the backward with partials takes (R in the shader), the widest
 /// rows it takes (PART_COLS), and the columns a workgroup of their sums takes (SUM_COLS).
-const PART_ROWS: usize = 16;
+const PART_ROWS: usize = 8;
 const PART_COLS: usize = 1024;
 const SUM_COLS: usize = 16;
 

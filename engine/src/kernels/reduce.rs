@@ -142,11 +142,8 @@ const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
 /// Rows a chunk of [`sum_rows`] takes (ROW_CHUNK in shaders/sum_rows.wgsl).
 const ROW_CHUNK: usize = 64;
 
-/// Column units of W columns a one-pass [`sum_rows`] workgroup takes (U in the shader:
-/// 16 bytes of a row).
-fn one_pass_units(width: usize) -> usize {
-    4 / width
-}
+/// Invocations summing each column's partials (LANES in shaders/sum_rows.wgsl).
+const SUM_LANES: usize = 16;
 
 /// The derivative's function (shaders/activations.wgsl) of an activation's backward op.
 fn derivative(op: MapOp) -> Result<&'static str, Error> {
@@ -158,8 +155,8 @@ fn derivative(op: MapOp) -> Result<&'static str, Error> {
     }
 }
 
-/// The template values of a [`sum_rows`] kernel (mode 0: x of one chunk of rows; mode 2:
-/// every row in one pass), writing a copy of `copy`'s type, and summing x times the
+/// The template values of a [`sum_rows`] kernel (mode 0: partials of `dtype` rows, or
+/// the sums of one chunk; mode 1: the f32 partials summed), writing a copy of `copy`'s type, and summing x times the
 /// derivative `act` (an activation's backward op) at a pre-activation of its type.
 pub fn sum_rows_variant(
     mode: u32,
@@ -180,7 +177,7 @@ pub fn sum_rows_variant(
     types.extend(act.map(|a| a.1));
     Ok(vec![
         ("ENABLE", enables(&types)),
-        ("ONE", (mode == 2).to_string()),
+        ("SUMS", (mode == 1).to_string()),
         ("COPY", copy.is_some().to_string()),
         ("ACT", act.is_some().to_string()),
         ("ACT_GRAD", act.map_or(Ok("gelu_grad"), |a| derivative(a.0))?.to_string()),
@@ -203,10 +200,9 @@ struct SumRowsParams {
 }
 
 /// The column sums of a contiguous [N, C] x: a new [C] f32 tensor, deterministic and
-/// parallel over rows. What a bias gradient is. Up to a chunk of rows, one invocation
-/// sums each column's rows in order; beyond, one launch gives every 16 bytes of columns
-/// a workgroup whose lanes sum every lanes-th row in order, then add up pairwise in a
-/// fixed tree (no partials and no second launch).
+/// parallel over rows. What a bias gradient is. One invocation sums each column's rows
+/// of a chunk in order; beyond one chunk, a second launch sums the chunks' partials in
+/// order.
 pub fn sum_rows(rt: &Runtime, x: &Tensor, category: Category, label: &str) -> Result<Tensor, Error> {
     sum_rows_fused(rt, x, None, None, category, label)
 }
@@ -278,6 +274,9 @@ fn sum_rows_fused(
         super::map::fill(rt, &out, 0.0)?;
         return Ok(out);
     }
+    if chunks > 65535 {
+        return Err(Error::shape("sum_rows", format!("at most {} rows", 65535 * ROW_CHUNK), rows));
+    }
     let params = SumRowsParams {
         rows: rows as u32,
         cols: cols as u32,
@@ -290,16 +289,14 @@ fn sum_rows_fused(
     } else {
         1
     };
-    // One chunk: the partials pass writes the sums; more: the one-pass kernel.
-    let mode = if chunks == 1 { 0 } else { 2 };
+    let code = |t: Option<DType>| t.map_or(0, |t| 1 + t as u32);
     let copy_t = copy.map(|c| c.dtype());
     let act_t = act.map(|(op, pre)| (op, pre.dtype()));
-    let code = |t: Option<DType>| t.map_or(0, |t| 1 + t as u32);
     let kernel = rt.kernel(
         KernelKey::new(
             "sum_rows",
             &[
-                mode,
+                0,
                 x.dtype() as u32,
                 code(copy_t),
                 act_t.map_or(0, |(op, t)| 1 + op as u32 * 16 + t as u32),
@@ -311,22 +308,39 @@ fn sum_rows_fused(
             let copy = copy_t.map_or(String::new(), |t| format!(" +{} copy", t.wgsl()));
             let act = act_t.map_or(String::new(), |(op, _)| format!(" x {}", derivative(op).unwrap_or("?")));
             let vec = if width == 4 { " vec4" } else { "" };
-            let pass = if mode == 0 { "partials" } else { "one pass" };
-            format!("sum_rows {pass} {}{vec}{act}{copy}", x.dtype().wgsl())
+            format!("sum_rows partials {}{vec}{act}{copy}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(mode, x.dtype(), copy_t, act_t, width)?),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), copy_t, act_t, width)?),
     )?;
-    let groups = if mode == 0 {
-        [(cols / width).div_ceil(256) as u32, 1, 1]
+    // One chunk: the partials are the sums.
+    let part = if chunks == 1 {
+        out.clone()
     } else {
-        grid((cols / width).div_ceil(one_pass_units(width)) as u32)
+        Tensor::empty(rt, &[chunks, cols], DType::F32, Category::Temporary, "sum_rows partials")?
     };
-    let params = bytemuck::bytes_of(&params);
+    let groups = [(cols / width).div_ceil(256) as u32, chunks as u32, 1];
+    let bytes = bytemuck::bytes_of(&params);
     match (copy, act) {
-        (Some(c), Some((_, pre))) => rt.launch(&kernel, params, &[x, &out, c, pre], groups)?,
-        (Some(c), None) => rt.launch(&kernel, params, &[x, &out, c], groups)?,
-        (None, None) => rt.launch(&kernel, params, &[x, &out], groups)?,
+        (Some(c), Some((_, pre))) => rt.launch(&kernel, bytes, &[x, &part, c, pre], groups)?,
+        (Some(c), None) => rt.launch(&kernel, bytes, &[x, &part, c], groups)?,
+        (None, None) => rt.launch(&kernel, bytes, &[x, &part], groups)?,
         (None, Some(_)) => return Err(Error::invalid("sum_rows", "an activation's derivative without a copy")),
     }
+    if chunks == 1 {
+        return Ok(out);
+    }
+    let second = rt.kernel(
+        KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
+        2,
+        || format!("sum_rows sums {}", DType::F32.wgsl()),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, None, None, 1)?),
+    )?;
+    let params = SumRowsParams { x_offset: 0, ..params };
+    rt.launch(
+        &second,
+        bytemuck::bytes_of(&params),
+        &[&part, &out],
+        grid(cols.div_ceil(256 / SUM_LANES) as u32),
+    )?;
     Ok(out)
 }

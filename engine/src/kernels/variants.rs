@@ -280,16 +280,22 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             vec![(None, None)]
         };
         for (copy, act) in fused {
-            for (mode, width) in [0, 2].into_iter().flat_map(|m| [1, 4].map(|w| (m, w))) {
+            for width in [1, 4] {
                 push(
                     &mut out,
                     "sum_rows",
                     include_str!("../../../shaders/sum_rows.wgsl"),
-                    super::reduce::sum_rows_variant(mode, t, copy, act, width)?,
+                    super::reduce::sum_rows_variant(0, t, copy, act, width)?,
                 )?;
             }
         }
     }
+    push(
+        &mut out,
+        "sum_rows",
+        include_str!("../../../shaders/sum_rows.wgsl"),
+        super::reduce::sum_rows_variant(1, DType::F32, None, None, 1)?,
+    )?;
     // The cooperative matmul: every operand load with the default tile, and every
     // candidate tile with the common loads, with and without bounds checks.
     let loads: Vec<Load> = [false, true]
