@@ -45,7 +45,7 @@ const PARTS: bool = {{PARTS}};
 // invocation); the partials' sums' lanes per column.
 const R: u32 = 8u;
 const PART_COLS: u32 = 4u * 256u;
-const SUM_LANES: u32 = 16u;
+const SUM_LANES: u32 = 64u;
 const SUM_COLS: u32 = 256u / SUM_LANES;
 
 // Element i of the rows normalised: x's, or after the residual prologue the sum's.

@@ -13,7 +13,7 @@
 // copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 elements of
 // one tensor, two per invocation, so the f16 copy is written a word (two halves) at a
 // time. Entries are in workgroup order; a workgroup finds its own by bisection.
-// Template: MODE, HALF, and SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
+// Template: MODE, PAIRS, HALF, and SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
 //#if HALF
 enable f16;
 //#endif
@@ -44,6 +44,8 @@ struct Params {
 {{SLOT_BINDINGS}}
 
 const MODE: u32 = {{MODE}}u;
+// Element pairs an invocation takes (the checks: 4; the updates: 1).
+const PAIRS: u32 = {{PAIRS}}u;
 const ENTRY: u32 = 16u;
 const NONE: u32 = 0xffffffffu;
 
@@ -121,6 +123,18 @@ fn main(
     }
     let e = (p.base + lo) * ENTRY;
     let n = table[e];
+    if MODE == 0u || MODE == 3u {
+        // PAIRS pairs an invocation, 256 apart.
+        let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
+        for (var k = 0u; k < PAIRS; k++) {
+            let i = (first + k * 256u) * 2u;
+            if i < n {
+                element(e, i);
+                if i + 1u < n { element(e, i + 1u); }
+            }
+        }
+        return;
+    }
     let pair = (group - table[e + 1u]) * 256u + lid.x;
     let i = pair * 2u;
     if i >= n { return; }

@@ -19,7 +19,7 @@ const WEIGHT_COLS: usize = 8;
 /// rows it takes (PART_COLS), and the columns a workgroup of their sums takes (SUM_COLS).
 const PART_ROWS: usize = 8;
 const PART_COLS: usize = 1024;
-const SUM_COLS: usize = 16;
+const SUM_COLS: usize = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]

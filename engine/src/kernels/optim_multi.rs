@@ -32,8 +32,12 @@ pub fn slots(rt: &Runtime) -> usize {
 }
 /// Words of a table entry.
 const ENTRY: usize = 16;
-/// Elements a workgroup takes.
-const PER_GROUP: usize = 512;
+/// Element pairs an invocation takes: four in the checks (which only read, so that a
+/// workgroup's start and its search of the table are spread over more loads), one in
+/// the updates (PAIRS in the shader).
+fn pairs(mode: u32) -> usize {
+    if matches!(mode, 0 | 3) { 4 } else { 1 }
+}
 /// No f16 copy.
 const NONE: u32 = u32::MAX;
 
@@ -62,6 +66,7 @@ pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String
     let lines = |f: &dyn Fn(usize) -> String| (0..slots).map(f).collect::<Vec<_>>().join("\n");
     vec![
         ("MODE", mode.to_string()),
+        ("PAIRS", pairs(mode).to_string()),
         ("HALF", half.to_string()),
         (
             "SLOT_BINDINGS",
@@ -214,6 +219,9 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
     // Hyperparameters checked before anything is allocated or recorded.
     let template = update.params(inv_scale, skip_if_found)?;
     let slots = slots(rt);
+    let mode = update.mode();
+    // Elements a workgroup takes.
+    let per_group = 512 * pairs(mode);
     let mut groups: Vec<Group> = vec![Group::default()];
     let mut half = false;
     for item in items {
@@ -244,13 +252,12 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
                 entry[12] = item.first as u32;
             }
         }
-        g.groups += n.div_ceil(PER_GROUP) as u32;
+        g.groups += n.div_ceil(per_group) as u32;
         g.entries.push(entry);
     }
     let words: Vec<u32> = groups.iter().flat_map(|g| g.entries.iter().flatten().copied()).collect();
     let table = Tensor::empty(rt, &[words.len()], DType::U32, Category::Temporary, "optimizer table")?;
     rt.write(table.block(), 0, bytemuck::cast_slice(&words))?;
-    let mode = update.mode();
     let kernel = rt.kernel(
         KernelKey::new("optim_multi", &[mode, half as u32, slots as u32]),
         2 + slots,
