@@ -44,7 +44,7 @@ struct Params {
 {{SLOT_BINDINGS}}
 
 const MODE: u32 = {{MODE}}u;
-// Element pairs an invocation takes (the checks: 4; the updates: 1).
+// Element pairs an invocation takes, 256 apart (the checks: 4; the updates: 2).
 const PAIRS: u32 = {{PAIRS}}u;
 const ENTRY: u32 = 16u;
 const NONE: u32 = 0xffffffffu;
@@ -123,34 +123,27 @@ fn main(
     }
     let e = (p.base + lo) * ENTRY;
     let n = table[e];
-    if MODE == 0u || MODE == 3u {
-        // PAIRS pairs an invocation, 256 apart.
-        let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
-        for (var k = 0u; k < PAIRS; k++) {
-            let i = (first + k * 256u) * 2u;
-            if i < n {
-                element(e, i);
-                if i + 1u < n { element(e, i + 1u); }
-            }
-        }
+    if (MODE == 1u || MODE == 2u) && p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u {
         return;
     }
-    let pair = (group - table[e + 1u]) * 256u + lid.x;
-    let i = pair * 2u;
-    if i >= n { return; }
-    if MODE == 1u || MODE == 2u {
-        if p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u { return; }
-    }
-    let w0 = element(e, i);
-    var w1 = 0.0;
-    if i + 1u < n { w1 = element(e, i + 1u); }
+    // PAIRS pairs an invocation, 256 apart.
+    let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
+    for (var k = 0u; k < PAIRS; k++) {
+        let pair = first + k * 256u;
+        let i = pair * 2u;
+        if i < n {
+            let w0 = element(e, i);
+            var w1 = 0.0;
+            if i + 1u < n { w1 = element(e, i + 1u); }
 //#if HALF
-    let hs = table[e + 10u];
-    if hs != NONE {
-        // Rounded by the f16 conversion as shaders/optim.wgsl's copy; packing an f16
-        // value is then exact.
-        let h = vec2<f32>(f32(f16(w0)), f32(f16(w1)));
-        store(hs, table[e + 11u] + pair, pack2x16float(h));
-    }
+            let hs = table[e + 10u];
+            if hs != NONE {
+                // Rounded by the f16 conversion as shaders/optim.wgsl's copy; packing an
+                // f16 value is then exact.
+                let h = vec2<f32>(f32(f16(w0)), f32(f16(w1)));
+                store(hs, table[e + 11u] + pair, pack2x16float(h));
+            }
 //#endif
+        }
+    }
 }

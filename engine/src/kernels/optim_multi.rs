@@ -32,11 +32,11 @@ pub fn slots(rt: &Runtime) -> usize {
 }
 /// Words of a table entry.
 const ENTRY: usize = 16;
-/// Element pairs an invocation takes: four in the checks (which only read, so that a
-/// workgroup's start and its search of the table are spread over more loads), one in
-/// the updates (PAIRS in the shader).
+/// Element pairs an invocation takes (PAIRS in the shader), so that a workgroup's start
+/// and its search of the table are spread over more loads: four in the checks (which
+/// only read), two in the updates.
 fn pairs(mode: u32) -> usize {
-    if matches!(mode, 0 | 3) { 4 } else { 1 }
+    if matches!(mode, 0 | 3) { 4 } else { 2 }
 }
 /// No f16 copy.
 const NONE: u32 = u32::MAX;

@@ -344,6 +344,12 @@ impl Gpt {
         let pos = ops::embedding(tape, rt, &pos_ids, &wpe, "transformer.wpe")?;
         let x = ops::add(tape, rt, &tok, &pos, "transformer.embeddings")?;
         let mut x = ops::dropout(tape, rt, &x, c.embd_pdrop, "transformer.drop")?;
+        let (eps, nh, drop) = (c.layer_norm_epsilon as f32, c.n_head, c.resid_pdrop);
+        // Without recomputed segments, each block's last residual add runs in the next
+        // LayerNorm's launch (the next block's ln_1, or ln_f): the block hands on the two
+        // terms, `pending`.
+        let fused = tape.mode().checkpoint_every == 0;
+        let mut pending: Option<(Var, Var)> = None;
         for (i, blk) in self.blocks.iter().enumerate() {
             let ids = [blk.ln_1, blk.c_attn, blk.attn_proj, blk.ln_2, blk.c_fc, blk.mlp_proj];
             let mut vars = vec![x.clone()];
@@ -351,13 +357,26 @@ impl Gpt {
                 vars.push(p(tape, w)?);
                 vars.push(p(tape, bias)?);
             }
-            let (eps, nh, drop) = (c.layer_norm_epsilon as f32, c.n_head, c.resid_pdrop);
+            if fused {
+                let input = match pending.take() {
+                    Some(terms) => Input::Pending(terms, format!("transformer.h.{}.mlp.residual", i - 1)),
+                    None => Input::Sum(x.clone()),
+                };
+                pending = Some(block_terms(tape, rt, i, (eps, nh, drop), input, &vars[1..])?);
+                continue;
+            }
             // The tape's mode says how often a block is recomputed in backward.
             let segment = std::rc::Rc::new(move |tape: &mut Tape, rt: &Runtime, v: &[Var]| block(tape, rt, i, (eps, nh, drop), v));
             x = ops::segment(tape, rt, i, &vars, segment)?;
         }
         let (w, bb) = (p(tape, self.ln_f.0)?, p(tape, self.ln_f.1)?);
-        let h = ops::layernorm(tape, rt, &x, &w, &bb, c.layer_norm_epsilon as f32, "transformer.ln_f")?;
+        let h = match pending {
+            Some((x2, m)) => {
+                let last = format!("transformer.h.{}.mlp.residual", self.blocks.len() - 1);
+                ops::add_layernorm_as(tape, rt, (&x2, &m), &w, &bb, eps, DType::F32, (&last, "transformer.ln_f"))?.1
+            }
+            None => ops::layernorm(tape, rt, &x, &w, &bb, eps, "transformer.ln_f")?,
+        };
         debug_assert_eq!(h.value.shape(), &[b, t, c.n_embd]);
         Ok((h, wte))
     }
@@ -365,32 +384,58 @@ impl Gpt {
 
 /// One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). `v` holds x and the
 /// block's 12 parameters in state-dict order.
-fn block(tape: &mut Tape, rt: &Runtime, i: usize, (eps, nh, drop): (f32, usize, f32), v: &[Var]) -> Result<Var, Error> {
+fn block(tape: &mut Tape, rt: &Runtime, i: usize, consts: (f32, usize, f32), v: &[Var]) -> Result<Var, Error> {
+    let (x2, m) = block_terms(tape, rt, i, consts, Input::Sum(v[0].clone()), &v[1..])?;
+    ops::add(tape, rt, &x2, &m, &format!("transformer.h.{i}.mlp.residual"))
+}
+
+/// A block's input: the residual stream, or the previous block's two last terms (added
+/// in ln_1's launch into the sum labelled `.1`).
+enum Input {
+    Sum(Var),
+    Pending((Var, Var), String),
+}
+
+/// A block up to its last residual add: the two terms (x2, m) whose sum is its output.
+/// `p` holds the block's 12 parameters in state-dict order.
+fn block_terms(
+    tape: &mut Tape,
+    rt: &Runtime,
+    i: usize,
+    (eps, nh, drop): (f32, usize, f32),
+    input: Input,
+    p: &[Var],
+) -> Result<(Var, Var), Error> {
     let l = |n: &str| format!("transformer.h.{i}.{n}");
-    let x = &v[0];
     // Under fp16-mixed the projections feeding attention and GELU write f16, and so do
     // the LayerNorms feeding the projections.
     let act = if tape.half_matmuls() { DType::F16 } else { DType::F32 };
-    let h = ops::layernorm_as(tape, rt, x, &v[1], &v[2], eps, act, &l("ln_1"))?;
-    let qkv = ops::linear_as(tape, rt, &h, &v[3], Some(&v[4]), WeightLayout::InOut, act, &l("attn.c_attn"))?;
+    let (x, h) = match input {
+        Input::Sum(x) => {
+            let h = ops::layernorm_as(tape, rt, &x, &p[0], &p[1], eps, act, &l("ln_1"))?;
+            (x, h)
+        }
+        Input::Pending((a, b), sum_label) => ops::add_layernorm_as(tape, rt, (&a, &b), &p[0], &p[1], eps, act, (&sum_label, &l("ln_1")))?,
+    };
+    let qkv = ops::linear_as(tape, rt, &h, &p[2], Some(&p[3]), WeightLayout::InOut, act, &l("attn.c_attn"))?;
     let y = ops::attention(tape, rt, &qkv, nh, &l("attn"))?;
-    let a = ops::linear(tape, rt, &y, &v[5], Some(&v[6]), WeightLayout::InOut, &l("attn.c_proj"))?;
+    let a = ops::linear(tape, rt, &y, &p[4], Some(&p[5]), WeightLayout::InOut, &l("attn.c_proj"))?;
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
     // The residual add and ln_2 in one launch.
-    let (x2, h) = ops::add_layernorm_as(tape, rt, (x, &a), &v[7], &v[8], eps, act, (&l("attn.residual"), &l("ln_2")))?;
+    let (x2, h) = ops::add_layernorm_as(tape, rt, (&x, &a), &p[6], &p[7], eps, act, (&l("attn.residual"), &l("ln_2")))?;
     let g = if tape.half_matmuls() {
         // One node: GELU's backward runs in the bias-sum pass that writes c_fc's f16 dy.
         // (In f32 the node would hold GELU's output gradient beside c_fc's dy during
         // the products: apart, that gradient is freed first.)
-        let fc = (&h, &v[9], Some(&v[10]));
+        let fc = (&h, &p[8], Some(&p[9]));
         ops::linear_act_as(tape, rt, fc, WeightLayout::InOut, act, MapOp::Gelu, (&l("mlp.c_fc"), &l("mlp.act")))?
     } else {
-        let f = ops::linear_as(tape, rt, &h, &v[9], Some(&v[10]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
+        let f = ops::linear_as(tape, rt, &h, &p[8], Some(&p[9]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
         ops::gelu(tape, rt, &f, &l("mlp.act"))?
     };
-    let m = ops::linear(tape, rt, &g, &v[11], Some(&v[12]), WeightLayout::InOut, &l("mlp.c_proj"))?;
+    let m = ops::linear(tape, rt, &g, &p[10], Some(&p[11]), WeightLayout::InOut, &l("mlp.c_proj"))?;
     let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
-    ops::add(tape, rt, &x2, &m, &l("mlp.residual"))
+    Ok((x2, m))
 }
 
 /// Targets for GPT2LMHeadModel's loss: labels shifted left by one, the last position
