@@ -69,8 +69,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         // R rows a workgroup, each row's dx as below; each invocation also sums its
         // columns' dy * xhat and dy over the rows in order, written as this chunk's
         // partials [chunk][2][cols] (at dw) for mode 3.
+        // One chunk at least (of no rows: zeros), as the host counts them.
+        if group >= max((p.rows + R - 1u) / R, 1u) { return; }
         let r0 = group * R;
-        if r0 >= p.rows { return; }
         let r1 = min(r0 + R, p.rows);
         var aw = vec4<f32>(0.0);
         var ab = vec4<f32>(0.0);
@@ -104,7 +105,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let col = lid % SUM_COLS;
         let lane = lid / SUM_COLS;
         let c = group * SUM_COLS + col;
-        let chunks = (p.rows + R - 1u) / R;
+        let chunks = max((p.rows + R - 1u) / R, 1u);
         var s = vec2<f32>(0.0);
         if c < p.cols {
             for (var k = lane; k < chunks; k += SUM_LANES) {

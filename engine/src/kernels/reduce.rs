@@ -156,8 +156,9 @@ fn derivative(op: MapOp) -> Result<&'static str, Error> {
 }
 
 /// The template values of a [`sum_rows`] kernel (mode 0: partials of `dtype` rows, or
-/// the sums of one chunk; mode 1: the f32 partials summed), writing a copy of `copy`'s type, and summing x times the
-/// derivative `act` (an activation's backward op) at a pre-activation of its type.
+/// the sums of one chunk; mode 1: the f32 partials summed), writing a copy of `copy`'s
+/// type, and summing x times the derivative `act` (an activation's backward op) at a
+/// pre-activation of its type.
 pub fn sum_rows_variant(
     mode: u32,
     dtype: DType,
@@ -229,6 +230,11 @@ pub fn sum_rows_through(
     label: &str,
 ) -> Result<Tensor, Error> {
     derivative(act)?;
+    for (what, t) in [("sum_rows pre-activation", pre), ("sum_rows copy", copy)] {
+        if !matches!(t.dtype(), DType::F16 | DType::F32) {
+            return Err(Error::shape(what, "f16 or f32", t.dtype()));
+        }
+    }
     check_tensor("sum_rows pre-activation", pre, pre.dtype())?;
     check_contiguous("sum_rows pre-activation", pre, x.shape())?;
     if pre.offset() != 0 {
