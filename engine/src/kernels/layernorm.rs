@@ -288,67 +288,52 @@ fn backward_norm(
     };
     let fused = so_far.is_some();
     let so_far = so_far.unwrap_or(db);
-    if cols <= PART_COLS {
-        // dx and each chunk's weight-gradient partials from one read of x and dy, then
-        // the partials summed.
-        let chunks = rows.div_ceil(PART_ROWS).max(1);
-        let parts = Tensor::empty(rt, &[chunks, 2, cols], DType::F32, Category::Temporary, "ln dw partials")?;
-        let k1 = rt.kernel(
-            KernelKey::new("layernorm", &[4, x.dtype() as u32, norm as u32, fused as u32]),
+    // One backward kernel of `mode` (named after its pass, `tail` after the type),
+    // launched over `groups`.
+    let run = |mode: u32, (pass, tail): (&str, &str), bindings: &[&Tensor], groups: [u32; 3]| -> Result<(), Error> {
+        let fused = fused && matches!(mode, 1 | 4);
+        let kernel = rt.kernel(
+            KernelKey::new("layernorm", &[mode, x.dtype() as u32, norm as u32, fused as u32]),
             8,
             || {
                 format!(
-                    "{} backward {}{} +dw partials",
+                    "{} {pass} {}{}{tail}",
                     norm.name(),
                     x.dtype().wgsl(),
                     if fused { " +grad" } else { "" }
                 )
             },
-            || render("layernorm", SOURCE, &variant_fused(4, x.dtype(), x.dtype(), norm, fused)),
+            || render("layernorm", SOURCE, &variant_fused(mode, x.dtype(), x.dtype(), norm, fused)),
         )?;
-        rt.launch(
-            &k1,
-            bytemuck::bytes_of(&params),
-            &[x, w, dy, &dx, &saved.mean, &saved.rstd, &parts, so_far],
+        rt.launch(&kernel, bytemuck::bytes_of(&params), bindings, groups)
+    };
+    if cols <= PART_COLS {
+        // dx and each chunk's weight-gradient partials from one read of x and dy, then
+        // the partials summed.
+        let chunks = rows.div_ceil(PART_ROWS).max(1);
+        let parts = Tensor::empty(rt, &[chunks, 2, cols], DType::F32, Category::Temporary, "ln dw partials")?;
+        let (mean, rstd) = (&saved.mean, &saved.rstd);
+        run(
+            4,
+            ("backward", " +dw partials"),
+            &[x, w, dy, &dx, mean, rstd, &parts, so_far],
             grid(chunks as u32),
         )?;
-        let k3 = rt.kernel(
-            KernelKey::new("layernorm", &[3, x.dtype() as u32, norm as u32]),
-            8,
-            || format!("{} dw sums {}", norm.name(), x.dtype().wgsl()),
-            || render("layernorm", SOURCE, &variant(3, x.dtype(), norm)),
-        )?;
-        rt.launch(
-            &k3,
-            bytemuck::bytes_of(&params),
-            &[x, w, dy, &dx, &parts, &saved.rstd, dw, db],
+        run(
+            3,
+            ("dw sums", ""),
+            &[x, w, dy, &dx, &parts, rstd, dw, db],
             grid(cols.div_ceil(SUM_COLS) as u32),
         )?;
         return Ok(dx);
     }
-    let k1 = rt.kernel(
-        KernelKey::new("layernorm", &[1, x.dtype() as u32, norm as u32, fused as u32]),
-        8,
-        || format!("{} backward {}{}", norm.name(), x.dtype().wgsl(), if fused { " +grad" } else { "" }),
-        || render("layernorm", SOURCE, &variant_fused(1, x.dtype(), x.dtype(), norm, fused)),
-    )?;
-    rt.launch(
-        &k1,
-        bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, so_far],
-        grid(rows as u32),
-    )?;
+    let (mean, rstd) = (&saved.mean, &saved.rstd);
+    run(1, ("backward", ""), &[x, w, dy, &dx, mean, rstd, dw, so_far], grid(rows as u32))?;
     // Weight and bias gradients in one deterministic pass over the rows.
-    let k2 = rt.kernel(
-        KernelKey::new("layernorm", &[2, x.dtype() as u32, norm as u32]),
-        8,
-        || format!("{} dw {}", norm.name(), x.dtype().wgsl()),
-        || render("layernorm", SOURCE, &variant(2, x.dtype(), norm)),
-    )?;
-    rt.launch(
-        &k2,
-        bytemuck::bytes_of(&params),
-        &[x, w, dy, &dx, &saved.mean, &saved.rstd, dw, db],
+    run(
+        2,
+        ("dw", ""),
+        &[x, w, dy, &dx, mean, rstd, dw, db],
         grid(cols.div_ceil(WEIGHT_COLS) as u32),
     )?;
     Ok(dx)
