@@ -305,7 +305,8 @@ pub fn add_layernorm_as(
     out: DType,
     labels: (&str, &str),
 ) -> Result<(Var, Var), Error> {
-    if x.value.shape() != r.value.shape() || x.value.dtype() != DType::F32 || !x.value.is_contiguous() || !r.value.is_contiguous() {
+    let foldable = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous();
+    if x.value.shape() != r.value.shape() || !foldable(&x.value) || !foldable(&r.value) {
         // The kernel adds same-shaped contiguous f32 tensors; anything else goes apart.
         let sum = add(tape, rt, x, r, labels.0)?;
         let y = layernorm_as(tape, rt, &sum, w, b, eps, out, labels.1)?;
