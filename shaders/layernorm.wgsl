@@ -5,7 +5,7 @@
 //   1 backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (per row)
 //   1 with PARTS (cols <= PART_COLS): R rows a workgroup, which also writes its chunk's
 //             partial weight gradients, sum dy * xhat and sum dy over its rows
-//   3 weight gradients from those partials: dw[c], db[c] = the chunks' sums in order
+//             (their sums, 64 lanes a column, are shaders/col_sums.wgsl's, with other sums)
 //   2 weight gradients (wider rows): dw[c] = sum dy * xhat, db[c] = sum dy over the rows,
 //             in one pass: a workgroup takes U columns (32 bytes of an f32 row) with
 //             256 / U lanes of rows each
@@ -42,11 +42,9 @@ const RES: bool = {{RES}};
 const ACC: bool = {{ACC}};
 const PARTS: bool = {{PARTS}};
 // Rows a workgroup of the backward with partials takes; its columns (at most 4 an
-// invocation); the partials' sums' lanes per column.
+// invocation).
 const R: u32 = 8u;
 const PART_COLS: u32 = 4u * 256u;
-const SUM_LANES: u32 = 64u;
-const SUM_COLS: u32 = 256u / SUM_LANES;
 
 // Element i of the rows normalised: x's, or after the residual prologue the sum's.
 fn xv(i: u32) -> f32 {
@@ -68,7 +66,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if MODE == 1u && PARTS {
         // R rows a workgroup, each row's dx as below; each invocation also sums its
         // columns' dy * xhat and dy over the rows in order, written as this chunk's
-        // partials [chunk][2][cols] (at dw) for mode 3.
+        // partials [chunk][2][cols] (at dw) for their sums.
         // One chunk at least (of no rows: zeros), as the host counts them.
         if group >= max((p.rows + R - 1u) / R, 1u) { return; }
         let r0 = group * R;
@@ -96,31 +94,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 dw[2u * group * p.cols + j] = aw[k];
                 dw[(2u * group + 1u) * p.cols + j] = ab[k];
             }
-        }
-        return;
-    }
-    if MODE == 3u {
-        // SUM_LANES invocations a column: lane l sums chunks l, l + SUM_LANES, ... of
-        // the partials (bound at mean) in order, then the lanes are added in lane order.
-        let col = lid % SUM_COLS;
-        let lane = lid / SUM_COLS;
-        let c = group * SUM_COLS + col;
-        let chunks = max((p.rows + R - 1u) / R, 1u);
-        var s = vec2<f32>(0.0);
-        if c < p.cols {
-            for (var k = lane; k < chunks; k += SUM_LANES) {
-                s += vec2<f32>(mean[2u * k * p.cols + c], mean[(2u * k + 1u) * p.cols + c]);
-            }
-        }
-        lane_sums[lid] = s;
-        workgroupBarrier();
-        if lane == 0u && c < p.cols {
-            var t = vec2<f32>(0.0);
-            for (var l = 0u; l < SUM_LANES; l++) {
-                t += lane_sums[l * SUM_COLS + col];
-            }
-            dw[c] = t.x;
-            db[c] = t.y;
         }
         return;
     }

@@ -1,12 +1,12 @@
 // Column sums of a row-major [rows, cols] x into f32 (bias gradients: the sum of dy over
 // rows), deterministic and parallel over rows, in two passes (one for x of one chunk):
-//   partials (SUMS false): out[chunk, c] = sum of x[r, c] over the chunk's ROW_CHUNK
+//   partials (this kernel): out[chunk, c] = sum of x[r, c] over the chunk's ROW_CHUNK
 //           rows, in row order; one invocation per W columns of a chunk (W 4: vec4 loads,
 //           where the columns and the view's offset are multiples of 4), four rows loaded
 //           at a time (a warp reads consecutive columns). For x of one chunk, the sums.
-//   sums (SUMS true): out[c] = sum of the partials x[k, c] over the chunks: LANES
-//           invocations a column, each summing every LANES-th chunk in order, then the
-//           lanes added in lane order.
+//   sums (shaders/col_sums.wgsl, with other sums): out[c] = sum of the partials x[k, c]
+//           over the chunks: 16 lanes a column, each summing every 16th chunk in order,
+//           then the lanes added in lane order.
 // (On the H100 one pass over every row, a workgroup per 8 or 4 columns, took 52-93 us
 // for GPT-2's [8192, 768] dy, against 35 + 7 for the two passes: too few workgroups.)
 // The element summed is x's, or with ACT x times the activation's derivative at `pre`
@@ -14,7 +14,7 @@
 // where x is that activation's output gradient. With COPY every element summed is also
 // written to copy_out (offset 0) as CT: the dy a linear's products read (f16 under
 // fp16-mixed), in the pass that sums it.
-// Template: ENABLE, T (x's element type; f32 for the sums), SUMS, COPY, ACT, ACT_GRAD (the derivative's
+// Template: ENABLE, T (x's element type), COPY, ACT, ACT_GRAD (the derivative's
 // function in shaders/activations.wgsl), ACTIVATIONS, W, V (f32 or vec4<f32>), XT (T or
 // vec4<T>), CT (the copy's element), PT (pre's element).
 {{ENABLE}}
@@ -58,36 +58,6 @@ fn put(r: u32, c: u32, cw: u32, e: V) {
 //#endif
 }
 
-//#if SUMS
-// LANES invocations a column: lane l sums chunks l, l + LANES, ... in order, then the
-// lanes are added in lane order (x is the partials, f32).
-const LANES: u32 = 16u;
-const COLS_PER_GROUP: u32 = 256u / LANES;
-var<workgroup> lane_sums: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let col = lid.x % COLS_PER_GROUP;
-    let lane = lid.x / COLS_PER_GROUP;
-    let c = (wid.x + wid.y * nwg.x) * COLS_PER_GROUP + col;
-    let chunks = (p.rows + ROW_CHUNK - 1u) / ROW_CHUNK;
-    var s = 0.0;
-    if c < p.cols {
-        for (var k = lane; k < chunks; k += LANES) {
-            s += f32(x[k * p.cols + c]);
-        }
-    }
-    lane_sums[lid.x] = s;
-    workgroupBarrier();
-    if lane == 0u && c < p.cols {
-        var t = 0.0;
-        for (var l = 0u; l < LANES; l++) {
-            t += lane_sums[l * COLS_PER_GROUP + col];
-        }
-        out[c] = t;
-    }
-}
-//#else
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let cw = p.cols / W;
@@ -119,4 +89,3 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     out[chunk * cw + c] = s;
 }
-//#endif

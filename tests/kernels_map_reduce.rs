@@ -297,6 +297,99 @@ fn column_sums_match_and_repeat() {
     finish(&rt);
 }
 
+/// Sums held back to share a launch (`kernels::col_sums`): several of them, of other
+/// shapes, lanes, strided outputs and alpha/beta, are recorded as one and equal the sums
+/// in the documented order; a launch that reads a held output, or one that writes a
+/// held part, waits for them; an allocation that would raise the peak records them
+/// first, so what they hold is freed and the peak does not grow.
+#[test]
+fn held_sums_share_launches_and_are_settled_before_use() {
+    use wgtrain_engine::kernels::col_sums::{self, Sum};
+    let rt = runtime();
+    let mut rng = Rng(77);
+    // (parts, len, n, d_rs, lanes, alpha, beta)
+    let cases = [
+        (3, 40, 40, 40, 1, 1.0, 0.0),
+        (130, 12, 12, 12, 16, 1.0, 0.0),
+        (70, 9, 3, 5, 64, 0.5, 1.0),
+        (2, 1030, 10, 16, 1, 2.0, -1.0),
+        (1, 7, 7, 7, 4, 1.0, 0.0),
+        (513, 300, 300, 300, 256, 1.0, 0.5),
+    ];
+    let mut made = Vec::new();
+    for &(parts, len, n, d_rs, lanes, alpha, beta) in &cases {
+        let s_rs = len + 3;
+        let src_v = rng.vec(2 + parts * s_rs, -1.0, 1.0);
+        let src = upload(&rt, &src_v, &[src_v.len()], DType::F32);
+        let rows = len / n;
+        let dst_v = rng.vec(1 + rows * d_rs, -1.0, 1.0);
+        let dst = upload(&rt, &dst_v, &[dst_v.len()], DType::F32);
+        // The documented order, in f32: lane l sums parts l, l + lanes, ... in order, then
+        // the lanes in order.
+        let mut want = dst_v.clone();
+        for i in 0..len {
+            let mut t = 0.0f32;
+            for l in 0..lanes {
+                let mut s = 0.0f32;
+                let mut z = l;
+                while z < parts {
+                    s += src_v[2 + z * s_rs + i];
+                    z += lanes;
+                }
+                t += s;
+            }
+            let at = 1 + (i / n) * d_rs + i % n;
+            want[at] = alpha * t + if beta != 0.0 { beta * dst_v[at] } else { 0.0 };
+        }
+        let sum = Sum {
+            src,
+            s_off: 2,
+            s_rs,
+            parts,
+            lanes,
+            len,
+            n,
+            dst: dst.clone(),
+            d_off: 1,
+            d_rs,
+            alpha,
+            beta,
+        };
+        col_sums::defer(&rt, sum).unwrap();
+        made.push((dst, want));
+    }
+    for (k, (dst, want)) in made.iter().enumerate() {
+        let got = dst.to_f32_vec(&rt).unwrap();
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "sum {k}, element {i}: {g} against {w}");
+        }
+    }
+    // A held sum's output read by a launch: the launch waits for it (2 x the sums).
+    let data = rng.vec(700 * 20, -1.0, 1.0);
+    let x = upload(&rt, &data, &[700, 20], DType::F32);
+    let db = sum_rows(&rt, &x, Category::Temporary, "db").unwrap();
+    let twice = Tensor::empty(&rt, &[20], DType::F32, Category::Temporary, "2db").unwrap();
+    map_into(&rt, MapOp::Add, Some(&db), Some(&db), &twice, 1.0, 0.0).unwrap();
+    let want: Vec<f64> = (0..20)
+        .map(|c| 2.0 * (0..700).map(|r| data[r * 20 + c] as f64).sum::<f64>())
+        .collect();
+    assert_close(&rt, "twice the held sums", &twice, &want, 700);
+    // An allocation that would raise the peak records held sums first: their partials
+    // (11 chunks of 20 columns) are freed before it.
+    let db = sum_rows(&rt, &x, Category::Temporary, "db").unwrap();
+    rt.alloc.reset_peaks();
+    let before = rt.alloc.stats().allocated.current;
+    let big = Tensor::empty(&rt, &[1 << 16], DType::F32, Category::Temporary, "big").unwrap();
+    let after = rt.alloc.stats().allocated.current;
+    assert!(
+        after < before + big.block().size(),
+        "the held partials were freed before the allocation ({before} -> {after})"
+    );
+    let want: Vec<f64> = (0..20).map(|c| (0..700).map(|r| data[r * 20 + c] as f64).sum::<f64>()).collect();
+    assert_close(&rt, "the settled sums", &db, &want, 700);
+    finish(&rt);
+}
+
 fn softmax_ref(row: &[f64], visible: usize, log: bool) -> Vec<f64> {
     let m = row[..visible].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let s: f64 = row[..visible].iter().map(|v| (v - m).exp()).sum();

@@ -646,6 +646,9 @@ impl Tape {
                 }
             }
         }
+        // Sums held back to share launches (`kernels::col_sums`) are recorded by the end
+        // of backward, so what they hold is freed where the estimate expects.
+        rt.settle()?;
         Ok(grads)
     }
 

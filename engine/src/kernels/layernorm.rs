@@ -2,10 +2,11 @@
 //! (shaders/layernorm.wgsl: RMSNorm is its variant without centering and bias).
 //! Weights, biases and statistics are f32; activations f32 or f16.
 //!
-//! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::{col_sums, common}`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
+use super::col_sums;
 use super::common::{WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use crate::error::Error;
 use crate::memory::Category;
@@ -16,10 +17,12 @@ const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
 /// Columns a workgroup of the one-pass weight gradients takes (U in the shader).
 const WEIGHT_COLS: usize = 8;
 /// Rows a workgroup of the backward with partials takes (R in the shader), the widest
-/// rows it takes (PART_COLS), and the columns a workgroup of their sums takes (SUM_COLS).
+/// rows it takes (PART_COLS), and the lanes summing each column of the partials
+/// (`kernels::col_sums`; as many as the pass it replaced had, so the sums are the same
+/// bits).
 const PART_ROWS: usize = 8;
 const PART_COLS: usize = 1024;
-const SUM_COLS: usize = 4;
+const SUM_LANES: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -49,7 +52,8 @@ impl Norm {
 }
 
 /// The template values of one variant (mode 0 forward, 1 input grad, 2 weight grads in
-/// one pass, 4 input grad with each chunk's weight-grad partials, 3 their sums).
+/// one pass, 4 input grad with each chunk's weight-grad partials, whose sums are
+/// `kernels::col_sums`').
 pub fn variant(mode: u32, dtype: DType, norm: Norm) -> Vec<(&'static str, String)> {
     variant_out(mode, dtype, dtype, norm)
 }
@@ -319,12 +323,27 @@ fn backward_norm(
             &[x, w, dy, &dx, mean, rstd, &parts, so_far],
             grid(chunks as u32),
         )?;
-        run(
-            3,
-            ("dw sums", ""),
-            &[x, w, dy, &dx, &parts, rstd, dw, db],
-            grid(cols.div_ceil(SUM_COLS) as u32),
-        )?;
+        // The partials' sums, held back to go with other sums (`kernels::col_sums`):
+        // weights and biases interleave by chunk, [chunk][2][cols].
+        for (half, out) in [(0, dw), (1, db)] {
+            col_sums::defer(
+                rt,
+                col_sums::Sum {
+                    src: parts.clone(),
+                    s_off: half * cols,
+                    s_rs: 2 * cols,
+                    parts: chunks,
+                    lanes: SUM_LANES,
+                    len: cols,
+                    n: cols,
+                    dst: out.clone(),
+                    d_off: out.offset(),
+                    d_rs: cols,
+                    alpha: 1.0,
+                    beta: 0.0,
+                },
+            )?;
+        }
         return Ok(dx);
     }
     let (mean, rstd) = (&saved.mean, &saved.rstd);

@@ -10,6 +10,7 @@
 //! May call: `error`, `kernels::common`, `kernels::matmul_coop`,
 //! `kernels::matmul_params`, `kernels::matmul_plan`, `memory`, `runtime`, `tensor`.
 
+use super::col_sums;
 use super::common::{ACTIVATIONS, check_tensor, enables, require_f16};
 pub use super::matmul_params::{Activation, MatmulOptions, SimtTile};
 use super::matmul_params::{COMMON, Load, Params, SLICED};
@@ -216,6 +217,29 @@ pub fn launch(rt: &Runtime, plan: &MatmulPlan, a: &Tensor, b: &Tensor, c: &Tenso
         ..plan.first
     };
     launch_product(rt, &plan.kernel, &first, a, b, &parts, None, splits as u32)?;
+    if plan.tc == DType::F32 && plan.activation == Activation::Identity && opts.bias.is_none() {
+        // A plain f32 sum (weight gradients) is held back to go with other sums
+        // (`kernels::col_sums`): the slices in order, then alpha and beta as the
+        // epilogue applies them.
+        let params = plan.params;
+        return col_sums::defer(
+            rt,
+            col_sums::Sum {
+                src: parts.clone(),
+                s_off: parts.offset(),
+                s_rs: m * n,
+                parts: splits,
+                lanes: 1,
+                len: m * n,
+                n,
+                dst: c.clone(),
+                d_off: params.c_off as usize,
+                d_rs: params.c_rs as usize,
+                alpha: params.alpha,
+                beta: params.beta,
+            },
+        );
+    }
     // Four elements a thread where a row's quads are aligned in C and in the partials.
     let params = plan.params;
     let quads = n.is_multiple_of(4) && parts.offset() == 0 && params.c_off.is_multiple_of(4) && params.c_rs.is_multiple_of(4);

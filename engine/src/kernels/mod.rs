@@ -14,6 +14,7 @@ pub mod attention;
 pub mod attention_plan;
 pub mod batchnorm;
 pub mod blockwise;
+pub mod col_sums;
 pub mod common;
 pub mod conv;
 pub mod cross_entropy;

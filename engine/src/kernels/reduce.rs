@@ -2,10 +2,11 @@
 //! mean, max, accumulating in f32; and column sums over rows (shaders/sum_rows.wgsl,
 //! bias gradients). Results are f32.
 //!
-//! May call: `error`, `kernels::common`, `kernels::map`, `memory`, `runtime`, `tensor`.
+//! May call: `error`, `kernels::{col_sums, common}`, `kernels::map`, `memory`, `runtime`, `tensor`.
 
 use bytemuck::{Pod, Zeroable};
 
+use super::col_sums;
 use super::common::{ACTIVATIONS, WORKGROUP_REDUCE, check_contiguous, check_tensor, enables, require_f16};
 use super::map::MapOp;
 use crate::error::Error;
@@ -142,7 +143,8 @@ const SUM_ROWS: &str = include_str!("../../../shaders/sum_rows.wgsl");
 /// Rows a chunk of [`sum_rows`] takes (ROW_CHUNK in shaders/sum_rows.wgsl).
 const ROW_CHUNK: usize = 64;
 
-/// Invocations summing each column's partials (LANES in shaders/sum_rows.wgsl).
+/// Lanes summing each column's partials (`kernels::col_sums`; as many as the pass it
+/// replaced had, so the sums are the same bits).
 const SUM_LANES: usize = 16;
 
 /// The derivative's function (shaders/activations.wgsl) of an activation's backward op.
@@ -160,7 +162,6 @@ fn derivative(op: MapOp) -> Result<&'static str, Error> {
 /// type, and summing x times the derivative `act` (an activation's backward op) at a
 /// pre-activation of its type.
 pub fn sum_rows_variant(
-    mode: u32,
     dtype: DType,
     copy: Option<DType>,
     act: Option<(MapOp, DType)>,
@@ -178,7 +179,6 @@ pub fn sum_rows_variant(
     types.extend(act.map(|a| a.1));
     Ok(vec![
         ("ENABLE", enables(&types)),
-        ("SUMS", (mode == 1).to_string()),
         ("COPY", copy.is_some().to_string()),
         ("ACT", act.is_some().to_string()),
         ("ACT_GRAD", act.map_or(Ok("gelu_grad"), |a| derivative(a.0))?.to_string()),
@@ -316,7 +316,7 @@ fn sum_rows_fused(
             let vec = if width == 4 { " vec4" } else { "" };
             format!("sum_rows partials {}{vec}{act}{copy}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(0, x.dtype(), copy_t, act_t, width)?),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(x.dtype(), copy_t, act_t, width)?),
     )?;
     // One chunk: the partials are the sums.
     let part = if chunks == 1 {
@@ -335,18 +335,23 @@ fn sum_rows_fused(
     if chunks == 1 {
         return Ok(out);
     }
-    let second = rt.kernel(
-        KernelKey::new("sum_rows", &[1, DType::F32 as u32]),
-        2,
-        || format!("sum_rows sums {}", DType::F32.wgsl()),
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(1, DType::F32, None, None, 1)?),
-    )?;
-    let params = SumRowsParams { x_offset: 0, ..params };
-    rt.launch(
-        &second,
-        bytemuck::bytes_of(&params),
-        &[&part, &out],
-        grid(cols.div_ceil(256 / SUM_LANES) as u32),
+    // The chunks' sums, held back to go with other sums (`kernels::col_sums`).
+    col_sums::defer(
+        rt,
+        col_sums::Sum {
+            src: part,
+            s_off: 0,
+            s_rs: cols,
+            parts: chunks,
+            lanes: SUM_LANES,
+            len: cols,
+            n: cols,
+            dst: out.clone(),
+            d_off: 0,
+            d_rs: cols,
+            alpha: 1.0,
+            beta: 0.0,
+        },
     )?;
     Ok(out)
 }

@@ -4,7 +4,7 @@
 //! May call: `error`, `kernels::cross_entropy`, `kernels::embedding`,
 //! `kernels::flash_attention`, `kernels::flash_attention_coop`, `kernels::flash_attention_tiled`,
 //! `kernels::layernorm`, `kernels::map`, `kernels::matmul`, `kernels::matmul_coop`,
-//! `kernels::{optim, optim_multi}`, `kernels::reduce`, `kernels::{batchnorm, conv, pool}`, `kernels::softmax`, `runtime`, `tensor`.
+//! `kernels::{optim, optim_multi}`, `kernels::{col_sums, reduce}`, `kernels::{batchnorm, conv, pool}`, `kernels::softmax`, `runtime`, `tensor`.
 
 use super::attention_plan::{LaneKernel, Mode, Path};
 use super::flash_attention_coop::{self, AttentionTile, CoopMode};
@@ -156,7 +156,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
     }
-    for mode in 0..5 {
+    for mode in [0, 1, 2, 4] {
         for t in floats {
             for norm in [super::layernorm::Norm::Layer, super::layernorm::Norm::Rms] {
                 push(
@@ -285,17 +285,19 @@ pub fn all() -> Result<Vec<Variant>, Error> {
                     &mut out,
                     "sum_rows",
                     include_str!("../../../shaders/sum_rows.wgsl"),
-                    super::reduce::sum_rows_variant(0, t, copy, act, width)?,
+                    super::reduce::sum_rows_variant(t, copy, act, width)?,
                 )?;
             }
         }
     }
-    push(
-        &mut out,
-        "sum_rows",
-        include_str!("../../../shaders/sum_rows.wgsl"),
-        super::reduce::sum_rows_variant(1, DType::F32, None, None, 1)?,
-    )?;
+    for jobs in 1..=super::col_sums::MAX_JOBS {
+        push(
+            &mut out,
+            "col_sums",
+            include_str!("../../../shaders/col_sums.wgsl"),
+            super::col_sums::variant(jobs),
+        )?;
+    }
     // The cooperative matmul: every operand load with the default tile, and every
     // candidate tile with the common loads, with and without bounds checks.
     let loads: Vec<Load> = [false, true]

@@ -511,6 +511,12 @@ impl Allocator {
         self.shared.pool().stats()
     }
 
+    /// Whether a request of `bytes` would raise the peak of allocated bytes.
+    pub fn would_raise_peak(&self, bytes: u64) -> bool {
+        let pool = self.shared.pool();
+        pool.stats.allocated.current + pool.block_size_for(bytes) > pool.stats.allocated.peak
+    }
+
     /// Sets peaks to current values.
     pub fn reset_peaks(&self) {
         self.shared.pool().reset_peaks();

@@ -60,6 +60,25 @@ pub trait Bound {
     fn block(&self) -> &Block;
 }
 
+/// Launches held back so that several are recorded as one (the column sums of
+/// `kernels::col_sums`): the runtime records them before any launch that binds a block
+/// they read or write, before any transfer, read or wait, and when asked
+/// ([`Runtime::settle`]). What they hold stays allocated until then, on the dry run as on
+/// the device, so the estimate sees the same peak.
+pub trait Deferred: Send {
+    /// Whether `block` overlaps a block the held launches read or write.
+    fn touches(&self, block: &Block) -> bool;
+    /// Records the held launches (the runtime has taken them out of its slot).
+    fn record(self: Box<Self>, rt: &Runtime) -> Result<(), Error>;
+    /// For [`Runtime::defer`]'s look at its own kind.
+    fn as_any(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// Whether blocks `a` and `b` share a byte of one page.
+pub fn overlap(a: &Block, b: &Block) -> bool {
+    a.page() == b.page() && a.offset() < b.offset() + b.size() && b.offset() < a.offset() + a.size()
+}
+
 /// Variants forced for benchmarks and tests, through the runtime (never the
 /// environment): production runs leave them empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,6 +100,9 @@ pub struct Runtime {
     timestamps: bool,
     profiling: std::sync::atomic::AtomicBool,
     overrides: KernelOverrides,
+    deferred: Mutex<Option<Box<dyn Deferred>>>,
+    // Whether `deferred` holds anything (read at every launch without the lock).
+    holding: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -132,6 +154,8 @@ impl Runtime {
             recorder: Mutex::new(recorder),
             profiling: std::sync::atomic::AtomicBool::new(false),
             overrides: KernelOverrides::default(),
+            deferred: Mutex::new(None),
+            holding: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -186,6 +210,7 @@ impl Runtime {
         if groups.contains(&0) {
             return Ok(());
         }
+        self.settle_touching(blocks)?;
         let bindings: [wgpu::BufferBinding<'_>; MAX_STORAGE_BINDINGS] =
             std::array::from_fn(|i| blocks[i.min(blocks.len() - 1)].block().binding());
         // Only while profiling: the written tensor's label and the work (a pool lookup).
@@ -217,6 +242,8 @@ impl Runtime {
         if groups.contains(&0) {
             return Ok(());
         }
+        // Raw ranges are not blocks: whatever is held goes first.
+        self.settle()?;
         let meta = self.profiling.load(std::sync::atomic::Ordering::Relaxed).then(|| LaunchMeta {
             label: None,
             work: Work { flops: 0.0, bytes: 0.0 },
@@ -225,13 +252,74 @@ impl Runtime {
         Ok(())
     }
 
-    /// Submits what has been recorded.
+    /// Submits what has been recorded (held launches stay held: see [`Deferred`]).
     pub fn flush(&self) {
         self.recorder().submit();
     }
 
+    fn deferred_slot(&self) -> MutexGuard<'_, Option<Box<dyn Deferred>>> {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds a launch back: `f` gets this runtime's held launches of kind `D` (made by
+    /// `Default` when none are held; held launches of another kind are recorded first)
+    /// and says whether they are to be recorded now (say, when they are as many as one
+    /// launch takes).
+    pub fn defer<D: Deferred + Default + 'static>(&self, f: impl FnOnce(&mut D) -> Result<bool, Error>) -> Result<(), Error> {
+        let mut slot = self.deferred_slot();
+        if slot.as_mut().is_some_and(|d| d.as_any().downcast_mut::<D>().is_none()) {
+            drop(slot);
+            self.settle()?;
+            slot = self.deferred_slot();
+        }
+        let held = slot.get_or_insert_with(|| Box::new(D::default()));
+        self.holding.store(true, std::sync::atomic::Ordering::Relaxed);
+        let now = f(held.as_any().downcast_mut::<D>().expect("the slot holds D"))?;
+        drop(slot);
+        if now { self.settle() } else { Ok(()) }
+    }
+
+    /// Records the launches held back (see [`Deferred`]) if they read or write any of
+    /// `blocks`.
+    pub fn settle_touching<T: Bound>(&self, blocks: &[&T]) -> Result<(), Error> {
+        if self.holding.load(std::sync::atomic::Ordering::Relaxed) {
+            let touched = self
+                .deferred_slot()
+                .as_ref()
+                .is_some_and(|d| blocks.iter().any(|b| d.touches(b.block())));
+            if touched {
+                self.settle()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the launches held back before an allocation of `bytes` that would raise
+    /// the peak, so that what they hold never does (the peak is the one it would be
+    /// without holding, on the device and in the estimate alike).
+    pub fn settle_before_alloc(&self, bytes: u64) -> Result<(), Error> {
+        if self.holding.load(std::sync::atomic::Ordering::Relaxed) && self.alloc.would_raise_peak(bytes) {
+            self.settle()?;
+        }
+        Ok(())
+    }
+
+    /// Records the launches held back (see [`Deferred`]), if any.
+    pub fn settle(&self) -> Result<(), Error> {
+        if !self.holding.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let held = self.deferred_slot().take();
+        self.holding.store(false, std::sync::atomic::Ordering::Relaxed);
+        match held {
+            Some(d) => d.record(self),
+            None => Ok(()),
+        }
+    }
+
     /// Submits and waits for the device to finish.
     pub fn sync(&self) -> Result<(), Error> {
+        self.settle()?;
         let mut recorder = self.recorder();
         recorder.submit();
         recorder.wait()
@@ -240,6 +328,7 @@ impl Runtime {
     /// Writes `bytes` (a multiple of 4) at `byte_offset` of `block`, after what is
     /// recorded (see the module's ordering).
     pub fn write(&self, block: &Block, byte_offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.settle()?;
         self.flush();
         Ok(block.write(byte_offset, bytes)?)
     }
@@ -286,6 +375,7 @@ impl Runtime {
         dry: impl FnOnce() -> T,
         run: impl FnOnce(&[(&wgpu::Buffer, u64, u64)]) -> Result<T, DeviceError>,
     ) -> Result<T, Error> {
+        self.settle()?;
         self.flush();
         if !self.runs_kernels() {
             return Ok(dry());
@@ -320,6 +410,7 @@ impl Runtime {
 
     /// Reads `block`'s requested bytes back, after what is recorded.
     pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
+        self.settle()?;
         self.flush();
         Ok(block.read()?)
     }
@@ -343,6 +434,7 @@ impl Runtime {
     /// Submits, waits, and returns every launch timed since the last call, in order,
     /// with the host's phase spans.
     pub fn collect_profile(&self) -> Result<StepTrace, Error> {
+        self.settle()?;
         self.recorder().collect_profile()
     }
 
@@ -374,6 +466,7 @@ impl Runtime {
     /// [`Runtime::start_meter`] (the union of the passes' spans; none when not metering
     /// or when a step opened more passes than the meter holds); stops metering.
     pub fn take_meter(&self) -> Result<Option<f64>, Error> {
+        self.settle()?;
         self.recorder().take_meter()
     }
 
@@ -389,7 +482,7 @@ impl Runtime {
         self.sync()?;
         let start = std::time::Instant::now();
         self.recorder().begin_timing();
-        let result = f();
+        let result = f().and_then(|()| self.settle());
         let elapsed = self.recorder().end_timing();
         result?;
         Ok(match elapsed? {

@@ -11,6 +11,6 @@ pub mod profile;
 pub mod record;
 
 pub use cache::{Kernel, KernelKey, PARAM_SLOT, render, repeat_marked};
-pub use launch::{Bound, KernelOverrides, MAX_GROUPS_X, Runtime, grid};
+pub use launch::{Bound, Deferred, KernelOverrides, MAX_GROUPS_X, Runtime, grid, overlap};
 pub use profile::{HostSpan, LaunchRecord, StepTrace, Work};
 pub use record::RING_SLOTS;

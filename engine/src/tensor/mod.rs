@@ -48,6 +48,7 @@ impl Tensor {
     /// An uninitialised contiguous tensor.
     pub fn empty(rt: &Runtime, shape: &[usize], dtype: DType, category: Category, label: &str) -> Result<Tensor, Error> {
         let bytes = (numel(shape) * dtype.size()) as u64;
+        rt.settle_before_alloc(bytes)?;
         if rt.alloc.debug() {
             // The guard fill is a queue write: it must not overtake recorded launches
             // that still use a freed block this allocation may reuse (see `kernels`).
