@@ -7,8 +7,9 @@
 // for i < len, s the sum over parts z < parts of src[s_off + z * s_rs + i], formed as the
 // second passes it replaces form it (the same bits): LANES invocations an element, lane
 // l summing parts l, l + LANES, ... in order, then the lanes added in lane order (LANES 1:
-// every part in order, as a split product's sum does). A workgroup takes 256 / LANES
-// elements of one job; job j's workgroups start at its `first`.
+// every part in order, as a split product's sum does, with no lanes to add). A workgroup
+// takes 256 / LANES elements of one job (1024 with one lane, four an invocation); job j's
+// workgroups start at its `first`.
 // Template: JOBS (1..), BINDINGS (two a job), SELECT (the cases naming each job's
 // bindings).
 
@@ -58,6 +59,16 @@ fn store(j: u32, i: u32, v: f32) {
 
 var<workgroup> lane_sums: array<f32, 256>;
 
+// Element i's sum t through alpha and beta into job j's output.
+fn finish(j: u32, job: Job, i: u32, t: f32) {
+    let at = job.d_off + (i / job.n) * job.d_rs + i % job.n;
+    var v = job.alpha * t;
+    if job.beta != 0.0 {
+        v += job.beta * load_dst(j, at);
+    }
+    store(j, at, v);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let g = wid.x + wid.y * nwg.x;
@@ -69,6 +80,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
     }
     let job = p.job[j];
+    if job.lanes == 1u {
+        // One lane: no lanes to add (t = s), four elements an invocation, 256 apart.
+        for (var k = 0u; k < 4u; k++) {
+            let i = (g - job.first) * 1024u + k * 256u + lid.x;
+            if i < job.len {
+                var s = 0.0;
+                for (var z = 0u; z < job.parts; z++) {
+                    s += load(j, job.s_off + z * job.s_rs + i);
+                }
+                finish(j, job, i, s);
+            }
+        }
+        return;
+    }
     let per = 256u / job.lanes;
     let e = lid.x % per;
     let lane = lid.x / per;
@@ -86,11 +111,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var l = 0u; l < job.lanes; l++) {
             t += lane_sums[l * per + e];
         }
-        let at = job.d_off + (i / job.n) * job.d_rs + i % job.n;
-        var v = job.alpha * t;
-        if job.beta != 0.0 {
-            v += job.beta * load_dst(j, at);
-        }
-        store(j, at, v);
+        finish(j, job, i, t);
     }
 }

@@ -107,7 +107,8 @@ impl Sum {
     }
 
     fn workgroups(&self) -> usize {
-        self.len.div_ceil(256 / self.lanes)
+        // One lane: four elements an invocation (shaders/col_sums.wgsl).
+        self.len.div_ceil(if self.lanes == 1 { 1024 } else { 256 / self.lanes })
     }
 }
 

@@ -337,7 +337,10 @@ impl Runtime {
     /// recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download(&self, ranges: &[(&Block, u64, u64)]) -> Result<Download, Error> {
         let len = ranges.iter().map(|r| r.2).sum();
-        self.copy(ranges, || Download::zeros(len), |r| self.gpu.download(r))
+        let download = self.copy(ranges, || Download::zeros(len), |r| self.gpu.download(r));
+        // A download is waited for: the device goes idle (see `record::SUBMIT_FIRST`).
+        self.recorder().idle();
+        download
     }
 
     /// Starts copying byte ranges (block, offset, length) into a host vector, straight
@@ -345,7 +348,9 @@ impl Runtime {
     /// what is recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download_host(&self, ranges: &[(&Block, u64, u64)]) -> Result<HostDownload, Error> {
         let len = (ranges.iter().map(|r| r.2).sum::<u64>() / 4) as usize;
-        self.copy(ranges, || HostDownload::zeros(len), |r| self.gpu.download_host(r))
+        let download = self.copy(ranges, || HostDownload::zeros(len), |r| self.gpu.download_host(r));
+        self.recorder().idle();
+        download
     }
 
     /// A host vector of `len` values this runtime's device copies into and out of
@@ -412,6 +417,7 @@ impl Runtime {
     pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
         self.settle()?;
         self.flush();
+        self.recorder().idle();
         Ok(block.read()?)
     }
 

@@ -6,7 +6,8 @@
 //! The parameter ring: each launch's parameters take the next [`PARAM_SLOT`]-byte slot of
 //! a host copy of the ring; the used part of the ring is written to the device once per
 //! submission, just before it (a queue write lands before the submission that follows
-//! it). The encoder is submitted every [`SUBMIT_EVERY`] launches (and at a flush), each
+//! it). The encoder is submitted every [`SUBMIT_EVERY`] launches (sooner after a wait:
+//! [`SUBMIT_FIRST`]) and at a flush, each
 //! submission writing only its own slots; after [`RING_SLOTS`] launches the ring starts
 //! over.
 //!
@@ -37,6 +38,11 @@ pub const RING_SLOTS: u64 = 1024;
 /// Launches recorded before the encoder is submitted: the device starts on them while
 /// the host records the rest of the step, instead of idling until a read-back.
 pub const SUBMIT_EVERY: u64 = 64;
+/// After the host has waited for the device (a read-back: the device is idle), the first
+/// submission comes after this many launches and each next one after twice as many, up
+/// to [`SUBMIT_EVERY`]: the device starts on a step's first launches while the host
+/// records the rest, instead of idling for 64 launches' recording.
+pub const SUBMIT_FIRST: u64 = 4;
 
 /// What timing a span of launches gave.
 pub enum Elapsed {
@@ -87,6 +93,8 @@ pub trait Recorder: Send {
     }
     /// Submits what has been recorded.
     fn submit(&mut self);
+    /// The host has waited for the device, which is idle now (see [`SUBMIT_FIRST`]).
+    fn idle(&mut self) {}
     /// Waits for the device to finish what was submitted.
     fn wait(&mut self) -> Result<(), Error>;
     /// Starts timing the launches recorded from now on.
@@ -115,6 +123,8 @@ pub struct DeviceRecorder {
     /// The busy meter (made at its first use) and whether it is on.
     meter: Option<BusyMeter>,
     metering: bool,
+    /// Launches the next submission waits for (see [`SUBMIT_FIRST`]).
+    batch: u64,
 }
 
 impl DeviceRecorder {
@@ -159,6 +169,7 @@ impl DeviceRecorder {
             profiler: None,
             meter: None,
             metering: false,
+            batch: SUBMIT_FIRST,
         }
     }
 
@@ -257,7 +268,7 @@ impl Recorder for DeviceRecorder {
                 self.pass = Some(pass);
             }
         }
-        if self.slot - self.written >= SUBMIT_EVERY {
+        if self.slot - self.written >= self.batch {
             self.submit();
         }
     }
@@ -270,6 +281,7 @@ impl Recorder for DeviceRecorder {
                 self.gpu.queue.write_buffer(&self.params, from as u64, &self.staged[from..to]);
             }
             self.gpu.queue.submit([encoder.finish()]);
+            self.batch = (2 * self.batch).min(SUBMIT_EVERY);
         }
         self.written = self.slot;
         if self.slot == RING_SLOTS {
@@ -279,7 +291,12 @@ impl Recorder for DeviceRecorder {
     }
 
     fn wait(&mut self) -> Result<(), Error> {
+        self.idle();
         Ok(self.gpu.wait()?)
+    }
+
+    fn idle(&mut self) {
+        self.batch = SUBMIT_FIRST;
     }
 
     fn begin_timing(&mut self) {
