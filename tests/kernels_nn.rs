@@ -628,6 +628,53 @@ fn cross_entropy_is_stable_and_its_gradient_matches_in_place() {
     assert_close(&rt, "ce loss (fused)", &losses, &loss_ref, v);
     assert_close(&rt, "ce dlogits in place", &lt, &grad_ref, v);
     assert!(cross_entropy::cross_entropy_rows(&rt, &lt, &tt, &losses, None, 0.0, 0..n + 1).is_err());
+    // Rows padded to 304 (the four-wide loads; the padding holds NaN, which must not
+    // reach a loss or a gradient), in place and into f16, with targets in the last,
+    // partial four.
+    let ld = 304;
+    let mut targets = targets.clone();
+    targets[0] = (v - 1) as i32;
+    targets[1] = 0;
+    let tt = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
+    let (mut loss_ref, mut grad_ref) = (vec![0.0; n], vec![0.0; n * v]);
+    for r in 0..n {
+        let row: Vec<f64> = logits[r * v..(r + 1) * v].iter().map(|&x| x as f64).collect();
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
+        if targets[r] < 0 {
+            continue;
+        }
+        let t = targets[r] as usize;
+        loss_ref[r] = s.ln() + m - row[t];
+        for j in 0..v {
+            grad_ref[r * v + j] = ((row[j] - m).exp() / s - if j == t { 1.0 } else { 0.0 }) * scale;
+        }
+    }
+    let mut padded = vec![f32::NAN; n * ld];
+    for r in 0..n {
+        padded[r * ld..r * ld + v].copy_from_slice(&logits[r * v..(r + 1) * v]);
+    }
+    let dtypes = if rt.gpu.caps.shader_f16 {
+        vec![DType::F32, DType::F16]
+    } else {
+        vec![DType::F32]
+    };
+    for dt in dtypes {
+        let lp = Tensor::from_f32(&rt, &padded, &[n, ld], Category::Other, "padded").unwrap();
+        let view = lp.slice(1, 0, v).unwrap();
+        let grad = if dt == DType::F16 {
+            Tensor::empty(&rt, &[n, ld], DType::F16, Category::Other, "dlogits")
+                .unwrap()
+                .slice(1, 0, v)
+                .unwrap()
+        } else {
+            view.clone()
+        };
+        cross_entropy::cross_entropy_rows(&rt, &view, &tt, &losses, Some(&grad), scale as f32, 0..n).unwrap();
+        assert_close(&rt, &format!("ce loss, padded rows, {dt} gradient"), &losses, &loss_ref, v);
+        let got = grad.contiguous(&rt).unwrap();
+        assert_close(&rt, &format!("ce dlogits, padded rows, {dt}"), &got, &grad_ref, v);
+    }
     finish(&rt);
 }
 

@@ -28,13 +28,14 @@ struct Params {
 }
 
 /// The template values of one variant.
-pub fn variant(dtype: DType, backward: bool, grad: DType) -> Vec<(&'static str, String)> {
+pub fn variant(dtype: DType, backward: bool, grad: DType, vec: bool) -> Vec<(&'static str, String)> {
     vec![
         ("WORKGROUP_REDUCE", WORKGROUP_REDUCE.into()),
         ("ENABLE", enables(&[dtype, grad])),
         ("T", dtype.wgsl().into()),
         ("TD", grad.wgsl().into()),
         ("BACKWARD", backward.to_string()),
+        ("VEC", vec.to_string()),
     ]
 }
 
@@ -114,10 +115,20 @@ pub fn cross_entropy_rows_smoothed(
     if logits.offset() != 0 || targets.offset() != 0 || losses.offset() != 0 || dlogits.is_some_and(|d| d.offset() != 0) {
         return Err(Error::shape("cross_entropy", "whole tensors (offset 0)", "a view at an offset"));
     }
+    let ld = ld.max(v);
+    // Four elements a load where every row starts on a multiple of four and the blocks
+    // hold each row's last four (the rows' padding, read and masked off).
+    let reach = (n.max(1) - 1) * ld + v.next_multiple_of(4);
+    let vec = ld.is_multiple_of(4) && reach <= logits.capacity() && dlogits.is_none_or(|d| reach <= d.capacity());
     let kernel = rt.kernel(
         KernelKey::new(
             "cross_entropy",
-            &[logits.dtype() as u32, u32::from(dlogits.is_some()), grad_type as u32],
+            &[
+                logits.dtype() as u32,
+                u32::from(dlogits.is_some()),
+                grad_type as u32,
+                u32::from(vec),
+            ],
         ),
         4,
         || {
@@ -126,9 +137,13 @@ pub fn cross_entropy_rows_smoothed(
                 Some(_) => " +backward".into(),
                 None => String::new(),
             };
-            format!("cross_entropy {}{backward}", logits.dtype().wgsl())
+            format!(
+                "cross_entropy {}{backward}{}",
+                logits.dtype().wgsl(),
+                if vec { " vec4" } else { "" }
+            )
         },
-        || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some(), grad_type)),
+        || render("cross_entropy", SOURCE, &variant(logits.dtype(), dlogits.is_some(), grad_type, vec)),
     )?;
     let params = Params {
         rows: rows.len() as u32,
@@ -136,7 +151,7 @@ pub fn cross_entropy_rows_smoothed(
         row_offset: rows.start as u32,
         ignore_index: IGNORE_INDEX,
         grad_scale,
-        ld: ld.max(v) as u32,
+        ld: ld as u32,
         smoothing,
         pad: 0,
     };

@@ -196,12 +196,14 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             }
         }
         for (backward, td) in [(false, t), (true, t), (true, DType::F16)] {
-            push(
-                &mut out,
-                "cross_entropy",
-                include_str!("../../../shaders/cross_entropy.wgsl"),
-                super::cross_entropy::variant(t, backward, td),
-            )?;
+            for vec in [false, true] {
+                push(
+                    &mut out,
+                    "cross_entropy",
+                    include_str!("../../../shaders/cross_entropy.wgsl"),
+                    super::cross_entropy::variant(t, backward, td, vec),
+                )?;
+            }
         }
         for mode in 0..5 {
             push(

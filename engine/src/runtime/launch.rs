@@ -337,6 +337,8 @@ impl Runtime {
     /// recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download(&self, ranges: &[(&Block, u64, u64)]) -> Result<Download, Error> {
         let len = ranges.iter().map(|r| r.2).sum();
+        self.settle()?;
+        self.recorder().before_read();
         let download = self.copy(ranges, || Download::zeros(len), |r| self.gpu.download(r));
         // A download is waited for: the device goes idle (see `record::SUBMIT_FIRST`).
         self.recorder().idle();
@@ -348,6 +350,8 @@ impl Runtime {
     /// what is recorded; finish it on any thread. A dry runtime's yields zeros.
     pub fn download_host(&self, ranges: &[(&Block, u64, u64)]) -> Result<HostDownload, Error> {
         let len = (ranges.iter().map(|r| r.2).sum::<u64>() / 4) as usize;
+        self.settle()?;
+        self.recorder().before_read();
         let download = self.copy(ranges, || HostDownload::zeros(len), |r| self.gpu.download_host(r));
         self.recorder().idle();
         download
@@ -416,6 +420,7 @@ impl Runtime {
     /// Reads `block`'s requested bytes back, after what is recorded.
     pub fn read(&self, block: &Block) -> Result<Vec<u8>, Error> {
         self.settle()?;
+        self.recorder().before_read();
         self.flush();
         self.recorder().idle();
         Ok(block.read()?)

@@ -149,6 +149,8 @@ pub struct BusyMeter {
     set: QuerySet,
     used: u32,
     overflow: bool,
+    /// Queries whose resolve is recorded already (by a read-back's submission).
+    resolved: u32,
 }
 
 impl BusyMeter {
@@ -158,6 +160,7 @@ impl BusyMeter {
             set: QuerySet::new(gpu, "wgtrain busy meter"),
             used: 0,
             overflow: false,
+            resolved: 0,
         }
     }
 
@@ -165,6 +168,7 @@ impl BusyMeter {
     pub fn clear(&mut self) {
         self.used = 0;
         self.overflow = false;
+        self.resolved = 0;
     }
 
     /// The timestamp writes of the next pass opened, or none when the set is full (the
@@ -184,16 +188,23 @@ impl BusyMeter {
     }
 
     /// Records the resolve of the passes metered (the caller submits it).
-    pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+    pub fn resolve(&mut self, encoder: &mut wgpu::CommandEncoder) {
         if self.used > 0 {
             self.set.resolve(encoder, self.used);
         }
+        self.resolved = self.used;
+    }
+
+    /// Whether passes were metered since the last resolve.
+    pub fn unresolved(&self) -> bool {
+        self.resolved != self.used
     }
 
     /// After the resolve ran: the union of the passes' spans in seconds (none when the
     /// set overflowed), and the meter emptied.
     pub fn take(&mut self, gpu: &Gpu) -> Result<Option<f64>, Error> {
         let (used, overflow) = (std::mem::take(&mut self.used), std::mem::take(&mut self.overflow));
+        self.resolved = 0;
         if overflow {
             return Ok(None);
         }

@@ -95,6 +95,9 @@ pub trait Recorder: Send {
     fn submit(&mut self);
     /// The host has waited for the device, which is idle now (see [`SUBMIT_FIRST`]).
     fn idle(&mut self) {}
+    /// A read-back is about to be submitted: while metering, the meter's resolve goes
+    /// with it, so that [`Recorder::take_meter`] after it has nothing to wait for.
+    fn before_read(&mut self) {}
     /// Waits for the device to finish what was submitted.
     fn wait(&mut self) -> Result<(), Error>;
     /// Starts timing the launches recorded from now on.
@@ -378,10 +381,24 @@ impl Recorder for DeviceRecorder {
         }
         self.submit();
         let Some(meter) = self.meter.as_mut() else { return Ok(None) };
-        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        meter.resolve(&mut encoder);
-        self.gpu.queue.submit([encoder.finish()]);
+        if meter.unresolved() {
+            let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+            meter.resolve(&mut encoder);
+            self.gpu.queue.submit([encoder.finish()]);
+        }
         meter.take(&self.gpu)
+    }
+
+    fn before_read(&mut self) {
+        if !self.metering || !self.meter.as_ref().is_some_and(BusyMeter::unresolved) {
+            return;
+        }
+        // The open pass ends here (a later launch opens and meters another).
+        self.encoder();
+        let encoder = self.encoder.as_mut().expect("just made");
+        if let Some(meter) = self.meter.as_mut() {
+            meter.resolve(encoder);
+        }
     }
 }
 

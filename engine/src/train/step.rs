@@ -136,8 +136,23 @@ impl Trainer {
         self.opt.step_scaled(&self.rt, &self.params, lr, Some(&found), 1.0 / scaler.scale)?;
         self.params.zero_grad();
         self.rt.phase("readback");
-        let loss = read_losses(&self.rt, &losses)?;
-        let skipped = found.to_f32_vec(&self.rt)?[0] != 0.0;
+        // The losses and the flag in one read-back: one wait for the device.
+        let mut ranges: Vec<(&crate::memory::Block, u64, u64)> = Vec::with_capacity(losses.len() + 1);
+        for (l, _) in &losses {
+            if l.dtype() != crate::tensor::DType::F32 || l.numel() != 1 {
+                return Err(Error::shape("loss", "one f32 value", format!("{:?} {}", l.shape(), l.dtype())).into());
+            }
+            ranges.push((l.block(), 4 * l.offset() as u64, 4));
+        }
+        ranges.push((found.block(), 4 * found.offset() as u64, 4));
+        let bytes = self.rt.download(&ranges)?.finish().map_err(Error::from)?;
+        let word = |i: usize| <[u8; 4]>::try_from(&bytes[4 * i..4 * i + 4]).expect("four bytes a value");
+        let loss = losses
+            .iter()
+            .enumerate()
+            .map(|(i, (_, weight))| f32::from_le_bytes(word(i)) as f64 * weight)
+            .sum::<f64>();
+        let skipped = u32::from_le_bytes(word(losses.len())) != 0;
         if skipped {
             self.opt.undo_skipped_step();
         }
