@@ -141,7 +141,10 @@ pub fn lm_head_cross_entropy(
     // adapters).
     let ld = v.next_multiple_of(8);
     let fits = (rt.alloc.config().max_page / (ld.max(1) as u64 * 4)).max(1) as usize;
-    let mut chunk = row_chunk.max(1).min(n.max(1)).min(fits);
+    // A small vocabulary takes more rows a chunk, up to SMALL_CHUNK_BYTES of f32 logits:
+    // a character model's 65-wide head took eleven chunks of eight launches each.
+    let small = (SMALL_CHUNK_BYTES / (ld.max(1) as u64 * 4)) as usize;
+    let mut chunk = row_chunk.max(small).max(1).min(n.max(1)).min(fits);
     let mixed = tape.half_matmuls();
     if grad {
         chunk = chunk_rows(&rt.gpu.caps.facts, chunk, n, ld, v, if mixed { None } else { Some(c) });
@@ -261,6 +264,10 @@ fn vocab_parts(v: usize) -> Vec<std::ops::Range<usize>> {
         vec![0..whole, whole..v]
     }
 }
+
+/// The f32 logits of one chunk of the head may take this much where `row_chunk` rows
+/// take less (a small vocabulary): the chunk then has more rows.
+const SMALL_CHUNK_BYTES: u64 = 16 << 20;
 
 /// Rows per chunk of the head with gradients: the chunk's blocks (f32 logits `ld`
 /// wide, under fp16-mixed (`f32_dh` None) also their f16 copy) must fit in the bytes of
