@@ -74,17 +74,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         var aw = vec4<f32>(0.0);
         var ab = vec4<f32>(0.0);
         for (var row = r0; row < r1; row++) {
-            backward_row(lid, row, f32(p.cols));
-            let base = row * p.cols;
-            let mu = mean[row];
-            let r = rstd[row];
+            let kept = backward_row_kept(lid, row, f32(p.cols));
             for (var k = 0u; k < 4u; k++) {
-                let j = lid + k * WG;
-                if j < p.cols {
-                    let g = f32(b_or_dy[base + j]);
-                    let xhat = (f32(x[base + j]) - mu) * r;
-                    aw[k] += g * xhat;
-                    ab[k] += g;
+                if lid + k * WG < p.cols {
+                    aw[k] += kept.dy[k] * kept.xhat[k];
+                    ab[k] += kept.dy[k];
                 }
             }
         }
@@ -143,6 +137,48 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if row >= p.rows { return; }
     let base = row * p.cols;
     let n = f32(p.cols);
+    if MODE == 0u && p.cols <= PART_COLS {
+        // Rows up to PART_COLS wide: each invocation keeps its (at most four) elements in
+        // registers between the passes (the sums and their order are the loop's below).
+        var xs: array<f32, 4>;
+        var s = 0.0;
+        for (var k = 0u; k < 4u; k++) {
+            let j = lid + k * WG;
+            if j < p.cols {
+                var e = f32(x[base + j]);
+                if RES {
+                    e += dw[base + j];
+                    db[base + j] = e;
+                }
+                xs[k] = e;
+                s += e;
+            }
+        }
+        var mu = 0.0;
+        if !RMS {
+            mu = workgroup_sum2(lid, s, 0.0).x / n;
+        }
+        var v = 0.0;
+        for (var k = 0u; k < 4u; k++) {
+            if lid + k * WG < p.cols {
+                let d = xs[k] - mu;
+                v += d * d;
+            }
+        }
+        let r = inverseSqrt(workgroup_sum2(lid, v, 0.0).x / n + p.eps);
+        for (var k = 0u; k < 4u; k++) {
+            let j = lid + k * WG;
+            if j < p.cols {
+                let shift = select(f32(b_or_dy[j]), 0.0, RMS);
+                y_or_dx[base + j] = {{TY}}((xs[k] - mu) * r * w[j] + shift);
+            }
+        }
+        if lid == 0u {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
+        return;
+    }
     if MODE == 0u {
         if RES {
             // Each invocation writes the elements it reads below.
@@ -172,7 +208,55 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         return;
     }
-    backward_row(lid, row, n);
+    if p.cols <= PART_COLS {
+        _ = backward_row_kept(lid, row, n);
+    } else {
+        backward_row(lid, row, n);
+    }
+}
+
+// An invocation's elements of a row (at most four) kept in registers: dy and xhat.
+struct Kept {
+    dy: array<f32, 4>,
+    xhat: array<f32, 4>,
+}
+
+// dx of one row up to PART_COLS wide, as `backward_row` forms it (the same sums in the
+// same order), each invocation reading its elements once; returns them for the weight
+// gradients' partials (every invocation of the workgroup calls it: it holds barriers).
+fn backward_row_kept(lid: u32, row: u32, n: f32) -> Kept {
+    let base = row * p.cols;
+    let mu = mean[row];
+    let r = rstd[row];
+    var kept: Kept;
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        let j = lid + k * WG;
+        if j < p.cols {
+            let dy = f32(b_or_dy[base + j]);
+            let xm = f32(x[base + j]) - mu;
+            let g = dy * w[j];
+            sg += g;
+            sgx += g * xm * r;
+            kept.dy[k] = dy;
+            kept.xhat[k] = xm * r;
+        }
+    }
+    var sums = workgroup_sum2(lid, sg, sgx) / n;
+    if RMS { sums.x = 0.0; }
+    for (var k = 0u; k < 4u; k++) {
+        let j = lid + k * WG;
+        if j < p.cols {
+            let g = kept.dy[k] * w[j];
+            var d = r * (g - sums.x - kept.xhat[k] * sums.y);
+            if ACC {
+                d = db[base + j] + d;
+            }
+            y_or_dx[base + j] = {{TY}}(d);
+        }
+    }
+    return kept;
 }
 
 // dx of one row (every invocation of the workgroup calls it: it holds barriers).
