@@ -147,13 +147,14 @@ fn train_profile_every_puts_the_kernel_table_in_profiled_lines() {
 /// machine. The count must not grow past its bound (925 before the multi-tensor
 /// optimizer and the fused casts, 507 after, 373 with the residual adds in the next
 /// LayerNorm's launch, LayerNorm's backward adding the gradient so far and writing its
-/// weight partials, and GELU's backward in c_fc's bias-sum pass; issue 43's target at
-/// full width is 450): a
+/// weight partials, and GELU's backward in c_fc's bias-sum pass, 358 with the second
+/// passes of the column sums and split products held back and recorded several to a
+/// launch; issue 43's target at full width is 450): a
 /// change that adds launches per layer or per parameter fails here. The optimizer is two launches
 /// (checking the gradients, then AdamW with the f16 copies), not two per parameter.
 #[test]
 fn a_gpt2_step_keeps_its_launch_count() {
-    const BOUND: u64 = 373;
+    const BOUND: u64 = 358;
     let dir = scratch("launch-count");
     let data = dir.join("tokens");
     std::fs::create_dir_all(&data).unwrap();
