@@ -62,9 +62,10 @@ pub trait Bound {
 
 /// Launches held back so that several are recorded as one (the column sums of
 /// `kernels::col_sums`): the runtime records them before any launch that binds a block
-/// they read or write, before any transfer, read or wait, and when asked
-/// ([`Runtime::settle`]). What they hold stays allocated until then, on the dry run as on
-/// the device, so the estimate sees the same peak.
+/// they read or write, before any transfer, read or wait, before an allocation that
+/// would raise the peak, and when asked ([`Runtime::settle`]: the tape does at the end of
+/// backward). What they hold stays allocated until then, on the dry run as on the
+/// device, so the estimate sees the same peak.
 pub trait Deferred: Send {
     /// Whether `block` overlaps a block the held launches read or write.
     fn touches(&self, block: &Block) -> bool;
