@@ -3,8 +3,9 @@
 //! LayerNorm's weight-gradient sums. Each is a small launch of its own otherwise (GPT-2
 //! has about 125 a step); held back ([`Runtime::defer`]) they go [`MAX_JOBS`] to a
 //! launch, recorded when the launch is full, when the parts they hold pass
-//! [`HELD_BYTES`], before anything binds a block they read or write, and at a read, a
-//! transfer or the end of backward. Each sum is formed in the order of the pass it
+//! [`HELD_BYTES`], before anything binds a block they read or write, before an
+//! allocation that would raise the peak, and at a read, a transfer or the end of
+//! backward. Each sum is formed in the order of the pass it
 //! replaces, so results are the same bits.
 //!
 //! May call: `error`, `kernels::common`, `memory`, `runtime`, `tensor`.
@@ -21,8 +22,9 @@ const SOURCE: &str = include_str!("../../../shaders/col_sums.wgsl");
 
 /// The most sums one launch takes (the parameter slot holds five jobs' entries).
 pub const MAX_JOBS: usize = 5;
-/// Parts held back past this many bytes are summed at once (a split product's
-/// partials are megabytes; the peak must not grow with what waits).
+/// Parts held back past this many bytes are summed at once. The peak is kept by the
+/// runtime (an allocation that would raise it records held sums first); this bounds
+/// what held parts keep from the cache's reuse (a split product's are megabytes).
 pub const HELD_BYTES: u64 = 64 << 20;
 
 /// One sum: `dst[d_off + (i / n) * d_rs + i % n] = alpha * s_i + beta * (that element)`
