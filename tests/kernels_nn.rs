@@ -593,6 +593,27 @@ fn layernorm_forward_and_backward_match() {
     finish(&rt);
 }
 
+/// Per-row losses and (softmax - onehot) * scale of `logits` (rows of `v`) in f64; rows
+/// whose target is negative (ignored) get zeros.
+fn ce_reference(logits: &[f32], targets: &[i32], v: usize, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let n = targets.len();
+    let (mut loss, mut grad) = (vec![0.0; n], vec![0.0; n * v]);
+    for r in 0..n {
+        let row: Vec<f64> = logits[r * v..(r + 1) * v].iter().map(|&x| x as f64).collect();
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
+        if targets[r] < 0 {
+            continue;
+        }
+        let t = targets[r] as usize;
+        loss[r] = s.ln() + m - row[t];
+        for j in 0..v {
+            grad[r * v + j] = ((row[j] - m).exp() / s - if j == t { 1.0 } else { 0.0 }) * scale;
+        }
+    }
+    (loss, grad)
+}
+
 #[test]
 fn cross_entropy_is_stable_and_its_gradient_matches_in_place() {
     let rt = runtime();
@@ -603,20 +624,7 @@ fn cross_entropy_is_stable_and_its_gradient_matches_in_place() {
     targets[4] = cross_entropy::IGNORE_INDEX;
     let valid = targets.iter().filter(|&&t| t >= 0).count();
     let scale = 1.0 / valid as f64;
-    let (mut loss_ref, mut grad_ref) = (vec![0.0; n], vec![0.0; n * v]);
-    for r in 0..n {
-        let row: Vec<f64> = logits[r * v..(r + 1) * v].iter().map(|&x| x as f64).collect();
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
-        if targets[r] < 0 {
-            continue;
-        }
-        let t = targets[r] as usize;
-        loss_ref[r] = s.ln() + m - row[t];
-        for j in 0..v {
-            grad_ref[r * v + j] = ((row[j] - m).exp() / s - if j == t { 1.0 } else { 0.0 }) * scale;
-        }
-    }
+    let (loss_ref, grad_ref) = ce_reference(&logits, &targets, v, scale);
     let lt = upload(&rt, &logits, &[n, v], DType::F32);
     let tt = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
     let losses = Tensor::empty(&rt, &[n], DType::F32, Category::Other, "losses").unwrap();
@@ -636,20 +644,7 @@ fn cross_entropy_is_stable_and_its_gradient_matches_in_place() {
     targets[0] = (v - 1) as i32;
     targets[1] = 0;
     let tt = Tensor::from_i32(&rt, &targets, &[n], Category::Input, "targets").unwrap();
-    let (mut loss_ref, mut grad_ref) = (vec![0.0; n], vec![0.0; n * v]);
-    for r in 0..n {
-        let row: Vec<f64> = logits[r * v..(r + 1) * v].iter().map(|&x| x as f64).collect();
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
-        if targets[r] < 0 {
-            continue;
-        }
-        let t = targets[r] as usize;
-        loss_ref[r] = s.ln() + m - row[t];
-        for j in 0..v {
-            grad_ref[r * v + j] = ((row[j] - m).exp() / s - if j == t { 1.0 } else { 0.0 }) * scale;
-        }
-    }
+    let (loss_ref, grad_ref) = ce_reference(&logits, &targets, v, scale);
     let mut padded = vec![f32::NAN; n * ld];
     for r in 0..n {
         padded[r * ld..r * ld + v].copy_from_slice(&logits[r * v..(r + 1) * v]);
