@@ -1,6 +1,8 @@
 //! LayerNorm and RMSNorm forward (saving mean and rstd) and backward
-//! (shaders/layernorm.wgsl: RMSNorm is its variant without centering and bias).
-//! Weights, biases and statistics are f32; activations f32 or f16.
+//! (shaders/layernorm.wgsl: RMSNorm is its variant without centering and bias; rows of
+//! at most 1,024 columns, a multiple of 4, on adapters whose subgroups have one size take
+//! shaders/layernorm_rows.wgsl, one subgroup a row). Weights, biases and statistics are
+//! f32; activations f32 or f16.
 //!
 //! May call: `error`, `kernels::{col_sums, common}`, `memory`, `runtime`, `tensor`.
 
@@ -14,6 +16,7 @@ use crate::runtime::{KernelKey, Runtime, grid, render};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/layernorm.wgsl");
+const ROWS_SOURCE: &str = include_str!("../../../shaders/layernorm_rows.wgsl");
 /// Columns a workgroup of the one-pass weight gradients takes (U in the shader).
 const WEIGHT_COLS: usize = 8;
 /// Rows a workgroup of the backward with partials takes (R in the shader), the widest
@@ -77,6 +80,87 @@ pub fn variant_fused(mode: u32, dtype: DType, out: DType, norm: Norm, fused: boo
         ("MODE", if mode == 4 { 1 } else { mode }.to_string()),
         ("RMS", (norm == Norm::Rms).to_string()),
     ]
+}
+
+/// The shape of the subgroup-a-row kernels (shaders/layernorm_rows.wgsl) on an adapter:
+/// lanes a subgroup, invocations a workgroup (at least 64, so a workgroup holds several
+/// rows on adapters of 32 lanes) and the vec4s a lane keeps of a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowShape {
+    /// Lanes a subgroup (the adapter's one subgroup size).
+    pub sg: u32,
+    /// Invocations a workgroup.
+    pub wg: u32,
+    /// vec4s of a row a lane keeps.
+    pub maxv: u32,
+}
+
+impl RowShape {
+    /// The shape for rows `cols` wide on an adapter whose subgroups are `(min, max)`
+    /// lanes (`granted`: the adapter has subgroup operations), or None where the
+    /// workgroup-a-row kernels run: subgroups of varying or unusual size, rows that are
+    /// no multiple of 4 or wider than 1,024 columns.
+    pub fn of(granted: bool, (min, max): (u32, u32), cols: usize) -> Option<RowShape> {
+        let sg = min;
+        let fits = granted && min == max && sg.is_power_of_two() && (4..=128).contains(&sg);
+        if !fits || cols == 0 || !cols.is_multiple_of(4) || cols > PART_COLS {
+            return None;
+        }
+        Some(RowShape {
+            sg,
+            wg: sg.max(64),
+            maxv: (cols / 4).div_ceil(sg as usize) as u32,
+        })
+    }
+
+    /// Rows (forward) or chunks (backward) a workgroup takes.
+    fn per_group(self) -> usize {
+        (self.wg / self.sg) as usize
+    }
+}
+
+/// The subgroup-a-row shape for `cols`-wide rows on `rt`'s adapter, where every bound
+/// tensor starts its block (the kernels index from the block's start).
+fn row_shape(rt: &Runtime, cols: usize, bound: &[&Tensor]) -> Option<RowShape> {
+    let caps = &rt.gpu.caps;
+    RowShape::of(caps.subgroup, caps.subgroup_size, cols).filter(|_| bound.iter().all(|t| t.offset() == 0))
+}
+
+/// The template values of a subgroup-a-row variant (mode 0 forward, 4 input grad with
+/// each chunk's weight-grad partials), `fused` as in [`variant_fused`].
+pub fn rows_variant(mode: u32, (dtype, out): (DType, DType), norm: Norm, fused: bool, shape: RowShape) -> Vec<(&'static str, String)> {
+    vec![
+        ("RES", (fused && mode == 0).to_string()),
+        ("ACC", (fused && mode == 4).to_string()),
+        ("ENABLE", enables(&[dtype, out])),
+        ("T", dtype.wgsl().into()),
+        ("TY", out.wgsl().into()),
+        ("MODE", if mode == 4 { 1 } else { 0 }.to_string()),
+        ("RMS", (norm == Norm::Rms).to_string()),
+        ("SG", shape.sg.to_string()),
+        ("WG", shape.wg.to_string()),
+        ("MAXV", shape.maxv.to_string()),
+    ]
+}
+
+/// The subgroup-a-row kernel of `mode` (0 or 4), named as the workgroup-a-row one with
+/// ` rows` after it.
+fn rows_kernel(
+    rt: &Runtime,
+    mode: u32,
+    (dtype, out): (DType, DType),
+    norm: Norm,
+    fused: bool,
+    shape: RowShape,
+    name: impl FnOnce() -> String,
+) -> Result<std::sync::Arc<crate::runtime::Kernel>, Error> {
+    let key = [mode, dtype as u32, norm as u32, out as u32, fused as u32, shape.sg, shape.wg, shape.maxv];
+    rt.kernel(
+        KernelKey::new("layernorm_rows", &key),
+        8,
+        || format!("{} rows", name()),
+        || render("layernorm_rows", ROWS_SOURCE, &rows_variant(mode, (dtype, out), norm, fused, shape)),
+    )
 }
 
 /// What the forward saves for backward.
@@ -172,41 +256,43 @@ fn forward_norm(
     let mean = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.mean"))?;
     let rstd = Tensor::empty(rt, &[rows], DType::F32, Category::Activation, &format!("{label}.rstd"))?;
     let fused = residual.is_some();
-    let kernel = rt.kernel(
-        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32, out as u32, fused as u32]),
-        8,
-        || {
-            let to = if out == x.dtype() {
-                String::new()
-            } else {
-                format!(" ->{}", out.wgsl())
-            };
-            let add = if fused { " +residual" } else { "" };
-            format!("{} forward {}{add}{to}", norm.name(), x.dtype().wgsl())
-        },
-        || render("layernorm", SOURCE, &variant_fused(0, x.dtype(), out, norm, fused)),
-    )?;
+    let name = || {
+        let to = if out == x.dtype() {
+            String::new()
+        } else {
+            format!(" ->{}", out.wgsl())
+        };
+        let add = if fused { " +residual" } else { "" };
+        format!("{} forward {}{add}{to}", norm.name(), x.dtype().wgsl())
+    };
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
         eps,
         pad: 0,
     };
-    rt.launch(
-        &kernel,
-        bytemuck::bytes_of(&params),
-        &[
-            x,
-            w,
-            b.unwrap_or(w),
-            &y,
-            &mean,
-            &rstd,
-            residual.map_or(w, |r| r.0),
-            residual.map_or(w, |r| r.1),
-        ],
-        grid(rows as u32),
+    let bound = [
+        x,
+        w,
+        b.unwrap_or(w),
+        &y,
+        &mean,
+        &rstd,
+        residual.map_or(w, |r| r.0),
+        residual.map_or(w, |r| r.1),
+    ];
+    if let Some(shape) = row_shape(rt, cols, &bound).filter(|_| rows > 0) {
+        let kernel = rows_kernel(rt, 0, (x.dtype(), out), norm, fused, shape, name)?;
+        rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(rows.div_ceil(shape.per_group()) as u32))?;
+        return Ok((y, LayerNormSaved { mean, rstd }));
+    }
+    let kernel = rt.kernel(
+        KernelKey::new("layernorm", &[0, x.dtype() as u32, norm as u32, out as u32, fused as u32]),
+        8,
+        name,
+        || render("layernorm", SOURCE, &variant_fused(0, x.dtype(), out, norm, fused)),
     )?;
+    rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(rows as u32))?;
     Ok((y, LayerNormSaved { mean, rstd }))
 }
 
@@ -317,12 +403,17 @@ fn backward_norm(
         let chunks = rows.div_ceil(PART_ROWS).max(1);
         let parts = Tensor::empty(rt, &[chunks, 2, cols], DType::F32, Category::Temporary, "ln dw partials")?;
         let (mean, rstd) = (&saved.mean, &saved.rstd);
-        run(
-            4,
-            ("backward", " +dw partials"),
-            &[x, w, dy, &dx, mean, rstd, &parts, so_far],
-            grid(chunks as u32),
-        )?;
+        let bound = [x, w, dy, &dx, mean, rstd, &parts, so_far];
+        if let Some(shape) = row_shape(rt, cols, &bound) {
+            let name = || {
+                let acc = if fused { " +grad" } else { "" };
+                format!("{} backward {}{acc} +dw partials", norm.name(), x.dtype().wgsl())
+            };
+            let kernel = rows_kernel(rt, 4, (x.dtype(), x.dtype()), norm, fused, shape, name)?;
+            rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(chunks.div_ceil(shape.per_group()) as u32))?;
+        } else {
+            run(4, ("backward", " +dw partials"), &bound, grid(chunks as u32))?;
+        }
         // The partials' sums, held back to go with other sums (`kernels::col_sums`):
         // weights and biases interleave by chunk, [chunk][2][cols].
         for (half, out) in [(0, dw), (1, db)] {

@@ -184,6 +184,26 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             super::layernorm::variant_fused(mode, DType::F32, out_t, super::layernorm::Norm::Layer, fused),
         )?;
     }
+    // The subgroup-a-row kernels: lavapipe's 8 lanes, 32 (NVIDIA) and 64, rows from 4 to
+    // 1,024 columns wide; forward of f32 rows to f32 or f16 (with the residual prologue),
+    // backward with partials of f32 or f16 rows (with the gradient so far).
+    use super::layernorm::{Norm, RowShape, rows_variant};
+    for (sg, cols) in [(8, 1024), (32, 768), (32, 4), (64, 384)] {
+        let shape = RowShape::of(true, (sg, sg), cols).expect("a shape the kernels take");
+        for norm in [Norm::Layer, Norm::Rms] {
+            for fused in [false, true] {
+                for (mode, types) in [
+                    (0, (DType::F32, DType::F32)),
+                    (0, (DType::F32, DType::F16)),
+                    (4, (DType::F32, DType::F32)),
+                    (4, (DType::F16, DType::F16)),
+                ] {
+                    let source = include_str!("../../../shaders/layernorm_rows.wgsl");
+                    push(&mut out, "layernorm_rows", source, rows_variant(mode, types, norm, fused, shape))?;
+                }
+            }
+        }
+    }
     for t in floats {
         for (mode, td) in [(0, t), (1, DType::F32)] {
             for rope in [false, true] {
