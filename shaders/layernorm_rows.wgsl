@@ -2,14 +2,15 @@
 // 0, with the residual prologue RES) and its backward with each chunk's weight-gradient
 // partials (MODE 1, with the gradient so far ACC), the same formulas, for rows a multiple
 // of 4 and at most 4 * MAXV * SG wide. Each lane keeps its MAXV vec4s of a row in
-// registers between the passes, and the row sums are subgroup sums: no workgroup memory
-// and no barriers, where the workgroup-a-row kernel waits on two barriers a row and
-// loads one element a lane (on the H100/H200 it moved GPT-2's [8192, 768] rows at about
-// 40% of the memory's bandwidth).
+// registers between the passes, and the row sums are subgroup sums: the forward has no
+// workgroup memory and no barriers, where the workgroup-a-row kernel waits on two
+// barriers a row and loads one element a lane (on an H200 GPT-2's [8192, 768] forward
+// took 39.7 us there against 21.2 here).
 // Forward: subgroup s of workgroup g takes row g * ROWS_WG + s.
-// Backward: subgroup s of workgroup g takes chunk g * ROWS_WG + s, its R rows in order,
-// and writes the chunk's partials [chunk][2][cols] at dw as the workgroup-a-chunk kernel
-// does (the same chunks and, per column, the same sums in the same order; their sums are
+// Backward: workgroup g takes chunk g, R rows, subgroup s row s of it; the rows' weight
+// and bias terms are added into the chunk's partials in row order in workgroup memory,
+// which are written [chunk][2][cols] at dw as the workgroup-a-chunk kernel writes them
+// (the same chunks and, per column, the same sums in the same order; their sums are
 // shaders/col_sums.wgsl's).
 // Subgroups are taken as consecutive invocations of SG lanes (as the attention kernels
 // take them); the host picks this kernel only where the adapter's subgroup size is fixed.
@@ -44,8 +45,13 @@ const SG: u32 = {{SG}}u;
 const WG: u32 = {{WG}}u;
 const ROWS_WG: u32 = WG / SG;
 const MAXV: u32 = {{MAXV}}u;
-// Rows a chunk of the backward (PART_ROWS on the host, R in shaders/layernorm.wgsl).
+// Rows a chunk of the backward (PART_ROWS on the host, R in shaders/layernorm.wgsl): the
+// backward's workgroup is R subgroups.
 const R: u32 = 8u;
+// The backward's chunk partials as they are summed (a lane's columns are the same in
+// every subgroup).
+var<workgroup> parts_w: array<vec4<f32>, {{PART_VECS}}>;
+var<workgroup> parts_b: array<vec4<f32>, {{PART_VECS}}>;
 
 fn sum4(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
@@ -105,23 +111,27 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         return;
     }
-    // The backward. One chunk at least (of no rows: zeros), as the host counts them.
-    let chunk = group * ROWS_WG + s;
+    // The backward: the workgroup's R subgroups take a row each of the chunk. One chunk
+    // at least (of no rows: zeros), as the host counts them.
+    let chunk = group;
     if chunk >= max((p.rows + R - 1u) / R, 1u) { return; }
-    let r0 = chunk * R;
-    let r1 = min(r0 + R, p.rows);
-    var aw: array<vec4<f32>, MAXV>;
-    var ab: array<vec4<f32>, MAXV>;
-    for (var k = 0u; k < MAXV; k++) {
-        aw[k] = vec4<f32>(0.0);
-        ab[k] = vec4<f32>(0.0);
+    let row = chunk * R + s;
+    let has = row < p.rows;
+    var dys: array<vec4<f32>, MAXV>;
+    var xh: array<vec4<f32>, MAXV>;
+    if s == 0u {
+        for (var k = 0u; k < MAXV; k++) {
+            let j = lane + k * SG;
+            if j < c4 {
+                parts_w[j] = vec4<f32>(0.0);
+                parts_b[j] = vec4<f32>(0.0);
+            }
+        }
     }
-    for (var row = r0; row < r1; row++) {
+    if has {
         let base = row * c4;
         let mu = mean[row];
         let r = rstd[row];
-        var dys: array<vec4<f32>, MAXV>;
-        var xh: array<vec4<f32>, MAXV>;
         var sg = vec4<f32>(0.0);
         var sgx = vec4<f32>(0.0);
         for (var k = 0u; k < MAXV; k++) {
@@ -148,16 +158,26 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                     d = db[base + j] + d;
                 }
                 y_or_dx[base + j] = vec4<{{TY}}>(d);
-                aw[k] += dys[k] * xh[k];
-                ab[k] += dys[k];
             }
         }
     }
-    for (var k = 0u; k < MAXV; k++) {
-        let j = lane + k * SG;
-        if j < c4 {
-            dw[2u * chunk * c4 + j] = aw[k];
-            dw[(2u * chunk + 1u) * c4 + j] = ab[k];
+    // The chunk's partials, its rows added in order (subgroup 0 of the workgroup zeroed
+    // them above; each subgroup's lanes hold the same columns).
+    workgroupBarrier();
+    for (var i = 0u; i < R; i++) {
+        if s == i && has {
+            for (var k = 0u; k < MAXV; k++) {
+                let j = lane + k * SG;
+                if j < c4 {
+                    parts_w[j] += dys[k] * xh[k];
+                    parts_b[j] += dys[k];
+                }
+            }
         }
+        workgroupBarrier();
+    }
+    for (var j = lid; j < c4; j += WG) {
+        dw[2u * chunk * c4 + j] = parts_w[j];
+        dw[(2u * chunk + 1u) * c4 + j] = parts_b[j];
     }
 }

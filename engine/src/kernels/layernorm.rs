@@ -83,13 +83,13 @@ pub fn variant_fused(mode: u32, dtype: DType, out: DType, norm: Norm, fused: boo
 }
 
 /// The shape of the subgroup-a-row kernels (shaders/layernorm_rows.wgsl) on an adapter:
-/// lanes a subgroup, invocations a workgroup (at least 64, so a workgroup holds several
-/// rows on adapters of 32 lanes) and the vec4s a lane keeps of a row.
+/// lanes a subgroup, invocations a workgroup of the forward (at least 64, so a workgroup
+/// holds several rows on adapters of 32 lanes) and the vec4s a lane keeps of a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowShape {
     /// Lanes a subgroup (the adapter's one subgroup size).
     pub sg: u32,
-    /// Invocations a workgroup.
+    /// Invocations a workgroup of the forward.
     pub wg: u32,
     /// vec4s of a row a lane keeps.
     pub maxv: u32,
@@ -113,8 +113,14 @@ impl RowShape {
         })
     }
 
-    /// Rows (forward) or chunks (backward) a workgroup takes.
-    fn per_group(self) -> usize {
+    /// Invocations a workgroup of `mode` (0 forward: [`RowShape::wg`]; 4 backward: a
+    /// subgroup for each row of a chunk).
+    pub fn invocations(self, mode: u32) -> u32 {
+        if mode == 4 { PART_ROWS as u32 * self.sg } else { self.wg }
+    }
+
+    /// Rows the forward's workgroup takes.
+    fn rows_per_group(self) -> usize {
         (self.wg / self.sg) as usize
     }
 }
@@ -138,8 +144,9 @@ pub fn rows_variant(mode: u32, (dtype, out): (DType, DType), norm: Norm, fused: 
         ("MODE", if mode == 4 { 1 } else { 0 }.to_string()),
         ("RMS", (norm == Norm::Rms).to_string()),
         ("SG", shape.sg.to_string()),
-        ("WG", shape.wg.to_string()),
+        ("WG", shape.invocations(mode).to_string()),
         ("MAXV", shape.maxv.to_string()),
+        ("PART_VECS", (shape.maxv * shape.sg).to_string()),
     ]
 }
 
@@ -283,7 +290,7 @@ fn forward_norm(
     ];
     if let Some(shape) = row_shape(rt, cols, &bound).filter(|_| rows > 0) {
         let kernel = rows_kernel(rt, 0, (x.dtype(), out), norm, fused, shape, name)?;
-        rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(rows.div_ceil(shape.per_group()) as u32))?;
+        rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(rows.div_ceil(shape.rows_per_group()) as u32))?;
         return Ok((y, LayerNormSaved { mean, rstd }));
     }
     let kernel = rt.kernel(
@@ -410,7 +417,7 @@ fn backward_norm(
                 format!("{} backward {}{acc} +dw partials", norm.name(), x.dtype().wgsl())
             };
             let kernel = rows_kernel(rt, 4, (x.dtype(), x.dtype()), norm, fused, shape, name)?;
-            rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(chunks.div_ceil(shape.per_group()) as u32))?;
+            rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(chunks as u32))?;
         } else {
             run(4, ("backward", " +dw partials"), &bound, grid(chunks as u32))?;
         }

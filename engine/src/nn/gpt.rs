@@ -423,16 +423,11 @@ fn block_terms(
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
     // The residual add and ln_2 in one launch.
     let (x2, h) = ops::add_layernorm_as(tape, rt, (&x, &a), &p[6], &p[7], eps, act, (&l("attn.residual"), &l("ln_2")))?;
-    let g = if tape.half_matmuls() {
-        // One node: GELU's backward runs in the bias-sum pass that writes c_fc's f16 dy.
-        // (In f32 the node would hold GELU's output gradient beside c_fc's dy during
-        // the products: apart, that gradient is freed first.)
-        let fc = (&h, &p[8], Some(&p[9]));
-        ops::linear_act_as(tape, rt, fc, WeightLayout::InOut, act, MapOp::Gelu, (&l("mlp.c_fc"), &l("mlp.act")))?
-    } else {
-        let f = ops::linear_as(tape, rt, &h, &p[8], Some(&p[9]), WeightLayout::InOut, act, &l("mlp.c_fc"))?;
-        ops::gelu(tape, rt, &f, &l("mlp.act"))?
-    };
+    // One node: GELU's backward runs in the bias-sum pass that writes c_fc's dy (f16
+    // under fp16-mixed; in f32 over GELU's output gradient, so no second gradient of
+    // that size exists).
+    let fc = (&h, &p[8], Some(&p[9]));
+    let g = ops::linear_act_as(tape, rt, fc, WeightLayout::InOut, act, MapOp::Gelu, (&l("mlp.c_fc"), &l("mlp.act")))?;
     let m = ops::linear(tape, rt, &g, &p[10], Some(&p[11]), WeightLayout::InOut, &l("mlp.c_proj"))?;
     let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
     Ok((x2, m))

@@ -160,6 +160,9 @@ fn linear_then(
         y,
         &inputs,
         Box::new(move |rt, dy, cats| {
+            // Nothing but the tape holds dy: in f32 the activation's backward may write
+            // over it.
+            let dy_owned = dy.is_unique();
             let dy2 = flatten2(dy)?;
             // The weight's and bias's gradients first: their temporaries (split-K
             // partials, column-sum partials) are freed before dx, the largest, exists.
@@ -170,10 +173,17 @@ fn linear_then(
             if let (Some(op), Some(pre)) = (act_grad, &pre) {
                 if has_bias && dy2.dtype() == DType::F32 {
                     // The activation's backward in the bias-sum pass: its product with
-                    // dy is the dy the products read (f16 under fp16-mixed).
+                    // dy is the dy the products read (f16 under fp16-mixed; in f32
+                    // written over dy where the tape's is the only hold on it, so no
+                    // second gradient of that size exists).
                     let dy2 = whole(dy2)?;
-                    let t = if mixed { DType::F16 } else { DType::F32 };
-                    let dy_act = Tensor::empty(rt, dy2.shape(), t, Category::Temporary, "dy.act")?;
+                    let dy_act = if mixed {
+                        Tensor::empty(rt, dy2.shape(), DType::F16, Category::Temporary, "dy.act")?
+                    } else if dy_owned && dy2.offset() == 0 {
+                        dy2.clone()
+                    } else {
+                        Tensor::empty(rt, dy2.shape(), DType::F32, Category::Temporary, "dy.act")?
+                    };
                     let db = crate::kernels::reduce::sum_rows_through(rt, &dy2, (op, pre), &dy_act, cats[2], "bias.grad")?;
                     return linear_products(rt, (&x2, &w_used), layout, dy_act, || Ok(Some(db)), dy.shape(), cats);
                 }
