@@ -573,7 +573,10 @@ fn layernorm_forward_and_backward_match() {
 
         // Fused with the residual add before it: x = x0 + r, the sum written too; then
         // backward with a gradient so far folded in. Both bit-equal to the separate
-        // launches (the add, the LayerNorm, the add of the gradients).
+        // launches (the add, the LayerNorm, the add of the gradients) on lavapipe. A GPU
+        // driver may fuse the folded add with the product before it into one rounding
+        // (NVIDIA's did, on an H200): there the gradient is within two f32 roundings of
+        // the separate add's.
         let r0 = rng.vec(rows * cols, -1.0, 1.0);
         let x0: Vec<f32> = x.iter().zip(&r0).map(|(a, b)| a - b).collect();
         let (x0t, r0t) = (
@@ -591,8 +594,17 @@ fn layernorm_forward_and_backward_match() {
         let so_far_t = upload(&rt, &so_far, &[rows, cols], DType::F32);
         let dx_apart = layernorm::backward(&rt, &summed, &wt, &saved_apart, &dyt, (&dw, &db), "dx").unwrap();
         let dx_sum = layernorm::backward_adding(&rt, &sum, &wt, &saved2, &dyt, (&dw, &db), &so_far_t, "dx").unwrap();
-        let want: Vec<f32> = dx_apart.to_f32_vec(&rt).unwrap().iter().zip(&so_far).map(|(a, b)| b + a).collect();
-        assert_eq!(dx_sum.to_f32_vec(&rt).unwrap(), want, "dx with the gradient so far");
+        let apart = dx_apart.to_f32_vec(&rt).unwrap();
+        let want: Vec<f32> = apart.iter().zip(&so_far).map(|(a, b)| b + a).collect();
+        let got = dx_sum.to_f32_vec(&rt).unwrap();
+        if rt.gpu.caps.facts.cpu {
+            assert_eq!(got, want, "dx with the gradient so far");
+        } else {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let bound = 2.0 * f32::EPSILON * w.abs().max(apart[i].abs()).max(so_far[i].abs());
+                assert!((g - w).abs() <= bound, "dx with the gradient so far, element {i}: {g} against {w}");
+            }
+        }
     }
     finish(&rt);
 }

@@ -185,7 +185,13 @@ fn linear_then(
                         Tensor::empty(rt, dy2.shape(), DType::F32, Category::Temporary, "dy.act")?
                     };
                     let db = crate::kernels::reduce::sum_rows_through(rt, &dy2, (op, pre), &dy_act, cats[2], "bias.grad")?;
-                    return linear_products(rt, (&x2, &w_used), layout, dy_act, || Ok(Some(db)), dy.shape(), cats);
+                    // The node is named after the activation's output; its products are
+                    // the linear's (named after its output, the pre-activation), as the
+                    // profiler and the memory timeline show them.
+                    let outer = rt.alloc.set_scope(pre.block().label().map(Into::into));
+                    let grads = linear_products(rt, (&x2, &w_used), layout, dy_act, || Ok(Some(db)), dy.shape(), cats);
+                    rt.alloc.set_scope(outer);
+                    return grads;
                 }
                 let d = Tensor::empty(rt, dy2.shape(), DType::F32, Category::Temporary, "dx")?;
                 map_into(rt, op, Some(pre), Some(&dy2), &d, 1.0, 0.0)?;
