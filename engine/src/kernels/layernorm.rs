@@ -126,10 +126,14 @@ impl RowShape {
 }
 
 /// The subgroup-a-row shape for `cols`-wide rows on `rt`'s adapter, where every bound
-/// tensor starts its block (the kernels index from the block's start).
+/// tensor starts its block (the kernels index from the block's start) and the adapter
+/// takes the backward's workgroup (eight subgroups).
 fn row_shape(rt: &Runtime, cols: usize, bound: &[&Tensor]) -> Option<RowShape> {
     let caps = &rt.gpu.caps;
-    RowShape::of(caps.subgroup, caps.subgroup_size, cols).filter(|_| bound.iter().all(|t| t.offset() == 0))
+    let most = caps.limits.max_compute_invocations_per_workgroup.min(caps.limits.max_compute_workgroup_size_x);
+    RowShape::of(caps.subgroup, caps.subgroup_size, cols)
+        .filter(|shape| shape.invocations(4).max(shape.wg) <= most)
+        .filter(|_| bound.iter().all(|t| t.offset() == 0))
 }
 
 /// The template values of a subgroup-a-row variant (mode 0 forward, 4 input grad with
