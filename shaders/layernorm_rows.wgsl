@@ -49,9 +49,12 @@ const MAXV: u32 = {{MAXV}}u;
 // backward's workgroup is R subgroups.
 const R: u32 = 8u;
 // The backward's chunk partials as they are summed (a lane's columns are the same in
-// every subgroup).
+// every subgroup). Declared in the backward's variants alone: the device zeroes a
+// kernel's workgroup memory before it starts, so the forward holds none.
+//#if BACKWARD
 var<workgroup> parts_w: array<vec4<f32>, {{PART_VECS}}>;
 var<workgroup> parts_b: array<vec4<f32>, {{PART_VECS}}>;
+//#endif
 
 fn sum4(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
@@ -111,6 +114,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         return;
     }
+//#if BACKWARD
     // The backward: the workgroup's R subgroups take a row each of the chunk. One chunk
     // at least (of no rows: zeros), as the host counts them.
     let chunk = group;
@@ -180,4 +184,5 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         dw[2u * chunk * c4 + j] = parts_w[j];
         dw[(2u * chunk + 1u) * c4 + j] = parts_b[j];
     }
+//#endif
 }

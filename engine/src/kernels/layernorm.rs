@@ -146,6 +146,7 @@ pub fn rows_variant(mode: u32, (dtype, out): (DType, DType), norm: Norm, fused: 
         ("T", dtype.wgsl().into()),
         ("TY", out.wgsl().into()),
         ("MODE", if mode == 4 { 1 } else { 0 }.to_string()),
+        ("BACKWARD", (mode == 4).to_string()),
         ("RMS", (norm == Norm::Rms).to_string()),
         ("SG", shape.sg.to_string()),
         ("WG", shape.invocations(mode).to_string()),
