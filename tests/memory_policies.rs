@@ -185,6 +185,27 @@ fn the_step_without_read_backs_equals_the_step_that_reads_the_flag_first() {
 }
 
 #[test]
+fn the_f32_step_without_read_backs_equals_the_step_that_reads_the_loss_first() {
+    // Without clipping an f32 step checks its loss on the device (its update skips there
+    // on a non-finite one) and reads it at the step's end; with clipping (at a norm never
+    // reached) it reads the loss before the update. The runs must agree bit for bit.
+    let dir = temp("ondevice32");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    let base = ["train.steps=4", "data.eval_limit=4", ckpt.as_str()];
+    let run = |clip: &str| {
+        let mut s = sets(&base);
+        s.extend(sets(&[clip]));
+        train(config("char_gpt.toml", &s), &dir).1
+    };
+    let on_device = run("train.grad_clip=0");
+    let read_first = run("train.grad_clip=1e30");
+    assert_eq!(on_device.len(), 4);
+    for (a, b) in on_device.iter().zip(&read_first) {
+        assert_eq!(a["loss"], b["loss"], "step {}", a["step"]);
+    }
+}
+
+#[test]
 fn fp16_mixed_without_shader_f16_is_a_clear_error_or_the_asked_fallback() {
     let dir = temp("nof16");
     let bin = env!("CARGO_BIN_EXE_wgtrain");

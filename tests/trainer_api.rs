@@ -83,3 +83,29 @@ fn a_padded_batch_loses_what_its_examples_lose_on_their_own() {
     let got = loss(&both);
     assert!((got - want).abs() < 1e-5, "padded {got} against the examples' own {want}");
 }
+
+/// An f32 step checks its loss on the device and skips its update there: a run whose
+/// loss stops being a number ends with that error and with the weights of its last
+/// finished step (AdamW's steps of about `lr` take the weights to ~1e30 at step 1, so
+/// step 2's loss and gradients overflow; an update with them would leave NaN weights).
+#[test]
+fn a_non_finite_f32_loss_stops_the_run_before_its_update() {
+    use wgtrain_engine::TensorOps;
+    use wgtrain_engine::train::TrainError;
+    let mut config = config();
+    config.train.lr = 1e30;
+    config.train.warmup_steps = 0;
+    let selector = std::env::var("WGTRAIN_TEST_ADAPTER").ok();
+    let mut trainer = Trainer::new(config, selector.as_deref()).unwrap();
+    match trainer.run(&RunOptions::default()) {
+        Err(TrainError::NonFinite(loss, step)) => {
+            assert!(!loss.is_finite());
+            assert!(step >= 2, "step 1's loss is finite; the error came at step {step}");
+        }
+        other => panic!("expected the non-finite loss error, got {:?}", other.map(|s| s.losses)),
+    }
+    for p in &trainer.params.list {
+        let v = p.value.to_f32_vec(&trainer.rt).unwrap();
+        assert!(v.iter().all(|x| x.is_finite()), "{} was updated with the non-finite step's gradients", p.name);
+    }
+}

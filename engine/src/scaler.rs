@@ -80,28 +80,12 @@ impl GradScaler {
     }
 
     fn check_grads(&self, rt: &Runtime, params: &Params, update: Update) -> Result<Tensor, Error> {
-        let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
-        fill(rt, &found, 0.0)?;
-        let items: Vec<Item> = params
-            .list
-            .iter()
-            .filter_map(|p| p.grad.as_ref())
-            .map(|g| Item {
-                state: OptimState {
-                    param: g,
-                    grad: g,
-                    m: g,
-                    v: g,
-                    half: None,
-                },
-                first: false,
-            })
-            .collect();
-        multi_step(rt, update, &items, 1.0 / self.scale, &found, false)?;
-        Ok(found)
+        let grads: Vec<&Tensor> = params.list.iter().filter_map(|p| p.grad.as_ref()).collect();
+        flag_non_finite(rt, update, &grads, 1.0 / self.scale)
     }
 
     /// Updates the scale after a step (`found_inf`: the step was skipped).
+
     pub fn update(&mut self, found_inf: bool) {
         if found_inf {
             self.scale *= self.backoff_factor;
@@ -114,4 +98,32 @@ impl GradScaler {
             }
         }
     }
+}
+
+/// A flag on the device, non-zero where some element of `tensors` (contiguous f32) is inf
+/// or NaN: one pass over them, nothing written to them. An f32 step checks its losses so,
+/// for updates that skip on the flag (`Optimizer::step_unless`) before anything is read.
+pub fn found_non_finite(rt: &Runtime, tensors: &[&Tensor]) -> Result<Tensor, Error> {
+    flag_non_finite(rt, Update::Check, tensors, 1.0)
+}
+
+/// The flag of `update` (a check, or an unscale by `inv_scale` and a check) over `tensors`.
+fn flag_non_finite(rt: &Runtime, update: Update, tensors: &[&Tensor], inv_scale: f32) -> Result<Tensor, Error> {
+    let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
+    fill(rt, &found, 0.0)?;
+    let items: Vec<Item> = tensors
+        .iter()
+        .map(|&g| Item {
+            state: OptimState {
+                param: g,
+                grad: g,
+                m: g,
+                v: g,
+                half: None,
+            },
+            first: false,
+        })
+        .collect();
+    multi_step(rt, update, &items, inv_scale, &found, false)?;
+    Ok(found)
 }

@@ -1,9 +1,9 @@
 //! One optimizer step: forward and backward over the batch in micro-batches (the
 //! accumulated gradients equal the whole batch's), unscale and the inf/NaN check under
-//! fp16-mixed, clipping, the update, the scaler's update; under fp16-mixed without
-//! clipping the whole step runs without a read-back until its end (the updates skip on
-//! the device); the variant that applies updates inside backward; and the step that
-//! survives running out of memory.
+//! fp16-mixed, clipping, the update, the scaler's update; without clipping the whole
+//! step runs without a read-back until its end (the updates skip on the device); the
+//! variant that applies updates inside backward; and the step that survives running out
+//! of memory.
 //!
 //! May call: `autograd`, `data`, `memory`, `optim`, `runtime`, `tensor`, `train::{error,
 //! trainer}`. Called by: `train::{run, plan}`.
@@ -123,17 +123,24 @@ impl Trainer {
         Ok((loss, skipped))
     }
 
-    /// A fp16-mixed step with no host read-back until its end: the gradients are
-    /// unscaled and checked on the device, the optimizer's updates skip there when the
-    /// check found an inf or NaN, and only then are the losses and the flag read (one
-    /// wait per step, so the host records the next launches while the device runs).
-    /// The same arithmetic as the step that reads the flag first.
+    /// A step with no host read-back until its end: under fp16-mixed the gradients are
+    /// checked on the device (the update unscales them itself), in f32 the losses; the
+    /// optimizer's updates skip there when the check found an inf or NaN, and only then
+    /// are the losses and the flag read (one wait per step, so the host records the
+    /// next launches while the device runs). The same arithmetic as the step that reads
+    /// the flag first; in f32 a non-finite loss ends the run with the weights and the
+    /// optimizer's state as the step found them.
     fn train_step_on_device(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
         let losses = self.forward_backward(batch)?;
         self.rt.phase("optimizer");
-        let scaler = self.scaler.as_ref().expect("fp16-mixed has a scaler");
-        let found = scaler.check_on_device(&self.rt, &self.params)?;
-        self.opt.step_scaled(&self.rt, &self.params, lr, Some(&found), 1.0 / scaler.scale)?;
+        let (found, inv_scale) = match &self.scaler {
+            Some(scaler) => (scaler.check_on_device(&self.rt, &self.params)?, 1.0 / scaler.scale),
+            None => {
+                let values: Vec<&Tensor> = losses.iter().map(|(l, _)| l).collect();
+                (crate::scaler::found_non_finite(&self.rt, &values)?, 1.0)
+            }
+        };
+        self.opt.step_scaled(&self.rt, &self.params, lr, Some(&found), inv_scale)?;
         self.params.zero_grad();
         self.rt.phase("readback");
         // The losses and the flag in one read-back: one wait for the device.
@@ -156,8 +163,10 @@ impl Trainer {
         if skipped {
             self.opt.undo_skipped_step();
         }
-        if let Some(scaler) = &mut self.scaler {
-            scaler.update(skipped);
+        match &mut self.scaler {
+            Some(scaler) => scaler.update(skipped),
+            None if skipped => return Err(TrainError::NonFinite(loss as f32, self.step + 1)),
+            None => {}
         }
         Ok((loss, skipped))
     }

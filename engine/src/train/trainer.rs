@@ -74,8 +74,9 @@ pub enum StepKind {
     Parallel,
     /// Each update applied inside backward (`memory.optimizer_in_backward`).
     InBackward,
-    /// fp16-mixed without clipping: unscale, the skip and the update on the device, no
-    /// read-back before the update.
+    /// Without clipping or update ratios: the check (fp16-mixed: the gradients, with the
+    /// unscale fused into the update; f32: the losses), the skip and the update on the
+    /// device, no read-back before the update.
     OnDevice,
     /// Gradients, then (clipping, the scaler's check) the update.
     Plain,
@@ -84,10 +85,9 @@ pub enum StepKind {
 impl StepKind {
     /// The kind a single-device run of `config` takes.
     pub fn of(config: &Config) -> StepKind {
-        let scaled = config.memory.precision == Precision::Fp16Mixed;
         if config.memory.optimizer_in_backward {
             StepKind::InBackward
-        } else if scaled && config.train.grad_clip <= 0.0 && !config.train.log_update_ratio {
+        } else if config.train.grad_clip <= 0.0 && !config.train.log_update_ratio {
             StepKind::OnDevice
         } else {
             StepKind::Plain
