@@ -533,7 +533,18 @@ fn layernorm_forward_and_backward_match() {
     // Rows a multiple of 4 and at most 1,024 wide take the subgroup-a-row kernels (on
     // lavapipe 8 lanes: up to 32 vec4s a lane, chunks of 8 rows eight to a workgroup),
     // the others the workgroup-a-row ones.
-    let cases = [(13usize, 67usize), (1, 1), (4, 768), (200, 67), (700, 9), (40, 1100), (200, 384), (9, 1024), (33, 4), (131, 12)];
+    let cases = [
+        (13usize, 67usize),
+        (1, 1),
+        (4, 768),
+        (200, 67),
+        (700, 9),
+        (40, 1100),
+        (200, 384),
+        (9, 1024),
+        (33, 4),
+        (131, 12),
+    ];
     for (rows, cols) in cases {
         let x = rng.vec(rows * cols, -3.0, 3.0);
         let w = rng.vec(cols, 0.5, 1.5);

@@ -106,6 +106,10 @@ fn a_non_finite_f32_loss_stops_the_run_before_its_update() {
     }
     for p in &trainer.params.list {
         let v = p.value.to_f32_vec(&trainer.rt).unwrap();
-        assert!(v.iter().all(|x| x.is_finite()), "{} was updated with the non-finite step's gradients", p.name);
+        assert!(
+            v.iter().all(|x| x.is_finite()),
+            "{} was updated with the non-finite step's gradients",
+            p.name
+        );
     }
 }

@@ -130,7 +130,10 @@ impl RowShape {
 /// takes the backward's workgroup (eight subgroups).
 fn row_shape(rt: &Runtime, cols: usize, bound: &[&Tensor]) -> Option<RowShape> {
     let caps = &rt.gpu.caps;
-    let most = caps.limits.max_compute_invocations_per_workgroup.min(caps.limits.max_compute_workgroup_size_x);
+    let most = caps
+        .limits
+        .max_compute_invocations_per_workgroup
+        .min(caps.limits.max_compute_workgroup_size_x);
     RowShape::of(caps.subgroup, caps.subgroup_size, cols)
         .filter(|shape| shape.invocations(4).max(shape.wg) <= most)
         .filter(|_| bound.iter().all(|t| t.offset() == 0))
@@ -166,7 +169,16 @@ fn rows_kernel(
     shape: RowShape,
     name: impl FnOnce() -> String,
 ) -> Result<std::sync::Arc<crate::runtime::Kernel>, Error> {
-    let key = [mode, dtype as u32, norm as u32, out as u32, fused as u32, shape.sg, shape.wg, shape.maxv];
+    let key = [
+        mode,
+        dtype as u32,
+        norm as u32,
+        out as u32,
+        fused as u32,
+        shape.sg,
+        shape.wg,
+        shape.maxv,
+    ];
     rt.kernel(
         KernelKey::new("layernorm_rows", &key),
         8,
@@ -295,7 +307,12 @@ fn forward_norm(
     ];
     if let Some(shape) = row_shape(rt, cols, &bound).filter(|_| rows > 0) {
         let kernel = rows_kernel(rt, 0, (x.dtype(), out), norm, fused, shape, name)?;
-        rt.launch(&kernel, bytemuck::bytes_of(&params), &bound, grid(rows.div_ceil(shape.rows_per_group()) as u32))?;
+        rt.launch(
+            &kernel,
+            bytemuck::bytes_of(&params),
+            &bound,
+            grid(rows.div_ceil(shape.rows_per_group()) as u32),
+        )?;
         return Ok((y, LayerNormSaved { mean, rstd }));
     }
     let kernel = rt.kernel(
