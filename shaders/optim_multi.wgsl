@@ -6,6 +6,10 @@
 //   MODE 2 SGD:    PyTorch's torch.optim.SGD with momentum, dampening, nesterov
 //   MODE 3 check:  found[0] = 1 if any grad * inv_scale is inf or NaN; writes nothing
 //                  (the update then applies inv_scale itself)
+//   MODE 4 squares: found[1 + p.first_sum + group] = the f32 bits of the sum of
+//                  (grad * inv_scale)^2 over the workgroup's elements (in a fixed order:
+//                  each invocation's, then a tree over the workgroup), for clipping's
+//                  norm; writes nothing else
 // The arithmetic is shaders/optim.wgsl's, element for element. Updates skip entirely when
 // p.skip_if_found is set and found[0] != 0 (GradScaler). The table holds one entry of
 // ENTRY words per tensor: its length, its first workgroup in the launch, then a
@@ -13,7 +17,8 @@
 // copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 elements of
 // one tensor, two per invocation, so the f16 copy is written a word (two halves) at a
 // time. Entries are in workgroup order; a workgroup finds its own by bisection.
-// Template: MODE, PAIRS, HALF, and SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
+// Template: MODE, PAIRS, HALF, SQUARES (MODE 4), and SLOT_BINDINGS, LOAD_CASES,
+// STORE_CASES for SLOTS pages.
 //#if HALF
 enable f16;
 //#endif
@@ -24,7 +29,7 @@ struct Params {
     total: u32,         // its workgroups
     skip_if_found: u32,
     nesterov: u32,
-    pad0: u32,
+    first_sum: u32,     // MODE 4: the launch's first workgroup among all its launches'
     pad1: u32,
     pad2: u32,
     lr: f32,
@@ -44,6 +49,9 @@ struct Params {
 {{SLOT_BINDINGS}}
 
 const MODE: u32 = {{MODE}}u;
+//#if SQUARES
+var<workgroup> partial: array<f32, 256>;
+//#endif
 // Element pairs an invocation takes, 256 apart (the checks: 4; the updates: 2).
 const PAIRS: u32 = {{PAIRS}}u;
 const ENTRY: u32 = 16u;
@@ -69,11 +77,15 @@ fn finite(x: f32) -> bool {
     return abs(x) <= 3.4028235e38;
 }
 
-// Element i of entry e: the checked (MODE 0, 3) or the updated weight.
+// Element i of entry e: the updated weight (MODE 1, 2), the square (MODE 4), or 0 (the
+// checks, MODE 0 and 3).
 fn element(e: u32, i: u32) -> f32 {
     let gs = table[e + 4u];
     let gi = table[e + 5u] + i;
     let g0 = ld(gs, gi) * p.inv_scale;
+    if MODE == 4u {
+        return g0 * g0;
+    }
     if MODE == 0u || MODE == 3u {
         if MODE == 0u { st(gs, gi, g0); }
         if !finite(g0) { atomicStore(&found[0], 1u); }
@@ -123,9 +135,13 @@ fn main(
     }
     let e = (p.base + lo) * ENTRY;
     let n = table[e];
+//#if SQUARES
+    var sum = 0.0;
+//#else
     if (MODE == 1u || MODE == 2u) && p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u {
         return;
     }
+//#endif
     // PAIRS pairs an invocation, 256 apart.
     let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
     for (var k = 0u; k < PAIRS; k++) {
@@ -135,6 +151,9 @@ fn main(
             let w0 = element(e, i);
             var w1 = 0.0;
             if i + 1u < n { w1 = element(e, i + 1u); }
+//#if SQUARES
+            sum += w0 + w1;
+//#endif
 //#if HALF
             let hs = table[e + 10u];
             if hs != NONE {
@@ -146,4 +165,17 @@ fn main(
 //#endif
         }
     }
+//#if SQUARES
+    partial[lid.x] = sum;
+    workgroupBarrier();
+    for (var half_len = 128u; half_len > 0u; half_len /= 2u) {
+        if lid.x < half_len {
+            partial[lid.x] += partial[lid.x + half_len];
+        }
+        workgroupBarrier();
+    }
+    if lid.x == 0u {
+        atomicStore(&found[1u + p.first_sum + group], bitcast<u32>(partial[0]));
+    }
+//#endif
 }

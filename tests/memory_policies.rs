@@ -206,6 +206,42 @@ fn the_f32_step_without_read_backs_equals_the_step_that_reads_the_loss_first() {
 }
 
 #[test]
+fn clipping_in_the_update_equals_clipping_the_gradients_first() {
+    // With update ratios logged the step scales the gradients by clipping's factor before
+    // the update; without, the update multiplies each gradient by it as it reads it. At a
+    // max norm every step exceeds, both precisions, the runs agree bit for bit.
+    let dir = temp("clipfold");
+    let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
+    for precision in ["memory.precision=\"fp32\"", "memory.precision=\"fp16-mixed\""] {
+        let base = [
+            "train.steps=4",
+            "data.eval_limit=4",
+            "train.grad_clip=0.05",
+            precision,
+            ckpt.as_str(),
+        ];
+        let run = |ratio: &str| {
+            let mut s = sets(&base);
+            s.extend(sets(&[ratio]));
+            train(config("char_gpt.toml", &s), &dir).1
+        };
+        let folded = run("train.log_update_ratio=false");
+        let first = run("train.log_update_ratio=true");
+        assert_eq!(folded.len(), 4);
+        for (a, b) in folded.iter().zip(&first) {
+            assert!(
+                a["grad_norm"].as_f64().unwrap() > 0.05,
+                "{precision}: step {} was not clipped",
+                a["step"]
+            );
+            for k in ["loss", "grad_norm"] {
+                assert_eq!(a[k], b[k], "{precision}: step {} {k}", a["step"]);
+            }
+        }
+    }
+}
+
+#[test]
 fn fp16_mixed_without_shader_f16_is_a_clear_error_or_the_asked_fallback() {
     let dir = temp("nof16");
     let bin = env!("CARGO_BIN_EXE_wgtrain");

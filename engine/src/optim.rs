@@ -12,7 +12,7 @@ use crate::kernels::TensorOps;
 use crate::kernels::blockwise;
 use crate::kernels::map::{MapOp, fill, map_into};
 use crate::kernels::optim::{AdamW, OptimState, Sgd, adamw_step, adamw8bit_step, sgd_step};
-use crate::kernels::optim_multi::{Item, Update, multi_step};
+use crate::kernels::optim_multi::{Item, Update, multi_step, square_sums};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::memory::Category;
 use crate::runtime::Runtime;
@@ -414,22 +414,41 @@ pub struct StateHost {
 /// The global L2 norm of every gradient; if it exceeds `max_norm`, scales the gradients
 /// by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm.
 pub fn clip_grad_norm(rt: &Runtime, params: &Params, max_norm: f32) -> Result<f32, Error> {
-    let norm = grad_square_sum(rt, params)?.sqrt() as f32;
+    let norm = grad_norm(rt, params)?;
     scale_grads(rt, params, clip_coef(norm, max_norm))?;
     Ok(norm)
 }
 
-/// The sum of the squares of every gradient element: one sum per gradient on the
-/// device, all read back at once (one wait), added up in parameter order in f64.
+/// The global L2 norm of every gradient ([`grad_square_sum`]'s root), for a caller that
+/// applies clipping's factor itself (an update that multiplies each gradient as it reads
+/// it: `Optimizer::step_scaled`).
+pub fn grad_norm(rt: &Runtime, params: &Params) -> Result<f32, Error> {
+    Ok(grad_square_sum(rt, params)?.sqrt() as f32)
+}
+
+/// The sum of the squares of every gradient element: one multi-tensor pass on the device
+/// (`kernels::optim_multi::square_sums`: a sum per 2,048 elements of a gradient), read
+/// back at once (one wait) and added up in order in f64. Gradients that pass cannot take
+/// (not contiguous f32) are summed one by one.
 pub fn grad_square_sum(rt: &Runtime, params: &Params) -> Result<f64, Error> {
-    let mut sums = Vec::new();
-    for p in &params.list {
-        let Some(g) = &p.grad else { continue };
+    let grads: Vec<&Tensor> = params.list.iter().filter_map(|p| p.grad.as_ref()).collect();
+    let (multi, single): (Vec<&Tensor>, Vec<&Tensor>) = grads.into_iter().partition(|g| g.dtype() == DType::F32 && g.is_contiguous());
+    let mut ranges = Vec::new();
+    let sums = if multi.is_empty() {
+        None
+    } else {
+        Some(square_sums(rt, &multi, 1.0)?)
+    };
+    if let Some(s) = sums.as_ref().filter(|s| s.numel() > 1) {
+        ranges.push((s.block(), 4 * (s.offset() as u64 + 1), 4 * (s.numel() as u64 - 1)));
+    }
+    let mut singles = Vec::new();
+    for g in single {
         let sq = Tensor::empty(rt, g.shape(), DType::F32, Category::Temporary, "grad^2")?;
         map_into(rt, MapOp::Mul, Some(g), Some(g), &sq, 1.0, 1.0)?;
-        sums.push(reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?);
+        singles.push(reduce_all(rt, ReduceOp::Sum, &sq, "grad norm")?);
     }
-    let ranges: Vec<_> = sums.iter().map(|s| (s.block(), 0u64, 4u64)).collect();
+    ranges.extend(singles.iter().map(|s| (s.block(), 4 * s.offset() as u64, 4u64)));
     let bytes = rt.download(&ranges)?.finish().map_err(Error::from)?;
     Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes).into_iter().map(f64::from).sum())
 }

@@ -1,6 +1,6 @@
 //! Multi-tensor optimizer kernels (shaders/optim_multi.wgsl): the gradient check (with
-//! or without the unscale) and AdamW and SGD over many tensors in a few launches, as
-//! PyTorch's `_foreach` and fused optimizers do. A launch binds whole allocator pages (as
+//! or without the unscale), clipping's sums of squares, and AdamW and SGD over many
+//! tensors in a few launches, as PyTorch's `_foreach` and fused optimizers do. A launch binds whole allocator pages (as
 //! many as the device's storage bindings allow, six to fourteen) and a table saying where
 //! each tensor lies in them; the tensors are grouped in order so that each group's pages
 //! fit the slots. The arithmetic is `kernels::optim`'s, element for element.
@@ -36,7 +36,7 @@ const ENTRY: usize = 16;
 /// and its search of the table are spread over more loads: four in the checks (which
 /// only read), two in the updates.
 fn pairs(mode: u32) -> usize {
-    if matches!(mode, 0 | 3) { 4 } else { 2 }
+    if matches!(mode, 0 | 3 | 4) { 4 } else { 2 }
 }
 /// No f16 copy.
 const NONE: u32 = u32::MAX;
@@ -49,12 +49,14 @@ struct Params {
     total: u32,
     skip_if_found: u32,
     nesterov: u32,
-    pad: [u32; 3],
+    /// MODE 4: the launch's first workgroup among all launches' (where its sums go).
+    first_sum: u32,
+    pad: [u32; 2],
     hyper: Hyper,
 }
 
 /// The template values of one variant (0 unscale and check, 1 AdamW, 2 SGD, 3 check
-/// only; `half`: f16 copies written too; `slots` pages bound).
+/// only, 4 sums of squares; `half`: f16 copies written too; `slots` pages bound).
 pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String)> {
     let case = |i: usize, body: String| {
         if i + 1 == slots {
@@ -68,6 +70,7 @@ pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String
         ("MODE", mode.to_string()),
         ("PAIRS", pairs(mode).to_string()),
         ("HALF", half.to_string()),
+        ("SQUARES", (mode == 4).to_string()),
         (
             "SLOT_BINDINGS",
             lines(&|i| format!("@group(0) @binding({}) var<storage, read_write> s{i}: array<u32>;", 3 + i)),
@@ -84,6 +87,9 @@ pub enum Update {
     UnscaleAndCheck,
     /// Checks each gradient times the scale's inverse, writing nothing.
     Check,
+    /// Sums the squares of each gradient times the scale's inverse, a sum per workgroup
+    /// (see [`square_sums`]).
+    SquareSums,
     /// AdamW at step `step` (counting from 1).
     AdamW(AdamW, u32),
     /// SGD.
@@ -97,6 +103,7 @@ impl Update {
             Update::AdamW(..) => 1,
             Update::Sgd(_) => 2,
             Update::Check => 3,
+            Update::SquareSums => 4,
         }
     }
 
@@ -104,7 +111,7 @@ impl Update {
         let (hyper, nesterov) = match self {
             Update::AdamW(h, step) => (Hyper::adamw(h, *step, inv_scale), false),
             Update::Sgd(h) => (Hyper::sgd(h, inv_scale)?, h.nesterov),
-            Update::UnscaleAndCheck | Update::Check => (Hyper::scale(inv_scale), false),
+            Update::UnscaleAndCheck | Update::Check | Update::SquareSums => (Hyper::scale(inv_scale), false),
         };
         Ok(Params {
             skip_if_found: skip_if_found as u32,
@@ -168,7 +175,7 @@ impl<'a> Group<'a> {
 fn tensors_of<'a>(update: &Update, item: &Item<'a>) -> Vec<&'a Tensor> {
     let s = &item.state;
     match update {
-        Update::UnscaleAndCheck | Update::Check => vec![s.grad],
+        Update::UnscaleAndCheck | Update::Check | Update::SquareSums => vec![s.grad],
         Update::AdamW(..) | Update::Sgd(_) => [s.param, s.grad, s.m, s.v].into_iter().chain(s.half).collect(),
     }
 }
@@ -178,7 +185,7 @@ fn tensors_of<'a>(update: &Update, item: &Item<'a>) -> Vec<&'a Tensor> {
 fn check_item(update: &Update, item: &Item, found: &Tensor) -> Result<(), Error> {
     let s = &item.state;
     match update {
-        Update::UnscaleAndCheck | Update::Check => {
+        Update::UnscaleAndCheck | Update::Check | Update::SquareSums => {
             super::common::check_tensor("grad", s.grad, DType::F32)?;
             super::common::check_contiguous("grad", s.grad, s.grad.shape())?;
         }
@@ -239,7 +246,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
         entry[10] = NONE;
         let s = &item.state;
         match update {
-            Update::UnscaleAndCheck | Update::Check => (entry[4], entry[5]) = g.place(s.grad),
+            Update::UnscaleAndCheck | Update::Check | Update::SquareSums => (entry[4], entry[5]) = g.place(s.grad),
             Update::AdamW(..) | Update::Sgd(_) => {
                 (entry[2], entry[3]) = g.place(s.param);
                 (entry[4], entry[5]) = g.place(s.grad);
@@ -267,6 +274,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
                 "multi adamw",
                 "multi sgd",
                 "multi non-finite check",
+                "multi square sums",
             ][mode as usize];
             if half {
                 format!("optim {name} +f16 copy")
@@ -276,11 +284,17 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
         },
         || render("optim_multi", SOURCE, &variant(mode, half, slots)),
     )?;
-    let mut base = 0u32;
+    let total: u32 = groups.iter().map(|g| g.groups).sum();
+    if matches!(update, Update::SquareSums) && found.numel() < 1 + total as usize {
+        return Err(Error::shape("square sums", format!("1 + {total} words"), found.numel()));
+    }
+    let (mut base, mut first_sum) = (0u32, 0u32);
     for g in &groups {
         let mut params = template;
         (params.base, params.count, params.total) = (base, g.entries.len() as u32, g.groups);
+        params.first_sum = first_sum;
         base += g.entries.len() as u32;
+        first_sum += g.groups;
         let page = |i: usize| {
             let buffer = g.pages.get(i).or(g.pages.first()).expect("a group binds a page").1;
             wgpu::BufferBinding {
@@ -294,4 +308,33 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
         rt.launch_bindings(&kernel, bytemuck::bytes_of(&params), &bindings, grid(g.groups))?;
     }
     Ok(())
+}
+
+/// Workgroups of a multi-tensor pass of `mode` over tensors of these element counts.
+fn workgroups(mode: u32, lens: impl Iterator<Item = usize>) -> usize {
+    lens.map(|n| n.div_ceil(512 * pairs(mode))).sum()
+}
+
+/// The sums of squares of `grads` (contiguous f32) times `inv_scale`, for clipping's norm,
+/// in one pass of a few launches: a new u32 tensor whose word 1 + i holds the f32 bits of
+/// workgroup i's sum (2,048 consecutive elements of one gradient, the gradients in order;
+/// word 0 unused). Nothing is read back here.
+pub fn square_sums(rt: &Runtime, grads: &[&Tensor], inv_scale: f32) -> Result<Tensor, Error> {
+    let total = workgroups(4, grads.iter().map(|g| g.numel()));
+    let sums = Tensor::empty(rt, &[1 + total], DType::U32, Category::Temporary, "grad square sums")?;
+    let items: Vec<Item> = grads
+        .iter()
+        .map(|&g| Item {
+            state: OptimState {
+                param: g,
+                grad: g,
+                m: g,
+                v: g,
+                half: None,
+            },
+            first: false,
+        })
+        .collect();
+    multi_step(rt, Update::SquareSums, &items, inv_scale, &sums, false)?;
+    Ok(sums)
 }

@@ -365,7 +365,7 @@ pub fn all() -> Result<Vec<Variant>, Error> {
             super::optim::variant(mode, half),
         )?;
     }
-    for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true), (3, false)] {
+    for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true), (3, false), (4, false)] {
         for slots in [super::optim_multi::MIN_SLOTS, super::optim_multi::MAX_SLOTS] {
             push(
                 &mut out,

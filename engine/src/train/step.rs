@@ -13,7 +13,7 @@ use crate::data::HostBatch;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::memory::format_bytes;
-use crate::optim::clip_grad_norm;
+use crate::optim::{clip_coef, grad_norm, scale_grads};
 use crate::runtime::Runtime;
 use crate::tensor::Tensor;
 use crate::train::error::TrainError;
@@ -106,14 +106,24 @@ impl Trainer {
             return Err(TrainError::NonFinite(loss as f32, self.step + 1));
         }
         if !skipped {
+            // Clipping's factor goes into the update, which multiplies each gradient by
+            // it as it reads it (the same f32 products as scaling the gradients first);
+            // the update-ratio step scales them first.
+            let mut factor = 1.0;
             if self.config.train.grad_clip > 0.0 {
-                self.grad_norm = Some(clip_grad_norm(&self.rt, &self.params, self.config.train.grad_clip)? as f64);
+                let norm = grad_norm(&self.rt, &self.params)?;
+                self.grad_norm = Some(norm as f64);
+                let coef = clip_coef(norm, self.config.train.grad_clip);
+                if coef < 1.0 {
+                    factor = coef;
+                }
             }
             if self.config.train.log_update_ratio {
+                scale_grads(&self.rt, &self.params, factor)?;
                 let sums = self.opt.step_measured(&self.rt, &self.params, lr)?;
                 self.update_ratio = Some(update_ratios(&self.params, &sums));
             } else {
-                self.opt.step(&self.rt, &self.params, lr)?;
+                self.opt.step_scaled(&self.rt, &self.params, lr, None, factor)?;
             }
         }
         if let Some(scaler) = &mut self.scaler {
