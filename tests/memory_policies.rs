@@ -184,6 +184,15 @@ fn the_step_without_read_backs_equals_the_step_that_reads_the_flag_first() {
     }
 }
 
+/// Two runs of char_gpt.toml with `base` and one more setting each: their step lines.
+fn char_gpt_runs(dir: &Path, base: &[&str], [one, two]: [&str; 2]) -> [Vec<Value>; 2] {
+    [one, two].map(|extra| {
+        let mut s = sets(base);
+        s.extend(sets(&[extra]));
+        train(config("char_gpt.toml", &s), dir).1
+    })
+}
+
 #[test]
 fn the_f32_step_without_read_backs_equals_the_step_that_reads_the_loss_first() {
     // Without clipping an f32 step checks its loss on the device (its update skips there
@@ -192,13 +201,7 @@ fn the_f32_step_without_read_backs_equals_the_step_that_reads_the_loss_first() {
     let dir = temp("ondevice32");
     let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
     let base = ["train.steps=4", "data.eval_limit=4", ckpt.as_str()];
-    let run = |clip: &str| {
-        let mut s = sets(&base);
-        s.extend(sets(&[clip]));
-        train(config("char_gpt.toml", &s), &dir).1
-    };
-    let on_device = run("train.grad_clip=0");
-    let read_first = run("train.grad_clip=1e30");
+    let [on_device, read_first] = char_gpt_runs(&dir, &base, ["train.grad_clip=0", "train.grad_clip=1e30"]);
     assert_eq!(on_device.len(), 4);
     for (a, b) in on_device.iter().zip(&read_first) {
         assert_eq!(a["loss"], b["loss"], "step {}", a["step"]);
@@ -220,13 +223,7 @@ fn clipping_in_the_update_equals_clipping_the_gradients_first() {
             precision,
             ckpt.as_str(),
         ];
-        let run = |ratio: &str| {
-            let mut s = sets(&base);
-            s.extend(sets(&[ratio]));
-            train(config("char_gpt.toml", &s), &dir).1
-        };
-        let folded = run("train.log_update_ratio=false");
-        let first = run("train.log_update_ratio=true");
+        let [folded, first] = char_gpt_runs(&dir, &base, ["train.log_update_ratio=false", "train.log_update_ratio=true"]);
         assert_eq!(folded.len(), 4);
         for (a, b) in folded.iter().zip(&first) {
             assert!(

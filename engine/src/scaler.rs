@@ -16,8 +16,7 @@ use crate::autograd::Params;
 use crate::error::Error;
 use crate::kernels::TensorOps;
 use crate::kernels::map::fill;
-use crate::kernels::optim::OptimState;
-use crate::kernels::optim_multi::{Item, Update, multi_step};
+use crate::kernels::optim_multi::{Update, multi_step, read_only};
 use crate::memory::Category;
 use crate::runtime::Runtime;
 use crate::tensor::{DType, Tensor};
@@ -111,19 +110,6 @@ pub fn found_non_finite(rt: &Runtime, tensors: &[&Tensor]) -> Result<Tensor, Err
 fn flag_non_finite(rt: &Runtime, update: Update, tensors: &[&Tensor], inv_scale: f32) -> Result<Tensor, Error> {
     let found = Tensor::empty(rt, &[1], DType::U32, Category::Temporary, "found_inf")?;
     fill(rt, &found, 0.0)?;
-    let items: Vec<Item> = tensors
-        .iter()
-        .map(|&g| Item {
-            state: OptimState {
-                param: g,
-                grad: g,
-                m: g,
-                v: g,
-                half: None,
-            },
-            first: false,
-        })
-        .collect();
-    multi_step(rt, update, &items, inv_scale, &found, false)?;
+    multi_step(rt, update, &read_only(tensors), inv_scale, &found, false)?;
     Ok(found)
 }

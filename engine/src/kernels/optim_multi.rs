@@ -322,7 +322,14 @@ fn workgroups(mode: u32, lens: impl Iterator<Item = usize>) -> usize {
 pub fn square_sums(rt: &Runtime, grads: &[&Tensor], inv_scale: f32) -> Result<Tensor, Error> {
     let total = workgroups(4, grads.iter().map(|g| g.numel()));
     let sums = Tensor::empty(rt, &[1 + total], DType::U32, Category::Temporary, "grad square sums")?;
-    let items: Vec<Item> = grads
+    multi_step(rt, Update::SquareSums, &read_only(grads), inv_scale, &sums, false)?;
+    Ok(sums)
+}
+
+/// Items for the passes that only read their tensors (the checks, the square sums): each
+/// tensor as the gradient (the other state fields, never read, name it too).
+pub fn read_only<'a>(tensors: &[&'a Tensor]) -> Vec<Item<'a>> {
+    tensors
         .iter()
         .map(|&g| Item {
             state: OptimState {
@@ -334,7 +341,5 @@ pub fn square_sums(rt: &Runtime, grads: &[&Tensor], inv_scale: f32) -> Result<Te
             },
             first: false,
         })
-        .collect();
-    multi_step(rt, Update::SquareSums, &items, inv_scale, &sums, false)?;
-    Ok(sums)
+        .collect()
 }
