@@ -77,6 +77,13 @@ impl Rule {
     }
 }
 
+/// What [`Optimizer::bookmark`] keeps: the step count and the states made but unused.
+#[derive(Clone, Debug)]
+pub struct OptimizerBookmark {
+    step: u32,
+    fresh: std::collections::HashSet<usize>,
+}
+
 /// An optimizer and its per-parameter state (made lazily on the first step, as PyTorch).
 pub struct Optimizer {
     /// The rule and its hyperparameters (lr is overwritten by the schedule each step).
@@ -239,6 +246,37 @@ impl Optimizer {
             .collect())
     }
 
+    /// The flag the updates skip on when the caller asks (`step_scaled` with it as
+    /// `found`): a u32 on the device the optimizer keeps (made zero at its first use),
+    /// so steps that check into it (`train::step`) need no flag of their own. Only
+    /// checks set it; the caller that reads it set clears it.
+    pub fn skip_flag(&mut self, rt: &Runtime) -> Result<Tensor, Error> {
+        if let Some(f) = &self.found_inf {
+            return Ok(f.clone());
+        }
+        let f = Tensor::empty(rt, &[1], DType::U32, Category::OptimizerState, "found_inf")?;
+        fill(rt, &f, 0.0)?;
+        self.found_inf = Some(f.clone());
+        Ok(f)
+    }
+
+    /// The host's bookkeeping (the step count and the states not yet used), to return
+    /// to with [`Optimizer::restore`] when the device skipped the steps since.
+    pub fn bookmark(&self) -> OptimizerBookmark {
+        OptimizerBookmark {
+            step: self.step,
+            fresh: self.fresh.clone(),
+        }
+    }
+
+    /// Returns the bookkeeping to `mark`: as if no step since had been taken (their
+    /// updates were skipped on the device).
+    pub fn restore(&mut self, mark: OptimizerBookmark) {
+        self.step = mark.step;
+        self.fresh = mark.fresh;
+        self.used_fresh.clear();
+    }
+
     /// Undoes the bookkeeping of a step whose updates the device skipped: the step
     /// count and the fresh states are as if the step had not been taken (PyTorch's
     /// GradScaler does not call the optimizer's step then).
@@ -253,11 +291,7 @@ impl Optimizer {
         if self.state.len() < n_params {
             self.state.resize_with(n_params, || None);
         }
-        if self.found_inf.is_none() {
-            let f = Tensor::empty(rt, &[1], DType::U32, Category::OptimizerState, "found_inf")?;
-            fill(rt, &f, 0.0)?;
-            self.found_inf = Some(f);
-        }
+        self.skip_flag(rt)?;
         self.step += 1;
         self.used_fresh.clear();
         Ok(())

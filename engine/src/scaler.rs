@@ -78,13 +78,19 @@ impl GradScaler {
         self.check_grads(rt, params, Update::Check)
     }
 
+    /// [`GradScaler::check_on_device`] into `flag` (a u32 flag on the device), which it
+    /// only ever sets: a flag still set from an earlier step stays set.
+    pub fn check_into(&self, rt: &Runtime, params: &Params, flag: &Tensor) -> Result<(), Error> {
+        let grads: Vec<&Tensor> = params.list.iter().filter_map(|p| p.grad.as_ref()).collect();
+        multi_step(rt, Update::Check, &read_only(&grads), 1.0 / self.scale, flag, false)
+    }
+
     fn check_grads(&self, rt: &Runtime, params: &Params, update: Update) -> Result<Tensor, Error> {
         let grads: Vec<&Tensor> = params.list.iter().filter_map(|p| p.grad.as_ref()).collect();
         flag_non_finite(rt, update, &grads, 1.0 / self.scale)
     }
 
     /// Updates the scale after a step (`found_inf`: the step was skipped).
-
     pub fn update(&mut self, found_inf: bool) {
         if found_inf {
             self.scale *= self.backoff_factor;
@@ -104,6 +110,12 @@ impl GradScaler {
 /// for updates that skip on the flag (`Optimizer::step_unless`) before anything is read.
 pub fn found_non_finite(rt: &Runtime, tensors: &[&Tensor]) -> Result<Tensor, Error> {
     flag_non_finite(rt, Update::Check, tensors, 1.0)
+}
+
+/// [`found_non_finite`] into `flag`, which it only ever sets (a flag set by an earlier
+/// step stays set: the updates of the steps after it skip too).
+pub fn flag_if_non_finite(rt: &Runtime, tensors: &[&Tensor], flag: &Tensor) -> Result<(), Error> {
+    multi_step(rt, Update::Check, &read_only(tensors), 1.0, flag, false)
 }
 
 /// The flag of `update` (a check, or an unscale by `inv_scale` and a check) over `tensors`.

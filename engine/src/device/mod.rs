@@ -479,6 +479,17 @@ impl Gpu {
         })
     }
 
+    /// Waits for submission `index` and those before it (not for later ones).
+    pub fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<(), DeviceError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| DeviceError::Lost(e.to_string()))?;
+        self.check()
+    }
+
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), DeviceError> {
         self.device

@@ -482,6 +482,20 @@ impl Runtime {
         self.recorder().take_meter()
     }
 
+    /// Stops metering without waiting: the ticket [`Runtime::read_meter`] reads the
+    /// span's busy time with later (none when not metering). Metering may start again
+    /// at once, for launches recorded while the span still runs.
+    pub fn end_meter(&self) -> Result<Option<u64>, Error> {
+        self.settle()?;
+        Ok(self.recorder().end_meter())
+    }
+
+    /// The busy seconds of the span [`Runtime::end_meter`] gave `ticket` for, waiting
+    /// for that span alone (none when its passes overflowed the meter).
+    pub fn read_meter(&self, ticket: u64) -> Result<Option<f64>, Error> {
+        self.recorder().read_meter(ticket)
+    }
+
     /// Whether GPU timestamps are available for [`Runtime::time`].
     pub fn has_timestamps(&self) -> bool {
         self.timestamps

@@ -122,11 +122,19 @@ impl QuerySet {
 /// Maps the first `bytes` of `read` (after what was submitted ran), returns them as
 /// timestamps and unmaps.
 pub(super) fn read_ticks(gpu: &Gpu, read: &wgpu::Buffer, bytes: u64) -> Result<Vec<u64>, Error> {
+    read_ticks_after(gpu, read, bytes, None)
+}
+
+/// [`read_ticks`] waiting only for submission `index` (and those before it), where given.
+fn read_ticks_after(gpu: &Gpu, read: &wgpu::Buffer, bytes: u64, index: Option<wgpu::SubmissionIndex>) -> Result<Vec<u64>, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
     read.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);
     });
-    gpu.wait()?;
+    match index {
+        Some(index) => gpu.wait_for(index)?,
+        None => gpu.wait()?,
+    }
     rx.recv()
         .map_err(|e| DeviceError::Readback(e.to_string()))?
         .map_err(|e| DeviceError::Readback(e.to_string()))?;
@@ -202,7 +210,8 @@ impl BusyMeter {
 
     /// After the resolve ran: the union of the passes' spans in seconds (none when the
     /// set overflowed), and the meter emptied.
-    pub fn take(&mut self, gpu: &Gpu) -> Result<Option<f64>, Error> {
+    /// `resolved_in` is the submission holding the resolve (none: wait for everything).
+    pub fn take(&mut self, gpu: &Gpu, resolved_in: Option<wgpu::SubmissionIndex>) -> Result<Option<f64>, Error> {
         let (used, overflow) = (std::mem::take(&mut self.used), std::mem::take(&mut self.overflow));
         self.resolved = 0;
         if overflow {
@@ -211,7 +220,7 @@ impl BusyMeter {
         if used == 0 {
             return Ok(Some(0.0));
         }
-        let ticks = read_ticks(gpu, &self.set.read, u64::from(used) * 8)?;
+        let ticks = read_ticks_after(gpu, &self.set.read, u64::from(used) * 8, resolved_in)?;
         let mut spans: Vec<(u64, u64)> = ticks.chunks_exact(2).map(|t| (t[0], t[1].max(t[0]))).collect();
         let period = f64::from(gpu.queue.get_timestamp_period());
         Ok(Some(union_length(&mut spans) as f64 * period * 1e-9))

@@ -85,11 +85,28 @@ pub trait Recorder: Send {
     fn start_meter(&mut self) -> bool {
         false
     }
-    /// Submits, waits, and returns the seconds the GPU was busy with the passes
-    /// recorded since [`Recorder::start_meter`] (none when not metering or when the
-    /// passes overflowed the meter), and stops metering.
-    fn take_meter(&mut self) -> Result<Option<f64>, Error> {
+    /// Stops metering: the passes recorded since [`Recorder::start_meter`] are the
+    /// span of the returned ticket (none when not metering), whose resolve is submitted
+    /// here (or rode in a read-back's submission). Metering may start again at once:
+    /// an ended meter waits for [`Recorder::read_meter`] while the next one runs.
+    fn end_meter(&mut self) -> Option<u64> {
+        None
+    }
+    /// Waits for the ended meter `ticket`'s resolve (not for what was submitted after
+    /// it) and returns the seconds the GPU was busy with its passes (none when they
+    /// overflowed the meter or the ticket is unknown). Ended meters older than the
+    /// ticket are dropped unread.
+    fn read_meter(&mut self, _ticket: u64) -> Result<Option<f64>, Error> {
         Ok(None)
+    }
+    /// [`Recorder::end_meter`] and [`Recorder::read_meter`]: submits, waits, and
+    /// returns the seconds the GPU was busy with the passes recorded since
+    /// [`Recorder::start_meter`] (none when not metering).
+    fn take_meter(&mut self) -> Result<Option<f64>, Error> {
+        match self.end_meter() {
+            Some(ticket) => self.read_meter(ticket),
+            None => Ok(None),
+        }
     }
     /// Submits what has been recorded.
     fn submit(&mut self);
@@ -126,6 +143,13 @@ pub struct DeviceRecorder {
     /// The busy meter (made at its first use) and whether it is on.
     meter: Option<BusyMeter>,
     metering: bool,
+    /// Ended meters waiting to be read: ticket, meter, the submission holding its
+    /// resolve; and meters read, for reuse.
+    ended: std::collections::VecDeque<(u64, BusyMeter, Option<wgpu::SubmissionIndex>)>,
+    spare: Vec<BusyMeter>,
+    tickets: u64,
+    /// The last submission (an ended meter's resolve is in it or before it).
+    last_submission: Option<wgpu::SubmissionIndex>,
     /// Launches the next submission waits for (see [`SUBMIT_FIRST`]).
     batch: u64,
 }
@@ -172,6 +196,10 @@ impl DeviceRecorder {
             profiler: None,
             meter: None,
             metering: false,
+            ended: Default::default(),
+            spare: Vec::new(),
+            tickets: 0,
+            last_submission: None,
             batch: SUBMIT_FIRST,
         }
     }
@@ -283,7 +311,7 @@ impl Recorder for DeviceRecorder {
                 let (from, to) = ((self.written * PARAM_SLOT) as usize, (self.slot * PARAM_SLOT) as usize);
                 self.gpu.queue.write_buffer(&self.params, from as u64, &self.staged[from..to]);
             }
-            self.gpu.queue.submit([encoder.finish()]);
+            self.last_submission = Some(self.gpu.queue.submit([encoder.finish()]));
             self.batch = (2 * self.batch).min(SUBMIT_EVERY);
         }
         self.written = self.slot;
@@ -369,24 +397,44 @@ impl Recorder for DeviceRecorder {
         }
         // Launches recorded before are not metered: their pass ends here.
         self.pass = None;
-        let gpu = &self.gpu;
-        self.meter.get_or_insert_with(|| BusyMeter::new(gpu)).clear();
+        if self.meter.is_none() {
+            let gpu = &self.gpu;
+            self.meter = Some(self.spare.pop().unwrap_or_else(|| BusyMeter::new(gpu)));
+        }
+        self.meter.as_mut().expect("just made").clear();
         self.metering = true;
         true
     }
 
-    fn take_meter(&mut self) -> Result<Option<f64>, Error> {
+    fn end_meter(&mut self) -> Option<u64> {
         if !std::mem::take(&mut self.metering) {
-            return Ok(None);
+            return None;
+        }
+        let mut meter = self.meter.take()?;
+        if meter.unresolved() {
+            meter.resolve(self.encoder());
         }
         self.submit();
-        let Some(meter) = self.meter.as_mut() else { return Ok(None) };
-        if meter.unresolved() {
-            let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-            meter.resolve(&mut encoder);
-            self.gpu.queue.submit([encoder.finish()]);
+        self.tickets += 1;
+        self.ended.push_back((self.tickets, meter, self.last_submission.clone()));
+        Some(self.tickets)
+    }
+
+    fn read_meter(&mut self, ticket: u64) -> Result<Option<f64>, Error> {
+        while let Some((t, meter, at)) = self.ended.pop_front() {
+            if t > ticket {
+                self.ended.push_front((t, meter, at));
+                break;
+            }
+            let mut meter = meter;
+            let read = if t == ticket { meter.take(&self.gpu, at) } else { Ok(None) };
+            meter.clear();
+            self.spare.push(meter);
+            if t == ticket {
+                return read;
+            }
         }
-        meter.take(&self.gpu)
+        Ok(None)
     }
 
     fn before_read(&mut self) {

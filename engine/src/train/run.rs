@@ -25,7 +25,7 @@ use crate::train::observe::Observer;
 use crate::train::observe::log::{LogWriter, repair_log};
 use crate::train::observe::profile::kernel_rows;
 use crate::train::observe::progress::ProgressBar;
-use crate::train::trainer::Trainer;
+use crate::train::trainer::{StepKind, Trainer};
 
 /// How to run besides the config.
 #[derive(Clone, Default)]
@@ -247,8 +247,12 @@ impl Trainer {
     }
 
     /// The steps, evaluations and scheduled checkpoints of [`Trainer::run`]; `saved_at`
-    /// follows the last checkpoint's step.
-    #[allow(clippy::too_many_arguments)]
+    /// follows the last checkpoint's step. On-device steps overlap: step N+1 is
+    /// recorded while step N runs and N is read back after (`Trainer::record_step`), so
+    /// the device does not wait for the host between them; a step after which
+    /// something reads the weights (an evaluation, a checkpoint, the end) is read back
+    /// before that. An error between steps reads back the step in flight first, so its
+    /// line is logged and the checkpoint saved on the error holds it.
     fn train_loop(
         &mut self,
         options: &RunOptions,
@@ -258,12 +262,44 @@ impl Trainer {
         ckpt_dir: Option<&Path>,
         saved_at: &mut u64,
     ) -> Result<(), TrainError> {
+        let mut lines = Lines {
+            observers,
+            has_log: options.log.is_some(),
+            wants_memory: observers.iter().any(|o| o.wants_memory()),
+            flops_per_example: self.model_flops_per_example(),
+            tokens_per_example: self.tokens_per_example(),
+            peak: self.known_peak_tflops(),
+            last_end: None,
+        };
+        let mut flight = None;
+        let looped = self.steps(options, &mut lines, &mut flight, loader, summary, ckpt_dir, saved_at);
+        match (looped, flight) {
+            (Ok(()), Some(f)) => self.land(f, &mut lines, summary).map(|_| ()),
+            (Err(e), Some(f)) => {
+                if self.land(f, &mut lines, summary).is_err() {
+                    self.consistent = false;
+                }
+                Err(e)
+            }
+            (looped, None) => looped,
+        }
+    }
+
+    /// [`Trainer::train_loop`]'s steps; `flight` holds the step recorded and not yet
+    /// read back.
+    #[allow(clippy::too_many_arguments)]
+    fn steps(
+        &mut self,
+        options: &RunOptions,
+        lines: &mut Lines<'_>,
+        flight: &mut Option<Flight>,
+        loader: &mut crate::data::loader::Loader,
+        summary: &mut RunSummary,
+        ckpt_dir: Option<&Path>,
+        saved_at: &mut u64,
+    ) -> Result<(), TrainError> {
         let t = self.config.train.clone();
         let total = self.total_steps();
-        let per_epoch = batches_per_epoch(self.train.len(), t.batch_size, false);
-        let wants_memory = observers.iter().any(|o| o.wants_memory());
-        let (flops_per_example, tokens_per_example) = (self.model_flops_per_example(), self.tokens_per_example());
-        let peak = self.known_peak_tflops();
         while self.step < total {
             // Over MPI every rank stops at the same step when any was asked to.
             if self.stop_agreed(options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)))? {
@@ -280,80 +316,18 @@ impl Trainer {
                 t.min_lr,
                 t.schedule == crate::train::config::Schedule::Cosine,
             );
-            for rt in self.runtimes() {
-                rt.alloc.reset_peaks();
-            }
-            let step_start_us = self.rt.alloc.now_us();
-            let step_start = Instant::now();
-            let scale = self.scaler.as_ref().map(|s| s.scale as f64);
             let profiled = options.profile_every > 0 && (self.step + 1).is_multiple_of(options.profile_every);
-            if profiled {
-                self.rt.sync()?;
-                self.rt.start_profiling()?;
+            let overlaps = self.step_kind == StepKind::OnDevice && !profiled;
+            if !overlaps && let Some(f) = flight.take() {
+                self.land(f, lines, summary)?;
             }
-            let metered = !profiled && t.log_gpu_busy && self.rt.start_meter();
-            self.consistent = false;
-            let outcome = self.resilient_step(&batch, lr)?;
-            let kernels = if profiled {
-                self.rt.sync()?;
-                let trace = self.rt.collect_profile();
-                self.rt.stop_profiling();
-                Some(kernel_rows([trace?.launches.as_slice()]))
-            } else {
-                None
-            };
-            let busy_s = if metered { self.rt.take_meter()? } else { None };
-            let mut guard = self.rt.alloc.end_step();
-            for rt in &self.runtimes()[1..] {
-                guard = guard.and(rt.alloc.end_step());
-            }
-            let step_s = step_start.elapsed().as_secs_f64();
-            guard.map_err(Error::from)?;
-            self.step += 1;
-            (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch {
-                (batch.position.0 + 1, 0)
-            } else {
-                (batch.position.0, batch.position.1 + 1)
-            };
-            let now = unix_seconds();
-            if options.log.is_some() && self.log_first == Some(None) {
-                self.log_first = Some(Some((self.step, now, outcome.loss)));
-            }
-            self.consistent = true;
-            summary.losses.push(outcome.loss);
-            let samples_per_s = batch.examples as f64 / step_s;
-            let model_tflops = flops_per_example * samples_per_s / 1e12;
-            let line = StepLog {
-                step: self.step,
-                epoch: batch.position.0,
-                time: Some(now),
-                loss: Some(outcome.loss),
-                lr: Some(lr as f64),
-                step_ms: Some(step_s * 1e3),
-                samples_per_s: Some(samples_per_s),
-                tokens_per_s: tokens_per_example.map(|t| t as f64 * samples_per_s),
-                model_tflops: Some(model_tflops),
-                mfu: peak.map(|p| model_tflops / p),
-                mem: Some(self.step_memory()?),
-                gpu_ms: kernels.as_ref().map(|(_, ns)| ns * 1e-6).or(busy_s.map(|s| s * 1e3)),
-                kernels: kernels.map(|(rows, _)| rows),
-                scale,
-                skipped: self.scaler.as_ref().map(|_| outcome.skipped),
-                micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
-                grad_norm: self.grad_norm.take(),
-                update_ratio: self.update_ratio.take(),
-                host_rss: resident_bytes(),
-                event: outcome.event,
-                eval: None,
-            };
-            let memory = wants_memory.then(|| {
-                let end_us = self.rt.alloc.now_us();
-                let (events, dropped) = self.rt.alloc.take_events();
-                let pages = self.rt.alloc.snapshot_pages();
-                StepMemory::from_events(self.step, step_start_us, end_us, &events, dropped, pages)
-            });
-            for o in observers {
-                o.step(&line, memory.as_ref())?;
+            let mut next = self.launch(batch, lr, profiled, overlaps, lines.wants_memory)?;
+            if let Some(f) = flight.take()
+                && self.land(f, lines, summary)?
+            {
+                // The step before was skipped (fp16-mixed), so this one, recorded with
+                // the scale before the backoff, was skipped on the device too: again.
+                next = self.relaunch(next, lines.wants_memory)?;
             }
             let epoch_end = self.index == 0;
             let eval_now = if t.eval_every > 0 {
@@ -361,6 +335,14 @@ impl Trainer {
             } else {
                 epoch_end
             } || self.step == total;
+            let save_now = ckpt_dir.is_some() && self.config.checkpoint.every > 0 && self.step.is_multiple_of(self.config.checkpoint.every);
+            if overlaps && !eval_now && !save_now && self.step < total {
+                *flight = Some(next);
+                continue;
+            }
+            let epoch = next.batch.position.0;
+            // Skipped or not, nothing was recorded after it: no step to record again.
+            self.land(next, lines, summary)?;
             if eval_now {
                 // The evaluation's own peak, measured alone; the run's peaks kept.
                 let before = self.rt.alloc.stats();
@@ -372,23 +354,22 @@ impl Trainer {
                 self.rt.alloc.keep_peaks(&before);
                 let line = StepLog {
                     step: self.step,
-                    epoch: batch.position.0,
+                    epoch,
                     time: Some(unix_seconds()),
                     eval: Some(e.clone()),
                     ..Default::default()
                 };
-                for o in observers {
+                for o in lines.observers {
                     o.eval(&line)?;
                 }
-                if wants_memory {
+                if lines.wants_memory {
                     // Evaluation's allocations are not part of the next step's timeline.
                     self.rt.alloc.take_events();
                 }
                 summary.last_eval = Some(e);
             }
             if let Some(dir) = ckpt_dir
-                && self.config.checkpoint.every > 0
-                && self.step.is_multiple_of(self.config.checkpoint.every)
+                && save_now
             {
                 summary.checkpoint = Some(self.save(dir)?);
                 *saved_at = self.step;
@@ -396,6 +377,202 @@ impl Trainer {
         }
         Ok(())
     }
+
+    /// Records step `self.step + 1` on `batch` (out-of-memory resilient): with
+    /// `overlaps`, without waiting for it (`Trainer::record_step`), else the whole step;
+    /// `profiled` times its every launch. Ends the allocator's step and moves the
+    /// position on; the step's line is written when it lands ([`Trainer::land`]).
+    fn launch(
+        &mut self,
+        batch: crate::data::HostBatch,
+        lr: f32,
+        profiled: bool,
+        overlaps: bool,
+        wants_memory: bool,
+    ) -> Result<Flight, TrainError> {
+        for rt in self.runtimes() {
+            rt.alloc.reset_peaks();
+        }
+        let start_us = self.rt.alloc.now_us();
+        let start = Instant::now();
+        let scale = self.scaler.as_ref().map(|s| s.scale as f64);
+        if profiled {
+            self.rt.sync()?;
+            self.rt.start_profiling()?;
+        }
+        let metered = !profiled && self.config.train.log_gpu_busy && self.rt.start_meter();
+        self.consistent = false;
+        let before = (self.step, self.epoch, self.index);
+        let (state, event) = if overlaps {
+            let (pending, event) = self.resilient(&batch, lr, Trainer::record_step)?;
+            (Landing::Pending(pending), event)
+        } else {
+            let ((loss, skipped), event) = self.resilient(&batch, lr, Trainer::train_step)?;
+            (Landing::Done(loss, skipped), event)
+        };
+        let kernels = if profiled {
+            self.rt.sync()?;
+            let trace = self.rt.collect_profile();
+            self.rt.stop_profiling();
+            Some(kernel_rows([trace?.launches.as_slice()]))
+        } else {
+            None
+        };
+        let busy = match (metered, overlaps) {
+            (false, _) => Busy::Unmetered,
+            (true, true) => self.rt.end_meter()?.map_or(Busy::Unmetered, Busy::Ticket),
+            (true, false) => Busy::Seconds(self.rt.take_meter()?),
+        };
+        let mut guard = self.rt.alloc.end_step();
+        for rt in &self.runtimes()[1..] {
+            guard = guard.and(rt.alloc.end_step());
+        }
+        guard.map_err(Error::from)?;
+        self.step += 1;
+        let per_epoch = batches_per_epoch(self.train.len(), self.config.train.batch_size, false);
+        (self.epoch, self.index) = if batch.position.1 + 1 >= per_epoch {
+            (batch.position.0 + 1, 0)
+        } else {
+            (batch.position.0, batch.position.1 + 1)
+        };
+        self.consistent = true;
+        let mem = self.step_memory()?;
+        let memory = wants_memory.then(|| {
+            let end_us = self.rt.alloc.now_us();
+            let (events, dropped) = self.rt.alloc.take_events();
+            let pages = self.rt.alloc.snapshot_pages();
+            StepMemory::from_events(self.step, start_us, end_us, &events, dropped, pages)
+        });
+        Ok(Flight {
+            micro_batch: self.config.train.micro_batch_size.filter(|&m| m < batch.examples),
+            batch,
+            lr,
+            before,
+            step: self.step,
+            state,
+            event,
+            start,
+            scale,
+            busy,
+            kernels,
+            mem,
+            memory,
+        })
+    }
+
+    /// Records a step again after the step before it was skipped (see
+    /// [`Trainer::train_loop`]): from where it started, with the scale backed off.
+    fn relaunch(&mut self, f: Flight, wants_memory: bool) -> Result<Flight, TrainError> {
+        let Flight {
+            batch, lr, before, state, ..
+        } = f;
+        // Its read-back is dropped unread (the device skipped its update).
+        drop(state);
+        (self.step, self.epoch, self.index) = before;
+        self.launch(batch, lr, false, true, wants_memory)
+    }
+
+    /// Reads a recorded step back and tells the observers its line; returns whether it
+    /// was skipped (fp16-mixed: a step recorded after it has to be recorded again).
+    fn land(&mut self, f: Flight, lines: &mut Lines<'_>, summary: &mut RunSummary) -> Result<bool, TrainError> {
+        let (loss, skipped) = match f.state {
+            Landing::Pending(p) => self.finish_step(p)?,
+            Landing::Done(loss, skipped) => (loss, skipped),
+        };
+        let busy_s = match f.busy {
+            Busy::Unmetered => None,
+            Busy::Ticket(ticket) => self.rt.read_meter(ticket)?,
+            Busy::Seconds(s) => s,
+        };
+        // A step's time runs from its start, or from the step before's end where it
+        // was recorded while that one ran: consecutive lines add up to the run's time.
+        let end = Instant::now();
+        let from = match lines.last_end {
+            Some(last) if last > f.start => last,
+            _ => f.start,
+        };
+        lines.last_end = Some(end);
+        let step_s = end.duration_since(from).as_secs_f64();
+        let now = unix_seconds();
+        if lines.has_log && self.log_first == Some(None) {
+            self.log_first = Some(Some((f.step, now, loss)));
+        }
+        summary.losses.push(loss);
+        let samples_per_s = f.batch.examples as f64 / step_s;
+        let model_tflops = lines.flops_per_example * samples_per_s / 1e12;
+        let line = StepLog {
+            step: f.step,
+            epoch: f.batch.position.0,
+            time: Some(now),
+            loss: Some(loss),
+            lr: Some(f.lr as f64),
+            step_ms: Some(step_s * 1e3),
+            samples_per_s: Some(samples_per_s),
+            tokens_per_s: lines.tokens_per_example.map(|t| t as f64 * samples_per_s),
+            model_tflops: Some(model_tflops),
+            mfu: lines.peak.map(|p| model_tflops / p),
+            mem: Some(f.mem),
+            gpu_ms: f.kernels.as_ref().map(|(_, ns)| ns * 1e-6).or(busy_s.map(|s| s * 1e3)),
+            kernels: f.kernels.map(|(rows, _)| rows),
+            scale: f.scale,
+            skipped: self.scaler.as_ref().map(|_| skipped),
+            micro_batch: f.micro_batch,
+            grad_norm: self.grad_norm.take(),
+            update_ratio: self.update_ratio.take(),
+            host_rss: resident_bytes(),
+            event: f.event,
+            eval: None,
+        };
+        for o in lines.observers {
+            o.step(&line, f.memory.as_ref())?;
+        }
+        Ok(skipped)
+    }
+}
+
+/// What the step lines of a run share: who is told, and the figures they derive from.
+struct Lines<'a> {
+    observers: &'a [Arc<dyn Observer>],
+    /// Whether the run writes a log (known by its first line).
+    has_log: bool,
+    wants_memory: bool,
+    flops_per_example: f64,
+    tokens_per_example: Option<usize>,
+    peak: Option<f64>,
+    /// When the last step landed.
+    last_end: Option<Instant>,
+}
+
+/// A recorded step on its way to its line ([`Trainer::land`]).
+struct Flight {
+    batch: crate::data::HostBatch,
+    lr: f32,
+    /// Step, epoch and index before it.
+    before: (u64, u64, u64),
+    /// Its number.
+    step: u64,
+    state: Landing,
+    event: Option<String>,
+    start: Instant,
+    scale: Option<f64>,
+    busy: Busy,
+    kernels: Option<(Vec<wgtrain_record::KernelRow>, f64)>,
+    mem: wgtrain_record::MemLog,
+    memory: Option<StepMemory>,
+    micro_batch: Option<usize>,
+}
+
+/// A recorded step's loss and skip: still on the device, or read.
+enum Landing {
+    Pending(crate::train::step::PendingStep),
+    Done(f64, bool),
+}
+
+/// A step's GPU busy time: not metered, metered and ended (read when it lands), or read.
+enum Busy {
+    Unmetered,
+    Ticket(u64),
+    Seconds(Option<f64>),
 }
 
 /// The checkpoint folder a `--resume` path belongs to: the path itself, or the parent

@@ -42,6 +42,23 @@ pub(super) fn split_batch(batch: &HostBatch, micro: usize) -> Vec<std::borrow::C
         .collect()
 }
 
+/// Where a recorded step found the trainer: what a skip returns to.
+pub(super) struct StepBookmark {
+    opt: crate::optim::OptimizerBookmark,
+    scaler: Option<crate::scaler::GradScaler>,
+    /// Steps done before it.
+    step: u64,
+}
+
+/// A step recorded and submitted whose losses and skip flag are on their way back
+/// ([`Trainer::record_step`]).
+pub(super) struct PendingStep {
+    download: crate::device::transfer::Download,
+    /// Each micro-batch's weight in the batch's mean loss.
+    weights: Vec<f64>,
+    before: StepBookmark,
+}
+
 /// What one step reports.
 pub struct StepOutcome {
     /// The batch's mean loss.
@@ -133,24 +150,43 @@ impl Trainer {
         Ok((loss, skipped))
     }
 
-    /// A step with no host read-back until its end: under fp16-mixed the gradients are
-    /// checked on the device (the update unscales them itself), in f32 the losses; the
-    /// optimizer's updates skip there when the check found an inf or NaN, and only then
-    /// are the losses and the flag read (one wait per step, so the host records the
-    /// next launches while the device runs). The same arithmetic as the step that reads
-    /// the flag first; in f32 a non-finite loss ends the run with the weights and the
-    /// optimizer's state as the step found them.
+    /// A step with no host read-back until its end: [`Trainer::record_step`], then
+    /// [`Trainer::finish_step`].
     fn train_step_on_device(&mut self, batch: &HostBatch, lr: f32) -> Result<(f64, bool), TrainError> {
+        let pending = self.record_step(batch, lr)?;
+        self.finish_step(pending)
+    }
+
+    /// Records a whole step and starts reading its losses and skip flag back, waiting
+    /// for nothing: under fp16-mixed the gradients are checked on the device (the update
+    /// unscales them itself), in f32 the losses; the optimizer's updates skip there when
+    /// a check found an inf or NaN. The flag is the optimizer's (`Optimizer::skip_flag`) and
+    /// only a check sets it, so a step recorded before an earlier one's flag is read
+    /// skips too when that one did: the loop records step N+1 while step N runs and
+    /// reads N after (`train::run`). The scaler moves on as if the step were clean;
+    /// [`Trainer::finish_step`] corrects it (and the optimizer's bookkeeping) when not.
+    /// The same arithmetic as the step that reads the flag first.
+    pub(super) fn record_step(&mut self, batch: &HostBatch, lr: f32) -> Result<PendingStep, TrainError> {
+        let before = StepBookmark {
+            opt: self.opt.bookmark(),
+            scaler: self.scaler.clone(),
+            step: self.step,
+        };
         let losses = self.forward_backward(batch)?;
         self.rt.phase("optimizer");
-        let (found, inv_scale) = match &self.scaler {
-            Some(scaler) => (scaler.check_on_device(&self.rt, &self.params)?, 1.0 / scaler.scale),
+        let flag = self.opt.skip_flag(&self.rt)?;
+        let inv_scale = match &self.scaler {
+            Some(scaler) => {
+                scaler.check_into(&self.rt, &self.params, &flag)?;
+                1.0 / scaler.scale
+            }
             None => {
                 let values: Vec<&Tensor> = losses.iter().map(|(l, _)| l).collect();
-                (crate::scaler::found_non_finite(&self.rt, &values)?, 1.0)
+                crate::scaler::flag_if_non_finite(&self.rt, &values, &flag)?;
+                1.0
             }
         };
-        self.opt.step_scaled(&self.rt, &self.params, lr, Some(&found), inv_scale)?;
+        self.opt.step_scaled(&self.rt, &self.params, lr, Some(&flag), inv_scale)?;
         self.params.zero_grad();
         self.rt.phase("readback");
         // The losses and the flag in one read-back: one wait for the device.
@@ -161,41 +197,71 @@ impl Trainer {
             }
             ranges.push((l.block(), 4 * l.offset() as u64, 4));
         }
-        ranges.push((found.block(), 4 * found.offset() as u64, 4));
-        let bytes = self.rt.download(&ranges)?.finish().map_err(Error::from)?;
+        ranges.push((flag.block(), 4 * flag.offset() as u64, 4));
+        let download = self.rt.download(&ranges)?;
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(false);
+        }
+        Ok(PendingStep {
+            download,
+            weights: losses.iter().map(|(_, w)| *w).collect(),
+            before,
+        })
+    }
+
+    /// Waits for a recorded step's losses and flag: its mean loss and whether it was
+    /// skipped. A skipped step returns the optimizer's bookkeeping and the scaler to
+    /// what they were before it, backed off (fp16-mixed; a step recorded after it was
+    /// skipped on the device too and must be recorded again, as `train::run` does),
+    /// or ends the run (f32: a non-finite loss, the weights and the optimizer's state as
+    /// the step found them).
+    pub(super) fn finish_step(&mut self, pending: PendingStep) -> Result<(f64, bool), TrainError> {
+        let bytes = pending.download.finish().map_err(Error::from)?;
         let word = |i: usize| <[u8; 4]>::try_from(&bytes[4 * i..4 * i + 4]).expect("four bytes a value");
-        let loss = losses
+        let loss = pending
+            .weights
             .iter()
             .enumerate()
-            .map(|(i, (_, weight))| f32::from_le_bytes(word(i)) as f64 * weight)
+            .map(|(i, weight)| f32::from_le_bytes(word(i)) as f64 * weight)
             .sum::<f64>();
-        let skipped = u32::from_le_bytes(word(losses.len())) != 0;
-        if skipped {
-            self.opt.undo_skipped_step();
+        let skipped = u32::from_le_bytes(word(pending.weights.len())) != 0;
+        if !skipped {
+            return Ok((loss, false));
         }
-        match &mut self.scaler {
-            Some(scaler) => scaler.update(skipped),
-            None if skipped => return Err(TrainError::NonFinite(loss as f32, self.step + 1)),
-            None => {}
+        self.opt.restore(pending.before.opt);
+        crate::kernels::map::fill(&self.rt, &self.opt.skip_flag(&self.rt)?, 0.0)?;
+        match pending.before.scaler {
+            Some(mut scaler) => {
+                scaler.update(true);
+                self.scaler = Some(scaler);
+                Ok((loss, true))
+            }
+            None => Err(TrainError::NonFinite(loss as f32, pending.before.step + 1)),
         }
-        Ok((loss, skipped))
     }
 
     /// One step that survives running out of memory: on an out-of-memory error the
     /// cache is emptied and the step retried; if it fails again the micro-batch is
     /// halved (the effective batch stays, through accumulation) until it fits.
     pub fn resilient_step(&mut self, batch: &HostBatch, lr: f32) -> Result<StepOutcome, TrainError> {
+        let ((loss, skipped), event) = self.resilient(batch, lr, Trainer::train_step)?;
+        Ok(StepOutcome { loss, skipped, event })
+    }
+
+    /// `step` on `batch` made resilient to running out of memory as
+    /// [`Trainer::resilient_step`] says; returns what it returned and what happened on
+    /// the way (the retries), if anything.
+    pub(super) fn resilient<T>(
+        &mut self,
+        batch: &HostBatch,
+        lr: f32,
+        step: fn(&mut Trainer, &HostBatch, f32) -> Result<T, TrainError>,
+    ) -> Result<(T, Option<String>), TrainError> {
         let mut events: Vec<String> = Vec::new();
         let mut retried = false;
         loop {
-            match self.train_step(batch, lr) {
-                Ok((loss, skipped)) => {
-                    return Ok(StepOutcome {
-                        loss,
-                        skipped,
-                        event: (!events.is_empty()).then(|| events.join("; ")),
-                    });
-                }
+            match step(self, batch, lr) {
+                Ok(done) => return Ok((done, (!events.is_empty()).then(|| events.join("; ")))),
                 Err(e) if e.is_out_of_memory() => {
                     // No gradient of the failed attempt may leak into the retry.
                     self.params.zero_grad();
