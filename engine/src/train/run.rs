@@ -476,7 +476,15 @@ impl Trainer {
     /// was skipped (fp16-mixed: a step recorded after it has to be recorded again).
     fn land(&mut self, f: Flight, lines: &mut Lines<'_>, summary: &mut RunSummary) -> Result<bool, TrainError> {
         let (loss, skipped) = match f.state {
-            Landing::Pending(p) => self.finish_step(p)?,
+            Landing::Pending(p) => {
+                let finished = self.finish_step(p);
+                if finished.is_err() {
+                    // A non-finite f32 loss: the steps recorded since were skipped on the
+                    // device, so the position is ahead of the weights: nothing is saved.
+                    self.consistent = false;
+                }
+                finished?
+            }
             Landing::Done(loss, skipped) => (loss, skipped),
         };
         let busy_s = match f.busy {
