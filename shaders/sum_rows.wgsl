@@ -13,10 +13,14 @@
 // (x's shape, offset 0): a linear's bias gradient through the activation after it,
 // where x is that activation's output gradient. With COPY every element summed is also
 // written to copy_out (offset 0) as CT: the dy a linear's products read (f16 under
-// fp16-mixed), in the pass that sums it.
+// fp16-mixed), in the pass that sums it. With AGAIN the activation's output at `pre` is
+// written to act_out (pre's type, offset 0), the forward's values again: the input of
+// the product after the activation, whose weight gradient needs it, so the forward need
+// not keep it (`autograd::ops::mlp`).
 // Template: ENABLE, T (x's element type), COPY, ACT, ACT_GRAD (the derivative's
-// function in shaders/activations.wgsl), ACTIVATIONS, W, V (f32 or vec4<f32>), XT (T or
-// vec4<T>), CT (the copy's element), PT (pre's element).
+// function in shaders/activations.wgsl), AGAIN, ACT_FWD (the activation's function),
+// ACTIVATIONS, W, V (f32 or vec4<f32>), XT (T or vec4<T>), CT (the copy's element), PT
+// (pre's element).
 {{ENABLE}}
 
 struct Params {
@@ -35,6 +39,9 @@ struct Params {
 //#if ACT
 @group(0) @binding(4) var<storage, read_write> pre: array<{{PT}}>;
 //#endif
+//#if AGAIN
+@group(0) @binding(5) var<storage, read_write> act_out: array<{{PT}}>;
+//#endif
 
 alias V = {{V}};
 {{ACTIVATIONS}}
@@ -46,7 +53,11 @@ const W: u32 = {{W}}u;
 fn fetch(r: u32, c: u32, cw: u32) -> V {
     var e = V(x[p.x_offset / W + r * cw + c]);
 //#if ACT
-    e = e * {{ACT_GRAD}}(V(pre[r * cw + c]));
+    let a = V(pre[r * cw + c]);
+    e = e * {{ACT_GRAD}}(a);
+//#endif
+//#if AGAIN
+    act_out[r * cw + c] = {{PT}}({{ACT_FWD}}(a));
 //#endif
     return e;
 }

@@ -274,7 +274,17 @@ fn column_sums_match_and_repeat() {
                 let apart = sum_rows(&rt, &dx, Category::Temporary, "db").unwrap();
                 for copy_t in [DType::F16, DType::F32] {
                     let copy = Tensor::empty(&rt, &[rows, cols], copy_t, Category::Temporary, "dy.act").unwrap();
-                    let through = sum_rows_through(&rt, &x, (MapOp::GeluBackward, &pre), &copy, Category::Temporary, "db").unwrap();
+                    // GELU's output written again in the same pass: the forward map's values, bit for bit.
+                    let again = Tensor::empty(&rt, &[rows, cols], DType::F16, Category::Temporary, "act.again").unwrap();
+                    let through =
+                        sum_rows_through(&rt, &x, (MapOp::GeluBackward, &pre), &copy, Some(&again), Category::Temporary, "db").unwrap();
+                    let forward = Tensor::empty(&rt, &[rows, cols], DType::F16, Category::Temporary, "act").unwrap();
+                    map_into(&rt, MapOp::Gelu, Some(&pre), None, &forward, 1.0, 0.0).unwrap();
+                    assert_eq!(
+                        again.to_f32_vec(&rt).unwrap(),
+                        forward.to_f32_vec(&rt).unwrap(),
+                        "gelu again, {rows}x{cols}"
+                    );
                     let want = dx.to_f32_vec(&rt).unwrap();
                     let got = copy.to_f32_vec(&rt).unwrap();
                     for (g, w) in got.iter().zip(&want) {

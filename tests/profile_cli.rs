@@ -38,16 +38,25 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
     assert_eq!(steps, 3);
     let launches = p["launches_per_step"].as_u64().unwrap();
     assert!(launches > 0);
+    // Every step launches the same kernels, but for how the held column sums group into
+    // launches: an allocation that would raise the step's peak records them early, and
+    // whether one does depends on where the allocator's blocks lie in that step.
+    let mut counts = Vec::new();
     for s in p["per_step"].as_array().unwrap() {
         let (wall, gpu) = (s["wall_ms"].as_f64().unwrap(), s["gpu_ms"].as_f64().unwrap());
         assert!(gpu > 0.0 && gpu <= wall, "GPU {gpu} ms within wall {wall} ms");
-        assert_eq!(s["launches"].as_u64().unwrap(), launches, "every step launches the same kernels");
+        counts.push(s["launches"].as_u64().unwrap());
     }
+    let (least, most) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+    assert!(
+        least <= launches && launches <= most && most - least <= 2,
+        "launches a step {counts:?}, median {launches}"
+    );
     let kernels = p["kernels"].as_array().unwrap();
     let pct: f64 = kernels.iter().map(|k| k["pct"].as_f64().unwrap()).sum();
     assert!((pct - 100.0).abs() < 1e-6, "shares add up to {pct}");
     let calls: u64 = kernels.iter().map(|k| k["calls"].as_u64().unwrap()).sum();
-    assert_eq!(calls, launches * steps, "calls per step equal launches per step");
+    assert_eq!(calls, counts.iter().sum::<u64>(), "the kernels' calls are the steps' launches");
     for k in kernels {
         let phases: f64 = k["by_phase"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
         let total = k["total_us"].as_f64().unwrap();
@@ -76,7 +85,7 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
         "modules {module_ms} ms, kernels {kernel_ms} ms"
     );
     let calls_by_module: u64 = modules.iter().map(|m| m["calls"].as_u64().unwrap()).sum();
-    assert_eq!(calls_by_module, launches * steps);
+    assert_eq!(calls_by_module, calls);
     let names: Vec<&str> = modules.iter().map(|m| m["name"].as_str().unwrap()).collect();
     for want in [
         "transformer.h.0.mlp.c_fc: matmul forward",
@@ -90,7 +99,7 @@ fn the_profile_of_a_char_gpt_step_adds_up() {
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let events = t["traceEvents"].as_array().unwrap();
     let gpu_events = events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 3).count() as u64;
-    assert_eq!(gpu_events, launches * steps, "one complete event per launch");
+    assert_eq!(gpu_events, calls, "one complete event per launch");
     let host: std::collections::BTreeSet<&str> = events
         .iter()
         .filter(|e| e["ph"] == "X" && e["tid"] == 2)

@@ -157,14 +157,25 @@ fn derivative(op: MapOp) -> Result<&'static str, Error> {
     }
 }
 
+/// The activation whose backward op is `op`, as shaders/activations.wgsl names it: what
+/// [`sum_rows_through`] writes again when asked.
+fn activation(op: MapOp) -> Result<&'static str, Error> {
+    match op {
+        MapOp::GeluBackward => Ok("gelu"),
+        MapOp::GeluErfBackward => Ok("gelu_erf"),
+        other => Err(Error::invalid("sum_rows", format!("{other:?}: no activation to write again"))),
+    }
+}
+
 /// The template values of a [`sum_rows`] kernel (mode 0: partials of `dtype` rows, or
 /// the sums of one chunk; mode 1: the f32 partials summed), writing a copy of `copy`'s
 /// type, and summing x times the derivative `act` (an activation's backward op) at a
-/// pre-activation of its type.
+/// pre-activation of its type; with `again`, writing the activation at it too.
 pub fn sum_rows_variant(
     dtype: DType,
     copy: Option<DType>,
     act: Option<(MapOp, DType)>,
+    again: bool,
     width: usize,
 ) -> Result<Vec<(&'static str, String)>, Error> {
     let vec = |t: DType| {
@@ -182,6 +193,11 @@ pub fn sum_rows_variant(
         ("COPY", copy.is_some().to_string()),
         ("ACT", act.is_some().to_string()),
         ("ACT_GRAD", act.map_or(Ok("gelu_grad"), |a| derivative(a.0))?.to_string()),
+        ("AGAIN", again.to_string()),
+        (
+            "ACT_FWD",
+            act.filter(|_| again).map_or(Ok("gelu"), |a| activation(a.0))?.to_string(),
+        ),
         ("ACTIVATIONS", ACTIVATIONS.into()),
         ("W", width.to_string()),
         ("V", vec(DType::F32)),
@@ -221,33 +237,44 @@ pub fn sum_rows_and_half(rt: &Runtime, x: &Tensor, half: &Tensor, category: Cate
 /// also written into `copy` (f16 or f32, x's shape): the bias gradient of a linear
 /// followed by the activation, and the dy its products read, from one pass over the
 /// activation's output gradient `x` (no pass of the activation's backward of its own).
+/// With `again` (pre's type and shape) the activation's output at `pre` is written there
+/// too, the values its forward wrote (the same function of the same inputs): the input
+/// of the product after it, for that product's weight gradient.
 pub fn sum_rows_through(
     rt: &Runtime,
     x: &Tensor,
     (act, pre): (MapOp, &Tensor),
     copy: &Tensor,
+    again: Option<&Tensor>,
     category: Category,
     label: &str,
 ) -> Result<Tensor, Error> {
     derivative(act)?;
+    if again.is_some() {
+        activation(act)?;
+    }
     for (what, t) in [("sum_rows pre-activation", pre), ("sum_rows copy", copy)] {
         if !matches!(t.dtype(), DType::F16 | DType::F32) {
             return Err(Error::shape(what, "f16 or f32", t.dtype()));
         }
     }
-    check_tensor("sum_rows pre-activation", pre, pre.dtype())?;
-    check_contiguous("sum_rows pre-activation", pre, x.shape())?;
-    if pre.offset() != 0 {
-        return Err(Error::shape("sum_rows pre-activation", "a whole tensor (offset 0)", pre.offset()));
+    let mut whole = vec![("sum_rows pre-activation", pre)];
+    whole.extend(again.map(|a| ("sum_rows activation", a)));
+    for (what, t) in whole {
+        check_tensor(what, t, pre.dtype())?;
+        check_contiguous(what, t, x.shape())?;
+        if t.offset() != 0 {
+            return Err(Error::shape(what, "a whole tensor (offset 0)", t.offset()));
+        }
     }
-    sum_rows_fused(rt, x, Some(copy), Some((act, pre)), category, label)
+    sum_rows_fused(rt, x, Some(copy), Some((act, pre, again)), category, label)
 }
 
 fn sum_rows_fused(
     rt: &Runtime,
     x: &Tensor,
     copy: Option<&Tensor>,
-    act: Option<(MapOp, &Tensor)>,
+    act: Option<(MapOp, &Tensor, Option<&Tensor>)>,
     category: Category,
     label: &str,
 ) -> Result<Tensor, Error> {
@@ -297,7 +324,8 @@ fn sum_rows_fused(
     };
     let code = |t: Option<DType>| t.map_or(0, |t| 1 + t as u32);
     let copy_t = copy.map(|c| c.dtype());
-    let act_t = act.map(|(op, pre)| (op, pre.dtype()));
+    let act_t = act.map(|(op, pre, _)| (op, pre.dtype()));
+    let again = matches!(act, Some((_, _, Some(_))));
     let kernel = rt.kernel(
         KernelKey::new(
             "sum_rows",
@@ -307,16 +335,20 @@ fn sum_rows_fused(
                 code(copy_t),
                 act_t.map_or(0, |(op, t)| 1 + op as u32 * 16 + t as u32),
                 width as u32,
+                again as u32,
             ],
         ),
-        2 + copy.is_some() as usize + act.is_some() as usize,
+        2 + copy.is_some() as usize + act.is_some() as usize + again as usize,
         || {
             let copy = copy_t.map_or(String::new(), |t| format!(" +{} copy", t.wgsl()));
             let act = act_t.map_or(String::new(), |(op, _)| format!(" x {}", derivative(op).unwrap_or("?")));
+            let again = act_t
+                .filter(|_| again)
+                .map_or(String::new(), |(op, _)| format!(" +{}", activation(op).unwrap_or("?")));
             let vec = if width == 4 { " vec4" } else { "" };
-            format!("sum_rows partials {}{vec}{act}{copy}", x.dtype().wgsl())
+            format!("sum_rows partials {}{vec}{act}{copy}{again}", x.dtype().wgsl())
         },
-        || render("sum_rows", SUM_ROWS, &sum_rows_variant(x.dtype(), copy_t, act_t, width)?),
+        || render("sum_rows", SUM_ROWS, &sum_rows_variant(x.dtype(), copy_t, act_t, again, width)?),
     )?;
     // One chunk: the partials are the sums.
     let part = if chunks == 1 {
@@ -327,7 +359,8 @@ fn sum_rows_fused(
     let groups = [(cols / width).div_ceil(256) as u32, chunks as u32, 1];
     let bytes = bytemuck::bytes_of(&params);
     match (copy, act) {
-        (Some(c), Some((_, pre))) => rt.launch(&kernel, bytes, &[x, &part, c, pre], groups)?,
+        (Some(c), Some((_, pre, Some(a)))) => rt.launch(&kernel, bytes, &[x, &part, c, pre, a], groups)?,
+        (Some(c), Some((_, pre, None))) => rt.launch(&kernel, bytes, &[x, &part, c, pre], groups)?,
         (Some(c), None) => rt.launch(&kernel, bytes, &[x, &part, c], groups)?,
         (None, None) => rt.launch(&kernel, bytes, &[x, &part], groups)?,
         (None, Some(_)) => return Err(Error::invalid("sum_rows", "an activation's derivative without a copy")),

@@ -290,24 +290,28 @@ pub fn all() -> Result<Vec<Variant>, Error> {
     }
     for t in floats {
         // Copies and activations' derivatives only of f32 x.
-        let fused: Vec<(Option<DType>, Option<(MapOp, DType)>)> = if t == DType::F32 {
-            let mut v = vec![(None, None), (Some(DType::F16), None)];
+        // (copy, activation's derivative, its output written again)
+        let fused: Vec<(Option<DType>, Option<(MapOp, DType)>, bool)> = if t == DType::F32 {
+            let mut v = vec![(None, None, false), (Some(DType::F16), None, false)];
             for copy in floats.iter().copied() {
                 for op in [MapOp::GeluBackward, MapOp::GeluErfBackward, MapOp::SiluBackward] {
-                    v.push((Some(copy), Some((op, copy))));
+                    v.push((Some(copy), Some((op, copy)), false));
+                }
+                for op in [MapOp::GeluBackward, MapOp::GeluErfBackward] {
+                    v.push((Some(copy), Some((op, copy)), true));
                 }
             }
             v
         } else {
-            vec![(None, None)]
+            vec![(None, None, false)]
         };
-        for (copy, act) in fused {
+        for (copy, act, again) in fused {
             for width in [1, 4] {
                 push(
                     &mut out,
                     "sum_rows",
                     include_str!("../../../shaders/sum_rows.wgsl"),
-                    super::reduce::sum_rows_variant(t, copy, act, width)?,
+                    super::reduce::sum_rows_variant(t, copy, act, again, width)?,
                 )?;
             }
         }

@@ -423,12 +423,21 @@ fn block_terms(
     let a = ops::dropout(tape, rt, &a, drop, &l("attn.resid_dropout"))?;
     // The residual add and ln_2 in one launch.
     let (x2, h) = ops::add_layernorm_as(tape, rt, (&x, &a), &p[6], &p[7], eps, act, (&l("attn.residual"), &l("ln_2")))?;
-    // One node: GELU's backward runs in the bias-sum pass that writes c_fc's dy (f16
-    // under fp16-mixed; in f32 over GELU's output gradient, so no second gradient of
-    // that size exists).
-    let fc = (&h, &p[8], Some(&p[9]));
-    let g = ops::linear_act_as(tape, rt, fc, WeightLayout::InOut, act, MapOp::Gelu, (&l("mlp.c_fc"), &l("mlp.act")))?;
-    let m = ops::linear(tape, rt, &g, &p[10], Some(&p[11]), WeightLayout::InOut, &l("mlp.c_proj"))?;
+    // One node keeping c_fc's output, not GELU's: backward writes GELU's output again in
+    // the bias-sum pass that writes c_fc's dy, which runs GELU's backward too.
+    let (fc, proj) = ((&p[8], Some(&p[9])), (&p[10], Some(&p[11])));
+    let labels = [l("mlp.c_fc"), l("mlp.act"), l("mlp.c_proj")];
+    let m = ops::mlp(
+        tape,
+        rt,
+        &h,
+        fc,
+        MapOp::Gelu,
+        proj,
+        WeightLayout::InOut,
+        act,
+        labels.each_ref().map(String::as_str),
+    )?;
     let m = ops::dropout(tape, rt, &m, drop, &l("mlp.dropout"))?;
     Ok((x2, m))
 }

@@ -48,7 +48,10 @@ pub struct Profile {
     pub step_ms: f64,
     /// Median GPU busy time per step, milliseconds.
     pub gpu_ms: f64,
-    /// Launches per step.
+    /// Launches per step: the median of the profiled steps' (held column sums are
+    /// recorded early when an allocation would raise the step's peak, which depends on
+    /// where the allocator's blocks lie, so a step may group them into a launch more or
+    /// fewer).
     pub launches_per_step: usize,
     /// Tokens per second (token models), at the median step.
     pub tokens_per_s: Option<f64>,
@@ -310,7 +313,11 @@ impl Trainer {
             steps: profiled,
             step_ms,
             gpu_ms: median(per_step.iter().map(|s| s.gpu_ms).collect()),
-            launches_per_step: per_step.first().map_or(0, |s| s.launches),
+            launches_per_step: {
+                let mut counts: Vec<usize> = per_step.iter().map(|s| s.launches).collect();
+                counts.sort_unstable();
+                counts.get(counts.len() / 2).copied().unwrap_or(0)
+            },
             tokens_per_s: self.tokens_per_example().map(|t| t as f64 * samples_per_s),
             samples_per_s,
             model_tflops,
