@@ -456,9 +456,9 @@ impl Gpu {
     }
 
     /// Compiles a WGSL module without runtime bounds checks; launches check on the host.
+    /// wgpu parses and validates it with naga (a bad shader is a [`DeviceError::Shader`]
+    /// with naga's message), so it is not parsed twice.
     pub fn create_module(&self, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule, DeviceError> {
-        // Parse and validate with naga first so a bad shader reads as a compile error.
-        self.validate_module(label, wgsl)?;
         self.scoped(wgpu::ErrorFilter::Validation, || {
             // SAFETY: every kernel's launch checks on the host that its indices stay
             // inside the bound ranges (see `kernels`), which is what the runtime checks

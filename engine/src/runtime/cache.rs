@@ -178,7 +178,8 @@ pub fn render(name: &str, source: &str, values: &[(&str, String)]) -> Result<Str
 
 /// A compiled variant.
 pub struct Kernel {
-    /// None on a stand-in device (`device::described`): validated, not compiled.
+    /// None where only validated: on a stand-in device (`device::described`), or
+    /// asked for by a dry run only.
     pub(super) pipeline: Option<wgpu::ComputePipeline>,
     pub(super) layout: Arc<wgpu::BindGroupLayout>,
     pub(super) storage_bindings: usize,
@@ -246,19 +247,26 @@ impl PipelineCache {
             .clone()
     }
 
-    /// The compiled variant `key` binding `storage` tensors; `name` (the variant's
-    /// readable name) and `wgsl` (its source) are called only when the variant is not
-    /// cached yet.
+    /// The variant `key` binding `storage` tensors, compiled when `compile` (a runtime
+    /// that runs kernels asks), else validated only (a dry run's: an estimate or a
+    /// what-if records launches without running them, so the variants only another
+    /// policy would use cost no pipeline; the run that uses one compiles it then). `name`
+    /// (the variant's readable name) and `wgsl` (its source) are called only when the
+    /// variant is not cached as needed yet.
     pub fn get(
         &self,
         gpu: &Gpu,
         key: KernelKey,
         storage: usize,
+        compile: bool,
         name: impl FnOnce() -> String,
         wgsl: impl FnOnce() -> Result<String, Error>,
     ) -> Result<Arc<Kernel>, Error> {
+        let compile = compile && !gpu.stand_in;
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Ok(k.clone());
+            if k.pipeline.is_some() || !compile {
+                return Ok(k.clone());
+            }
         }
         if storage > MAX_STORAGE_BINDINGS {
             return Err(Error::invalid(
@@ -269,9 +277,9 @@ impl PipelineCache {
         let label = name;
         let name = key.family;
         let layout = self.layout(gpu, storage);
-        let pipeline = if gpu.stand_in {
-            // The described adapter's features need not be the local device's: check the
-            // source with naga alone.
+        let pipeline = if !compile {
+            // A dry run's, or a described adapter's (whose features need not be the local
+            // device's): the source checked with naga alone.
             gpu.validate_module(name, &wgsl()?)?;
             None
         } else {

@@ -98,6 +98,8 @@ pub struct Runtime {
     pub alloc: Allocator,
     cache: Arc<PipelineCache>,
     recorder: Mutex<Box<dyn Recorder>>,
+    // Whether launches run (not a dry run's recorder): read at every kernel lookup.
+    runs: bool,
     timestamps: bool,
     profiling: std::sync::atomic::AtomicBool,
     overrides: KernelOverrides,
@@ -148,6 +150,7 @@ impl Runtime {
             Box::new(DeviceRecorder::new(gpu.clone()))
         };
         Ok(Runtime {
+            runs: !dry,
             timestamps: gpu.caps.timestamps && !dry,
             gpu,
             alloc,
@@ -173,7 +176,7 @@ impl Runtime {
 
     /// Whether launches really run (false for the estimate's dry run).
     pub fn runs_kernels(&self) -> bool {
-        self.recorder().runs()
+        self.runs
     }
 
     /// The compiled variant `key` binding `storage` tensors; `name` (the variant's
@@ -186,7 +189,7 @@ impl Runtime {
         name: impl FnOnce() -> String,
         wgsl: impl FnOnce() -> Result<String, Error>,
     ) -> Result<Arc<Kernel>, Error> {
-        self.cache.get(&self.gpu, key, storage, name, wgsl)
+        self.cache.get(&self.gpu, key, storage, self.runs, name, wgsl)
     }
 
     /// Records one launch: `params` into the next ring slot, the blocks of `blocks`

@@ -121,8 +121,6 @@ pub trait Recorder: Send {
     fn begin_timing(&mut self);
     /// Stops timing, submits, waits, and says how long the timed launches took.
     fn end_timing(&mut self) -> Result<Elapsed, Error>;
-    /// Whether launches really run (false for the dry run).
-    fn runs(&self) -> bool;
 }
 
 /// Records into a command encoder on the device.
@@ -214,8 +212,9 @@ impl DeviceRecorder {
 
 impl Recorder for DeviceRecorder {
     fn record(&mut self, kernel: &Kernel, params: &[u8], bindings: &[wgpu::BufferBinding<'_>], groups: [u32; 3], meta: Option<LaunchMeta>) {
-        // Only a stand-in's kernels lack a pipeline, and its runtimes are dry (refused
-        // otherwise in `Runtime::new`): nothing of them reaches a device.
+        // Only kernels looked up by dry runtimes lack a pipeline (a stand-in's runtimes
+        // are all dry, refused otherwise in `Runtime::new`; a device's runtime compiles
+        // what it looks up): nothing of them reaches a device.
         let Some(pipeline) = &kernel.pipeline else {
             return;
         };
@@ -351,10 +350,6 @@ impl Recorder for DeviceRecorder {
         Ok(Elapsed::Gpu(ticks[1].saturating_sub(ticks[0]) as f64 * period * 1e-9))
     }
 
-    fn runs(&self) -> bool {
-        true
-    }
-
     fn start_profiling(&mut self) -> bool {
         if self.queries.is_none() {
             return false;
@@ -462,8 +457,5 @@ impl Recorder for DryRecorder {
     fn begin_timing(&mut self) {}
     fn end_timing(&mut self) -> Result<Elapsed, Error> {
         Ok(Elapsed::Nothing)
-    }
-    fn runs(&self) -> bool {
-        false
     }
 }
