@@ -597,8 +597,9 @@ fn what_if_configs(config: &Config, gpu: &Gpu, segments: usize) -> Result<Vec<(S
 
 /// What-if: the estimated peak of `config` (as it runs, after fit) and of each single
 /// change of its memory settings, measured against `limit` (the cap, else the device's
-/// memory). Each is the exact estimate (a dry run beside `beside`, sharing its compiled
-/// pipelines), so this costs a few dry steps.
+/// memory). Each is the exact estimate (a dry run beside `beside`, sharing its kernel
+/// cache; dry runs validate kernels without compiling pipelines), so this costs a few
+/// dry steps.
 pub fn what_if(config: &Config, beside: &Runtime, data: &Loaded, limit: Option<u64>) -> Result<Vec<WhatIf>, TrainError> {
     let rt = Arc::new(beside.dry_beside()?);
     let segments = segments_of(&rt, config, data)?;
