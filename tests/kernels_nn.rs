@@ -971,3 +971,38 @@ fn uploads_into_a_reused_block_do_not_overtake_pending_launches() {
     assert_close(&rt, "sum of uploads", &out, &[6.0; 256], 1);
     rt.sync().unwrap();
 }
+
+/// A dry run (the estimate, the what-ifs) validates a kernel without compiling it; the
+/// runtime that runs kernels compiles it at its first use, and later dry lookups get
+/// that compiled kernel; a bad shader is an error on either path.
+#[test]
+fn dry_runs_validate_kernels_and_the_running_runtime_compiles_them() {
+    use wgtrain_engine::runtime::KernelKey;
+    let rt = runtime();
+    let dry = rt.dry_beside().unwrap();
+    let wgsl = || {
+        Ok("struct Params { n: u32 }\n\
+            @group(0) @binding(0) var<uniform> p: Params;\n\
+            @group(0) @binding(1) var<storage, read_write> x: array<f32>;\n\
+            @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n\
+                if g.x < p.n { x[g.x] = x[g.x] * 2.0; }\n\
+            }\n"
+        .to_string())
+    };
+    let key = KernelKey::new("test_dry_lookup", &[1]);
+    let seen = dry.kernel(key, 1, || "dry lookup".into(), wgsl).unwrap();
+    assert!(!seen.compiled(), "a dry run compiles no pipeline");
+    let used = rt.kernel(key, 1, || "dry lookup".into(), wgsl).unwrap();
+    assert!(used.compiled(), "the running runtime compiles the kernel it uses");
+    let again = dry.kernel(key, 1, || "dry lookup".into(), || panic!("rendered again")).unwrap();
+    assert!(again.compiled(), "a later dry lookup gets the compiled kernel");
+    let bad = || Ok("@compute @workgroup_size(1) fn main() { let x: f32 = no_such_value; }".to_string());
+    for (who, r) in [("dry", &dry), ("running", &rt)] {
+        let key = KernelKey::new("test_dry_lookup", &[2]);
+        let err = r
+            .kernel(key, 1, || "bad".into(), bad)
+            .err()
+            .unwrap_or_else(|| panic!("{who}: a bad shader passed"));
+        assert!(err.to_string().contains("no_such_value"), "{who}: {err}");
+    }
+}

@@ -189,6 +189,12 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// Whether its pipeline is compiled (false where only validated: a dry run's lookup,
+    /// or a stand-in device's).
+    pub fn compiled(&self) -> bool {
+        self.pipeline.is_some()
+    }
+
     /// Tensors the kernel binds.
     pub fn storage_bindings(&self) -> usize {
         self.storage_bindings
