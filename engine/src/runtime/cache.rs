@@ -313,7 +313,11 @@ impl PipelineCache {
             key,
             name: Arc::from(label()),
         });
-        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
-        Ok(kernel)
+        let mut kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        // A validated-only kernel never replaces one another thread compiled meanwhile.
+        match kernels.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) if kernel.pipeline.is_none() => Ok(e.get().clone()),
+            e => Ok(e.insert_entry(kernel).get().clone()),
+        }
     }
 }
