@@ -28,6 +28,7 @@ const KQ: u32 = BK / 4u;         // vec4s along a K tile
 const Q: u32 = TM / 4u;        // vec4s per thread per row of fragments
 const NBUF: u32 = {{NBUF}}u;
 const TILE4: u32 = BK * BM / 4u; // vec4s of one buffer
+const SLICE_UNIT: u32 = 128u;   // the K granule of uneven slices (matmul_params::SLICE_UNIT)
 // Tiles stored k-major as vec4s: tile[kk][x] of buffer s at s * TILE4 + (kk * BM + x) / 4.
 var<workgroup> a_tile: array<vec4<f32>, NBUF * TILE4>;
 var<workgroup> b_tile: array<vec4<f32>, NBUF * TILE4>;
@@ -46,11 +47,23 @@ fn store4(c_base: u32, gm: u32, gn0: u32, acc: vec4<f32>) {
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z0 = wid.z / p.batch1;
     let z1 = wid.z % p.batch1;
-    let a_base = p.a_off + z0 * p.a_bs0 + z1 * p.a_bs1;
-    let b_base = p.b_off + z0 * p.b_bs0 + z1 * p.b_bs1;
+    var a_base = p.a_off + z0 * p.a_bs0 + z1 * p.a_bs1;
+    var b_base = p.b_off + z0 * p.b_bs0 + z1 * p.b_bs1;
     let c_base = p.c_off + z0 * p.c_bs0 + z1 * p.c_bs1;
     let row0 = wid.y * BM;
     let col0 = wid.x * BM;
+    // The first pass of a split product in uneven K slices (flags bit 1): batch z takes
+    // slice z of p.splits, [lo, hi) in whole units of SLICE_UNIT (each slice's share of
+    // p.k / SLICE_UNIT units rounded), into partial z (C's batch stride).
+    var k_len = p.k;
+    if (p.flags & 2u) != 0u {
+        let units = p.k / SLICE_UNIT;
+        let lo = wid.z * units / p.splits * SLICE_UNIT;
+        let hi = (wid.z + 1u) * units / p.splits * SLICE_UNIT;
+        a_base += lo * p.a_cs;
+        b_base += lo * p.b_rs;
+        k_len = hi - lo;
+    }
     let tid = lid.y * 16u + lid.x;
 {{LANES}}
 {{ACC_DECL}}
@@ -83,7 +96,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // never stored, loads the last tile again instead of one past K. (The checked
         // loads below stay as they were: rewritten around a constant, the driver compiled
         // them slower at some shapes.)
-        let kl = min(k0, p.k - BK);
+        let kl = min(k0, k_len - BK);
 //#endif
 //#if VEC_A
         for (var l = 0u; l < V4; l++) {
@@ -95,7 +108,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 //#else
             let gk = k0 + (e % KQ) * 4u;
             var v = vec4<f32>(0.0);
-            if gm < p.m && gk < p.k { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
+            if gm < p.m && gk < k_len { v = vec4<f32>(a[(a_base + gm * p.a_rs + gk) / 4u]); }
             ra[l] = v;
 //#endif
         }
@@ -108,7 +121,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let gk = k0 + e / (BM / 4u);
             let gm = row0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
-            if gk < p.k && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
+            if gk < k_len && gm < p.m { v = vec4<f32>(a[(a_base + gk * p.a_cs + gm) / 4u]); }
             ra[l] = v;
         }
 //#else
@@ -117,7 +130,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let gm = row0 + e / BK;
             let gk = k0 + e % BK;
             var v = 0.0;
-            if gm < p.m && gk < p.k { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
+            if gm < p.m && gk < k_len { v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]); }
             ra[l] = v;
         }
 //#endif
@@ -133,7 +146,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let gk = k0 + e / (BM / 4u);
             let gn = col0 + (e % (BM / 4u)) * 4u;
             var v = vec4<f32>(0.0);
-            if gk < p.k && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
+            if gk < k_len && gn < p.n { v = vec4<f32>(b[(b_base + gk * p.b_rs + gn) / 4u]); }
             rb[l] = v;
 //#endif
         }
@@ -146,7 +159,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let gn = col0 + e / KQ;
             let gk = k0 + (e % KQ) * 4u;
             var v = vec4<f32>(0.0);
-            if gn < p.n && gk < p.k { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
+            if gn < p.n && gk < k_len { v = vec4<f32>(b[(b_base + gn * p.b_cs + gk) / 4u]); }
             rb[l] = v;
         }
 //#else
@@ -155,7 +168,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let gk = k0 + e / BM;
             let gn = col0 + e % BM;
             var v = 0.0;
-            if gk < p.k && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
+            if gk < k_len && gn < p.n { v = f32(b[b_base + gk * p.b_rs + gn * p.b_cs]); }
             rb[l] = v;
         }
 //#endif
@@ -175,7 +188,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             workgroupBarrier();
 //#endif
         }
-        if k0 >= p.k { break; }
+        if k0 >= k_len { break; }
         // Registers -> tiles (buffer `cur`).
         let cur = ((k0 / BK) % NBUF) * TILE4;
 //#if VEC_A

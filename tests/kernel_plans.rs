@@ -101,6 +101,57 @@ fn split_rules_on_an_h100() {
     assert_eq!(split_k_by_waves(w, 264, 8192), 1, "a full wave is not split");
     assert_eq!(split_k_by_waves(w, 144, 768), 2, "4 slices would be shorter than 256");
     assert_eq!(split_k(w, 10, 1000), 1, "slices would not be multiples of 8");
+    // The tiled kernel with K whole units of 128 (uneven slices): by its cost model, the
+    // busiest SM's workgroups times the longest slice. The char workload's dW products
+    // (K 16384): fc.dw's 36 tiles in 11 slices (396 workgroups, three an SM; measured on
+    // the H200 478 us, against 512 in 10 and 554 in 12), attn_proj.dw's 9 tiles in 13;
+    // GPT-2's fc.dw (144 tiles, K 8192) in 8 as before; products that fill the SMs with
+    // short K (the forward's) unsplit.
+    use wgtrain_engine::kernels::matmul_plan::{split_k_tiled, tiled_split_cost};
+    assert_eq!(split_k_tiled(w, (36, 128), 16384), 11);
+    assert_eq!(split_k_tiled(w, (9, 128), 16384), 13);
+    assert_eq!(split_k_tiled(w, (144, 128), 8192), 8);
+    assert_eq!(split_k_tiled(w, (1536, 128), 768), 1, "GPT-2's fc.fwd");
+    assert_eq!(split_k_tiled(w, (384, 128), 1536), 1, "the char workload's fc.dx");
+    assert_eq!(split_k_tiled(w, (1, 128), 128), 1, "one unit of K is not split");
+    let cost = |tiles, units, s| tiled_split_cost(w, (tiles, 128), units, s);
+    assert!(cost(36, 128, 11) < cost(36, 128, 12) && cost(36, 128, 11) < cost(36, 128, 10));
+    assert!(cost(36, 128, 11) < cost(36, 128, 1) / 3.0);
+}
+
+/// A product's split, kernel and scratch come from one plan: the char workload's fc.dw
+/// in f32 on the H100 (K 16384, whole units) takes 11 uneven slices on the tiled kernel
+/// and their partials; K off the unit falls back to equal slices by wave fill.
+#[test]
+fn tiled_products_take_uneven_slices_where_k_is_whole_units() {
+    let plan_dw = |rows: usize| {
+        plan(
+            &h100(),
+            op(&[384, rows], &[1, 384], DType::F32),
+            op(&[rows, 1536], &[1536, 1], DType::F32),
+            op(&[384, 1536], &[1536, 1], DType::F32),
+            &MatmulOptions::default(),
+        )
+        .unwrap()
+        .unwrap()
+    };
+    let p = plan_dw(16384);
+    assert!(matches!(p.kernel, ProductKernel::Tiled(_)), "{p}");
+    assert_eq!((p.splits, p.scratch_elems), (11, 11 * 384 * 1536), "{p}");
+    assert_eq!(p.first.flags & wgtrain_engine::kernels::matmul_params::SLICED, 2, "{p}");
+    assert_eq!(
+        wgtrain_engine::kernels::matmul_plan::tiled_split_bytes(&h100(), 384, 1536, 16384),
+        (11 * 384 * 1536 * 4) as u64
+    );
+    // 16384 + 8 rows: not whole units, so equal slices (8: 36 tiles fill 288 of 264 slots...
+    // the wave-fill rule), and no uneven flag.
+    let q = plan_dw(16392);
+    assert_eq!(q.first.flags & wgtrain_engine::kernels::matmul_params::SLICED, 0, "{q}");
+    assert_eq!(
+        q.splits,
+        wgtrain_engine::kernels::matmul_plan::split_k_by_waves(132, 36, 16392),
+        "{q}"
+    );
 }
 
 /// GPT-2's dW products in f16 on the H100 take tensor cores: fc.dw (144 tiles) in 3
@@ -129,24 +180,26 @@ fn gpt2_products_plan_by_adapter() {
     }
 }
 
-/// A product with two output tiles leaves lavapipe's two threads half idle: split by
-/// wave fill there too; one with many tiles is never split.
+/// A product of two output tiles: on the H100's 132 SMs it splits K into the most
+/// slices of a unit (K 2048: 16); on lavapipe's two threads, which each run one of its
+/// two tiles already, K whole units is not split, and K off the unit (2000) takes the
+/// wave-fill rule's equal slices (two threads run one workgroup each: 2 slices).
 #[test]
-fn small_products_split_on_any_adapter() {
-    let (a, a_s, b, b_s, c, c_s) = ([33, 2048], [2048, 1], [2048, 65], [65, 1], [33, 65], [65, 1]);
-    let p = |facts: &AdapterFacts| {
+fn small_products_split_where_it_pays() {
+    let p = |facts: &AdapterFacts, k: usize| {
         plan(
             facts,
-            op(&a, &a_s, DType::F32),
-            op(&b, &b_s, DType::F32),
-            op(&c, &c_s, DType::F32),
+            op(&[33, k], &[k, 1], DType::F32),
+            op(&[k, 65], &[65, 1], DType::F32),
+            op(&[33, 65], &[65, 1], DType::F32),
             &MatmulOptions::default(),
         )
         .unwrap()
         .unwrap()
     };
-    assert_eq!(p(&lavapipe()).splits, 8);
-    assert_eq!(p(&h100()).splits, 8);
+    assert_eq!(p(&lavapipe(), 2048).splits, 1);
+    assert_eq!(p(&h100(), 2048).splits, 16);
+    assert_eq!(p(&lavapipe(), 2000).splits, 2);
 }
 
 #[test]

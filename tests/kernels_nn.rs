@@ -181,10 +181,11 @@ fn every_tiled_variant_matches() {
 /// beta accumulating onto C).
 #[test]
 fn split_k_products_match() {
-    // The split rules themselves: tests/kernel_plans.rs.
+    // The split rules themselves: tests/kernel_plans.rs. K = 2000 (off the unit of
+    // uneven slices) is split in equal slices on lavapipe and on the GPUs.
     let rt = runtime();
     let mut rng = Rng(22);
-    let (m, k, n) = (33, 2048, 65);
+    let (m, k, n) = (33, 2000, 65);
     let (a_data, b_data) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
     let (bias_data, c_data) = (rng.vec(n, -1.0, 1.0), rng.vec(m * n, -1.0, 1.0));
     let a = upload(&rt, &a_data, &[m, k], DType::F32);
@@ -206,6 +207,39 @@ fn split_k_products_match() {
         .map(|(i, &v)| gelu(0.5 * v + bias_data[i % n] as f64 + c_data[i] as f64))
         .collect();
     assert_close(&rt, "split-K f32 with the whole epilogue", &c, &want, k);
+    // Forced uneven slices on the tiled f32 kernel (K whole units of 128): ragged M and N
+    // with A a transposed view (a weight gradient's read), and whole tiles (the unchecked
+    // loads); K off the unit takes equal slices only and says so.
+    let tiled = MatmulOptions {
+        tiled_only: true,
+        ..Default::default()
+    };
+    for (m, k, n, a_view) in [(192, 896, 160, true), (256, 896, 128, false)] {
+        let (a_data, b_data) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -1.0, 1.0));
+        let want = matmul_ref(&f64s(&a_data), &f64s(&b_data), 1, m, k, n);
+        let a = if a_view {
+            let at: Vec<f32> = transpose(&f64s(&a_data), m, k).iter().map(|&x| x as f32).collect();
+            upload(&rt, &at, &[k, m], DType::F32).transpose(0, 1).unwrap()
+        } else {
+            upload(&rt, &a_data, &[m, k], DType::F32)
+        };
+        let b = upload(&rt, &b_data, &[k, n], DType::F32);
+        for splits in [2, 3, 5, 7] {
+            let opts = MatmulOptions {
+                split_k: Some(splits),
+                ..tiled
+            };
+            let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+            assert_close(&rt, &format!("{m}x{k}x{n} in {splits} slices, A a view: {a_view}"), &c, &want, k);
+        }
+    }
+    let (a, b) = (
+        upload(&rt, &rng.vec(64 * 960, -1.0, 1.0), &[64, 960], DType::F32),
+        upload(&rt, &rng.vec(960 * 64, -1.0, 1.0), &[960, 64], DType::F32),
+    );
+    let opts = MatmulOptions { split_k: Some(7), ..tiled };
+    let e = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap_err();
+    assert!(e.to_string().contains("slices of K = 960"), "{e}");
     finish(&rt);
 }
 
@@ -388,7 +422,7 @@ fn f16_matmul_whole_tiles() {
 /// Forced K slices (`MatmulOptions::split_k`): the tensor-core kernel takes uneven ones
 /// over whole tiles (K = 7 units of 128 in 2, 3, 5 and 7 slices; A as stored and as a
 /// transposed view, the way a weight gradient reads it; f32 and f16 C, with the whole
-/// epilogue once); the tiled kernel takes equal slices only and says so for others.
+/// epilogue once); so does the tiled kernel, over any tiles (K whole units).
 #[test]
 fn f16_matmul_uneven_k_slices() {
     let rt = runtime();
@@ -416,17 +450,12 @@ fn f16_matmul_uneven_k_slices() {
                 ..Default::default()
             };
             let what = format!("{splits} slices, A strides {:?}, coop={coop}", a.strides());
-            match matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c") {
-                Ok(c) => assert_close_within(&rt, &what, &c, &want, tol),
-                Err(e) => {
-                    assert!(!coop && k % splits != 0, "{what}: {e}");
-                    assert!(e.to_string().contains("slices of K = 896"), "{e}");
-                }
-            }
+            let c = matmul(&rt, &a, &b, DType::F32, &opts, Category::Other, "c").unwrap();
+            assert_close_within(&rt, &what, &c, &want, tol);
         }
     }
-    // The whole epilogue and an f16 C, in 3 slices where the tensor cores take them.
-    let splits = if coop { 3 } else { 7 };
+    // The whole epilogue and an f16 C, in 3 slices.
+    let splits = 3;
     let a = upload(&rt, &a_data, &[m, k], DType::F16);
     let c = upload(&rt, &c_data, &[m, n], DType::F32);
     let opts = MatmulOptions {

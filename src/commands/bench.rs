@@ -25,7 +25,8 @@ pub struct BenchArgs {
     /// Small shapes, a short run.
     #[arg(long)]
     quick: bool,
-    /// Run only benchmarks whose name contains this.
+    /// Run only benchmarks whose name contains this (or any of several, comma-separated:
+    /// `char.fc.dw,gpt2.fc.dw`).
     #[arg(long)]
     filter: Option<String>,
     /// Adapter: index, backend or part of its name (see `wgtrain devices`).
@@ -102,7 +103,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         gpu.report.backend,
         if gpu.caps.timestamps { "GPU timestamps" } else { "wall clock" }
     );
-    let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
+    let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| f.split(',').any(|part| name.contains(part)));
     let mut records: Vec<BenchRecord> = Vec::new();
     {
         let mut rt = Runtime::new(

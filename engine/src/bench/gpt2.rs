@@ -44,6 +44,16 @@ impl Shape {
     }
 }
 
+/// The char workload's GPT (scripts/gpt_workloads.sh: L6, C384, T256, B64), whose
+/// linear layers' products are the `char.*` rows.
+pub(super) const CHAR: Shape = Shape {
+    b: 64,
+    t: 256,
+    c: 384,
+    nh: 6,
+    vocab: 65,
+};
+
 /// GPT-2 small at the gpt2 workload's batch.
 pub(super) const GPT2: Shape = Shape {
     b: 8,
@@ -73,6 +83,8 @@ pub(super) enum Product {
 /// [K,R]·[R,N] (Xᵀ a view). With a forced variant the row is named `tune.TILE.gpt2...`
 /// (the tuning sweep).
 pub(super) struct Linear<'a> {
+    /// The row name's first part: `gpt2`, or `char` (the char workload's shapes).
+    pub model: &'a str,
     pub layer: &'a str,
     pub rows: usize,
     pub k: usize,
@@ -84,6 +96,7 @@ pub(super) struct Linear<'a> {
 
 pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
     let Linear {
+        model,
         layer,
         rows,
         k,
@@ -138,7 +151,7 @@ pub(super) fn linear(rt: &Runtime, l: Linear) -> Result<BenchRecord, Error> {
     };
     let prefix = forced.row_prefix();
     Ok(super::measure::with_splits(record(
-        &format!("{prefix}gpt2.{layer}.{what}"),
+        &format!("{prefix}{model}.{layer}.{what}"),
         dtype,
         &[m, inner, cols],
         &timing,
@@ -444,23 +457,28 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
     }
     let c = s.c;
     let mut out = Vec::new();
-    for (layer, k, n) in linear_layers(c) {
-        for (what, product) in PRODUCTS {
-            if wanted(&format!("gpt2.{layer}.{what}")) {
-                for &dtype in &dtypes {
-                    let rows = s.rows();
-                    out.extend(unless_unsplittable(linear(
-                        rt,
-                        Linear {
-                            layer,
-                            rows,
-                            k,
-                            n,
-                            product,
-                            dtype,
-                            forced: MatmulVariant::Auto,
-                        },
-                    ))?);
+    // The char workload's products too, at full size only (the quick shapes are one GPT).
+    let models: &[(&str, Shape)] = if quick { &[("gpt2", s)] } else { &[("gpt2", s), ("char", CHAR)] };
+    for &(model, ms) in models {
+        for (layer, k, n) in linear_layers(ms.c) {
+            for (what, product) in PRODUCTS {
+                if wanted(&format!("{model}.{layer}.{what}")) {
+                    for &dtype in &dtypes {
+                        let rows = ms.rows();
+                        out.extend(unless_unsplittable(linear(
+                            rt,
+                            Linear {
+                                model,
+                                layer,
+                                rows,
+                                k,
+                                n,
+                                product,
+                                dtype,
+                                forced: MatmulVariant::Auto,
+                            },
+                        ))?);
+                    }
                 }
             }
         }

@@ -92,6 +92,7 @@ fn matmul_rows(
         for (what, product) in PRODUCTS {
             if wanted(&format!("{prefix}gpt2.{layer}.{what}")) {
                 let l = Linear {
+                    model: "gpt2",
                     layer,
                     rows: GPT2.rows(),
                     k,

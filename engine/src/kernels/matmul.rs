@@ -316,12 +316,14 @@ fn launch_product(
     )?;
     // Without a bias, any block fills the (unread) bias binding.
     let bias = bias.unwrap_or(c);
+    // A sliced launch's batches share the one product's K.
+    let products = if params.flags & SLICED != 0 { 1 } else { batches };
     rt.launch_with_work(
         &compiled,
         bytemuck::bytes_of(params),
         &[a, b, c, bias],
         [n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, batches],
-        Some(2.0 * (m * n * k) as f64 * f64::from(batches)),
+        Some(2.0 * (m * n * k) as f64 * f64::from(products)),
         2,
     )
 }

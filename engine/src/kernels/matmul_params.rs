@@ -297,9 +297,8 @@ pub struct Params {
     pub beta: f32,
     /// Bit 0: the cooperative kernel may store whole tiles four elements at once (C's
     /// offset and strides multiples of 4; the split-K second pass: likewise, with N).
-    /// Bit 1: the cooperative kernel's
-    /// first pass of a split product in uneven K slices ([`SLICED`]). The tiled kernel
-    /// ignores both.
+    /// Bit 1: the first pass of a split product in uneven K slices ([`SLICED`]), in
+    /// either kernel (the tiled kernel ignores bit 0).
     pub flags: u32,
     /// K slices of a split-K matmul (its second pass sums this many partials; with
     /// [`SLICED`], the first pass's slices).

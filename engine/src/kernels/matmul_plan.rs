@@ -6,13 +6,14 @@
 //! choices for described adapters. A plan's `Display` is the kernel's name in the
 //! profiler's table and trace.
 //!
-//! May call: `device` (adapter facts), `error`, `kernels::{matmul_coop, matmul_params}`,
-//! `tensor`.
+//! May call: `device` (adapter facts), `error`, `kernels::{matmul_coop, matmul_params,
+//! matmul_split}`, `tensor`.
 
 use std::fmt;
 
 use super::matmul_coop::{self as coop, TILE_128_AHEAD, TILE_128_SLIM};
 use super::matmul_params::{Activation, Load, MatmulOptions, MatmulTile, Params, SLICE_UNIT, SLICED, SimtTile, wave_fill};
+pub use super::matmul_split::{split_cost, split_k, split_k_by_waves, split_k_coop, split_k_tiled, tiled_split_cost};
 use crate::device::AdapterFacts;
 use crate::error::Error;
 use crate::tensor::{DType, Tensor};
@@ -217,7 +218,7 @@ pub fn plan(facts: &AdapterFacts, a: Operand, b: Operand, c: Operand, opts: &Mat
             let a_col = Load::of_operands(&params, &[8, 4])[0].col;
             let uneven = coop_tile.is_some_and(|t| t.bm() == 128 && t.bn() == 128)
                 && [TILE_128_AHEAD, TILE_128_SLIM].iter().all(|&t| sliceable(&params, 1, t));
-            slices(wave, tiles, k, batches, wave_split, usable.then_some((a_col, uneven)))
+            slices(wave, (tiles, tile_m), k, batches, wave_split, usable.then_some((a_col, uneven)))
         }
     };
     // The longest slice: uneven slices are whole units of SLICE_UNIT.
@@ -249,10 +250,13 @@ pub fn plan(facts: &AdapterFacts, a: Operand, b: Operand, c: Operand, opts: &Mat
     }
     // Split K: each slice's product into its own partial (the slices are the batches of
     // the first pass: its batch strides step along K), then the partials summed in order
-    // through the epilogue. The tensor-core kernel takes uneven slices of whole tiles
-    // itself (`SLICED`); other launches step along K by their batch strides, in equal
-    // slices.
-    let sliced = coop_tile.is_some_and(|t| sliceable(&params, splits, t));
+    // through the epilogue. Where K is whole units of [`SLICE_UNIT`] (and, on the
+    // tensor-core kernel, the tiles whole) the kernel takes uneven slices itself
+    // (`SLICED`); other launches step along K by their batch strides, in equal slices.
+    let sliced = match coop_tile {
+        Some(t) => sliceable(&params, splits, t),
+        None => tiled_sliceable(k, splits),
+    };
     if !(sliced || k.is_multiple_of(splits) && k / splits > 0) {
         return Err(Error::invalid(
             "matmul K slices",
@@ -431,75 +435,26 @@ fn sliceable(params: &Params, splits: usize, tile: MatmulTile) -> bool {
     k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT && coop::whole(&all, tile)
 }
 
+/// Whether the tiled kernel can take a product of inner size `k` in `splits` uneven K
+/// slices (`SLICED`): K a multiple of [`SLICE_UNIT`], a unit at least a slice. (Its
+/// loads check M and N, and within a slice K, whose length is whole K tiles.)
+fn tiled_sliceable(k: usize, splits: usize) -> bool {
+    splits > 1 && k.is_multiple_of(SLICE_UNIT) && splits <= k / SLICE_UNIT
+}
+
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
 /// `k` on a device whose wave holds `wave` workgroups: by wave fill for the tiled
 /// kernel's wave-split variants, [`split_k_coop`] for the tensor-core kernel (`coop`:
 /// whether A is a transposed view, and whether uneven slices may be taken), else
 /// [`split_k`]; a batched product is not split.
-fn slices(wave: u64, tiles: u64, k: usize, batches: usize, wave_split: bool, coop: Option<(bool, bool)>) -> usize {
+fn slices(wave: u64, (tiles, tile): (u64, u64), k: usize, batches: usize, wave_split: bool, coop: Option<(bool, bool)>) -> usize {
     match (batches, coop) {
+        (1, None) if wave_split && k.is_multiple_of(SLICE_UNIT) => split_k_tiled(wave, (tiles, tile), k),
         (1, _) if wave_split => split_k_by_waves(wave, tiles, k),
         (1, Some((a_col, uneven))) => split_k_coop(wave, tiles, k, a_col, uneven),
         (1, None) => split_k(wave, tiles, k),
         _ => 1,
     }
-}
-
-/// Microseconds on the H100 per wave and per [`SLICE_UNIT`] of a slice's K, for the
-/// two-ahead tile (waves of one workgroup per SM) and the 128-thread tile (waves of two);
-/// per partial tile of a split product (written, then read by the second pass); and per
-/// split product (the second pass). Fit to GPT-2's four dW products at 1-8 and 11
-/// slices (`wgtrain bench --filter .dw --splits N`): within 3% of every row but qkv.dw
-/// unsplit (7%), and each product's fastest count is the model's.
-const SPLIT_MODEL_US: (f64, f64, f64, f64) = (2.307, 4.146, 0.074, 10.97);
-
-/// The modelled time of a tensor-core product of `tiles` output tiles in `splits` slices
-/// of at most `slice_units` units of K (see [`SPLIT_MODEL_US`]) on a device whose wave
-/// holds `wave` workgroups, with the 128 x 128 tile that
-/// [`by_waves`](super::matmul_coop::by_waves) gives it.
-pub fn split_cost(wave: u64, tiles: u64, splits: u64, slice_units: f64, a_col: bool) -> f64 {
-    let (ahead, slim, partial, pass) = SPLIT_MODEL_US;
-    let workgroups = tiles * splits;
-    let len = (slice_units * SLICE_UNIT as f64) as u32;
-    let work = if coop::by_waves(workgroups, len, a_col, wave) == TILE_128_SLIM {
-        workgroups.div_ceil(2 * wave) as f64 * slice_units * slim
-    } else {
-        workgroups.div_ceil(wave) as f64 * slice_units * ahead
-    };
-    if splits > 1 {
-        work + workgroups as f64 * partial + pass
-    } else {
-        work
-    }
-}
-
-/// K slices for the tensor-core kernel: the count, up to 16, of least [`split_cost`].
-/// With `uneven` (K a multiple of [`SLICE_UNIT`] and whole 128 x 128 tiles) any count of
-/// whole units; otherwise 2, 4 or 8 equal slices at least 256 long and multiples of 8.
-/// On the H100 this splits GPT-2's attn_proj.dw in 3 (69.3 us against 89.1 in the 8 slices
-/// before), fc.dw and fc_proj.dw in 3 (224.6 against 238.1 in 4), and qkv.dw not at all
-/// (158.0 against 177.2 in 4).
-pub fn split_k_coop(wave: u64, tiles: u64, k: usize, a_col: bool, uneven: bool) -> usize {
-    let units = k as f64 / SLICE_UNIT as f64;
-    let cost = |s: usize| {
-        let len = if uneven {
-            (k / SLICE_UNIT).div_ceil(s) as f64
-        } else {
-            units / s as f64
-        };
-        split_cost(wave, tiles, s as u64, len, a_col)
-    };
-    let fits = |s: usize| {
-        if uneven {
-            s <= k / SLICE_UNIT
-        } else {
-            s == 1 || [2, 4, 8].contains(&s) && k.is_multiple_of(8 * s) && k / s >= 256
-        }
-    };
-    (1..=16)
-        .filter(|&s| fits(s))
-        .min_by(|&x, &y| cost(x).total_cmp(&cost(y)))
-        .unwrap_or(1)
 }
 
 /// Bytes of split-K partials that the tiled kernel's default variant allocates for a
@@ -514,52 +469,11 @@ pub fn tiled_split_bytes(facts: &AdapterFacts, m: usize, n: usize, k: usize) -> 
     let bulk = if k > align { k - k % align } else { k };
     let wave_split = SimtTile::DEFAULT.wave_split;
     let wave = facts.wave();
+    let tiles = (tiles, t as u64);
     match slices(wave, tiles, k, 1, wave_split, None).max(slices(wave, tiles, bulk, 1, wave_split, None)) {
         1 => 0,
         s => (s * m * n * 4) as u64,
     }
-}
-
-/// K slices for a single matmul of `tiles` output tiles and inner size `k`: none when the
-/// tiles fill the device twice over (two workgroups run on each multiprocessor);
-/// otherwise the fewest of 2, 4 or 8 slices that do, each slice at least 256 long and a
-/// multiple of 8 (aligned loads), or the most that stay so.
-pub fn split_k(wave: u64, tiles: u64, k: usize) -> usize {
-    if tiles >= 2 * wave {
-        return 1;
-    }
-    let fits = |s: usize| k.is_multiple_of(8 * s) && k / s >= 256;
-    [2, 4, 8]
-        .into_iter()
-        .find(|&s| fits(s) && tiles * s as u64 >= 2 * wave)
-        .or_else(|| [8, 4, 2].into_iter().find(|&s| fits(s)))
-        .unwrap_or(1)
-}
-
-/// K slices by wave fill, for a product of fewer tiles than one wave of the device
-/// holds (two workgroups per multiprocessor): the split (2, 4 or 8; each slice at least
-/// 256 long and a multiple of 8) whose workgroups fill their last wave best, the most
-/// slices among equals. A product of a wave or more is not split: its slices' partials
-/// would cost more than its last wave's idle multiprocessors (measured at GPT-2's
-/// shapes).
-pub fn split_k_by_waves(wave: u64, tiles: u64, k: usize) -> usize {
-    let slots = 2 * wave;
-    if tiles >= slots {
-        return 1;
-    }
-    let fits = |s: usize| s == 1 || (k.is_multiple_of(8 * s) && k / s >= 256);
-    // Fill in thousandths: work / (waves * slots).
-    let fill = |s: usize| {
-        let wgs = tiles * s as u64;
-        wgs * 1000 / (wgs.div_ceil(slots) * slots)
-    };
-    let mut best = 1;
-    for s in [2, 4, 8].into_iter().filter(|&s| fits(s)) {
-        if fill(s) >= fill(best) {
-            best = s;
-        }
-    }
-    best
 }
 
 /// The tiled kernel's output tile (rows = columns).

@@ -29,6 +29,7 @@ pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_params;
 pub mod matmul_plan;
+pub mod matmul_split;
 pub mod optim;
 pub mod optim_multi;
 pub mod pool;
