@@ -443,8 +443,9 @@ fn tiled_sliceable(k: usize, splits: usize) -> bool {
 }
 
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
-/// `k` on a device whose wave holds `wave` workgroups: by wave fill for the tiled
-/// kernel's wave-split variants, [`split_k_coop`] for the tensor-core kernel (`coop`:
+/// `k` on a device whose wave holds `wave` workgroups: for the tiled kernel's wave-split
+/// variants [`split_k_tiled`] where K is whole units of [`SLICE_UNIT`] (the tile's side
+/// in `tiles`), else by wave fill; [`split_k_coop`] for the tensor-core kernel (`coop`:
 /// whether A is a transposed view, and whether uneven slices may be taken), else
 /// [`split_k`]; a batched product is not split.
 fn slices(wave: u64, (tiles, tile): (u64, u64), k: usize, batches: usize, wave_split: bool, coop: Option<(bool, bool)>) -> usize {
