@@ -4,8 +4,10 @@
 //! and, where the adapter has f16, f16 inputs (the tensor-core path when granted);
 //! attention forward + backward (fused, and the composite it replaced); LayerNorm forward and backward; GELU forward and
 //! backward; the residual add; the embedding backward. Cross-entropy and AdamW at these
-//! shapes are `bench::kernels`' rows. Each row is checked against an f64 reference on
-//! samples and timed as `bench::measure` says; rows are named `gpt2.*`.
+//! shapes are `bench::kernels`' rows. The char workload's linear products (L6, C384,
+//! T256, B64: weight gradients of K 16384) are rows too, named `char.*`. Each row is
+//! checked against an f64 reference on samples and timed as `bench::measure` says; the
+//! others are named `gpt2.*`.
 //!
 //! May call: `bench::{measure, record}`, `error`, `kernels`, `memory`, `runtime`,
 //! `tensor`.

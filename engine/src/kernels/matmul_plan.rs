@@ -218,7 +218,15 @@ pub fn plan(facts: &AdapterFacts, a: Operand, b: Operand, c: Operand, opts: &Mat
             let a_col = Load::of_operands(&params, &[8, 4])[0].col;
             let uneven = coop_tile.is_some_and(|t| t.bm() == 128 && t.bn() == 128)
                 && [TILE_128_AHEAD, TILE_128_SLIM].iter().all(|&t| sliceable(&params, 1, t));
-            slices(wave, (tiles, tile_m), k, batches, wave_split, usable.then_some((a_col, uneven)))
+            slices(
+                wave,
+                (tiles, tile_m),
+                k,
+                batches,
+                wave_split && !facts.cpu,
+                wave_split,
+                usable.then_some((a_col, uneven)),
+            )
         }
     };
     // The longest slice: uneven slices are whole units of SLICE_UNIT.
@@ -444,13 +452,23 @@ fn tiled_sliceable(k: usize, splits: usize) -> bool {
 
 /// K slices of a product of `tiles` output tiles (over all `batches`) and inner size
 /// `k` on a device whose wave holds `wave` workgroups: for the tiled kernel's wave-split
-/// variants [`split_k_tiled`] where K is whole units of [`SLICE_UNIT`] (the tile's side
-/// in `tiles`), else by wave fill; [`split_k_coop`] for the tensor-core kernel (`coop`:
+/// variants on a GPU (`modelled`) [`split_k_tiled`] where K is whole units of
+/// [`SLICE_UNIT`] (the tile's side in `tiles`), else by wave fill (a CPU adapter's
+/// threads are not the model's SMs: on lavapipe it split a small MLP's products the wave
+/// rule leaves whole, 4.00 -> 4.76 MiB at no speed); [`split_k_coop`] for the tensor-core kernel (`coop`:
 /// whether A is a transposed view, and whether uneven slices may be taken), else
 /// [`split_k`]; a batched product is not split.
-fn slices(wave: u64, (tiles, tile): (u64, u64), k: usize, batches: usize, wave_split: bool, coop: Option<(bool, bool)>) -> usize {
+fn slices(
+    wave: u64,
+    (tiles, tile): (u64, u64),
+    k: usize,
+    batches: usize,
+    modelled: bool,
+    wave_split: bool,
+    coop: Option<(bool, bool)>,
+) -> usize {
     match (batches, coop) {
-        (1, None) if wave_split && k.is_multiple_of(SLICE_UNIT) => split_k_tiled(wave, (tiles, tile), k),
+        (1, None) if modelled && k.is_multiple_of(SLICE_UNIT) => split_k_tiled(wave, (tiles, tile), k),
         (1, _) if wave_split => split_k_by_waves(wave, tiles, k),
         (1, Some((a_col, uneven))) => split_k_coop(wave, tiles, k, a_col, uneven),
         (1, None) => split_k(wave, tiles, k),
@@ -471,7 +489,8 @@ pub fn tiled_split_bytes(facts: &AdapterFacts, m: usize, n: usize, k: usize) -> 
     let wave_split = SimtTile::DEFAULT.wave_split;
     let wave = facts.wave();
     let tiles = (tiles, t as u64);
-    match slices(wave, tiles, k, 1, wave_split, None).max(slices(wave, tiles, bulk, 1, wave_split, None)) {
+    let modelled = wave_split && !facts.cpu;
+    match slices(wave, tiles, k, 1, modelled, wave_split, None).max(slices(wave, tiles, bulk, 1, modelled, wave_split, None)) {
         1 => 0,
         s => (s * m * n * 4) as u64,
     }
