@@ -28,7 +28,6 @@ const KQ: u32 = BK / 4u;         // vec4s along a K tile
 const Q: u32 = TM / 4u;        // vec4s per thread per row of fragments
 const NBUF: u32 = {{NBUF}}u;
 const TILE4: u32 = BK * BM / 4u; // vec4s of one buffer
-const SLICE_UNIT: u32 = 128u;   // the K granule of uneven slices (matmul_params::SLICE_UNIT)
 // Tiles stored k-major as vec4s: tile[kk][x] of buffer s at s * TILE4 + (kk * BM + x) / 4.
 var<workgroup> a_tile: array<vec4<f32>, NBUF * TILE4>;
 var<workgroup> b_tile: array<vec4<f32>, NBUF * TILE4>;
@@ -52,17 +51,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let c_base = p.c_off + z0 * p.c_bs0 + z1 * p.c_bs1;
     let row0 = wid.y * BM;
     let col0 = wid.x * BM;
-    // The first pass of a split product in uneven K slices (flags bit 1): batch z takes
-    // slice z of p.splits, [lo, hi) in whole units of SLICE_UNIT (each slice's share of
-    // p.k / SLICE_UNIT units rounded), into partial z (C's batch stride).
+    // Uneven K slices (flags bit 1): this batch's slice of K (matmul_common's k_slice).
     var k_len = p.k;
     if (p.flags & 2u) != 0u {
-        let units = p.k / SLICE_UNIT;
-        let lo = wid.z * units / p.splits * SLICE_UNIT;
-        let hi = (wid.z + 1u) * units / p.splits * SLICE_UNIT;
-        a_base += lo * p.a_cs;
-        b_base += lo * p.b_rs;
-        k_len = hi - lo;
+        let s = k_slice(wid.z);
+        a_base += s.x * p.a_cs;
+        b_base += s.x * p.b_rs;
+        k_len = s.y - s.x;
     }
     let tid = lid.y * 16u + lid.x;
 {{LANES}}

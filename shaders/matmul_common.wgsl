@@ -32,3 +32,14 @@ fn store_c(ci: u32, gn: u32, acc: f32) {
     if p.beta != 0.0 { old = f32(c[ci]); }
     c[ci] = {{TC}}(epilogue(acc, gn, old));
 }
+
+// A split product's first pass in uneven K slices (flags bit 1, `matmul_params::SLICED`):
+// batch z takes slice z of p.splits, [lo, hi) in whole units of SLICE_UNIT (each slice's
+// share of p.k / SLICE_UNIT units rounded, so no slice is a unit longer than another),
+// into partial z (C's batch stride). The host sets it only where K is whole units.
+const SLICE_UNIT: u32 = 128u;
+
+fn k_slice(z: u32) -> vec2<u32> {
+    let units = p.k / SLICE_UNIT;
+    return vec2<u32>(z * units / p.splits, (z + 1u) * units / p.splits) * SLICE_UNIT;
+}

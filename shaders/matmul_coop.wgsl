@@ -146,24 +146,18 @@ fn stash(rs: u32, tid: u32, buf: u32) {
     b_stash(rs, tid, buf);
 }
 
-// A launch whose flags have bit 1 is the first pass of a split product in uneven K
-// slices: workgroups of batch z take slice z of p.splits, [lo, hi) in whole units of
-// SLICE_UNIT (each slice's share of p.k / SLICE_UNIT units rounded, so no slice is a
-// unit longer than another), into partial z (C's batch stride). The host sets it only
-// for whole tiles (the loads are unchecked, so no slice reads into the next).
-const SLICE_UNIT: u32 = 128u;
-
+// Uneven K slices (flags bit 1): batch z takes its slice of K (matmul_common's
+// k_slice). The host sets it here only for whole tiles (the loads are unchecked, so no
+// slice reads into the next).
 @compute @workgroup_size({{THREADS}})
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     var here = place(wid.x, wid.y, wid.z);
     var k_len = p.k;
     if (p.flags & 2u) != 0u {
-        let units = p.k / SLICE_UNIT;
-        let lo = wid.z * units / p.splits * SLICE_UNIT;
-        let hi = (wid.z + 1u) * units / p.splits * SLICE_UNIT;
-        here.a_base += lo * p.a_cs;
-        here.b_base += lo * p.b_rs;
-        k_len = hi - lo;
+        let sl = k_slice(wid.z);
+        here.a_base += sl.x * p.a_cs;
+        here.b_base += sl.x * p.b_rs;
+        k_len = sl.y - sl.x;
     }
     let tid = lid.x;
     let s = tid / 32u;

@@ -134,7 +134,7 @@ impl SimtTile {
 /// launch takes slice z of `splits`, in whole units of [`SLICE_UNIT`] of K (each slice's
 /// rounded share), `k` being the whole product's.
 pub const SLICED: u32 = 2;
-/// The K granule of uneven slices (shaders/matmul_coop.wgsl's `SLICE_UNIT`): two K tiles
+/// The K granule of uneven slices (shaders/matmul_common.wgsl's `SLICE_UNIT`): two K tiles
 /// of 64, so every slice has an even count of them (the two-a-turn loop's whole tiles).
 pub const SLICE_UNIT: usize = 128;
 
