@@ -155,8 +155,16 @@ fn a_fraction_cap_uses_the_reported_memory() {
         );
         return;
     };
+    // The fraction is of this process's budget where the backend reports one
+    // (VK_EXT_memory_budget), which moves as this process's tests allocate: within 1%
+    // of a quarter of it read just before. Else of the device's memory, exactly.
+    let budget = gpu.memory_budget().map(|b| b.budget);
     let alloc = allocator(false, Some(MemoryCap::Fraction(0.25)));
-    assert_eq!(alloc.stats().cap, Some(memory / 4));
+    let cap = alloc.stats().cap.expect("a cap");
+    match budget {
+        Some(b) => assert!(cap.abs_diff(b / 4) <= b / 400, "cap {cap}, budget {b}"),
+        None => assert_eq!(cap, memory / 4),
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, finish, runtime, upload};
+use common::{Rng, assert_same_or_within, finish, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::autograd::ops::{self, WeightLayout};
 use wgtrain_engine::autograd::{Params, Tape, Var};
@@ -336,9 +336,12 @@ fn mlp_node_equals_its_linears_apart_and_keeps_no_activation_output() {
             let (y_apart, g_apart, kept_apart) = run(false);
             let (y_fused, g_fused, kept_fused) = run(true);
             let what = format!("{layout:?}, mixed {mixed}");
-            assert_eq!(y_fused, y_apart, "output, {what}");
+            // Bit for bit on lavapipe; on a GPU the node's GELU, recomputed by the bias
+            // sums' pass, may round differently from the forward's (an H200's did).
+            let (cpu, rel) = (rt.gpu.caps.facts.cpu, if mixed { 2e-3 } else { 1e-5 });
+            assert_same_or_within(cpu, &format!("output, {what}"), &y_fused, &y_apart, rel);
             for (i, (f, a)) in g_fused.iter().zip(&g_apart).enumerate() {
-                assert_eq!(f, a, "gradient {i}, {what}");
+                assert_same_or_within(cpu, &format!("gradient {i}, {what}"), f, a, rel);
             }
             let activation = (n * h * hidden.size()) as u64;
             assert!(

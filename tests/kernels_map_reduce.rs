@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, finish, rounded, runtime, upload};
+use common::{Rng, assert_close, assert_same_or_within, finish, rounded, runtime, upload};
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::map::{MapOp, map_into};
 use wgtrain_engine::kernels::reduce::{ReduceOp, reduce_all, reduce_last, sum_rows, sum_rows_and_half, sum_rows_through};
@@ -274,16 +274,19 @@ fn column_sums_match_and_repeat() {
                 let apart = sum_rows(&rt, &dx, Category::Temporary, "db").unwrap();
                 for copy_t in [DType::F16, DType::F32] {
                     let copy = Tensor::empty(&rt, &[rows, cols], copy_t, Category::Temporary, "dy.act").unwrap();
-                    // GELU's output written again in the same pass: the forward map's values, bit for bit.
+                    // GELU's output written again in the same pass: the forward map's values (bit
+                    // for bit on lavapipe; an H200's driver rounded a few f16 elements the other way).
                     let again = Tensor::empty(&rt, &[rows, cols], DType::F16, Category::Temporary, "act.again").unwrap();
                     let through =
                         sum_rows_through(&rt, &x, (MapOp::GeluBackward, &pre), &copy, Some(&again), Category::Temporary, "db").unwrap();
                     let forward = Tensor::empty(&rt, &[rows, cols], DType::F16, Category::Temporary, "act").unwrap();
                     map_into(&rt, MapOp::Gelu, Some(&pre), None, &forward, 1.0, 0.0).unwrap();
-                    assert_eq!(
-                        again.to_f32_vec(&rt).unwrap(),
-                        forward.to_f32_vec(&rt).unwrap(),
-                        "gelu again, {rows}x{cols}"
+                    assert_same_or_within(
+                        rt.gpu.caps.facts.cpu,
+                        &format!("gelu again, {rows}x{cols}"),
+                        &again.to_f32_vec(&rt).unwrap(),
+                        &forward.to_f32_vec(&rt).unwrap(),
+                        1e-3,
                     );
                     let want = dx.to_f32_vec(&rt).unwrap();
                     let got = copy.to_f32_vec(&rt).unwrap();

@@ -239,7 +239,11 @@ fn overlapped_fp16_steps_that_skip_equal_steps_read_one_at_a_time() {
 fn clipping_in_the_update_equals_clipping_the_gradients_first() {
     // With update ratios logged the step scales the gradients by clipping's factor before
     // the update; without, the update multiplies each gradient by it as it reads it. At a
-    // max norm every step exceeds, both precisions, the runs agree bit for bit.
+    // max norm every step exceeds, both precisions, the runs agree bit for bit on a CPU
+    // adapter (lavapipe). A GPU driver may round the two kernels' multiply-adds
+    // differently: there within 1e-5 (an H200's fp16-mixed grad norms at step 2 were 9e-7
+    // apart).
+    let cpu = wgtrain_engine::Gpu::open(None).expect("an adapter").caps.facts.cpu;
     let dir = temp("clipfold");
     let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
     for precision in ["memory.precision=\"fp32\"", "memory.precision=\"fp16-mixed\""] {
@@ -259,7 +263,16 @@ fn clipping_in_the_update_equals_clipping_the_gradients_first() {
                 a["step"]
             );
             for k in ["loss", "grad_norm"] {
-                assert_eq!(a[k], b[k], "{precision}: step {} {k}", a["step"]);
+                if cpu {
+                    assert_eq!(a[k], b[k], "{precision}: step {} {k}", a["step"]);
+                } else {
+                    let (x, y) = (a[k].as_f64().unwrap(), b[k].as_f64().unwrap());
+                    assert!(
+                        (x - y).abs() <= 1e-5 * y.abs(),
+                        "{precision}: step {} {k}: {x} against {y}",
+                        a["step"]
+                    );
+                }
             }
         }
     }

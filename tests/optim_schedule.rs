@@ -164,10 +164,14 @@ fn eight_bit_adamw_matches_the_host_reference() {
         }
         let (hm, hv) = (dequantize(&sm, &mc, &ma), dequantize(&um, &vc, &va));
         let (gm, gv) = (&got.m, got.v.as_ref().unwrap());
+        // The host's codes against the device's absmax: equal to the device's values
+        // exactly where the codes are equal (an absmax one rounding apart, as a GPU
+        // driver's fused multiply-adds leave it, would otherwise count its whole block).
+        let (hm_dev, hv_dev) = (dequantize(&sm, &mc, &gma), dequantize(&um, &vc, &gva));
         let mut differ = 0;
         for k in 0..n {
             let (bm, bv) = (ma[k / 256], va[k / 256]);
-            if hm[k] != gm[k] || hv[k] != gv[k] {
+            if hm_dev[k] != gm[k] || hv_dev[k] != gv[k] {
                 differ += 1;
                 assert!(
                     (hm[k] - gm[k]).abs() <= 0.016 * bm && (hv[k] - gv[k]).abs() <= 0.016 * bv,
@@ -277,6 +281,19 @@ fn many_params(rt: &wgtrain_engine::Runtime, bad: bool) -> Params {
     params
 }
 
+/// Two parameter sets updated by different launches agree: bit for bit on lavapipe,
+/// within a few f32 roundings on a GPU (`common::assert_same_or_within`; on an H200 the
+/// multi-tensor AdamW and the per-parameter one were one unit in the last place apart).
+/// `weights_only`: the values, not the gradients.
+fn same(rt: &wgtrain_engine::Runtime, what: &str, a: &Params, b: &Params, weights_only: bool) {
+    let floats = |p: &Params| -> Vec<f32> {
+        let all = values(rt, p);
+        let kept = all.into_iter().enumerate().filter(|(i, _)| !weights_only || i % 2 == 0);
+        kept.flat_map(|(_, v)| v).map(f32::from_bits).collect()
+    };
+    common::assert_same_or_within(rt.gpu.caps.facts.cpu, what, &floats(a), &floats(b), 1e-6);
+}
+
 fn values(rt: &wgtrain_engine::Runtime, params: &Params) -> Vec<Vec<u32>> {
     params
         .list
@@ -289,7 +306,8 @@ fn values(rt: &wgtrain_engine::Runtime, params: &Params) -> Vec<Vec<u32>> {
 
 /// The multi-tensor step (a few launches over pages; `Optimizer::step`) against one
 /// launch per parameter (`update_param`): AdamW and SGD with momentum over three steps
-/// (SGD's first step fills its buffers), every weight bit for bit; under a loss scale,
+/// (SGD's first step fills its buffers), every weight bit for bit (on lavapipe; within
+/// a few roundings on a GPU, see `same`); under a loss scale,
 /// checking without unscaling and updating with the inverse scale equals unscaling
 /// first; an inf in one gradient skips every update.
 #[test]
@@ -320,7 +338,7 @@ fn multi_tensor_steps_equal_one_launch_per_parameter() {
             for (i, p) in single.list.iter().enumerate() {
                 b.update_param(&rt, i, p, 1e-2).unwrap();
             }
-            assert_eq!(values(&rt, &multi), values(&rt, &single), "{rule:?}, step {}", step + 1);
+            same(&rt, &format!("{rule:?}, step {}", step + 1), &multi, &single, false);
         }
     }
     // fp16-mixed: check, then update with 1/scale, against unscale, then update.
@@ -336,7 +354,7 @@ fn multi_tensor_steps_equal_one_launch_per_parameter() {
     let found = scaler.unscale_on_device(&rt, &unscaled).unwrap();
     b.step_unless(&rt, &unscaled, 1e-2, Some(&found)).unwrap();
     let weights = |p: &Params| values(&rt, p).into_iter().step_by(2).collect::<Vec<_>>();
-    assert_eq!(weights(&fused), weights(&unscaled), "the weights, bit for bit");
+    same(&rt, "the weights", &fused, &unscaled, true);
     // An inf in one gradient: the flag is set and no weight moves.
     let bad = many_params(&rt, true);
     let before = weights(&bad);

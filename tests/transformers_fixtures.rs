@@ -231,10 +231,13 @@ fn checkpointed_layers_give_the_same_gradients_with_less_memory() {
     let plain = run(&model, 0);
     let every_layer = run(&model, 1);
     let every_other = run(&model, 2);
+    // Bit for bit on lavapipe. Unrecomputed, the MLP is one node that writes GELU's output
+    // again in backward; a recomputed segment keeps it (autograd::ops::mlp): on a GPU the
+    // two may round differently (an H200's did, in the last bit), and so the gradients.
     for ck in [&every_layer, &every_other] {
         assert_eq!(plain.0, ck.0, "the same forward");
         for (a, g) in plain.1.iter().zip(&ck.1) {
-            assert_eq!(a, g, "recomputation is deterministic: gradients are bitwise equal");
+            common::assert_same_or_within(rt.gpu.caps.facts.cpu, "gradients with recomputation", g, a, 1e-5);
         }
     }
     assert!(
