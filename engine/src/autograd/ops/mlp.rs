@@ -20,7 +20,8 @@ use crate::tensor::{DType, Tensor};
 /// that the second product reads and frees; backward writes it again in the pass that
 /// forms the first linear's dy from the activation's output gradient
 /// (`kernels::reduce::sum_rows_through`: the same function of the same stored input, so
-/// the same values), for the second linear's weight gradient. One activation of the
+/// the same values on lavapipe; a GPU driver may round its last bit differently in the
+/// two kernels, as an H200's did), for the second linear's weight gradient. One activation of the
 /// hidden width less is kept per MLP (GPT-2: 96 MiB a layer in f32, 48 under
 /// fp16-mixed), for no launch more. `hidden` is the type of the activation's input and
 /// output (f16 under fp16-mixed, as [`linear_act_as`]'s `out`); the result is f32. Both
