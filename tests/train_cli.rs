@@ -13,7 +13,8 @@ use cli::{losses, run_ok, scratch, small_args, step_lines, wgtrain, write_senten
 #[test]
 fn log_lines_carry_loss_time_and_memory_by_category() {
     let dir = scratch("log");
-    let log = dir.join("run.jsonl");
+    // In folders that do not exist yet: the run makes them.
+    let log = dir.join("new/folders/run.jsonl");
     let ckpt = dir.join("ckpt");
     let mut args = small_args(ckpt.to_str().unwrap(), &["--set", "train.steps=6"]);
     args.extend(["--log".into(), log.display().to_string()]);

@@ -57,12 +57,17 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    /// Opens `path` for appending (created if missing).
+    /// Opens `path` for appending (created, with its folders, if missing).
     pub fn open(path: &Path) -> Result<LogWriter, TrainError> {
         let err = |e| TrainError::Log {
             path: path.display().to_string(),
             source: e,
         };
+        // Folders the log's path names that do not exist yet are made, as TensorBoard's
+        // writer makes its log dir.
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(err)?;
+        }
         let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
         let len = file.metadata().map_err(err)?.len();
         Ok(LogWriter {
