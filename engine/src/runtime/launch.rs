@@ -30,12 +30,15 @@ use crate::memory::{Allocator, AllocatorOptions, Block};
 pub const MAX_GROUPS_X: u32 = 65535;
 
 /// Splits `groups` workgroups into an (x, y) grid within the per-dimension limit;
-/// kernels recover the linear index as `wid.x + wid.y * num_workgroups.x`.
+/// kernels recover the linear index as `wid.x + wid.y * num_workgroups.x` and return
+/// past `groups`. The rows are as even as they can be, so fewer than `y` workgroups of
+/// the grid are past `groups` (65,537 took 65,538, not 131,070 as full rows of 65,535).
 pub fn grid(groups: u32) -> [u32; 3] {
     if groups <= MAX_GROUPS_X {
         [groups.max(1), 1, 1]
     } else {
-        [MAX_GROUPS_X, groups.div_ceil(MAX_GROUPS_X), 1]
+        let rows = groups.div_ceil(MAX_GROUPS_X);
+        [groups.div_ceil(rows), rows, 1]
     }
 }
 
@@ -522,5 +525,22 @@ impl Runtime {
             }
             Elapsed::Nothing => 0.0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_GROUPS_X, grid};
+
+    #[test]
+    fn grids_cover_the_groups_with_fewer_spare_workgroups_than_rows() {
+        for groups in [1, 2, 65_535, 65_536, 65_537, 131_070, 131_071, 1 << 20, 3 << 24, u32::MAX / 2] {
+            let [x, y, z] = grid(groups);
+            let all = x as u64 * y as u64;
+            assert!(x <= MAX_GROUPS_X && y <= MAX_GROUPS_X && z == 1, "{groups}: {x} x {y}");
+            assert!(all >= groups as u64 && all - (groups as u64) < y as u64, "{groups}: {x} x {y}");
+        }
+        assert_eq!(grid(0), [1, 1, 1]);
+        assert_eq!(grid(65_537), [32_769, 2, 1]);
     }
 }
