@@ -40,9 +40,8 @@ for line in sys.stdin:
 run() {
     local out=$1 bin=.carry/wgtrain ref
     mkdir -p "$out"
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    # shellcheck source=scripts/vulkan_loader.sh
+    . scripts/vulkan_loader.sh
     ref=shared/reference; [ -d "$ref" ] || ref=../shared/reference
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
     "$bin" devices --json > "$out/devices.json" 2> "$out/devices.err"

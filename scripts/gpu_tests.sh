@@ -43,12 +43,34 @@ for line in sys.stdin:
     du -sh "$dir"
 }
 
+# Once libtest has printed its result, waits for the process (timeout's child) to end;
+# past 10 s it writes what each of its threads waits in, every 10 s, to FILE (a slow
+# exit seen on the H200: 134-182 s after the tests had finished).
+watch_exit() { # PID OUTPUT FILE
+    local pid=$1 output=$2 file=$3 done_at= child
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ -z "$done_at" ] && grep -q '^test result' "$output" 2>/dev/null; then
+            done_at=$SECONDS
+        fi
+        if [ -n "$done_at" ] && [ $((SECONDS - done_at)) -ge 10 ] && [ $(((SECONDS - done_at) % 10)) -eq 0 ]; then
+            child=$(cut -d" " -f1 /proc/"$pid"/task/"$pid"/children 2>/dev/null)
+            {
+                echo "--- $((SECONDS - done_at)) s after the result"
+                for task in /proc/"${child:-$pid}"/task/*; do
+                    echo "$(cat "$task/comm") $(cut -d' ' -f3 "$task/stat") wchan=$(cat "$task/wchan") syscall=$(cut -d' ' -f1 "$task/syscall" 2>/dev/null)"
+                done
+            } >> "$file" 2>&1
+        fi
+        sleep 1
+    done
+    [ -n "$done_at" ] && echo "exit $((SECONDS - done_at)) s after the result" >> "$file"
+}
+
 run() {
     local out=$1 logs=/tmp/gpu-tests bin=/tmp/gpu-test-bins root
     mkdir -p "$logs" "$bin"
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    # shellcheck source=scripts/vulkan_loader.sh
+    . scripts/vulkan_loader.sh
     export WGTRAIN_TEST_ADAPTER=vulkan
     root=$(cat .carry/tests/ROOT)
     [ -e "$root" ] || { mkdir -p "$(dirname "$root")"; ln -s "$PWD" "$root"; }
@@ -67,10 +89,13 @@ run() {
         [ "$spec" != "$t" ] && filter=${spec#*:}
         start=$SECONDS
         # shellcheck disable=SC2086
-        timeout "${PER:-150}" "$bin/$t" $filter --test-threads "${THREADS:-4}" > "/tmp/$t.full" 2>&1
+        timeout "${PER:-150}" "$bin/$t" $filter --test-threads "${THREADS:-4}" > "/tmp/$t.full" 2>&1 &
+        watch_exit $! "/tmp/$t.full" "$logs/$t.exit.txt"
+        wait $!
         rc=$?
         grep -v '^error: XDG' "/tmp/$t.full" | grep -A12 'panicked\|^failures:' | cut -c1-400 | head -150 > "$logs/$t.txt"
         grep '^test \|running for over' "/tmp/$t.full" | cut -c1-300 >> "$logs/$t.txt"
+        [ -f "$logs/$t.exit.txt" ] && head -c 20000 "$logs/$t.exit.txt" >> "$logs/$t.txt"
         echo "$t exit $rc, $((SECONDS - start)) s: $(grep '^test result' "/tmp/$t.full" | tail -1)" | tee -a "$logs/summary.txt"
     done
     tar -czf "$out/gpu-tests.tgz" -C "$logs" .

@@ -96,15 +96,15 @@ pub fn assert_close_within(rt: &Runtime, what: &str, t: &Tensor, want: &[f64], (
 /// multiply-adds and rounds conversions to f16 as it sees fit in each kernel, so there
 /// two kernels' results of one formula may differ in their last bits (measured on an
 /// H200: one to a few units in the last place of f32, one of f16).
-pub fn assert_same_or_within(cpu: bool, what: &str, got: &[f32], want: &[f32], rel: f64) {
+pub fn assert_same_or_within<T: Copy + Into<f64> + PartialEq + std::fmt::Debug>(cpu: bool, what: &str, got: &[T], want: &[T], rel: f64) {
     if cpu {
         assert_eq!(got, want, "{what}");
         return;
     }
     assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let scale = want.iter().fold(0.0f64, |m, &w| m.max((w as f64).abs()));
+    let scale = want.iter().fold(0.0f64, |m, &w| m.max(w.into().abs()));
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let (g, w) = (g as f64, w as f64);
+        let (g, w): (f64, f64) = (g.into(), w.into());
         assert!(
             (g - w).abs() <= rel * (g.abs().max(w.abs()) + scale),
             "{what}, element {i}: {g} against {w} (within {rel:e})"
