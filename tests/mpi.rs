@@ -7,7 +7,9 @@
 //! the optimizer's state in a file of its own) resumes on three ranks and in one
 //! process, and one with a shard missing or a manifest naming a stranger is refused; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
-//! within 30 s, naming the lost rank; `estimate --ranks N` equals rank 0's measured peak.
+//! within 30 s, naming the lost rank; a log rank 0 cannot write (a file-size limit)
+//! ends the run after every rank has saved its shard of the step; `estimate --ranks N`
+//! equals rank 0's measured peak.
 
 mod cli;
 
@@ -422,5 +424,68 @@ fn a_killed_rank_ends_the_run_within_30_seconds_naming_it() {
     }
     let left: Vec<_> = pids.iter().filter(|p| running(p)).collect();
     assert!(left.is_empty(), "ranks still running 20 s after mpirun ended: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_log_rank_0_cannot_write_saves_every_ranks_shard_and_ends_the_run() {
+    let _one = one_at_a_time();
+    let dir = scratch("mpi-log-full");
+    let ckpt = dir.join("ckpt");
+    let log = dir.join("run.jsonl");
+    let sets = [
+        "model.n_layer=1".to_string(),
+        "model.n_embd=16".into(),
+        "train.steps=100000".into(),
+        "parallel.zero=1".into(),
+        "parallel.backend=\"mpi\"".into(),
+        format!("checkpoint.dir=\"{}\"", ckpt.display()),
+    ];
+    let mut args = with_log(gpt(&dir, &sets), &log);
+    args.push("--no-record".into());
+    // Each rank may write files of 32 KiB at most (a full disk or quota, for its log
+    // only: the checkpoint's files are smaller). MPI's shared-memory transports, whose
+    // segments are files too, are left out.
+    let child = mpirun(2)
+        .args(["--mca", "btl", "tcp,self"])
+        .env("WGTRAIN_MPI_SHARED_MEMORY", "0")
+        .args(["sh", "-c", "trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It used to hang here: rank 0 saved alone, its exchanges met the other rank's
+    // next step, and ending the run waited for a communicator the others never made.
+    let (code, text, _) = wait_for(child, Duration::from_secs(120));
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("rank 0 of 2 failed: writing the log") && text.contains("File too large"),
+        "{text}"
+    );
+    let saved: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one checkpoint, saved on the error: {saved:?}\n{text}");
+    let step: u64 = saved[0]["step-".len()..].parse().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let last = logged
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .max();
+    assert!(last.is_some_and(|l| l + 1 >= step), "saved step {step}, last logged {last:?}");
+    // Both ranks' shards are in it: it resumes (every file's hash checked) in one process.
+    let mut one = sets.to_vec();
+    one[2] = format!("train.steps={}", step + 1);
+    one[3] = "parallel.zero=0".into();
+    one[4] = "parallel.backend=\"in-process\"".into();
+    let mut resumed = gpt(&dir, &one);
+    resumed.extend(["--resume".into(), ckpt.display().to_string()]);
+    run_ok(&resumed, &[]);
     let _ = std::fs::remove_dir_all(&dir);
 }

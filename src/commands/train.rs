@@ -108,14 +108,17 @@ pub fn run(args: TrainArgs) -> CliResult {
     {
         ranks.fail(&e.to_string());
     }
-    // Over MPI every rank says it was interrupted before the ranks part (MPI_Finalize
-    // waits for all): the first rank to exit 143 makes mpirun end the rest.
+    // Over MPI every rank says it was interrupted before the ranks part: the first rank
+    // to exit 143 makes mpirun end the rest.
     if ranks.mpi_size().is_some()
         && let Err(e) = &mut result
         && let Some(i) = e.downcast_mut::<Interrupted>()
     {
         eprintln!("{i}");
         i.said = true;
+        // Every rank stopped after the same step, so all come here: none exits before
+        // all have said it (Open MPI's MPI_Finalize does not always wait for them).
+        ranks.barrier();
     }
     drop(ranks);
     result
@@ -187,6 +190,14 @@ impl Ranks {
         None
     }
 
+    /// Over MPI: waits for every rank (`MPI_Barrier`).
+    fn barrier(&self) {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            m.barrier();
+        }
+    }
+
     /// The trainer of this process's rank.
     fn open(&self, config: Config, adapter: Option<&str>) -> Result<Trainer, Box<dyn std::error::Error>> {
         #[cfg(feature = "mpi")]
@@ -213,8 +224,7 @@ impl Ranks {
     fn fail(&self, why: &str) {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            use wgtrain_engine::parallel::Collective;
-            m.comm().abort(why);
+            m.abort(why);
         }
         let _ = why;
     }

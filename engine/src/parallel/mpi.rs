@@ -12,7 +12,8 @@
 //!
 //! A rank that fails cannot tell the others to stop waiting inside MPI: `abort` says
 //! why on standard error and calls `MPI_Abort`, which ends every rank (mpirun then
-//! exits non-zero and names the rank).
+//! exits non-zero and names the rank). It takes no lock and makes no communicator, so
+//! it ends the run wherever the other ranks wait.
 //!
 //! May call: `parallel::{collective, shm}` (and the `mpi` crate). Called by: `train::open`,
 //! `train::parallel`.
@@ -87,8 +88,20 @@ impl MpiWorld {
         })
     }
 
+    /// Says why on standard error and ends every rank (`MPI_Abort`), whatever the
+    /// others are doing: not through [`MpiWorld::comm`], whose duplicate of
+    /// `MPI_COMM_WORLD` is a collective that would wait for them.
+    pub fn abort(&self, why: &str) -> ! {
+        abort_every_rank(self.rank, self.size, why)
+    }
+
+    /// Waits for every rank (`MPI_Barrier` on `MPI_COMM_WORLD`).
+    pub fn barrier(&self) {
+        self.universe.world().barrier();
+    }
+
     /// A communicator of every rank of its own (a duplicate of `MPI_COMM_WORLD`): each
-    /// thread that exchanges uses its own.
+    /// thread that exchanges uses its own. Every rank must call it (a collective).
     pub fn comm(&self) -> MpiComm {
         let world = self.universe.world().duplicate();
         // Ranks that all share this host's memory sum through a shared window.
@@ -288,10 +301,17 @@ impl Collective for MpiComm {
     }
 
     fn abort(&self, why: &str) {
-        eprintln!("error: rank {} of {} failed: {why}; ending every rank", self.rank, self.size);
-        let guard = self.comm.lock().unwrap_or_else(|e| e.into_inner());
-        guard.0.abort(1);
+        abort_every_rank(self.rank, self.size, why);
     }
+}
+
+/// Says why on standard error and ends every rank (`MPI_Abort` on `MPI_COMM_WORLD`).
+/// Neither a communicator's lock (another thread of this rank may hold it, waiting
+/// inside a collective) nor a new communicator (duplicating one is a collective the
+/// other ranks are not in) is taken.
+fn abort_every_rank(rank: usize, size: usize, why: &str) -> ! {
+    eprintln!("error: rank {rank} of {size} failed: {why}; ending every rank");
+    SimpleCommunicator::world().abort(1)
 }
 
 /// `out[k]` = the sum over r in order 0, 1, ..., n - 1 of `pieces[r * out.len() + k]`

@@ -219,8 +219,9 @@ impl Trainer {
         drop(loader);
         // An error between steps (a data file changed, the log could not be written)
         // leaves the state of the last finished step: it is saved before the error is
-        // reported, so no finished step is lost. (An error inside a step may leave the
-        // weights half updated: nothing is saved then.)
+        // reported, so no finished step is lost; over MPI the other ranks stopped after
+        // the same step and save it with this one. (An error inside a step may leave
+        // the weights half updated: nothing is saved then.)
         if let (Err(_), Some(dir)) = (&looped, &ckpt_dir)
             && self.consistent
             && self.step > saved_at
@@ -270,10 +271,11 @@ impl Trainer {
             tokens_per_example: self.tokens_per_example(),
             peak: self.known_peak_tflops(),
             last_end: None,
+            held: None,
         };
         let mut flight = None;
         let looped = self.steps(options, &mut lines, &mut flight, loader, summary, ckpt_dir, saved_at);
-        match (looped, flight) {
+        let looped = match (looped, flight) {
             (Ok(()), Some(f)) => self.land(f, &mut lines, summary).map(|_| ()),
             (Err(e), Some(f)) => {
                 if self.land(f, &mut lines, summary).is_err() {
@@ -282,7 +284,8 @@ impl Trainer {
                 Err(e)
             }
             (looped, None) => looped,
-        }
+        };
+        looped.and_then(|()| lines.held.take().map_or(Ok(()), Err))
     }
 
     /// [`Trainer::train_loop`]'s steps; `flight` holds the step recorded and not yet
@@ -301,13 +304,24 @@ impl Trainer {
         let t = self.config.train.clone();
         let total = self.total_steps();
         while self.step < total {
-            // Over MPI every rank stops at the same step when any was asked to.
-            if self.stop_agreed(options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)))? {
+            // Over MPI every rank stops at the same step when any was asked to, or holds
+            // an error from between steps (then every rank saves this step together).
+            let asked = options.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst));
+            if self.stop_agreed(asked || lines.held.is_some())? {
+                if let Some(e) = lines.held.take() {
+                    return Err(e);
+                }
                 summary.interrupted = true;
                 break;
             }
             let Some(batch) = loader.next_batch() else { break };
-            let batch = batch?;
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    lines.held.get_or_insert(e.into());
+                    continue;
+                }
+            };
             let lr = lr_at(
                 self.step,
                 t.lr,
@@ -359,9 +373,7 @@ impl Trainer {
                     eval: Some(e.clone()),
                     ..Default::default()
                 };
-                for o in lines.observers {
-                    o.eval(&line)?;
-                }
+                lines.tell(|o| o.eval(&line));
                 if lines.wants_memory {
                     // Evaluation's allocations are not part of the next step's timeline.
                     self.rt.alloc.take_events();
@@ -531,9 +543,7 @@ impl Trainer {
             event: f.event,
             eval: None,
         };
-        for o in lines.observers {
-            o.step(&line, f.memory.as_ref())?;
-        }
+        lines.tell(|o| o.step(&line, f.memory.as_ref()));
         Ok(skipped)
     }
 }
@@ -549,6 +559,20 @@ struct Lines<'a> {
     peak: Option<f64>,
     /// When the last step landed.
     last_end: Option<Instant>,
+    /// The first error an observer gave (a log that cannot be written), held until the
+    /// step ends: every rank then stops after it and saves it (`Trainer::steps`).
+    held: Option<TrainError>,
+}
+
+impl Lines<'_> {
+    /// Tells every observer; the first failure is held (see `held`).
+    fn tell(&mut self, f: impl Fn(&dyn Observer) -> Result<(), TrainError>) {
+        for o in self.observers {
+            if let Err(e) = f(&**o) {
+                self.held.get_or_insert(e);
+            }
+        }
+    }
 }
 
 /// A recorded step on its way to its line ([`Trainer::land`]).
