@@ -7,8 +7,9 @@
 //! the optimizer's state in a file of its own) resumes on three ranks and in one
 //! process, and one with a shard missing or a manifest naming a stranger is refused; SIGTERM to one rank stops every rank after the same
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
-//! within 30 s, naming the lost rank; a log rank 0 cannot write (a file-size limit)
-//! ends the run after every rank has saved its shard of the step; `estimate --ranks N`
+//! within 30 s, naming the lost rank; a log rank 0 cannot open ends the run at once, and
+//! one it cannot write (a file-size limit) ends it after every rank has saved its shard
+//! of the step; `estimate --ranks N`
 //! equals rank 0's measured peak.
 
 mod cli;
@@ -487,5 +488,27 @@ fn a_log_rank_0_cannot_write_saves_every_ranks_shard_and_ends_the_run() {
     let mut resumed = gpt(&dir, &one);
     resumed.extend(["--resume".into(), ckpt.display().to_string()]);
     run_ok(&resumed, &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_rank_0_error_before_the_first_step_ends_every_rank_at_once() {
+    let _one = one_at_a_time();
+    let dir = scratch("mpi-bad-log");
+    let sets = ["parallel.backend=\"mpi\"".to_string()];
+    let args = with_log(gpt(&dir, &sets), Path::new("/dev/full"));
+    let child = mpirun(2)
+        .arg(env!("CARGO_BIN_EXE_wgtrain"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Only rank 0 opens the log. Ending the run used to duplicate MPI_COMM_WORLD (a
+    // collective) while rank 1 waited in its first exchange: both waited for ever.
+    let (code, text, took) = wait_for(child, Duration::from_secs(60));
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("rank 0 of 2 failed: log: /dev/full is a device"), "{text}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
