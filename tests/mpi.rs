@@ -9,7 +9,8 @@
 //! step with one checkpoint and exit 143; SIGKILL of one rank ends the run non-zero
 //! within 30 s, naming the lost rank; a log rank 0 cannot open ends the run at once, and
 //! one it cannot write (a file-size limit) ends it after every rank has saved its shard
-//! of the step; `estimate --ranks N`
+//! of the step; ranks given different runs are refused naming the first difference;
+//! `estimate --ranks N`
 //! equals rank 0's measured peak.
 
 mod cli;
@@ -510,5 +511,33 @@ fn a_rank_0_error_before_the_first_step_ends_every_rank_at_once() {
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("rank 0 of 2 failed: log: /dev/full is a device"), "{text}");
     assert!(took < Duration::from_secs(30), "took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ranks_of_different_runs_are_refused_naming_the_difference() {
+    let _one = one_at_a_time();
+    let dir = scratch("mpi-differ");
+    let sets = ["parallel.backend=\"mpi\"".to_string(), "train.steps=2".into()];
+    let mut other = sets.to_vec();
+    other.push("model.n_embd=48".into());
+    let bin = env!("CARGO_BIN_EXE_wgtrain");
+    // One command line per rank (MPMD): rank 1's model is wider. Their exchanges would
+    // not match: it used to fail inside the first one, naming a shared segment.
+    let child = mpirun(1)
+        .arg(bin)
+        .args(gpt(&dir, &sets))
+        .args([":", "-n", "1", bin])
+        .args(gpt(&dir, &other))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, text, _) = wait_for(child, Duration::from_secs(60));
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("rank 1 does not run rank 0's run: config.model.n_embd is 48 there, 40 on rank 0"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -50,9 +50,42 @@ impl Trainer {
     pub fn join_mpi(&mut self, mpi: &crate::parallel::mpi::MpiWorld) -> Result<(), TrainError> {
         let comm = |_| Comm::Mpi(Arc::new(mpi.comm()));
         let bn = self.config.parallel.sync_batch_norm.then(|| (None, vec![comm(())]));
-        self.join_world(None, vec![comm(())], bn, Vec::new(), mpi.rank)?;
+        let main = comm(());
+        self.check_same_run(&main)?;
+        self.join_world(None, vec![main], bn, Vec::new(), mpi.rank)?;
         if let Some(w) = &mut self.world {
             w.node = Some(mpi.host.clone());
+        }
+        Ok(())
+    }
+
+    /// Over MPI every rank must run the same run, or their exchanges would not match:
+    /// the config, the parameters' names and shapes and the data's sizes are compared
+    /// once (as DDP compares its parameters' shapes), naming the first difference.
+    #[cfg(feature = "mpi")]
+    fn check_same_run(&self, comm: &Comm) -> Result<(), TrainError> {
+        let params: Vec<_> = self
+            .params
+            .list
+            .iter()
+            .map(|p| (p.name.clone(), p.value.shape().to_vec()))
+            .collect();
+        let mine = serde_json::json!({
+            "config": self.config,
+            "parameters": params,
+            "training examples": self.train.len(),
+            "evaluation examples": self.eval.len(),
+        });
+        let bad = |e: String| Error::invalid("parallel.backend = \"mpi\"", e);
+        let all = gather_bytes(comm, mine.to_string().as_bytes()).map_err(|e| bad(e.to_string()))?;
+        let runs: Vec<serde_json::Value> = all.iter().map(|b| serde_json::from_slice(b).unwrap_or_default()).collect();
+        for (rank, run) in runs.iter().enumerate().skip(1) {
+            if let Some((at, first, theirs)) = first_difference(&runs[0], run, "") {
+                return Err(bad(format!(
+                    "rank {rank} does not run rank 0's run: {at} is {theirs} there, {first} on rank 0 (every rank needs the same config and data)"
+                ))
+                .into());
+            }
         }
         Ok(())
     }
@@ -206,4 +239,35 @@ impl Trainer {
 pub(in crate::train) fn gather_bytes(comm: &Comm, bytes: &[u8]) -> Result<Vec<Vec<u8>>, crate::parallel::CollectiveError> {
     let all = comm.all_gather_vecs(bytes.iter().map(|&b| f32::from(b)).collect())?;
     Ok(all.iter().map(|v| v.iter().map(|&f| f as u8).collect()).collect())
+}
+
+/// Where `a` and `b` first differ (their path, as `config.model.n_embd`, and both values
+/// written short), walking objects by key and arrays by index.
+#[cfg(feature = "mpi")]
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: &str) -> Option<(String, String, String)> {
+    use serde_json::Value;
+    let short = |v: Option<&Value>| {
+        let t = v.map_or("missing".to_string(), |v| v.to_string());
+        if t.chars().count() > 80 {
+            t.chars().take(77).collect::<String>() + "..."
+        } else {
+            t
+        }
+    };
+    let join = |k: &dyn std::fmt::Display| if at.is_empty() { k.to_string() } else { format!("{at}.{k}") };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.keys()
+                .chain(y.keys().filter(|k| !x.contains_key(*k)))
+                .find_map(|k| match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => first_difference(p, q, &join(k)),
+                    (p, q) => Some((join(k), short(p), short(q))),
+                })
+        }
+        (Value::Array(x), Value::Array(y)) => (0..x.len().max(y.len())).find_map(|i| match (x.get(i), y.get(i)) {
+            (Some(p), Some(q)) => first_difference(p, q, &format!("{at}[{i}]")),
+            (p, q) => Some((format!("{at}[{i}]"), short(p), short(q))),
+        }),
+        _ => (a != b).then(|| (at.to_string(), short(Some(a)), short(Some(b)))),
+    }
 }
