@@ -274,6 +274,10 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     assert_ne!(parts[0], parts[1].strip_suffix('\n').unwrap());
     // Top-1 sampling is greedy.
     let top1 = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--top-k", "1", "--seed", "3"]).unwrap();
+    // transformers' top_k=0: no cut, the same draws as without --top-k.
+    let every = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--top-k", "0", "--seed", "3"]).unwrap();
+    let plain = generate(&ck, &["--prompt", prompt, "--tokens", "20", "--seed", "3"]).unwrap();
+    assert_eq!(every, plain);
     assert_eq!(top1, got);
     // A character the model never saw, token ids for a character model, a bad temperature.
     let err = generate(&ck, &["--prompt", "Q!"]).unwrap_err();
@@ -332,6 +336,30 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
     let args = with(&["--generate", "12", "--prompt-tokens", "5", "--batch", "2"]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(peak_of(&refs, "peak_bytes"), generated, "generation's peak");
+    // Past the window of 24 (the cache full, the whole window each token), measured
+    // against estimated; and 10^11 tokens estimated from their first windows, at once.
+    let long = peak_of(
+        &[
+            "generate",
+            "--checkpoint",
+            ckpt,
+            "--prompt",
+            prompt,
+            "--tokens",
+            "60",
+            "--batch",
+            "2",
+        ],
+        "stderr",
+    );
+    let args = with(&["--generate", "60", "--prompt-tokens", "5", "--batch", "2"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(peak_of(&refs, "peak_bytes"), long, "the peak of generating past the window");
+    let args = with(&["--generate", "100000000000", "--prompt-tokens", "5", "--batch", "2"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
+    assert_eq!(peak_of(&refs, "peak_bytes"), long, "the peak of 10^11 tokens");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "{:?}", start.elapsed());
     let args = with(&["--eval"]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(peak_of(&refs, "peak_bytes"), evaluated, "evaluation's peak");

@@ -187,7 +187,7 @@ fn phase(args: &EstimateArgs, config: Config) -> CliResult {
         say!("{}", serde_json::to_string_pretty(&e)?);
         return Ok(());
     }
-    say!("estimate: {:?}", e.phase);
+    say!("estimate: {}", e.phase);
     for (c, b) in &e.by_category {
         say!("  {c:<18} {:>12}", format_bytes(*b));
     }

@@ -50,7 +50,7 @@ pub struct GenerateArgs {
     /// Divides the logits before the softmax; 0 takes the likeliest token each time.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
-    /// Draw only among the K likeliest tokens.
+    /// Draw only among the K likeliest tokens (0: among all, as transformers' top_k=0).
     #[arg(long)]
     top_k: Option<usize>,
     /// Seed of the draws (the same seed gives the same text).

@@ -26,7 +26,7 @@ use crate::train::trainer::Trainer;
 pub struct Sampling {
     /// Divides the logits; 0 takes the likeliest token (greedy).
     pub temperature: f32,
-    /// Only the k likeliest tokens may be drawn.
+    /// Only the k likeliest tokens may be drawn (0: any, as transformers' `top_k=0`).
     pub top_k: Option<usize>,
     /// Seeds the draws.
     pub seed: u64,
@@ -142,7 +142,7 @@ pub fn draw(logits: &[f32], sampling: &Sampling, rng: &mut impl Rng) -> i32 {
     let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
     // Top-k: the k likeliest, found without sorting the whole vocabulary (a sort of
     // GPT-2's 50,257 logits took about as long as decoding the token).
-    if let Some(k) = sampling.top_k.map(|k| k.max(1)).filter(|&k| k < order.len()) {
+    if let Some(k) = sampling.top_k.filter(|&k| k > 0 && k < order.len()) {
         order.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
         order.truncate(k);
     }

@@ -39,6 +39,19 @@ pub enum Phase {
     },
 }
 
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Phase::Eval(None) => write!(f, "evaluation in the run's batches"),
+            Phase::Eval(Some(b)) => write!(f, "evaluation in batches of {b}"),
+            Phase::Generate { prompt, tokens, batch } => {
+                let s = if *batch == 1 { "" } else { "s" };
+                write!(f, "generating {tokens} tokens after a {prompt}-token prompt, {batch} sequence{s}")
+            }
+        }
+    }
+}
+
 /// The memory a phase will need.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseEstimate {
@@ -73,6 +86,11 @@ pub fn estimate_phase(config: Config, gpu: Arc<Gpu>, phase: Phase) -> Result<(Ph
                 seed: 0,
                 cache: true,
             };
+            // Once the cache is full every token runs the same whole-window pass, so
+            // the peak is reached within two windows: a longer generation is estimated
+            // from them (10^11 tokens took as long to estimate as to generate).
+            let window = trainer.model.tokens_per_example().unwrap_or(tokens);
+            let tokens = tokens.min(2 * window + 2);
             trainer.generate(&vec![0; prompt.max(1)], tokens, batch, &sampling, |_| Ok(()))?;
         }
     }
