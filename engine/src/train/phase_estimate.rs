@@ -88,7 +88,7 @@ pub fn estimate_phase(config: Config, gpu: Arc<Gpu>, phase: Phase) -> Result<(Ph
             };
             // Once the cache is full every token runs the same whole-window pass, so
             // the peak is reached within two windows: a longer generation is estimated
-            // from them (10^11 tokens took as long to estimate as to generate).
+            // from them (10^11 tokens' dry run ran past a minute before).
             let window = trainer.model.tokens_per_example().unwrap_or(tokens);
             let tokens = tokens.min(2 * window + 2);
             trainer.generate(&vec![0; prompt.max(1)], tokens, batch, &sampling, |_| Ok(()))?;
