@@ -1,8 +1,8 @@
 //! The dashboard's API over a real (short) training run: runs, records, timelines,
 //! exports (JSON and memory_viz pickle), the live stream, bad parameters, run names
-//! that try to leave the folder, the token rule, the bounded live queue, and a bounded
+//! that try to leave the folder, the token rule, the bounded live queue, a bounded
 //! denial of service on a real server process (idle connections, huge lines and
-//! records, symlinks, FIFOs).
+//! records, symlinks, FIFOs), and a share of the connections per client beyond loopback.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -363,6 +363,56 @@ fn non_loopback_addresses_require_the_token_on_every_request() {
         assert_eq!(get(addr, &format!("{path}?token={token}"), None).0, 200, "{path} with the token");
         assert_eq!(get(addr, path, Some(&token)).0, 200, "{path} with a bearer token");
     }
+}
+
+/// GET `path` with `token` from the client address `from` (a loopback address of its
+/// own: 127.0.0.2, ...); returns the status.
+fn status_from(from: &str, addr: SocketAddr, path: &str, token: &str) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        socket.connect(addr).await.unwrap()
+    });
+    let mut s = stream.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    String::from_utf8_lossy(&raw).split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0)
+}
+
+#[test]
+fn beyond_loopback_one_client_cannot_take_every_connection() {
+    let d = Dashboard::start(Options {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        live: Some(Recorder::new("live", None)),
+        ..Default::default()
+    })
+    .unwrap();
+    let token = d.token.clone().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", d.addr.port()).parse().unwrap();
+    // One client (127.0.0.1) holds its share with connections that send nothing; one
+    // more is closed at once, not after the first-byte deadline.
+    let held: Vec<TcpStream> = (0..wgtrain_web::MAX_PER_CLIENT)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let start = std::time::Instant::now();
+    let mut extra = TcpStream::connect(addr).unwrap();
+    extra.set_read_timeout(Some(wgtrain_web::FIRST_BYTE_TIMEOUT * 2)).unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(extra.read(&mut buf).unwrap_or(0), 0, "the connection past the share is closed");
+    assert!(start.elapsed() < Duration::from_secs(2), "closed after {:?}", start.elapsed());
+    // Another client is served meanwhile; once the first's connections end, so is it.
+    assert_eq!(status_from("127.0.0.2", addr, "/api/health", &token), 200);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(addr, "/api/health", Some(&token)).0, 200);
 }
 
 /// A loopback dashboard serving `rec` live.

@@ -47,6 +47,43 @@ pub const FIRST_BYTE_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 /// accepting until one ends, so file descriptors never run out.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// Connections one client address may hold at once on a dashboard that listens beyond
+/// loopback (a browser opens six a host, and a stream a tab), so that one client cannot
+/// take every connection; a loopback dashboard's clients all share one address, and
+/// are not counted.
+pub const MAX_PER_CLIENT: usize = 32;
+
+/// How many connections each client address holds (a dashboard beyond loopback).
+#[derive(Default)]
+struct Clients(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection of a client, counted until it is dropped.
+struct ClientSlot(Arc<Clients>, std::net::IpAddr);
+
+impl Clients {
+    /// A slot for a connection from `ip`; none when it holds [`MAX_PER_CLIENT`].
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        (*n < MAX_PER_CLIENT).then(|| {
+            *n += 1;
+            ClientSlot(self.clone(), ip)
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// A running dashboard; stops when dropped.
 pub struct Dashboard {
     /// Where it listens.
@@ -127,7 +164,8 @@ impl Dashboard {
             allowed_hosts,
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        runtime.spawn(serve(listener, app, stopped));
+        let clients = (!server::is_loopback(&addr)).then(Arc::<Clients>::default);
+        runtime.spawn(serve(listener, app, clients, stopped));
         Ok(Dashboard {
             addr,
             token,
@@ -155,12 +193,18 @@ impl Dashboard {
     }
 }
 
-/// Accepts connections until `stopped`: at most [`MAX_CONNECTIONS`] at once, each closed
+/// Accepts connections until `stopped`: at most [`MAX_CONNECTIONS`] at once (and with
+/// `clients`, [`MAX_PER_CLIENT`] of one address: more are closed at once), each closed
 /// unless its first byte comes within [`FIRST_BYTE_TIMEOUT`], then served by hyper with
 /// a deadline for its request headers ([`HEADER_TIMEOUT`]): idle and half-open
 /// connections cannot pile up. A failing accept (file descriptors run out) backs off
 /// up to a second, warning once per back-off rather than once per try.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    clients: Option<Arc<Clients>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = std::time::Duration::ZERO;
@@ -172,7 +216,7 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped
             },
             _ = &mut stopped => return,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => {
                     backoff = std::time::Duration::ZERO;
@@ -192,9 +236,16 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router, mut stopped
             },
             _ = &mut stopped => return,
         };
+        let slot = match &clients {
+            Some(c) => match c.take(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => continue,
+            },
+            None => None,
+        };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, slot);
             let mut first = [0u8; 1];
             match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
                 Ok(Ok(n)) if n > 0 => {}
