@@ -301,20 +301,22 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
         serde_json::from_str::<serde_json::Value>(&text).unwrap()[key].as_u64().unwrap()
     };
     let ckpt = ck.to_str().unwrap();
-    let generated = peak_of(
-        &[
+    // The peak `wgtrain generate` reports for `tokens` after the prompt, two sequences.
+    let generated_peak = |tokens: &str| {
+        let args = [
             "generate",
             "--checkpoint",
             ckpt,
             "--prompt",
             prompt,
             "--tokens",
-            "12",
+            tokens,
             "--batch",
             "2",
-        ],
-        "stderr",
-    );
+        ];
+        peak_of(&args, "stderr")
+    };
+    let generated = generated_peak("12");
     let evaluated = peak_of(&["eval", "--checkpoint", ckpt, "--json"], "peak");
     // Evaluated in fp16-mixed instead of the run's fp32: the same loss to 1%.
     let loss_of = |extra: &[&str]| -> f64 {
@@ -333,32 +335,17 @@ fn greedy_text_equals_gpt2s_forward_on_the_host_and_sampling_repeats_for_a_seed(
         estimate.extend(["--set".to_string(), s.clone()]);
     }
     let with = |extra: &[&str]| -> Vec<String> { estimate.iter().cloned().chain(extra.iter().map(|s| s.to_string())).collect() };
-    let args = with(&["--generate", "12", "--prompt-tokens", "5", "--batch", "2"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_eq!(peak_of(&refs, "peak_bytes"), generated, "generation's peak");
+    let estimated_peak = |tokens: &str| {
+        let args = with(&["--generate", tokens, "--prompt-tokens", "5", "--batch", "2"]);
+        peak_of(&args.iter().map(String::as_str).collect::<Vec<_>>(), "peak_bytes")
+    };
+    assert_eq!(estimated_peak("12"), generated, "generation's peak");
     // Past the window of 24 (the cache full, the whole window each token), measured
     // against estimated; and 10^11 tokens estimated from their first windows, at once.
-    let long = peak_of(
-        &[
-            "generate",
-            "--checkpoint",
-            ckpt,
-            "--prompt",
-            prompt,
-            "--tokens",
-            "60",
-            "--batch",
-            "2",
-        ],
-        "stderr",
-    );
-    let args = with(&["--generate", "60", "--prompt-tokens", "5", "--batch", "2"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_eq!(peak_of(&refs, "peak_bytes"), long, "the peak of generating past the window");
-    let args = with(&["--generate", "100000000000", "--prompt-tokens", "5", "--batch", "2"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let long = generated_peak("60");
+    assert_eq!(estimated_peak("60"), long, "the peak of generating past the window");
     let start = std::time::Instant::now();
-    assert_eq!(peak_of(&refs, "peak_bytes"), long, "the peak of 10^11 tokens");
+    assert_eq!(estimated_peak("100000000000"), long, "the peak of 10^11 tokens");
     assert!(start.elapsed() < std::time::Duration::from_secs(30), "{:?}", start.elapsed());
     let args = with(&["--eval"]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();

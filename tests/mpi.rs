@@ -332,13 +332,7 @@ fn start_long(dir: &Path, n: usize, log: &Path, extra: &[String], after: usize) 
         "parallel.backend=\"mpi\"".into(),
     ];
     sets.extend(extra.iter().cloned());
-    let child = mpirun(n)
-        .arg(env!("CARGO_BIN_EXE_wgtrain"))
-        .args(with_log(gpt(dir, &sets), log))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(&mut mpirun(n).arg(env!("CARGO_BIN_EXE_wgtrain")).args(with_log(gpt(dir, &sets), log)));
     let start = Instant::now();
     loop {
         let done = std::fs::read_to_string(log)
@@ -368,6 +362,11 @@ fn wait_for(mut child: std::process::Child, limit: Duration) -> (Option<i32>, St
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Starts `cmd` with its output piped (read by [`wait_for`]).
+fn spawn_piped(cmd: &mut Command) -> std::process::Child {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
 }
 
 #[test]
@@ -448,16 +447,14 @@ fn a_log_rank_0_cannot_write_saves_every_ranks_shard_and_ends_the_run() {
     // Each rank may write files of 32 KiB at most (a full disk or quota, for its log
     // only: the checkpoint's files are smaller). MPI's shared-memory transports, whose
     // segments are files too, are left out.
-    let child = mpirun(2)
-        .args(["--mca", "btl", "tcp,self"])
-        .env("WGTRAIN_MPI_SHARED_MEMORY", "0")
-        .args(["sh", "-c", "trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_wgtrain"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(
+        &mut mpirun(2)
+            .args(["--mca", "btl", "tcp,self"])
+            .env("WGTRAIN_MPI_SHARED_MEMORY", "0")
+            .args(["sh", "-c", "trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\""])
+            .arg(env!("CARGO_BIN_EXE_wgtrain"))
+            .args(&args),
+    );
     // It used to hang here: rank 0 saved alone, its exchanges met the other rank's
     // next step, and ending the run waited for a communicator the others never made.
     let (code, text, _) = wait_for(child, Duration::from_secs(120));
@@ -498,13 +495,7 @@ fn a_rank_0_error_before_the_first_step_ends_every_rank_at_once() {
     let dir = scratch("mpi-bad-log");
     let sets = ["parallel.backend=\"mpi\"".to_string()];
     let args = with_log(gpt(&dir, &sets), Path::new("/dev/full"));
-    let child = mpirun(2)
-        .arg(env!("CARGO_BIN_EXE_wgtrain"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(&mut mpirun(2).arg(env!("CARGO_BIN_EXE_wgtrain")).args(&args));
     // Only rank 0 opens the log. Ending the run used to duplicate MPI_COMM_WORLD (a
     // collective) while rank 1 waited in its first exchange: both waited for ever.
     let (code, text, took) = wait_for(child, Duration::from_secs(60));
@@ -524,15 +515,13 @@ fn ranks_of_different_runs_are_refused_naming_the_difference() {
     let bin = env!("CARGO_BIN_EXE_wgtrain");
     // One command line per rank (MPMD): rank 1's model is wider. Their exchanges would
     // not match: it used to fail inside the first one, naming a shared segment.
-    let child = mpirun(1)
-        .arg(bin)
-        .args(gpt(&dir, &sets))
-        .args([":", "-n", "1", bin])
-        .args(gpt(&dir, &other))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(
+        &mut mpirun(1)
+            .arg(bin)
+            .args(gpt(&dir, &sets))
+            .args([":", "-n", "1", bin])
+            .args(gpt(&dir, &other)),
+    );
     let (code, text, _) = wait_for(child, Duration::from_secs(60));
     assert_ne!(code, Some(0), "{text}");
     assert!(
