@@ -415,6 +415,50 @@ fn beyond_loopback_one_client_cannot_take_every_connection() {
     assert_eq!(get(addr, "/api/health", Some(&token)).0, 200);
 }
 
+#[test]
+fn on_loopback_half_open_connections_give_way_to_a_new_client() {
+    let d = live_dashboard(&Recorder::new("live", None));
+    let addr = d.addr;
+    // A live stream, open before the others: busy, so never closed for them.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /api/runs/live/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut head = [0u8; 64];
+    assert!(stream.read(&mut head).unwrap() > 0);
+    // More connections than the server serves at once, each with half its headers.
+    let held: Vec<TcpStream> = (0..wgtrain_web::MAX_CONNECTIONS + 20)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            write!(s, "GET /api/runs HTTP/1.1\r\nX-Slow: 1\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // A client that sends its request at once is answered now, not once the header
+    // deadline has closed the others.
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        assert_eq!(get(addr, "/api/health", None).0, 200);
+        assert!(
+            start.elapsed() < wgtrain_web::HEADER_TIMEOUT / 5,
+            "answered after {:?}",
+            start.elapsed()
+        );
+    }
+    // The oldest half-open ones were closed for it; the newest still wait.
+    let closed = |s: &TcpStream| {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 1];
+        match (&*s).read(&mut buf) {
+            Ok(0) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
+    };
+    assert!(closed(&held[0]), "the oldest connection is still open");
+    assert!(!closed(held.last().unwrap()), "the newest connection was closed");
+    assert!(!closed(&stream), "the live stream was closed");
+}
+
 /// A loopback dashboard serving `rec` live.
 fn live_dashboard(rec: &Arc<Recorder>) -> Dashboard {
     Dashboard::start(Options {

@@ -3,9 +3,10 @@
 //! [`viz`] exports memory in PyTorch's memory_viz format. [`Dashboard::start`] runs the
 //! server on its own threads, so training never waits on it.
 //!
-//! May call: `recorder`, `server`, `viz`, `wgtrain_record`. Called by: the CLI, tests.
+//! May call: `recorder`, `server`, `viz`, `connections`, `wgtrain_record`. Called by: the CLI, tests.
 
 pub mod assets;
+mod connections;
 pub mod recorder;
 pub mod server;
 pub mod viz;
@@ -197,8 +198,10 @@ impl Dashboard {
 /// `clients`, [`MAX_PER_CLIENT`] of one address: more are closed at once), each closed
 /// unless its first byte comes within [`FIRST_BYTE_TIMEOUT`], then served by hyper with
 /// a deadline for its request headers ([`HEADER_TIMEOUT`]): idle and half-open
-/// connections cannot pile up. A failing accept (file descriptors run out) backs off
-/// up to a second, warning once per back-off rather than once per try.
+/// connections cannot pile up. When every slot is taken, or accepting fails because
+/// the descriptors have run out, the connection idle longest is closed for the new one
+/// ([`connections`]); a failing accept with none to close backs off up to a second,
+/// warning once per back-off rather than once per try.
 async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -207,15 +210,9 @@ async fn serve(
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(connections::Connections::default());
     let mut backoff = std::time::Duration::ZERO;
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = &mut stopped => return,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => {
@@ -223,12 +220,19 @@ async fn serve(
                     c
                 }
                 Err(e) => {
-                    if backoff.is_zero() {
-                        tracing::warn!("dashboard: accept failed: {e}; backing off");
-                    }
-                    backoff = (backoff * 2).clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(1));
+                    // Out of descriptors: an idle connection gives its own back at once.
+                    let pause = if open.evict_oldest_idle() {
+                        std::time::Duration::from_millis(10)
+                    } else {
+                        if backoff.is_zero() {
+                            tracing::warn!("dashboard: accept failed: {e}; backing off");
+                        }
+                        backoff = (backoff * 2)
+                            .clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(1));
+                        backoff
+                    };
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(pause) => {}
                         _ = &mut stopped => return,
                     }
                     continue;
@@ -243,17 +247,48 @@ async fn serve(
             },
             None => None,
         };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let permit = loop {
+            if let Ok(p) = permits.clone().try_acquire_owned() {
+                break p;
+            }
+            // Every slot is taken: close the connection idle longest, or wait for one
+            // to end (trying again as busy ones turn idle).
+            open.evict_oldest_idle();
+            tokio::select! {
+                p = permits.clone().acquire_owned() => match p {
+                    Ok(p) => break p,
+                    Err(_) => return,
+                },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                _ = &mut stopped => return,
+            }
+        };
+        let registered = open.register();
+        let app = hyper_util::service::TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let _held = (permit, slot);
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return,
+            let connection = registered.connection.clone();
+            let served = async {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                }
+                // Each request keeps its connection busy until its response is sent.
+                let service = hyper::service::service_fn(move |request| {
+                    use hyper::service::Service;
+                    let busy = connection.busy();
+                    let response = app.call(request);
+                    async move { response.await.map(|r| r.map(|body| connections::Guarded { body, _busy: busy })) }
+                });
+                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+                let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
+            };
+            tokio::select! {
+                _ = served => {}
+                _ = registered.connection.evicted() => {}
             }
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-            let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
         });
     }
 }
