@@ -584,7 +584,7 @@ fn empty_tokens_are_refused_and_loopback_checks_the_host() {
 }
 
 #[test]
-fn slow_headers_time_out_and_large_logs_stream() {
+fn slow_clients_time_out_or_give_way_and_large_logs_stream() {
     let dir = temp("large");
     let (log, _) = short_run(&dir, "big");
     // Blow the log up to ~40 MB of real lines.
@@ -668,6 +668,25 @@ fn slow_headers_time_out_and_large_logs_stream() {
         "the server's peak memory grew by {grown} bytes for a {} byte log",
         big.len()
     );
+    // More clients than the server serves at once ask for the large log and never
+    // read it: a new client is answered once their responses have waited
+    // `STALLED`, not never.
+    let stalled: Vec<TcpStream> = (0..wgtrain_web::MAX_CONNECTIONS + 10)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            write!(s, "GET /api/runs/big HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = std::time::Instant::now();
+    assert_eq!(json(addr, "/api/health").0, 200);
+    assert!(
+        t.elapsed() < wgtrain_web::STALLED + Duration::from_secs(3),
+        "health took {:?} behind clients that do not read",
+        t.elapsed()
+    );
+    drop(stalled);
 }
 
 #[test]

@@ -5,29 +5,54 @@
 //! or its next request on a kept-alive connection. This is how a server survives a
 //! slowloris client it cannot tell apart by address (on loopback, every client is
 //! 127.0.0.1): the half-open connections are evicted oldest first, while a client that
-//! sends a request at once is busy before its turn comes.
+//! sends a request at once is busy before its turn comes. A client that stops reading
+//! its response is treated the same way: its connection counts as idle once hyper has
+//! waited [`STALLED`] to write the next piece, and is closed outright after
+//! [`SEND_TIMEOUT`] (nginx's `send_timeout`), so that responses nobody reads cannot
+//! hold every connection either.
 //!
 //! May call: hyper, tokio. Called by: lib.rs's accept loop.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// How long a response may wait for its client to read before its connection may be
+/// closed for a new client when every slot is taken.
+pub const STALLED: Duration = Duration::from_secs(2);
+
+/// How long a response may wait for its client to read before its connection is closed.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Every open connection by the order it was accepted.
-#[derive(Default)]
 pub(crate) struct Connections {
     open: Mutex<BTreeMap<u64, Arc<Connection>>>,
-    next: std::sync::atomic::AtomicU64,
+    next: AtomicU64,
+    since: Instant,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            open: Mutex::default(),
+            next: AtomicU64::new(0),
+            since: Instant::now(),
+        }
+    }
 }
 
 /// One open connection: its requests in flight and the signal that closes it.
-#[derive(Default)]
 pub(crate) struct Connection {
     busy: AtomicUsize,
+    /// When a response last handed hyper a piece to write that it has not yet asked
+    /// past (microseconds after `since`, plus one; 0: none waiting).
+    waiting: AtomicU64,
+    since: Instant,
     /// Told to close and not yet gone (so that it is not chosen twice).
-    evicting: std::sync::atomic::AtomicBool,
+    evicting: AtomicBool,
     close: tokio::sync::Notify,
 }
 
@@ -43,7 +68,13 @@ impl Connections {
     /// Adds a newly accepted connection (the newest, so the last one evicted).
     pub(crate) fn register(self: &Arc<Self>) -> Registered {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let connection = Arc::new(Connection::default());
+        let connection = Arc::new(Connection {
+            busy: AtomicUsize::new(0),
+            waiting: AtomicU64::new(0),
+            since: self.since,
+            evicting: AtomicBool::new(false),
+            close: tokio::sync::Notify::new(),
+        });
         self.lock().insert(id, connection.clone());
         Registered {
             connections: self.clone(),
@@ -58,7 +89,7 @@ impl Connections {
         let open = self.lock();
         let idle = open
             .values()
-            .find(|c| c.busy.load(Ordering::Acquire) == 0 && !c.evicting.load(Ordering::Acquire));
+            .find(|c| c.idle_or_stalled_for(STALLED) && !c.evicting.load(Ordering::Acquire));
         match idle {
             Some(c) => {
                 c.evicting.store(true, Ordering::Release);
@@ -82,16 +113,44 @@ impl Drop for Registered {
 }
 
 impl Connection {
-    /// Resolves when the connection is evicted and still idle; one that a request
+    /// Resolves when the connection is evicted and still idle (or stalled), or when a
+    /// response has waited [`SEND_TIMEOUT`] for its client to read; one that a request
     /// made busy meanwhile keeps serving and can be chosen again later.
     pub(crate) async fn evicted(&self) {
+        let mut check = tokio::time::interval(Duration::from_secs(1));
         loop {
-            self.close.notified().await;
-            if self.busy.load(Ordering::Acquire) == 0 {
-                return;
+            tokio::select! {
+                _ = self.close.notified() => {
+                    if self.idle_or_stalled_for(STALLED) {
+                        return;
+                    }
+                    self.evicting.store(false, Ordering::Release);
+                }
+                _ = check.tick() => {
+                    if self.stalled_for().is_some_and(|d| d >= SEND_TIMEOUT) {
+                        return;
+                    }
+                }
             }
-            self.evicting.store(false, Ordering::Release);
         }
+    }
+
+    /// Whether no request is in flight, or a response has waited `limit` for its client.
+    fn idle_or_stalled_for(&self, limit: Duration) -> bool {
+        self.busy.load(Ordering::Acquire) == 0 || self.stalled_for().is_some_and(|d| d >= limit)
+    }
+
+    /// How long hyper has held a piece of a response without asking for the next one
+    /// (the client does not read).
+    fn stalled_for(&self) -> Option<Duration> {
+        match self.waiting.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(self.since.elapsed().saturating_sub(Duration::from_micros(t - 1))),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.since.elapsed().as_micros() as u64 + 1
     }
 
     /// Marks a request in flight until the guard (and the response body holding it) is
@@ -107,6 +166,7 @@ pub(crate) struct Busy(Arc<Connection>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        self.0.waiting.store(0, Ordering::Release);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -123,7 +183,15 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for Guarded<B> {
     type Error = B::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        // Asked again: the last piece went out. Handing over a new one starts the clock
+        // until hyper asks past it.
+        self._busy.0.waiting.store(0, Ordering::Release);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            let connection = &self._busy.0;
+            connection.waiting.store(connection.now(), Ordering::Release);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -163,5 +231,30 @@ mod tests {
         drop((busy_a, busy_c));
         assert!(all.evict_oldest_idle());
         assert!(got(&a.connection));
+    }
+
+    #[test]
+    fn a_response_whose_next_piece_is_not_asked_for_counts_as_stalled() {
+        use hyper::body::Body;
+        let all = Arc::new(Connections::default());
+        let conn = all.register();
+        let mut guarded = Guarded {
+            body: axum::body::Body::from("0123456789"),
+            _busy: conn.connection.busy(),
+        };
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(conn.connection.stalled_for().is_none(), "nothing handed over yet");
+        assert!(matches!(Pin::new(&mut guarded).poll_frame(&mut cx), Poll::Ready(Some(Ok(_)))));
+        std::thread::sleep(Duration::from_millis(30));
+        let stalled = conn.connection.stalled_for().expect("a piece is waiting");
+        assert!(stalled >= Duration::from_millis(30), "{stalled:?}");
+        assert!(conn.connection.idle_or_stalled_for(Duration::from_millis(20)));
+        assert!(!conn.connection.idle_or_stalled_for(Duration::from_secs(60)));
+        // Asked again: the clock stops; the response ended, the connection is idle.
+        assert!(matches!(Pin::new(&mut guarded).poll_frame(&mut cx), Poll::Ready(None)));
+        assert!(conn.connection.stalled_for().is_none());
+        drop(guarded);
+        assert!(conn.connection.idle_or_stalled_for(Duration::from_secs(60)));
     }
 }

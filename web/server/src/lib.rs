@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use connections::{SEND_TIMEOUT, STALLED};
 pub use recorder::Recorder;
 pub use server::{Served, router};
 

@@ -40,7 +40,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use wgtrain_record::{BenchRecord, Health, RunEntry, RunView};
 
-use crate::recorder::{Recorder, load_record, read_log};
+use crate::recorder::{Recorder, load_record, read_log, validate_log};
 use crate::{assets, viz};
 use wgtrain_record::RunRecord;
 use wgtrain_record::{PageView, StepMemory, WhatIfView};
@@ -115,8 +115,17 @@ impl Run {
     }
 }
 
-/// Runs blocking file work off the server's threads.
+/// Whole-file passes (checking a log, parsing a record or every line) at once: two, so
+/// that hundreds of requests for large files queue here instead of sharing the CPU with
+/// the server's threads, and cheap requests (health, the list) stay fast meanwhile.
+static FILE_PASSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Runs blocking file work off the server's threads, at most [`FILE_PASSES`] at once.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, ApiError> {
+    let _pass = FILE_PASSES
+        .acquire()
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
@@ -221,7 +230,7 @@ async fn run(State(s): State<Shared>, Path(name): Path<String>) -> Result<Respon
 /// found (422, naming it) before anything is sent.
 async fn stream_finished(s: &Served, name: String, record: Arc<RunRecord>, log: PathBuf) -> Result<Response, ApiError> {
     let path = log.clone();
-    blocking(move || read_log(&path, |_| Ok(()))).await?;
+    blocking(move || validate_log(&path)).await?;
     let head = format!(
         "{{\"name\":{},\"live\":false,\"finished\":{},\"info\":{},\"pages\":{},\"timeline_steps\":{},\"bench\":{},\"lines\":[",
         to_json(&name),
