@@ -14,11 +14,17 @@
 // p.skip_if_found is set and found[0] != 0 (GradScaler). The table holds one entry of
 // ENTRY words per tensor: its length, its first workgroup in the launch, then a
 // (slot, word offset) pair for the weight, the gradient, the two moments and the f16
-// copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 elements of
-// one tensor, two per invocation, so the f16 copy is written a word (two halves) at a
-// time. Entries are in workgroup order; a workgroup finds its own by bisection.
-// Template: MODE, PAIRS, HALF, SQUARES (MODE 4), and SLOT_BINDINGS, LOAD_CASES,
-// STORE_CASES for SLOTS pages.
+// copy (slot NONE: no copy), and SGD's first-use flag. A workgroup takes 512 PAIRS
+// elements of one tensor, two at a time per invocation, so the f16 copy is written a
+// word (two halves) at a time. Entries are in workgroup order; a workgroup finds its own
+// by bisection.
+// WIDE (MODE 0 to 3, where the host finds every tensor's length a multiple of 8 and
+// every offset on 16 bytes): the pages are bound as vectors of four words and an
+// invocation takes eight consecutive elements, two vector loads of each tensor and one
+// vector store of the f16 copy (eight halves); a workgroup takes 2,048 elements. The
+// arithmetic is the same, element for element.
+// Template: MODE, PAIRS, HALF, SQUARES (MODE 4), WIDE, WORD (u32 or vec4<u32>), and
+// SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
 //#if HALF
 enable f16;
 //#endif
@@ -57,25 +63,67 @@ const PAIRS: u32 = {{PAIRS}}u;
 const ENTRY: u32 = 16u;
 const NONE: u32 = 0xffffffffu;
 
-fn load(s: u32, i: u32) -> u32 {
+fn load(s: u32, i: u32) -> {{WORD}} {
     switch s {
 {{LOAD_CASES}}
     }
 }
 
-fn store(s: u32, i: u32, w: u32) {
+fn store(s: u32, i: u32, w: {{WORD}}) {
     switch s {
 {{STORE_CASES}}
     }
 }
 
-fn ld(s: u32, i: u32) -> f32 { return bitcast<f32>(load(s, i)); }
-fn st(s: u32, i: u32, x: f32) { store(s, i, bitcast<u32>(x)); }
-
 fn finite(x: f32) -> bool {
     // NaN fails every comparison; inf exceeds the largest finite f32.
     return abs(x) <= 3.4028235e38;
 }
+
+//#if WIDE
+fn ld4(s: u32, i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(load(s, i)); }
+fn st4(s: u32, i: u32, x: vec4<f32>) { store(s, i, bitcast<vec4<u32>>(x)); }
+
+// Elements 4 q .. 4 q + 3 of entry e (q counted in vectors from the tensor's start; the
+// table's word offsets are multiples of 4): as `element`, four at a time.
+fn element4(e: u32, q: u32) -> vec4<f32> {
+    let gs = table[e + 4u];
+    let gi = table[e + 5u] / 4u + q;
+    let g0 = ld4(gs, gi) * p.inv_scale;
+    if MODE == 0u || MODE == 3u {
+        if MODE == 0u { st4(gs, gi, g0); }
+        if !all(abs(g0) <= vec4<f32>(3.4028235e38)) { atomicStore(&found[0], 1u); }
+        return vec4<f32>(0.0);
+    }
+    let ps = table[e + 2u];
+    let wi = table[e + 3u] / 4u + q;
+    let ms = table[e + 6u];
+    let mi = table[e + 7u] / 4u + q;
+    var w = ld4(ps, wi);
+    if MODE == 1u {
+        let vs = table[e + 8u];
+        let vi = table[e + 9u] / 4u + q;
+        w = w * (1.0 - p.lr * p.weight_decay);
+        let m = p.beta1 * ld4(ms, mi) + (1.0 - p.beta1) * g0;
+        let v = p.beta2 * ld4(vs, vi) + (1.0 - p.beta2) * g0 * g0;
+        st4(ms, mi, m);
+        st4(vs, vi, v);
+        let denom = sqrt(v) / p.bias_correction2_sqrt + p.eps;
+        w = w - (p.lr / p.bias_correction1) * m / denom;
+    } else {
+        var g = g0 + p.weight_decay * w;
+        var buf = g;
+        if table[e + 12u] == 0u { buf = p.beta1 * ld4(ms, mi) + (1.0 - p.beta2) * g; }
+        st4(ms, mi, buf);
+        if p.nesterov != 0u { g = g + p.beta1 * buf; } else { g = buf; }
+        w = w - p.lr * g;
+    }
+    st4(ps, wi, w);
+    return w;
+}
+//#else
+fn ld(s: u32, i: u32) -> f32 { return bitcast<f32>(load(s, i)); }
+fn st(s: u32, i: u32, x: f32) { store(s, i, bitcast<u32>(x)); }
 
 // Element i of entry e: the updated weight (MODE 1, 2), the square (MODE 4), or 0 (the
 // checks, MODE 0 and 3).
@@ -117,6 +165,7 @@ fn element(e: u32, i: u32) -> f32 {
     st(ps, wi, w);
     return w;
 }
+//#endif
 
 @compute @workgroup_size(256)
 fn main(
@@ -142,6 +191,24 @@ fn main(
         return;
     }
 //#endif
+//#if WIDE
+    // Eight consecutive elements an invocation (the length is a multiple of 8).
+    let oct = (group - table[e + 1u]) * 256u + lid.x;
+    if oct * 8u < n {
+        let lo = element4(e, 2u * oct);
+        let hi = element4(e, 2u * oct + 1u);
+//#if HALF
+        let hs = table[e + 10u];
+        if hs != NONE {
+            // Rounded by the f16 conversion first, as in the pairs below.
+            let a = vec4<f32>(vec4<f16>(lo));
+            let b = vec4<f32>(vec4<f16>(hi));
+            let words = vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
+            store(hs, table[e + 11u] / 4u + oct, words);
+        }
+//#endif
+    }
+//#else
     // PAIRS pairs an invocation, 256 apart.
     let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
     for (var k = 0u; k < PAIRS; k++) {
@@ -165,6 +232,7 @@ fn main(
 //#endif
         }
     }
+//#endif
 //#if SQUARES
     partial[lid.x] = sum;
     workgroupBarrier();

@@ -8,8 +8,10 @@ mod common;
 use common::{finish, runtime, upload};
 use wgtrain_engine::DType;
 use wgtrain_engine::TensorOps;
+use wgtrain_engine::autograd::HalfWeights;
 use wgtrain_engine::autograd::Params;
 use wgtrain_engine::optim::{clip_grad_norm, lr_at};
+use wgtrain_engine::{Category, Tensor};
 
 #[test]
 fn warmup_then_cosine_decay() {
@@ -260,25 +262,46 @@ fn eight_bit_adamw_trains_as_adamw_and_resumes_exactly() {
     assert_eq!(resumed, eight, "resumed from step 60");
 }
 
-/// Weights and gradients of many sizes: tiny ones sharing small pages, mid-sized ones in
-/// the large pages, three with pages of their own (more pages than one multi-tensor
-/// launch binds), with seeded values; `bad`: one late gradient holds an inf.
-fn many_params(rt: &wgtrain_engine::Runtime, bad: bool) -> Params {
+/// Sizes for [`many_params`]: tiny ones sharing small pages, mid-sized ones in the large
+/// pages, three with pages of their own (more pages than one multi-tensor launch binds).
+/// `ODD` has lengths that are no multiple of 8 (the multi-tensor kernels take pairs);
+/// every length of `WIDE` is one (they take eight elements a thread).
+const ODD: [usize; 13] = [1, 3, 64, 257, 1025, 70_001, 300_000, 4_200_000, 5, 4_200_001, 768, 4_199_999, 2];
+const WIDE: [usize; 11] = [8, 64, 1024, 70_008, 300_000, 4_200_000, 16, 4_200_008, 768, 4_199_992, 8];
+
+/// Weights (parameters) and gradients of the given sizes with seeded values; `bad`: one
+/// late gradient holds an inf.
+fn many_params(rt: &wgtrain_engine::Runtime, bad: bool, sizes: &[usize]) -> Params {
     let mut params = Params::default();
     let mut seed = 11u64;
-    let sizes = [
-        1usize, 3, 64, 257, 1025, 70_001, 300_000, 4_200_000, 5, 4_200_001, 768, 4_199_999, 2,
-    ];
     for (i, &n) in sizes.iter().enumerate() {
         let w: Vec<f32> = (0..n).map(|_| uniform(&mut seed)).collect();
         let mut g: Vec<f32> = (0..n).map(|_| uniform(&mut seed) * 1e3).collect();
         if bad && i == sizes.len() - 3 {
             g[n / 2] = f32::INFINITY;
         }
-        let k = params.add(&format!("p{i}"), upload(rt, &w, &[n], DType::F32));
+        let value = Tensor::from_f32(rt, &w, &[n], Category::Parameter, "w").unwrap();
+        let k = params.add(&format!("p{i}"), value);
         params.list[k].grad = Some(upload(rt, &g, &[n], DType::F32));
     }
     params
+}
+
+/// f16 copies of every weight of `params`, written by the optimizer's updates (as
+/// fp16-mixed keeps them).
+fn halves_of(rt: &wgtrain_engine::Runtime, params: &Params) -> std::sync::Arc<HalfWeights> {
+    let halves = HalfWeights::default();
+    for p in &params.list {
+        assert!(halves.get_or_want(&p.value).is_none());
+        assert!(halves.make_if_wanted(rt, &p.value, "w").unwrap());
+    }
+    std::sync::Arc::new(halves)
+}
+
+/// The f16 copies' values (exactly, as f32 bits), weight by weight.
+fn half_bits(rt: &wgtrain_engine::Runtime, params: &Params, halves: &HalfWeights) -> Vec<u32> {
+    let copy = |p: &wgtrain_engine::autograd::Param| halves.get(&p.value).unwrap().to_f32_vec(rt).unwrap();
+    params.list.iter().flat_map(copy).map(f32::to_bits).collect()
 }
 
 /// Two parameter sets updated by different launches agree: bit for bit on lavapipe,
@@ -329,40 +352,62 @@ fn multi_tensor_steps_equal_one_launch_per_parameter() {
             nesterov: true,
         }),
     ];
-    for rule in rules {
-        let (multi, single) = (many_params(&rt, false), many_params(&rt, false));
-        let (mut a, mut b) = (Optimizer::new(rule), Optimizer::new(rule));
-        for step in 0..3 {
-            a.step(&rt, &multi, 1e-2).unwrap();
-            b.begin_step(&rt, single.list.len()).unwrap();
-            for (i, p) in single.list.iter().enumerate() {
-                b.update_param(&rt, i, p, 1e-2).unwrap();
+    for (sizes, wide) in [(&ODD[..], false), (&WIDE[..], true)] {
+        for rule in rules {
+            let (multi, single) = (many_params(&rt, false, sizes), many_params(&rt, false, sizes));
+            let (mut a, mut b) = (Optimizer::new(rule), Optimizer::new(rule));
+            // With f16 copies of the weights (fp16-mixed's), written by both.
+            a.halves = Some(halves_of(&rt, &multi));
+            b.halves = Some(halves_of(&rt, &single));
+            for step in 0..3 {
+                rt.start_profiling().unwrap();
+                a.step(&rt, &multi, 1e-2).unwrap();
+                let trace = rt.collect_profile().unwrap();
+                rt.stop_profiling();
+                // The updates' kernels (the first step also fills the new states).
+                let names: Vec<&str> = trace
+                    .launches
+                    .iter()
+                    .map(|l| &*l.name)
+                    .filter(|n| n.starts_with("optim multi"))
+                    .collect();
+                assert!(
+                    !names.is_empty() && names.iter().all(|n| n.contains("+f16 copy") && n.ends_with(" vec4") == wide),
+                    "{rule:?}, wide {wide}: {names:?}"
+                );
+                b.begin_step(&rt, single.list.len()).unwrap();
+                for (i, p) in single.list.iter().enumerate() {
+                    b.update_param(&rt, i, p, 1e-2).unwrap();
+                }
+                let what = format!("{rule:?}, wide {wide}, step {}", step + 1);
+                same(&rt, &what, &multi, &single, false);
+                let (ha, hb) = (a.halves.as_ref().unwrap(), b.halves.as_ref().unwrap());
+                assert!(half_bits(&rt, &multi, ha) == half_bits(&rt, &single, hb), "{what}: the f16 copies");
             }
-            same(&rt, &format!("{rule:?}, step {}", step + 1), &multi, &single, false);
         }
+        // fp16-mixed: check, then update with 1/scale, against unscale, then update.
+        let scaler = GradScaler {
+            scale: 1024.0,
+            ..Default::default()
+        };
+        let (fused, unscaled) = (many_params(&rt, false, sizes), many_params(&rt, false, sizes));
+        let (mut a, mut b) = (Optimizer::new(rules[0]), Optimizer::new(rules[0]));
+        let found = scaler.check_on_device(&rt, &fused).unwrap();
+        a.step_scaled(&rt, &fused, 1e-2, Some(&found), 1.0 / scaler.scale).unwrap();
+        assert_eq!(found.to_f32_vec(&rt).unwrap(), [0.0]);
+        let found = scaler.unscale_on_device(&rt, &unscaled).unwrap();
+        b.step_unless(&rt, &unscaled, 1e-2, Some(&found)).unwrap();
+        let weights = |p: &Params| values(&rt, p).into_iter().step_by(2).collect::<Vec<_>>();
+        same(&rt, "the weights", &fused, &unscaled, true);
+        // An inf in one gradient: the flag is set and no weight moves.
+        let bad = many_params(&rt, true, sizes);
+        let before = weights(&bad);
+        let found = scaler.check_on_device(&rt, &bad).unwrap();
+        Optimizer::new(rules[0])
+            .step_scaled(&rt, &bad, 1e-2, Some(&found), 1.0 / scaler.scale)
+            .unwrap();
+        assert_eq!(found.to_f32_vec(&rt).unwrap(), [1.0], "wide {wide}");
+        assert_eq!(weights(&bad), before, "wide {wide}");
     }
-    // fp16-mixed: check, then update with 1/scale, against unscale, then update.
-    let scaler = GradScaler {
-        scale: 1024.0,
-        ..Default::default()
-    };
-    let (fused, unscaled) = (many_params(&rt, false), many_params(&rt, false));
-    let (mut a, mut b) = (Optimizer::new(rules[0]), Optimizer::new(rules[0]));
-    let found = scaler.check_on_device(&rt, &fused).unwrap();
-    a.step_scaled(&rt, &fused, 1e-2, Some(&found), 1.0 / scaler.scale).unwrap();
-    assert_eq!(found.to_f32_vec(&rt).unwrap(), [0.0]);
-    let found = scaler.unscale_on_device(&rt, &unscaled).unwrap();
-    b.step_unless(&rt, &unscaled, 1e-2, Some(&found)).unwrap();
-    let weights = |p: &Params| values(&rt, p).into_iter().step_by(2).collect::<Vec<_>>();
-    same(&rt, "the weights", &fused, &unscaled, true);
-    // An inf in one gradient: the flag is set and no weight moves.
-    let bad = many_params(&rt, true);
-    let before = weights(&bad);
-    let found = scaler.check_on_device(&rt, &bad).unwrap();
-    Optimizer::new(rules[0])
-        .step_scaled(&rt, &bad, 1e-2, Some(&found), 1.0 / scaler.scale)
-        .unwrap();
-    assert_eq!(found.to_f32_vec(&rt).unwrap(), [1.0]);
-    assert_eq!(weights(&bad), before);
     finish(&rt);
 }

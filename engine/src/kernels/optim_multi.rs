@@ -55,9 +55,17 @@ struct Params {
     hyper: Hyper,
 }
 
+/// Elements a workgroup takes: 512 a pair, or 2,048 where `wide`.
+fn per_group(mode: u32, wide: bool) -> usize {
+    if wide { 2048 } else { 512 * pairs(mode) }
+}
+
 /// The template values of one variant (0 unscale and check, 1 AdamW, 2 SGD, 3 check
-/// only, 4 sums of squares; `half`: f16 copies written too; `slots` pages bound).
-pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String)> {
+/// only, 4 sums of squares; `half`: f16 copies written too; `slots` pages bound;
+/// `wide`: pages bound as vectors of four words, eight elements an invocation, for
+/// modes 0 to 3).
+pub fn variant(mode: u32, half: bool, slots: usize, wide: bool) -> Vec<(&'static str, String)> {
+    let word = if wide { "vec4<u32>" } else { "u32" };
     let case = |i: usize, body: String| {
         if i + 1 == slots {
             format!("        default: {{ {body} }}")
@@ -71,9 +79,11 @@ pub fn variant(mode: u32, half: bool, slots: usize) -> Vec<(&'static str, String
         ("PAIRS", pairs(mode).to_string()),
         ("HALF", half.to_string()),
         ("SQUARES", (mode == 4).to_string()),
+        ("WIDE", wide.to_string()),
+        ("WORD", word.to_string()),
         (
             "SLOT_BINDINGS",
-            lines(&|i| format!("@group(0) @binding({}) var<storage, read_write> s{i}: array<u32>;", 3 + i)),
+            lines(&|i| format!("@group(0) @binding({}) var<storage, read_write> s{i}: array<{word}>;", 3 + i)),
         ),
         ("LOAD_CASES", lines(&|i| case(i, format!("return s{i}[i];")))),
         ("STORE_CASES", lines(&|i| case(i, format!("s{i}[i] = w;")))),
@@ -162,13 +172,35 @@ impl<'a> Group<'a> {
                 self.pages.len() - 1
             }
         };
-        let words = t.block().offset() / 4;
-        let offset = match t.dtype() {
-            DType::F16 => words + t.offset() as u64 / 2,
-            _ => words + t.offset() as u64,
-        };
-        (slot as u32, offset as u32)
+        (slot as u32, word_offset(t) as u32)
     }
+}
+
+/// The word of its page where `t` starts (f16 tensors start on a word: `check_item`).
+fn word_offset(t: &Tensor) -> u64 {
+    let words = t.block().offset() / 4;
+    match t.dtype() {
+        DType::F16 => words + t.offset() as u64 / 2,
+        _ => words + t.offset() as u64,
+    }
+}
+
+/// Whether the wide variant can take `item` for `update`: every tensor it touches 8 x k
+/// elements long, starting on 16 bytes, inside its page's whole vectors (f16 copies:
+/// 8 x k halves, four words a vector). The sums of squares keep the pairs (their order of
+/// addition, and so clipping's norm, stays as it was).
+fn wide_fits(update: &Update, item: &Item) -> bool {
+    if matches!(update, Update::SquareSums) || !item.state.grad.numel().is_multiple_of(8) {
+        return false;
+    }
+    tensors_of(update, item).iter().all(|t| {
+        let start = word_offset(t);
+        let words = match t.dtype() {
+            DType::F16 => t.numel() as u64 / 2,
+            _ => t.numel() as u64,
+        };
+        start.is_multiple_of(4) && (start + words) * 4 <= t.block().buffer().size() / 16 * 16
+    })
 }
 
 /// The tensors of `item` a launch of `update` touches.
@@ -227,12 +259,15 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
     let template = update.params(inv_scale, skip_if_found)?;
     let slots = slots(rt);
     let mode = update.mode();
+    for item in items {
+        check_item(&update, item, found)?;
+    }
+    let wide = items.iter().all(|item| wide_fits(&update, item));
     // Elements a workgroup takes.
-    let per_group = 512 * pairs(mode);
+    let per_group = per_group(mode, wide);
     let mut groups: Vec<Group> = vec![Group::default()];
     let mut half = false;
     for item in items {
-        check_item(&update, item, found)?;
         let tensors = tensors_of(&update, item);
         let n = item.state.grad.numel();
         let last = groups.last_mut().expect("one group at least");
@@ -266,7 +301,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
     let table = Tensor::empty(rt, &[words.len()], DType::U32, Category::Temporary, "optimizer table")?;
     rt.write(table.block(), 0, bytemuck::cast_slice(&words))?;
     let kernel = rt.kernel(
-        KernelKey::new("optim_multi", &[mode, half as u32, slots as u32]),
+        KernelKey::new("optim_multi", &[mode, half as u32, slots as u32, wide as u32]),
         2 + slots,
         || {
             let name = [
@@ -276,13 +311,11 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
                 "multi non-finite check",
                 "multi square sums",
             ][mode as usize];
-            if half {
-                format!("optim {name} +f16 copy")
-            } else {
-                format!("optim {name}")
-            }
+            let copy = if half { " +f16 copy" } else { "" };
+            let vec = if wide { " vec4" } else { "" };
+            format!("optim {name}{copy}{vec}")
         },
-        || render("optim_multi", SOURCE, &variant(mode, half, slots)),
+        || render("optim_multi", SOURCE, &variant(mode, half, slots, wide)),
     )?;
     let total: u32 = groups.iter().map(|g| g.groups).sum();
     if matches!(update, Update::SquareSums) && found.numel() < 1 + total as usize {
@@ -312,7 +345,7 @@ pub fn multi_step(rt: &Runtime, update: Update, items: &[Item], inv_scale: f32, 
 
 /// Workgroups of a multi-tensor pass of `mode` over tensors of these element counts.
 fn workgroups(mode: u32, lens: impl Iterator<Item = usize>) -> usize {
-    lens.map(|n| n.div_ceil(512 * pairs(mode))).sum()
+    lens.map(|n| n.div_ceil(per_group(mode, false))).sum()
 }
 
 /// The sums of squares of `grads` (contiguous f32) times `inv_scale`, for clipping's norm,

@@ -371,12 +371,15 @@ pub fn all() -> Result<Vec<Variant>, Error> {
     }
     for (mode, half) in [(0, false), (1, false), (1, true), (2, false), (2, true), (3, false), (4, false)] {
         for slots in [super::optim_multi::MIN_SLOTS, super::optim_multi::MAX_SLOTS] {
-            push(
-                &mut out,
-                "optim_multi",
-                include_str!("../../../shaders/optim_multi.wgsl"),
-                super::optim_multi::variant(mode, half, slots),
-            )?;
+            // The wide variants: every mode but the sums of squares.
+            for wide in [false, true].into_iter().filter(|&w| !w || mode != 4) {
+                push(
+                    &mut out,
+                    "optim_multi",
+                    include_str!("../../../shaders/optim_multi.wgsl"),
+                    super::optim_multi::variant(mode, half, slots, wide),
+                )?;
+            }
         }
     }
     for half in [false, true] {
