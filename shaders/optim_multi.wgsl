@@ -20,9 +20,9 @@
 // by bisection.
 // WIDE (MODE 0 to 3, where the host finds every tensor's length a multiple of 8 and
 // every offset on 16 bytes): the pages are bound as vectors of four words and an
-// invocation takes eight consecutive elements, two vector loads of each tensor and one
-// vector store of the f16 copy (eight halves); a workgroup takes 2,048 elements. The
-// arithmetic is the same, element for element.
+// invocation takes two vectors of four elements, 1,024 elements apart, and stores eight
+// halves of the f16 copy (gathered in workgroup memory); a workgroup takes 2,048
+// elements. The arithmetic is the same, element for element.
 // Template: MODE, PAIRS, HALF, SQUARES (MODE 4), WIDE, WORD (u32 or vec4<u32>), and
 // SLOT_BINDINGS, LOAD_CASES, STORE_CASES for SLOTS pages.
 //#if HALF
@@ -57,6 +57,11 @@ struct Params {
 const MODE: u32 = {{MODE}}u;
 //#if SQUARES
 var<workgroup> partial: array<f32, 256>;
+//#endif
+//#if WIDE
+//#if HALF
+var<workgroup> copy_words: array<u32, 1024>;   // a workgroup's f16 copy, two halves a word
+//#endif
 //#endif
 // Element pairs an invocation takes, 256 apart (the checks: 4; the updates: 2).
 const PAIRS: u32 = {{PAIRS}}u;
@@ -184,31 +189,42 @@ fn main(
     }
     let e = (p.base + lo) * ENTRY;
     let n = table[e];
+    let skip = (MODE == 1u || MODE == 2u) && p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u;
+//#if WIDE
+    // Two vectors of four elements an invocation, 1,024 elements apart, so that a
+    // subgroup's loads and stores cover whole lines (the length is a multiple of 8).
+    let q0 = (group - table[e + 1u]) * 512u + lid.x;
+    let q1 = q0 + 256u;
+    var x0 = vec4<f32>(0.0);
+    var x1 = vec4<f32>(0.0);
+    if !skip && q0 * 4u < n { x0 = element4(e, q0); }
+    if !skip && q1 * 4u < n { x1 = element4(e, q1); }
+//#if HALF
+    // The f16 copy's words go through workgroup memory, so that each invocation then
+    // stores eight consecutive halves (rounded by the f16 conversion first, as in the
+    // pairs below).
+    let a = vec4<f32>(vec4<f16>(x0));
+    let b = vec4<f32>(vec4<f16>(x1));
+    copy_words[2u * lid.x] = pack2x16float(a.xy);
+    copy_words[2u * lid.x + 1u] = pack2x16float(a.zw);
+    copy_words[512u + 2u * lid.x] = pack2x16float(b.xy);
+    copy_words[512u + 2u * lid.x + 1u] = pack2x16float(b.zw);
+    workgroupBarrier();
+    let hs = table[e + 10u];
+    let o = (group - table[e + 1u]) * 256u + lid.x;
+    if !skip && hs != NONE && o * 8u < n {
+        let w = 4u * lid.x;
+        store(hs, table[e + 11u] / 4u + o, vec4<u32>(copy_words[w], copy_words[w + 1u], copy_words[w + 2u], copy_words[w + 3u]));
+    }
+//#endif
+//#else
 //#if SQUARES
     var sum = 0.0;
 //#else
-    if (MODE == 1u || MODE == 2u) && p.skip_if_found != 0u && atomicLoad(&found[0]) != 0u {
+    if skip {
         return;
     }
 //#endif
-//#if WIDE
-    // Eight consecutive elements an invocation (the length is a multiple of 8).
-    let oct = (group - table[e + 1u]) * 256u + lid.x;
-    if oct * 8u < n {
-        let lo = element4(e, 2u * oct);
-        let hi = element4(e, 2u * oct + 1u);
-//#if HALF
-        let hs = table[e + 10u];
-        if hs != NONE {
-            // Rounded by the f16 conversion first, as in the pairs below.
-            let a = vec4<f32>(vec4<f16>(lo));
-            let b = vec4<f32>(vec4<f16>(hi));
-            let words = vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
-            store(hs, table[e + 11u] / 4u + oct, words);
-        }
-//#endif
-    }
-//#else
     // PAIRS pairs an invocation, 256 apart.
     let first = (group - table[e + 1u]) * 256u * PAIRS + lid.x;
     for (var k = 0u; k < PAIRS; k++) {
