@@ -485,13 +485,17 @@ pub fn run_all(rt: &Runtime, quick: bool, wanted: &dyn Fn(&str) -> bool) -> Resu
             }
         }
     }
-    for (name, which) in [
-        ("gpt2.flash_attention.fwd_bwd", Attention::Fused(None, BackwardTiles::default())),
-        ("gpt2.attention.fwd_bwd", Attention::Composite),
+    let fused = Attention::Fused(None, BackwardTiles::default());
+    for (name, shape, which, backward) in [
+        ("gpt2.flash_attention.fwd_bwd", s, fused, true),
+        ("gpt2.attention.fwd_bwd", s, Attention::Composite, true),
+        // The char workload's attention (T = 256), at full size only.
+        ("char.flash_attention.fwd", CHAR, fused, false),
+        ("char.flash_attention.fwd_bwd", CHAR, fused, true),
     ] {
-        if wanted(name) {
+        if wanted(name) && (!quick || name.starts_with("gpt2.")) {
             for &dtype in &dtypes {
-                out.push(attention_row(rt, name, s, dtype, which, true)?);
+                out.push(attention_row(rt, name, shape, dtype, which, backward)?);
             }
         }
     }
