@@ -80,78 +80,41 @@ fn store(s: u32, i: u32, w: {{WORD}}) {
     }
 }
 
-fn finite(x: f32) -> bool {
-    // NaN fails every comparison; inf exceeds the largest finite f32.
-    return abs(x) <= 3.4028235e38;
-}
-
 //#if WIDE
-fn ld4(s: u32, i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(load(s, i)); }
-fn st4(s: u32, i: u32, x: vec4<f32>) { store(s, i, bitcast<vec4<u32>>(x)); }
-
-// Elements 4 q .. 4 q + 3 of entry e (q counted in vectors from the tensor's start; the
-// table's word offsets are multiples of 4): as `element`, four at a time.
-fn element4(e: u32, q: u32) -> vec4<f32> {
-    let gs = table[e + 4u];
-    let gi = table[e + 5u] / 4u + q;
-    let g0 = ld4(gs, gi) * p.inv_scale;
-    if MODE == 0u || MODE == 3u {
-        if MODE == 0u { st4(gs, gi, g0); }
-        if !all(abs(g0) <= vec4<f32>(3.4028235e38)) { atomicStore(&found[0], 1u); }
-        return vec4<f32>(0.0);
-    }
-    let ps = table[e + 2u];
-    let wi = table[e + 3u] / 4u + q;
-    let ms = table[e + 6u];
-    let mi = table[e + 7u] / 4u + q;
-    var w = ld4(ps, wi);
-    if MODE == 1u {
-        let vs = table[e + 8u];
-        let vi = table[e + 9u] / 4u + q;
-        w = w * (1.0 - p.lr * p.weight_decay);
-        let m = p.beta1 * ld4(ms, mi) + (1.0 - p.beta1) * g0;
-        let v = p.beta2 * ld4(vs, vi) + (1.0 - p.beta2) * g0 * g0;
-        st4(ms, mi, m);
-        st4(vs, vi, v);
-        let denom = sqrt(v) / p.bias_correction2_sqrt + p.eps;
-        w = w - (p.lr / p.bias_correction1) * m / denom;
-    } else {
-        var g = g0 + p.weight_decay * w;
-        var buf = g;
-        if table[e + 12u] == 0u { buf = p.beta1 * ld4(ms, mi) + (1.0 - p.beta2) * g; }
-        st4(ms, mi, buf);
-        if p.nesterov != 0u { g = g + p.beta1 * buf; } else { g = buf; }
-        w = w - p.lr * g;
-    }
-    st4(ps, wi, w);
-    return w;
-}
+// A value is four elements; vector i of a tensor whose page offset (in words, a multiple
+// of 4) is word k of entry e.
+alias V = vec4<f32>;
+fn at(e: u32, k: u32, i: u32) -> u32 { return table[e + k] / 4u + i; }
 //#else
-fn ld(s: u32, i: u32) -> f32 { return bitcast<f32>(load(s, i)); }
-fn st(s: u32, i: u32, x: f32) { store(s, i, bitcast<u32>(x)); }
+alias V = f32;
+fn at(e: u32, k: u32, i: u32) -> u32 { return table[e + k] + i; }
+//#endif
+fn ld(s: u32, i: u32) -> V { return bitcast<V>(load(s, i)); }
+fn st(s: u32, i: u32, x: V) { store(s, i, bitcast<{{WORD}}>(x)); }
 
-// Element i of entry e: the updated weight (MODE 1, 2), the square (MODE 4), or 0 (the
-// checks, MODE 0 and 3).
-fn element(e: u32, i: u32) -> f32 {
+// Element (or, WIDE, vector) i of entry e: the updated weight (MODE 1, 2), the square
+// (MODE 4), or 0 (the checks, MODE 0 and 3).
+fn element(e: u32, i: u32) -> V {
     let gs = table[e + 4u];
-    let gi = table[e + 5u] + i;
+    let gi = at(e, 5u, i);
     let g0 = ld(gs, gi) * p.inv_scale;
     if MODE == 4u {
         return g0 * g0;
     }
     if MODE == 0u || MODE == 3u {
         if MODE == 0u { st(gs, gi, g0); }
-        if !finite(g0) { atomicStore(&found[0], 1u); }
-        return 0.0;
+        // NaN fails every comparison; inf exceeds the largest finite f32.
+        if !all(abs(g0) <= V(3.4028235e38)) { atomicStore(&found[0], 1u); }
+        return V(0.0);
     }
     let ps = table[e + 2u];
-    let wi = table[e + 3u] + i;
+    let wi = at(e, 3u, i);
     let ms = table[e + 6u];
-    let mi = table[e + 7u] + i;
+    let mi = at(e, 7u, i);
     var w = ld(ps, wi);
     if MODE == 1u {
         let vs = table[e + 8u];
-        let vi = table[e + 9u] + i;
+        let vi = at(e, 9u, i);
         w = w * (1.0 - p.lr * p.weight_decay);
         let m = p.beta1 * ld(ms, mi) + (1.0 - p.beta1) * g0;
         let v = p.beta2 * ld(vs, vi) + (1.0 - p.beta2) * g0 * g0;
@@ -170,7 +133,6 @@ fn element(e: u32, i: u32) -> f32 {
     st(ps, wi, w);
     return w;
 }
-//#endif
 
 @compute @workgroup_size(256)
 fn main(
@@ -197,8 +159,8 @@ fn main(
     let q1 = q0 + 256u;
     var x0 = vec4<f32>(0.0);
     var x1 = vec4<f32>(0.0);
-    if !skip && q0 * 4u < n { x0 = element4(e, q0); }
-    if !skip && q1 * 4u < n { x1 = element4(e, q1); }
+    if !skip && q0 * 4u < n { x0 = element(e, q0); }
+    if !skip && q1 * 4u < n { x1 = element(e, q1); }
 //#if HALF
     // The f16 copy's words go through workgroup memory, so that each invocation then
     // stores eight consecutive halves (rounded by the f16 conversion first, as in the
