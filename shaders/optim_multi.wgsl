@@ -157,8 +157,8 @@ fn main(
     // subgroup's loads and stores cover whole lines (the length is a multiple of 8).
     let q0 = (group - table[e + 1u]) * 512u + lid.x;
     let q1 = q0 + 256u;
-    var x0 = vec4<f32>(0.0);
-    var x1 = vec4<f32>(0.0);
+    var x0 = V(0.0);
+    var x1 = V(0.0);
     if !skip && q0 * 4u < n { x0 = element(e, q0); }
     if !skip && q1 * 4u < n { x1 = element(e, q1); }
 //#if HALF
@@ -176,7 +176,7 @@ fn main(
     let o = (group - table[e + 1u]) * 256u + lid.x;
     if !skip && hs != NONE && o * 8u < n {
         let w = 4u * lid.x;
-        store(hs, table[e + 11u] / 4u + o, vec4<u32>(copy_words[w], copy_words[w + 1u], copy_words[w + 2u], copy_words[w + 3u]));
+        store(hs, at(e, 11u, o), vec4<u32>(copy_words[w], copy_words[w + 1u], copy_words[w + 2u], copy_words[w + 3u]));
     }
 //#endif
 //#else
