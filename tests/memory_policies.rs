@@ -58,6 +58,10 @@ fn sets(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// The char GPT's windows and batches made small for the tests that compare two runs
+/// step for step (what they compare does not depend on the size; lavapipe is slow).
+const SMALL: [&str; 2] = ["model.block_size=32", "train.batch_size=8"];
+
 fn estimate_of(c: &Config) -> Estimate {
     estimate(c.clone(), None).unwrap().0
 }
@@ -165,6 +169,8 @@ fn the_step_without_read_backs_equals_the_step_that_reads_the_flag_first() {
         "memory.precision=\"fp16-mixed\"",
         "memory.init_scale=1e9",
         ckpt.as_str(),
+        SMALL[0],
+        SMALL[1],
     ];
     let run = |clip: &str| {
         let mut s = sets(&base);
@@ -202,7 +208,7 @@ fn the_f32_step_without_read_backs_equals_the_step_that_reads_the_loss_first() {
     // reached) it reads the loss before the update. The runs must agree bit for bit.
     let dir = temp("ondevice32");
     let ckpt = format!("checkpoint.dir=\"{}\"", dir.join("ck").display());
-    let base = ["train.steps=4", "data.eval_limit=4", ckpt.as_str()];
+    let base = ["train.steps=4", "data.eval_limit=4", ckpt.as_str(), SMALL[0], SMALL[1]];
     let [on_device, read_first] = char_gpt_runs(&dir, &base, ["train.grad_clip=0", "train.grad_clip=1e30"]);
     assert_eq!(on_device.len(), 4);
     for (a, b) in on_device.iter().zip(&read_first) {
@@ -225,6 +231,8 @@ fn overlapped_fp16_steps_that_skip_equal_steps_read_one_at_a_time() {
         "memory.precision=\"fp16-mixed\"",
         "memory.init_scale=2e8",
         ckpt.as_str(),
+        SMALL[0],
+        SMALL[1],
     ];
     let [overlapped, one_at_a_time] = char_gpt_runs(&dir, &base, ["train.grad_clip=0", "train.grad_clip=1e30"]);
     assert_eq!(overlapped.len(), 8);
@@ -255,6 +263,8 @@ fn clipping_in_the_update_equals_clipping_the_gradients_first() {
             "train.grad_clip=0.05",
             precision,
             ckpt.as_str(),
+            SMALL[0],
+            SMALL[1],
         ];
         let [folded, first] = char_gpt_runs(&dir, &base, ["train.log_update_ratio=false", "train.log_update_ratio=true"]);
         assert_eq!(folded.len(), 4);
@@ -341,7 +351,7 @@ fn out_of_memory_retries_then_halves_the_micro_batch() {
     let base = sets(&[
         "train.steps=2",
         "train.batch_size=2048",
-        "model.hidden=[2048]",
+        "model.hidden=[1024]",
         "data.train_limit=4096",
         "data.eval_limit=100",
         &ckpt,
