@@ -86,12 +86,9 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
         (2, 3, "none", true),
         (2, 1, "optimizer", true),
         (2, 3, "optimizer+parameters", true),
-        (3, 0, "none", true),
-        (3, 0, "none", false),
         (3, 2, "none", true),
         (3, 2, "none", false),
         (3, 3, "optimizer+parameters", true),
-        (3, 1, "optimizer", true),
     ] {
         let name = format!(
             "n{ranks}z{zero}{}{}",
@@ -111,8 +108,11 @@ fn every_zero_stage_and_offload_equals_the_one_process_run_bit_for_bit() {
         assert!(text.contains(&format!("on one host, summing through {how}")), "{name}:\n{text}");
         let mut one = sets.to_vec();
         one.push(format!("parallel.devices=[{}]", vec!["\"0\""; ranks].join(",")));
-        let one_log = dir.join(format!("{name}.jsonl"));
-        run_ok(&with_log(gpt(&dir, &one), &one_log), &[]);
+        // One process's run, once for both ways of summing.
+        let one_log = dir.join(format!("n{ranks}z{zero}{}.jsonl", offload.replace('+', "-")));
+        if !one_log.exists() {
+            run_ok(&with_log(gpt(&dir, &one), &one_log), &[]);
+        }
         let (a, b) = (losses(&mpi_log), losses(&one_log));
         assert_eq!(a.len(), 3, "{name}: three steps logged by rank 0 alone");
         assert_eq!(a, b, "{name}: MPI ranks against one process");
