@@ -144,7 +144,9 @@ fn every_tiled_variant_matches() {
     let mut rng = Rng(23);
     // (m, k, n): 64-tiles with an odd K; 128-tiles over 6 K tiles with tails and vec4
     // loads; scalar loads (no dimension a multiple of 4); whole tiles (loads unchecked)
-    // of 128 and of 64 (N 192 is not whole for 128).
+    // of 128 and of 64 (N 192 is not whole for 128). A CPU adapter picks 64-tiles
+    // throughout, so the 128-tiles (8 x 8 a thread) are forced too where the shape
+    // reaches them.
     for (m, k, n) in [(70, 37, 66), (136, 88, 132), (131, 45, 133), (128, 96, 128), (256, 64, 192)] {
         let a_data = rng.vec(m * k, -1.0, 1.0);
         let b_data = rng.vec(k * n, -1.0, 1.0);
@@ -160,7 +162,11 @@ fn every_tiled_variant_matches() {
             let t = upload(&rt, &stored.iter().map(|&x| x as f32).collect::<Vec<_>>(), &shape, DType::F32);
             if transposed { t.transpose(0, 1).unwrap() } else { t }
         };
-        for (i, tile) in SimtTile::candidates().into_iter().enumerate() {
+        let forced = (m >= 128 && n >= 128).then_some(SimtTile {
+            tm: 8,
+            ..SimtTile::DEFAULT
+        });
+        for (i, tile) in SimtTile::candidates().into_iter().chain(forced).enumerate() {
             // Each variant sees rows, and one transposed operand in turn.
             let (a_t, b_t) = (i % 2 == 1, i % 4 >= 2);
             let (a, b) = (operand(&a64, m, k, a_t), operand(&b64, k, n, b_t));

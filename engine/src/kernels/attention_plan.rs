@@ -329,10 +329,12 @@ pub fn plan_kernel(
     // Loops written out where a lane holds at most UNROLL_SLICES slices (the H100 ran
     // the f32 attention in 4.07 ms written out, against 4.18 ms as loops); on CPU
     // adapters (lavapipe), whose compilers unroll for themselves and compile big code
-    // slowly (the attention tests took 4 minutes written out against 50 s), only up to
-    // 2 slices. dK dV with two key rows a thread ran in 1088 us written out (255
+    // slowly, never unless the tuning spec says `unroll` (the attention tests took 4
+    // minutes written out against 50 s; at 2 slices a lane the char GPT's three kernels
+    // took lavapipe 15.5 s to compile written out, against 1.5 s as loops, and ran no
+    // faster). dK dV with two key rows a thread ran in 1088 us written out (255
     // registers) against 1157 as loops (167).
-    let unroll = d4 / lanes <= if facts.cpu { 2 } else { UNROLL_SLICES };
+    let unroll = d4 / lanes <= UNROLL_SLICES && (!facts.cpu || tiled::written_out(spec));
     Ok(plan(AttentionKernel::Lane(LaneKernel {
         path,
         d4,

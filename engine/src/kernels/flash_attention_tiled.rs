@@ -147,21 +147,27 @@ pub fn pick(spec: &str, mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTil
 
 /// How the loops over the head dimension and over a tile's rows are written: 0 written
 /// out, else kept as loops taking this many chunks a turn. On GPUs loops of 2 chunks,
-/// unless the tuning spec holds `unroll` (written out) or `u1` / `u4`; on CPU
-/// adapters (lavapipe) loops of one. On the H100 (f32, head size 64, prefetch) the
+/// unless the tuning spec holds `unroll` (written out, on any adapter) or `u1` / `u4`;
+/// on CPU adapters (lavapipe) loops of one. On the H100 (f32, head size 64, prefetch) the
 /// forward (64 x 64, 4 rows a thread) took 585 us with 2 chunks a turn, 594 with 4, 612
 /// with 1 and 801 written out (201, 196, 210 and 254 registers); dQ (64 x 32) 838, 831,
 /// 872 and 1151.
 pub fn chunks(spec: &str, cpu: bool) -> u32 {
     let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
     match () {
+        _ if written_out(spec) => 0,
         _ if cpu => 1,
-        _ if said("unroll") => 0,
         _ if said("u4") => 4,
         _ if said("u2") => 2,
         _ if said("u1") => 1,
         _ => 2,
     }
+}
+
+/// Whether the tuning spec holds `unroll`: loops written out, on CPU adapters too (whose
+/// plans keep them as loops otherwise).
+pub fn written_out(spec: &str) -> bool {
+    spec.split(',').any(|p| p.trim() == "unroll")
 }
 
 /// What a tuning spec says of one kernel.

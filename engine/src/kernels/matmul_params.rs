@@ -66,7 +66,9 @@ pub struct MatmulOptions<'a> {
 /// lanes on 8 x 4 thread tiles (else 16 x 2), `nbuf` workgroup buffers per operand (2:
 /// one barrier per K tile instead of two), K tiles of `bk` (16 or 32), `unroll` writes a
 /// K tile's steps out; `wave_split` picks a product's split-K by how evenly its
-/// workgroups fill the device's waves (else: the fewest slices that fill it twice).
+/// workgroups fill the device's waves (else: the fewest slices that fill it twice);
+/// `tm` forces the rows and columns a thread owns (4 or 8; 0: the shape and adapter
+/// pick, `kernels::matmul_plan`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SimtTile {
     pub square: bool,
@@ -74,6 +76,7 @@ pub struct SimtTile {
     pub bk: u32,
     pub unroll: bool,
     pub wave_split: bool,
+    pub tm: u32,
 }
 
 impl SimtTile {
@@ -85,6 +88,7 @@ impl SimtTile {
         bk: 16,
         unroll: false,
         wave_split: false,
+        tm: 0,
     };
 
     /// What the tiled kernel runs unless told otherwise: the fastest of
@@ -96,6 +100,7 @@ impl SimtTile {
         bk: 16,
         unroll: true,
         wave_split: true,
+        tm: 0,
     };
 
     /// The variants `wgtrain bench --tune` sweeps: the first version, the default, and
@@ -126,7 +131,8 @@ impl SimtTile {
         let lanes = if self.square { "sq" } else { "wide" };
         let k = if self.unroll { "unroll" } else { "loop" };
         let w = if self.wave_split { "_w" } else { "" };
-        format!("{lanes}_b{}_k{}_{k}{w}", self.nbuf, self.bk)
+        let tm = if self.tm > 0 { format!("_tm{}", self.tm) } else { String::new() };
+        format!("{lanes}_b{}_k{}_{k}{w}{tm}", self.nbuf, self.bk)
     }
 }
 

@@ -201,7 +201,7 @@ pub fn plan(facts: &AdapterFacts, a: Operand, b: Operand, c: Operand, opts: &Mat
             .unwrap_or_else(|| coop::pick(m as u32, n as u32, batches as u32, wave))
     });
     let (tile_m, tile_n) = coop_tile.map_or_else(
-        || (tiled_tile(m, n) as u64, tiled_tile(m, n) as u64),
+        || (tiled_tile(facts, opts, m, n) as u64, tiled_tile(facts, opts, m, n) as u64),
         |t| (u64::from(t.bm()), u64::from(t.bn())),
     );
     let tiles = (m as u64).div_ceil(tile_m) * (n as u64).div_ceil(tile_n) * batches as u64;
@@ -357,9 +357,12 @@ fn product_kernel(
         }));
     }
     let (m, n, k) = (params.m as usize, params.n as usize, params.k as usize);
-    let tm = (tiled_tile(m, n) / 16) as u32;
+    let tm = (tiled_tile(facts, opts, m, n) / 16) as u32;
     let loads = Load::of_operands(params, &[4]);
     let simt = opts.simt_tile.unwrap_or(SimtTile::DEFAULT);
+    if !matches!(simt.tm, 0 | 4 | 8) {
+        return Err(Error::invalid("matmul", format!("{}: a thread tile of 4 or 8", simt.name())));
+    }
     if simt.workgroup_bytes(tm) > limit {
         return Err(Error::invalid(
             "matmul",
@@ -482,7 +485,7 @@ fn slices(
 /// a K off the load alignment may be split into its aligned bulk and the rest
 /// (`kernels::matmul::matmul_into`), and either may be what is launched.
 pub fn tiled_split_bytes(facts: &AdapterFacts, m: usize, n: usize, k: usize) -> u64 {
-    let t = tiled_tile(m, n);
+    let t = tiled_tile(facts, &MatmulOptions::default(), m, n);
     let tiles = (m.div_ceil(t) * n.div_ceil(t)) as u64;
     let align = ALIGN;
     let bulk = if k > align { k - k % align } else { k };
@@ -496,9 +499,16 @@ pub fn tiled_split_bytes(facts: &AdapterFacts, m: usize, n: usize, k: usize) -> 
     }
 }
 
-/// The tiled kernel's output tile (rows = columns).
-fn tiled_tile(m: usize, n: usize) -> usize {
-    if m >= 128 && n >= 128 { 128 } else { 64 }
+/// The tiled kernel's output tile (rows = columns): 128 where both sides reach it, but
+/// 64 on CPU adapters, where the larger tile ran no faster (lavapipe: 8x8 registers a
+/// thread 0.6-0.7 GFLOP/s, 4x4 0.4-0.6) and took its compiler 1.7-7.6 s against 0.2;
+/// or the variant's own (`SimtTile::tm`, forced).
+fn tiled_tile(facts: &AdapterFacts, opts: &MatmulOptions, m: usize, n: usize) -> usize {
+    match opts.simt_tile.map_or(0, |t| t.tm) {
+        0 if m >= 128 && n >= 128 && !facts.cpu => 128,
+        0 => 64,
+        tm => 16 * tm as usize,
+    }
 }
 
 /// The share of the device's slots a product of `tiles` workgroups keeps busy over its
