@@ -1,4 +1,12 @@
-//! Probe: matmul kernel shapes on a CPU adapter (llvmpipe). Whole shapes only.
+//! How fast a CPU adapter (lavapipe) runs the simplest matmul at several workgroup and
+//! thread-tile shapes: each thread R rows x 4Q columns of C straight from memory (no
+//! workgroup memory, no barriers), K by 4, whole shapes only. On this project's 2-core
+//! machine none passed about 1 GFLOP/s, against 0.4-0.7 for shaders/matmul.wgsl, so the
+//! CPU adapters keep the tiled kernel (`kernels::matmul_plan::tiled_tile`).
+//!
+//!   cargo run --release --example cpu_matmul_probe
+//!
+//! Prints a line per shape and variant. May call: `wgtrain_engine` (runtime, tensors).
 use std::fmt::Write;
 use std::sync::Arc;
 
