@@ -601,13 +601,15 @@ fn the_fashion_cnn_learns_and_its_config_is_the_documented_one() {
         "--quiet",
         config.to_str().unwrap(),
         "--set",
-        "train.steps=40",
+        "train.steps=20",
         "--set",
-        "data.train_limit=2560",
+        "train.warmup_steps=5",
         "--set",
-        "data.eval_limit=500",
+        "data.train_limit=1280",
         "--set",
-        "train.eval_every=40",
+        "data.eval_limit=300",
+        "--set",
+        "train.eval_every=20",
         "--set",
         &format!("checkpoint.dir=\"{}\"", dir.join("ck").display()),
         "--log",
@@ -621,6 +623,7 @@ fn the_fashion_cnn_learns_and_its_config_is_the_documented_one() {
         .iter()
         .filter_map(|v| v.get("eval").map(|e| e["accuracy"].as_f64().unwrap()))
         .collect();
-    // Ten classes: chance is 10%; 40 steps of 64 images already reach well past it.
+    // Ten classes: chance is 10%; 20 steps of 64 images (a short warm-up) already reach
+    // well past it (lavapipe: 71%).
     assert!(evals.last().is_some_and(|&a| a > 0.6), "{evals:?}");
 }
