@@ -40,6 +40,7 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
     let mut rng = Rng(41);
     check_against_f64(
         &rt,
+        &on,
         &mut rng,
         &[
             (1, 1, 1, 32),
@@ -57,20 +58,20 @@ fn forward_and_gradients_match_f64_for_odd_lengths_head_sizes_and_types() {
         ],
     );
     finish(&rt);
-    // The lane kernels' loops written out, as GPUs run them (a CPU adapter's plans keep
-    // them as loops); head sizes the register-tiled kernel does not take, whose loops
-    // written out take lavapipe minutes to compile.
+    // The subgroup lane kernels' loops written out, as GPUs run them (a CPU adapter's
+    // plans keep them as loops): one small head size, since lavapipe takes minutes to
+    // compile larger ones written out.
     let mut rt = runtime();
     rt.set_overrides(wgtrain_engine::runtime::KernelOverrides {
         attention_tiles: "unroll".into(),
     });
-    check_against_f64(&rt, &mut rng, &[(2, 7, 2, 16), (2, 9, 3, 12)]);
+    let subgroup: Vec<Path> = paths(&rt).into_iter().filter(|&p| p == Path::Subgroup).collect();
+    check_against_f64(&rt, &subgroup, &mut rng, &[(2, 7, 2, 16)]);
     finish(&rt);
 }
 
-/// Each case's output and gradients on every path of `rt`'s adapter against f64.
-fn check_against_f64(rt: &Runtime, rng: &mut Rng, cases: &[(usize, usize, usize, usize)]) {
-    let on = paths(rt);
+/// Each case's output and gradients on the paths `on` against f64.
+fn check_against_f64(rt: &Runtime, on: &[Path], rng: &mut Rng, cases: &[(usize, usize, usize, usize)]) {
     for &(b, t, nh, d) in cases {
         for AttentionCase {
             dtype,
@@ -80,7 +81,7 @@ fn check_against_f64(rt: &Runtime, rng: &mut Rng, cases: &[(usize, usize, usize,
             want_d,
         } in attention_cases(rt, rng, (b, t, nh, d))
         {
-            for &path in &on {
+            for &path in on {
                 if path == Path::Coop && Path::for_inputs(&rt.gpu.caps.facts, dtype, d) != Path::Coop {
                     continue;
                 }
