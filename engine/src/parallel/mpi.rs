@@ -308,9 +308,13 @@ impl Collective for MpiComm {
 /// Says why on standard error and ends every rank (`MPI_Abort` on `MPI_COMM_WORLD`).
 /// Neither a communicator's lock (another thread of this rank may hold it, waiting
 /// inside a collective) nor a new communicator (duplicating one is a collective the
-/// other ranks are not in) is taken.
+/// other ranks are not in) is taken. The line goes out in one write: standard error is
+/// unbuffered, and `eprintln!` writes its pieces one by one, between which mpirun's
+/// forwarding put its own abort banner.
 fn abort_every_rank(rank: usize, size: usize, why: &str) -> ! {
-    eprintln!("error: rank {rank} of {size} failed: {why}; ending every rank");
+    use std::io::Write;
+    let line = format!("error: rank {rank} of {size} failed: {why}; ending every rank\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
     SimpleCommunicator::world().abort(1)
 }
 
