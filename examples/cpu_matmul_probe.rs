@@ -62,20 +62,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new(gpu, AllocatorOptions::default())?;
     let mut code = 0;
     for (m, k, n) in [(2048u32, 64u32, 192u32), (2048, 256, 64), (512, 512, 512)] {
-        let a = Tensor::from_f32(
-            &rt,
-            &vec![0.5; (m * k) as usize],
-            &[m as usize, k as usize],
-            Category::Activation,
-            "a",
-        )?;
-        let b = Tensor::from_f32(
-            &rt,
-            &vec![0.25; (k * n) as usize],
-            &[k as usize, n as usize],
-            Category::Activation,
-            "b",
-        )?;
+        let filled = |rows: u32, cols: u32, v: f32| {
+            let shape = [rows as usize, cols as usize];
+            Tensor::from_f32(&rt, &vec![v; shape[0] * shape[1]], &shape, Category::Activation, "operand")
+        };
+        let (a, b) = (filled(m, k, 0.5)?, filled(k, n, 0.25)?);
         let c = Tensor::empty(&rt, &[m as usize, n as usize], DType::F32, Category::Activation, "c")?;
         for (wx, wy, r, q) in [
             (8u32, 8u32, 4u32, 2u32),
