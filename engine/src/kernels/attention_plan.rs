@@ -331,8 +331,8 @@ pub fn plan_kernel(
     // adapters (lavapipe), whose compilers unroll for themselves and compile big code
     // slowly, never unless the tuning spec says `unroll` (the attention tests took 4
     // minutes written out against 50 s; at 2 slices a lane the char GPT's three kernels
-    // took lavapipe 15.5 s to compile written out, against 1.5 s as loops, and ran no
-    // faster). dK dV with two key rows a thread ran in 1088 us written out (255
+    // took lavapipe 16.4 s to compile and first run written out, against 1.4 s as
+    // loops, and ran no faster). dK dV with two key rows a thread ran in 1088 us written out (255
     // registers) against 1157 as loops (167).
     let unroll = d4 / lanes <= UNROLL_SLICES && (!facts.cpu || tiled::written_out(spec));
     Ok(plan(AttentionKernel::Lane(LaneKernel {

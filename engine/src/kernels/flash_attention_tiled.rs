@@ -153,13 +153,12 @@ pub fn pick(spec: &str, mode: TiledMode, d4: u32, limit: u64) -> Option<TiledTil
 /// with 1 and 801 written out (201, 196, 210 and 254 registers); dQ (64 x 32) 838, 831,
 /// 872 and 1151.
 pub fn chunks(spec: &str, cpu: bool) -> u32 {
-    let said = |what: &str| spec.split(',').any(|p| p.trim() == what);
     match () {
         _ if written_out(spec) => 0,
         _ if cpu => 1,
-        _ if said("u4") => 4,
-        _ if said("u2") => 2,
-        _ if said("u1") => 1,
+        _ if says(spec, "u4") => 4,
+        _ if says(spec, "u2") => 2,
+        _ if says(spec, "u1") => 1,
         _ => 2,
     }
 }
@@ -167,7 +166,12 @@ pub fn chunks(spec: &str, cpu: bool) -> u32 {
 /// Whether the tuning spec holds `unroll`: loops written out, on CPU adapters too (whose
 /// plans keep them as loops otherwise).
 pub fn written_out(spec: &str) -> bool {
-    spec.split(',').any(|p| p.trim() == "unroll")
+    says(spec, "unroll")
+}
+
+/// Whether the comma-separated tuning spec holds `word` on its own.
+fn says(spec: &str, word: &str) -> bool {
+    spec.split(',').any(|p| p.trim() == word)
 }
 
 /// What a tuning spec says of one kernel.
