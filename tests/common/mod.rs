@@ -3,21 +3,29 @@
 
 #![allow(dead_code)]
 
-use std::sync::{Arc, OnceLock};
+use std::cell::OnceCell;
+use std::sync::Arc;
 
 use wgtrain_engine::TensorOps;
 use wgtrain_engine::kernels::tolerance::{compare, tolerance};
 use wgtrain_engine::memory::AllocatorOptions;
 use wgtrain_engine::{Category, DType, Gpu, Runtime, Tensor};
 
-/// The test adapter (WGTRAIN_TEST_ADAPTER, else the default choice).
+/// The test adapter (WGTRAIN_TEST_ADAPTER, else the default choice), one device a test
+/// thread: lavapipe compiles a kernel on its first run on the device's queue thread, so
+/// tests sharing one device would compile one at a time (kernels_nn cold: 99 s on two
+/// threads, 103 on one).
 pub fn gpu() -> Arc<Gpu> {
-    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        let selector = std::env::var("WGTRAIN_TEST_ADAPTER").ok();
-        Arc::new(Gpu::open(selector.as_deref()).expect("a GPU adapter (lavapipe on CI)"))
+    thread_local! {
+        static GPU: OnceCell<Arc<Gpu>> = const { OnceCell::new() };
+    }
+    GPU.with(|gpu| {
+        gpu.get_or_init(|| {
+            let selector = std::env::var("WGTRAIN_TEST_ADAPTER").ok();
+            Arc::new(Gpu::open(selector.as_deref()).expect("a GPU adapter (lavapipe on CI)"))
+        })
+        .clone()
     })
-    .clone()
 }
 
 /// A runtime whose allocator surrounds every block with guard bytes.
