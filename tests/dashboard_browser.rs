@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
-use headless_chrome::{Browser, LaunchOptions};
+use headless_chrome::{Browser, LaunchOptions, Tab};
 use serde_json::Value;
 use wgtrain_engine::train::{Config, RunOptions, Trainer};
 use wgtrain_web::recorder::{Recorder, record_path};
@@ -66,6 +66,46 @@ fn save_view(tab: &headless_chrome::Tab, view: &str) {
         std::fs::create_dir_all(out).unwrap();
         std::fs::write(out.join(format!("dashboard-{view}.png")), &png).unwrap();
     }
+}
+
+/// `expr`'s value in the page in one DevTools round trip: headless_chrome's element
+/// calls take four or five, each waiting up to 100 ms for its reader thread to let go
+/// of the connection (0.5 s a lookup).
+fn js(tab: &Tab, expr: &str) -> Value {
+    tab.evaluate(expr, false).unwrap().value.unwrap_or(Value::Null)
+}
+
+/// `f(e)` of the first element matching `selector`; panics when none does.
+fn on_element(tab: &Tab, selector: &str, f: &str) -> Value {
+    let sel = serde_json::to_string(selector).unwrap();
+    // As JSON text: the protocol hands objects (arrays too) back by reference.
+    let expr = format!("(() => {{ const e = document.querySelector({sel}); return JSON.stringify(e ? [{f}] : null); }})()");
+    match serde_json::from_str(js(tab, &expr).as_str().unwrap_or("null")).unwrap() {
+        Value::Array(mut v) => v.pop().unwrap_or(Value::Null),
+        _ => panic!("no element {selector}"),
+    }
+}
+
+/// The attribute `name` of the element `selector` (which must have it).
+fn attr(tab: &Tab, selector: &str, name: &str) -> String {
+    attr_of(tab, selector, name).unwrap_or_else(|| panic!("{selector} has no {name}"))
+}
+
+/// The attribute `name` of the element `selector`, empty when it has none.
+fn attr_or_empty(tab: &Tab, selector: &str, name: &str) -> String {
+    attr_of(tab, selector, name).unwrap_or_default()
+}
+
+fn attr_of(tab: &Tab, selector: &str, name: &str) -> Option<String> {
+    let name = serde_json::to_string(name).unwrap();
+    on_element(tab, selector, &format!("e.getAttribute({name})"))
+        .as_str()
+        .map(str::to_string)
+}
+
+/// The element's `innerText`.
+fn inner_text(tab: &Tab, selector: &str) -> String {
+    on_element(tab, selector, "e.innerText").as_str().unwrap_or_default().to_string()
 }
 
 fn number(v: &str) -> f64 {
@@ -139,26 +179,16 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     let chart = tab
         .wait_for_element(&format!("#memory-chart[data-steps=\"{STEPS}\"]"))
         .expect("the memory chart shows every step");
-    let shown_peak = tab
-        .find_element("#peak-value")
-        .unwrap()
-        .get_attribute_value("data-peak-bytes")
-        .unwrap()
-        .unwrap();
+    let shown_peak = attr(&tab, "#peak-value", "data-peak-bytes");
     assert_eq!(number(&shown_peak), peak as f64, "peak shown vs the log's");
-    let text = tab.find_element("#peak-value").unwrap().get_inner_text().unwrap();
+    let text = inner_text(&tab, "#peak-value");
     assert!(text.contains("peak") && text.contains("iB"), "{text}");
-    let cap = tab
-        .find_element("#cap-value")
-        .unwrap()
-        .get_attribute_value("data-cap-bytes")
-        .unwrap()
-        .unwrap();
+    let cap = attr(&tab, "#cap-value", "data-cap-bytes");
     assert_eq!(number(&cap), 512.0 * 1024.0 * 1024.0);
     // Hover shows a step's numbers.
     chart.move_mouse_over().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let tip = tab.find_element("#memory-tip").unwrap().get_inner_text().unwrap();
+    let tip = inner_text(&tab, "#memory-tip");
     assert!(tip.contains("step") && tip.contains("parameter"), "hover tip: {tip:?}");
 
     // Inside one step: a timeline with bands.
@@ -173,7 +203,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         .as_array()
         .expect("the last step was profiled")
         .clone();
-    let table = tab.find_element("#step-kernels").unwrap().get_inner_text().unwrap();
+    let table = inner_text(&tab, "#step-kernels");
     let rows: Vec<&str> = table.lines().filter(|l| !l.trim().is_empty()).skip(1).collect();
     assert_eq!(rows.len(), logged.len().min(25), "{table}");
     assert!(rows[0].starts_with(logged[0]["name"].as_str().unwrap()), "{table}");
@@ -181,20 +211,15 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     // Allocator pages: those of the step shown (by default the peak step), at its peak.
     let shown_step = number(&tl.get_attribute_value("data-step").unwrap().unwrap()) as u64;
     let pages = rec.with(|r| r.timelines[&shown_step].pages.len());
-    let shown_pages = tab.find_element("#page-count").unwrap().get_inner_text().unwrap();
+    let shown_pages = inner_text(&tab, "#page-count");
     assert_eq!(number(&shown_pages) as usize, pages);
 
     // Training: the last loss is the log's; the device table names the adapter.
-    let loss = tab
-        .find_element("#last-loss")
-        .unwrap()
-        .get_attribute_value("data-loss")
-        .unwrap()
-        .unwrap();
+    let loss = attr(&tab, "#last-loss", "data-loss");
     assert_eq!(number(&loss), last_loss);
-    let device = tab.find_element("#device-table").unwrap().get_inner_text().unwrap();
+    let device = inner_text(&tab, "#device-table");
     assert!(device.contains(&trainer.rt.gpu.report.name), "{device}");
-    let kernels = tab.find_element("#kernel-table").unwrap().get_inner_text().unwrap();
+    let kernels = inner_text(&tab, "#kernel-table");
     assert!(kernels.contains("matmul_f32"), "{kernels}");
     for chart in ["#loss-chart", "#time-chart", "#throughput-chart"] {
         assert!(tab.find_element(chart).is_ok(), "{chart} missing");
@@ -220,12 +245,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         let (p, r) = (l["eval"]["peak"].as_u64().unwrap(), l["eval"]["reserved"].as_u64().unwrap());
         p > 0 && r >= p
     }));
-    let shown = tab
-        .find_element("#eval-peak")
-        .unwrap()
-        .get_attribute_value("data-bytes")
-        .unwrap()
-        .unwrap();
+    let shown = attr(&tab, "#eval-peak", "data-bytes");
     assert_eq!(number(&shown) as u64, eval_peak);
     // Each layer's update/weight ratio (log10), a line a layer, a point a step.
     for layer in ["layers.0", "layers.1"] {
@@ -241,12 +261,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     // others from the busy meter.
     let busy = lines.iter().filter(|l| l.get("gpu_ms").is_some()).count();
     assert_eq!(busy, STEPS as usize, "GPU busy on every step");
-    let d = tab
-        .find_element("#gpu-busy-chart path[data-series=\"GPU busy, % of the step\"]")
-        .unwrap()
-        .get_attribute_value("d")
-        .unwrap()
-        .unwrap_or_default();
+    let d = attr_or_empty(&tab, "#gpu-busy-chart path[data-series=\"GPU busy, % of the step\"]", "d");
     assert_eq!(d.matches('L').count() + 1, busy, "one point a step: {d}");
 
     // Screenshots of each view (of the live page, while its tab is in front).
@@ -280,14 +295,9 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     tab2.set_default_timeout(Duration::from_secs(120));
     tab2.navigate_to(&format!("{}?run=browser", finished.url())).unwrap();
     tab2.wait_for_element(&format!("#memory-chart[data-steps=\"{STEPS}\"]")).unwrap();
-    let again = tab2
-        .find_element("#peak-value")
-        .unwrap()
-        .get_attribute_value("data-peak-bytes")
-        .unwrap()
-        .unwrap();
+    let again = attr(&tab2, "#peak-value", "data-peak-bytes");
     assert_eq!(number(&again), peak as f64);
-    let status = tab2.find_element("#status").unwrap().get_inner_text().unwrap();
+    let status = inner_text(&tab2, "#status");
     assert!(status.contains("finished"), "{status}");
     tab2.wait_for_element("#timeline-chart").unwrap();
 
@@ -302,18 +312,10 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         Some(expected.blocks[0].label.as_str())
     );
     assert!(top.get_inner_text().unwrap().contains(&expected.blocks[0].label));
-    let shown = tab2
-        .find_element("#peak-bytes")
-        .unwrap()
-        .get_attribute_value("data-bytes")
-        .unwrap()
-        .unwrap();
+    let shown = attr(&tab2, "#peak-bytes", "data-bytes");
     assert_eq!(number(&shown), peak as f64);
-    assert_eq!(
-        number(&tab2.find_element("#peak-step").unwrap().get_inner_text().unwrap()),
-        peak_step as f64
-    );
-    let rows = tab2.find_element("#peak-blocks").unwrap().get_inner_text().unwrap();
+    assert_eq!(number(&inner_text(&tab2, "#peak-step")), peak_step as f64);
+    let rows = inner_text(&tab2, "#peak-blocks");
     assert!(rows.contains(&expected.blocks[1].label), "{rows}");
     assert!(rows.contains("backward") || rows.contains("forward"), "{rows}");
     // Searching the blocks: every block whose label holds the typed text, and no other.
@@ -333,12 +335,11 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         .unwrap();
     let start = std::time::Instant::now();
     let shown = loop {
-        let shown: Vec<String> = tab2
-            .find_elements("#peak-blocks tr.peak-block")
-            .unwrap()
-            .iter()
-            .map(|r| r.get_attribute_value("data-label").unwrap().unwrap_or_default())
-            .collect();
+        let labels = js(
+            &tab2,
+            "JSON.stringify([...document.querySelectorAll('#peak-blocks tr.peak-block')].map(r => r.getAttribute('data-label') || ''))",
+        );
+        let shown: Vec<String> = serde_json::from_str(labels.as_str().unwrap()).unwrap();
         if shown.len() == want.len() || start.elapsed() > Duration::from_secs(10) {
             break shown;
         }
@@ -347,12 +348,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert_eq!(shown, want, "the rows matching '{query}'");
 
     // The curves' CSV export is linked from the training panel.
-    let csv = tab2
-        .find_element("#curves-csv")
-        .unwrap()
-        .get_attribute_value("href")
-        .unwrap()
-        .unwrap();
+    let csv = attr(&tab2, "#curves-csv", "href");
     assert!(csv.contains("/api/runs/browser/curves.csv"), "{csv}");
 
     // What-if: the run as configured (its estimate is the log's peak) and other policies.
@@ -361,7 +357,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     assert!(whatif.len() >= 3);
     let first = tab2.find_element("#whatif-table tr[data-change=\"\"]").unwrap();
     assert_eq!(number(&first.get_attribute_value("data-peak").unwrap().unwrap()), peak as f64);
-    let table = tab2.find_element("#whatif-table").unwrap().get_inner_text().unwrap();
+    let table = inner_text(&tab2, "#whatif-table");
     for w in &whatif[1..] {
         assert!(table.contains(&w.change), "{} missing from {table}", w.change);
     }
@@ -385,18 +381,16 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
         let wanted = if budget < least { "tr.nofit" } else { "tr:not(.nofit)" };
         tab2.wait_for_element(&format!("#whatif-table {wanted}")).unwrap();
         for w in &whatif {
-            let row = tab2
-                .find_element(&format!("#whatif-table tr[data-change=\"{}\"]", w.change))
-                .unwrap();
-            let class = row.get_attribute_value("class").unwrap().unwrap_or_default();
-            let text = row.get_inner_text().unwrap();
+            let row = format!("#whatif-table tr[data-change=\"{}\"]", w.change);
+            let class = attr_or_empty(&tab2, &row, "class");
+            let text = inner_text(&tab2, &row);
             let fits = w.peak_reserved_bytes <= budget;
             assert_eq!(class.contains("nofit"), !fits, "{budget}, {}: {text}", w.change);
             assert_eq!(text.contains("does not fit"), !fits, "{budget}, {}: {text}", w.change);
         }
     }
     tab2.type_str("x").unwrap();
-    let said = tab2.find_element("#whatif").unwrap().get_inner_text().unwrap();
+    let said = inner_text(&tab2, "#whatif");
     assert!(said.contains("not a size"), "{said}");
 
     // A click in the memory chart opens that step: its timeline, its peak, the URL.
@@ -414,7 +408,7 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
     .unwrap();
     tab2.wait_for_element(&format!("#timeline-chart[data-step=\"{target}\"]"))
         .expect("the clicked step's timeline");
-    let step_shown = tab2.find_element("#peak-step").unwrap().get_inner_text().unwrap();
+    let step_shown = inner_text(&tab2, "#peak-step");
     assert_eq!(number(&step_shown), target as f64);
     let at_target = rec.with(|r| r.timelines[&target].peak());
     assert_eq!(
@@ -449,16 +443,12 @@ fn browser_follows_a_live_run_and_shows_its_real_numbers() {
 
     // The runs table: both runs, where they ended, and the keys they differ in.
     tab2.wait_for_element("#hparams-table tr[data-run=\"other\"]").unwrap();
-    let text = tab2.find_element("#hparams-table").unwrap().get_inner_text().unwrap();
+    let text = inner_text(&tab2, "#hparams-table");
     assert!(
         text.contains("train.lr") && text.contains("model.hidden") && !text.contains("train.batch_size"),
         "{text}"
     );
-    let row = tab2
-        .find_element("#hparams-table tr[data-run=\"browser\"]")
-        .unwrap()
-        .get_inner_text()
-        .unwrap();
+    let row = inner_text(&tab2, "#hparams-table tr[data-run=\"browser\"]");
     let last = steps.last().unwrap();
     assert!(row.contains(&STEPS.to_string()), "{row}");
     assert!(
@@ -587,7 +577,7 @@ fn an_mpi_run_names_each_rank_and_its_machine() {
     tab.set_default_timeout(Duration::from_secs(120));
     tab.navigate_to(&format!("{}?run=ranks", d.url())).unwrap();
     tab.wait_for_element("#devices-chart[data-devices=\"2\"]").unwrap();
-    let heading = tab.find_element("#devices h2").unwrap().get_inner_text().unwrap();
+    let heading = inner_text(&tab, "#devices h2");
     assert!(heading.contains("2 MPI ranks"), "{heading}");
     let names: Vec<String> = tab
         .find_elements("#devices-table .device-row .device-name")
