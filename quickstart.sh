@@ -109,7 +109,7 @@ build() {
 # dev-dependencies turn on other features of shared crates, so `cargo build` first would
 # build much of the tree twice: 8.5 of a clean test run's 35 minutes on 2 cores).
 build_tests() {
-    say "building wgtrain and its tests (release): a first build takes about 10 minutes on 2 cores"
+    say "building wgtrain and its tests (release): a first build takes about 15 minutes on 2 cores, 3 of them the dashboard's wasm app"
     cargo test --release --locked --workspace --no-run
 }
 
