@@ -255,7 +255,8 @@ fn eight_bit_adamw_trains_as_adamw_and_resumes_exactly() {
             .unwrap_or_else(|| panic!("{out}"));
         line.split_whitespace().nth(2).unwrap().parse().unwrap()
     };
-    // The two first runs side by side: on lavapipe one run keeps about 1.5 cores busy.
+    // The two first runs side by side (the third resumes the second): 131 -> 124 s alone
+    // on 2 cores, where one run already keeps most of both busy.
     let (full, eight) = std::thread::scope(|s| {
         let full = s.spawn(|| run("adamw", 60, 0, None));
         let eight = run("adamw8bit", 60, 30, None);
